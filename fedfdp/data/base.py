@@ -1,0 +1,85 @@
+"""Containers for federated datasets: devices' training records and a held-out test split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedfdp.features import FeatureSpec, PublicStatistics
+
+
+@dataclass(frozen=True)
+class DeviceData:
+    """Training records of one device: ``x`` (n, d) float32, ``y`` (n,) int64."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.x.ndim != 2 or self.y.ndim != 1 or len(self.x) != len(self.y):
+            raise ValueError(
+                f"device data shapes x={self.x.shape}, y={self.y.shape}: need (n, d) and (n,)"
+            )
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """A dataset split over devices, with a held-out test set.
+
+    Attributes
+    ----------
+    name : str
+    spec : FeatureSpec
+        Which columns are public (Ψ) and which private.
+    devices : tuple of DeviceData
+        Training records per device (the only records training touches).
+    test_x, test_y : np.ndarray
+        Held-out split, used only for server-side evaluation.
+    class_names : tuple of str
+    public_statistics : PublicStatistics or None
+        Public constants for ``mean`` imputation, if the dataset declares them.
+    """
+
+    name: str
+    spec: FeatureSpec
+    devices: tuple[DeviceData, ...]
+    test_x: np.ndarray
+    test_y: np.ndarray
+    class_names: tuple[str, ...]
+    public_statistics: PublicStatistics | None = None
+
+    @property
+    def num_features(self) -> int:
+        """Input width."""
+        return len(self.spec.columns)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of labels."""
+        return len(self.class_names)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Training records per device (public: dataset sizes are disclosed)."""
+        return np.array([len(d) for d in self.devices], dtype=np.int64)
+
+    @property
+    def num_records(self) -> int:
+        """``N``: training records over all devices."""
+        return int(self.sizes.sum())
+
+    def partition(self, partition_id: int, num_partitions: int) -> tuple[int, ...]:
+        """Devices served by Flower partition ``partition_id`` of ``num_partitions``.
+
+        Device ``d`` goes to partition ``d mod num_partitions``; with as many
+        partitions as devices each SuperNode holds exactly one device.
+        """
+        if not 0 <= partition_id < num_partitions:
+            raise ValueError(
+                f"partition-id={partition_id}: must be in [0, num-partitions={num_partitions})"
+            )
+        return tuple(range(partition_id, len(self.devices), num_partitions))

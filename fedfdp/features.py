@@ -1,0 +1,167 @@
+"""The public feature map Ψ and the public views built from it.
+
+A :class:`FeatureSpec` names which input columns are public (disclosed: they
+are part of ``Ψ(x)``) and which are private (protected by feature-DP). The
+label is public by default, as in the paper's Purchase100 and Criteo settings.
+
+A *public view* of a record is a full-width input that depends on ``Ψ(x)``
+only: the private columns are overwritten with values independent of the
+record's private data. The public loss is the model's loss on that view
+(``ℓ_pub(w; Ψ(x)) = ℓ(w; view(Ψ(x)), y)``, Section 6.2 of the FDP paper).
+Three constructions:
+
+``gaussian``
+    Private columns replaced by fresh N(0, 1) draws (the paper's Purchase100
+    choice; default). Draws come from an explicit generator.
+``zero``
+    Private columns set to 0 (the paper's Criteo choice).
+``mean``
+    Private columns replaced by constants computed from *public* data only
+    (:class:`PublicStatistics`, e.g. declared population means); never from the
+    private columns of the training records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Split of input columns into public (Ψ) and private parts.
+
+    Parameters
+    ----------
+    columns : tuple of str
+        All input columns, in the order of the model's input vector.
+    public : tuple of str
+        Columns disclosed by Ψ.
+    private : tuple of str
+        Columns protected by FDP.
+    label_public : bool
+        Whether the label is part of Ψ (default True). ``False`` would make the
+        public loss label-free; the constructions here need a public label.
+
+    Raises
+    ------
+    ValueError
+        Unknown, duplicated or overlapping columns, an empty part, or a column
+        in neither part.
+    """
+
+    columns: tuple[str, ...]
+    public: tuple[str, ...]
+    private: tuple[str, ...]
+    label_public: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple(self.columns))
+        object.__setattr__(self, "public", tuple(self.public))
+        object.__setattr__(self, "private", tuple(self.private))
+        for name, cols in (("columns", self.columns), ("public", self.public),
+                           ("private", self.private)):
+            dup = sorted({c for c in cols if cols.count(c) > 1})
+            if dup:
+                raise ValueError(f"{name}={list(cols)}: duplicated column(s) {dup}")
+        known = set(self.columns)
+        for name, cols in (("public", self.public), ("private", self.private)):
+            if not cols:
+                raise ValueError(f"{name}=[]: must name at least one column")
+            unknown = [c for c in cols if c not in known]
+            if unknown:
+                raise ValueError(f"{name}={list(cols)}: unknown column(s) {unknown}")
+        overlap = sorted(set(self.public) & set(self.private))
+        if overlap:
+            raise ValueError(f"public and private overlap in {overlap}: a column is one or the other")
+        missing = [c for c in self.columns if c not in set(self.public) | set(self.private)]
+        if missing:
+            raise ValueError(f"columns {missing}: neither public nor private; declare each column")
+
+    @property
+    def public_index(self) -> np.ndarray:
+        """Positions of the public columns in the input vector."""
+        return np.array([self.columns.index(c) for c in self.public], dtype=np.int64)
+
+    @property
+    def private_index(self) -> np.ndarray:
+        """Positions of the private columns in the input vector."""
+        return np.array([self.columns.index(c) for c in self.private], dtype=np.int64)
+
+    def psi(self, x: np.ndarray) -> np.ndarray:
+        """``Ψ(x)``: the public columns of each row (label handled separately)."""
+        return np.asarray(x)[..., self.public_index]
+
+
+@dataclass(frozen=True)
+class PublicStatistics:
+    """Per-private-column constants for ``mean`` imputation.
+
+    Must come from public knowledge (declared population values, a public
+    dataset, or statistics of public features) — never from the private
+    columns of the training data, which would itself be a disclosure.
+    """
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def from_public(cls, spec: FeatureSpec, values: Sequence[float]) -> PublicStatistics:
+        """Validate one value per private column."""
+        values = tuple(float(v) for v in values)
+        if len(values) != len(spec.private):
+            raise ValueError(
+                f"public statistics {values}: need one value per private column "
+                f"({len(spec.private)}: {list(spec.private)})"
+            )
+        if not all(np.isfinite(values)):
+            raise ValueError(f"public statistics {values}: must be finite")
+        return cls(values)
+
+
+@dataclass(frozen=True)
+class PublicView:
+    """How to build the public-view input from a record's features.
+
+    Parameters
+    ----------
+    spec : FeatureSpec
+    method : str
+        ``gaussian``, ``zero`` or ``mean``.
+    statistics : PublicStatistics, optional
+        Required for ``mean``.
+    """
+
+    spec: FeatureSpec
+    method: str = "gaussian"
+    statistics: PublicStatistics | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in ("gaussian", "zero", "mean"):
+            raise ValueError(f"public-loss={self.method!r}: must be gaussian, zero or mean")
+        if self.method == "mean" and self.statistics is None:
+            raise ValueError("public-loss='mean': needs PublicStatistics from public data")
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Return a copy of ``x`` (rows = records) whose private columns no
+        longer depend on the records' private values.
+
+        ``generator`` is required for ``gaussian`` (no global RNG is used).
+        """
+        view = x.clone()
+        idx = torch.as_tensor(self.spec.private_index, device=x.device)
+        if self.method == "gaussian":
+            if generator is None:
+                raise ValueError("public-loss='gaussian': an explicit torch.Generator is required")
+            noise = torch.randn(
+                (x.shape[0], len(idx)), generator=generator, dtype=x.dtype, device=x.device
+            )
+            view[:, idx] = noise
+        elif self.method == "zero":
+            view[:, idx] = 0.0
+        else:
+            assert self.statistics is not None  # checked in __post_init__
+            view[:, idx] = torch.tensor(self.statistics.values, dtype=x.dtype, device=x.device)
+        return view

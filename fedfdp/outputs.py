@@ -1,0 +1,64 @@
+"""Run outputs: ``metrics.csv`` and the resolved ``config.toml``, written atomically.
+
+A file is written to a temporary sibling and moved into place with
+:func:`os.replace`, so an interrupted run never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import tomli_w
+
+METRICS_FILE = "metrics.csv"
+CONFIG_FILE = "config.toml"
+METRIC_COLUMNS = (
+    "round", "phase", "epsilon", "delta", "relation", "accuracy", "loss", "public_loss",
+    "replies", "rejected", "noise_multiplier",
+)
+
+
+def atomic_write(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_metrics(out_dir: str | Path, rows: Sequence[Mapping[str, Any] | Any]) -> Path:
+    """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv``."""
+    records = [asdict(r) if is_dataclass(r) else dict(r) for r in rows]
+    frame = pd.DataFrame.from_records(records)
+    ordered = [c for c in METRIC_COLUMNS if c in frame.columns]
+    frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
+    path = Path(out_dir) / METRICS_FILE
+    atomic_write(path, frame.to_csv(index=False).encode())
+    return path
+
+
+def write_config(
+    out_dir: str | Path, flat: Mapping[str, Any], resolved: Mapping[str, Any] | None = None
+) -> Path:
+    """Write the configuration (flat kebab keys) and the values resolved at run
+    start (σ, δ, N...) under ``[resolved]`` to ``out_dir/config.toml``."""
+    doc: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
+    if resolved:
+        doc["resolved"] = {k: v for k, v in resolved.items() if v is not None}
+    path = Path(out_dir) / CONFIG_FILE
+    atomic_write(path, tomli_w.dumps(doc).encode())
+    return path
