@@ -1,0 +1,1 @@
+"""Flower ClientApp for feature-DP federated training."""

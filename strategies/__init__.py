@@ -1,0 +1,1 @@
+"""Flower strategy and ServerApp for feature-DP federated training."""

@@ -1,0 +1,37 @@
+"""Flower ServerApp: builds the run's strategy and drives it.
+
+``flwr run .`` reads the configuration from ``[tool.flwr.app.config]`` (plus
+``--run-config`` overrides); ``fedfdp run`` builds the app with a fixed,
+already validated configuration.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedfdp.config import Config, load_config
+from fedfdp.data import load_dataset
+from strategies.fdp_strategy import FDPStrategy
+
+
+def run_server(grid: Grid, cfg: Config) -> FDPStrategy:
+    """Run all rounds of ``cfg`` on ``grid``; return the finished strategy."""
+    strategy = FDPStrategy(cfg, load_dataset(cfg.data))
+    strategy.start(grid)
+    return strategy
+
+
+def make_server_app(cfg: Config | None = None) -> ServerApp:
+    """Build the ServerApp; ``cfg`` fixes the configuration, otherwise it is
+    read from Flower's run config."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_server(grid, cfg if cfg is not None else load_config(dict(context.run_config)))
+
+    return app
+
+
+app = make_server_app()
