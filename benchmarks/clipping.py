@@ -7,6 +7,8 @@ with mean cross-entropy, measured in the same process. Reported ratios:
   private records with K=2 inputs (x and its public view) and the FDP loss
   ``ce(model(x), y) - ce(model(v), y)``. ``ghost-2pass`` is the ghost engine
   with a second backward of ``Σ c_i L_i`` instead of book-keeping.
+- ``ghost-k1``: ghost clipping of the full loss with one input per record
+  (the ``dp`` mode).
 - ``fdp-step``: ghost clipped sum above plus an ordinary public
   forward+backward of ``--batch`` public views (Algorithm 1, steps 2-4 of one
   client): the project target is <= 2.5.
@@ -67,6 +69,11 @@ def fdp_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(
         outputs[1], y, reduction="none"
     )
+
+
+def ce_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """Full loss, one input per record (the ``dp`` mode)."""
+    return F.cross_entropy(outputs[0], y, reduction="none")
 
 
 def make_cases(n: int, seed: int) -> list[Case]:
@@ -179,8 +186,12 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
         loss = F.cross_entropy(model(case.public_view), case.public_y, reduction="sum")
         return s, torch.autograd.grad(loss, params)
 
+    def ghost_k1() -> object:
+        return clipped_grad_sum(model, [case.x], case.y, ce_loss, c, "ghost")
+
     fns: dict[str, Callable[[], object]] = {
         "plain": plain,
+        "ghost-k1": ghost_k1,
         "ghost": private("ghost"),
         "ghost-2pass": ghost_2pass,
         "fdp-step": fdp_step,
@@ -221,7 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-vmap", action="store_true")
     parser.add_argument("--cases", default="", help="comma-separated case-name prefixes")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     cases = make_cases(args.batch, args.seed)
     if args.cases:

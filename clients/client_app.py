@@ -84,15 +84,23 @@ def handle_train(
     device_ids = [int(d) for d in config.get(P.DEVICE_IDS, [])]
     counts = [int(c) for c in config.get(P.PUBLIC_COUNTS, [])]
     if len(device_ids) != len(counts) or not device_ids or not set(device_ids) <= mine:
-        raise ValueError(f"device-ids={device_ids}, public-counts={counts}: not this node's devices")
+        raise ValueError(
+            f"device-ids={device_ids}, public-counts={counts}: not this node's devices"
+        )
 
     model = build_model_for(cfg, data)
     model.load_state_dict(state)
     decomposition = build_decomposition(cfg, data)
     parts = [
         device_contribution(
-            model, decomposition, phase, data.devices[d].x, data.devices[d].y,
-            sampling_rate=q, clipping_norm=clip, public_count=c,
+            model,
+            decomposition,
+            phase,
+            data.devices[d].x,
+            data.devices[d].y,
+            sampling_rate=q,
+            clipping_norm=clip,
+            public_count=c,
             streams=DeviceStreams.for_round(seed, round_, d),
         )
         for d, c in zip(device_ids, counts, strict=True)

@@ -41,17 +41,18 @@ def build_decomposition(cfg: Config, data: FederatedData) -> LossDecomposition:
     method = cfg.privacy.public_loss
     stats = data.public_statistics if method == "mean" else None
     if method == "mean" and stats is None:
-        raise ValueError(
-            f"public-loss='mean': dataset {data.name!r} declares no public statistics"
-        )
+        raise ValueError(f"public-loss='mean': dataset {data.name!r} declares no public statistics")
     return LossDecomposition(PublicView(data.spec, method, stats))
 
 
 def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
     """The configured model for ``data``'s input width and classes (seeded by ``seed``)."""
     return build_model(
-        cfg.training.model, data.num_features, data.num_classes,
-        hidden_size=cfg.training.hidden_size, seed=cfg.run.seed,
+        cfg.training.model,
+        data.num_features,
+        data.num_classes,
+        hidden_size=cfg.training.hidden_size,
+        seed=cfg.run.seed,
     )
 
 
@@ -112,8 +113,13 @@ def run_centralised(
             except PrivacyBudgetExhausted:
                 break
         contrib = device_contribution(
-            model, decomposition, phase, x, y,
-            sampling_rate=p.sampling_rate, clipping_norm=p.clipping_norm,
+            model,
+            decomposition,
+            phase,
+            x,
+            y,
+            sampling_rate=p.sampling_rate,
+            clipping_norm=p.clipping_norm,
             public_count=min(p.public_batch_size, n),
             streams=DeviceStreams.for_round(seed, r, UNION_DEVICE),
         )
@@ -138,7 +144,9 @@ def run_centralised(
         acc = loss = float("nan")
         if r % cfg.run.eval_every == 0 or r == cfg.training.num_rounds:
             acc, loss = evaluate(model, data.test_x, data.test_y)
-        pub_loss = contrib.public_loss_sum / contrib.public_count if contrib.public_count else float("nan")
+        pub_loss = (
+            contrib.public_loss_sum / contrib.public_count if contrib.public_count else float("nan")
+        )
         rec = RoundRecord(r, phase.name, eps, plan.delta, acc, loss, pub_loss)
         records.append(rec)
         if on_round is not None:

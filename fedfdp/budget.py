@@ -63,9 +63,7 @@ def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:
     delta = p.delta if p.delta is not None else 1.0 / (2 * num_records)
     rounds = cfg.training.num_rounds - p.public_pretrain_rounds
     if not p.is_private:
-        return PrivacyPlan(
-            False, None, p.sampling_rate, delta, 0, None, unbounded=p.mode == "nonprivate"
-        )
+        return PrivacyPlan(False, None, p.sampling_rate, delta, 0, None, unbounded=p.mode == "nonprivate")
     sigma = p.noise_multiplier
     if sigma is None:
         assert p.target_epsilon is not None  # guaranteed by config validation

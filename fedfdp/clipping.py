@@ -36,7 +36,9 @@ Engines
         layers of :func:`supported_layers` plus any parameter-free module.
     ``"auto"``
         ``"ghost"`` when every module that owns trainable parameters is
-        supported, ``"vmap"`` otherwise (per-model fallback).
+        supported, ``"vmap"`` otherwise (per-model fallback), ``"loop"`` when
+        torch.func cannot transform the model (``nn.GRU``/``nn.LSTM`` in torch
+        2.13: their default initial state is updated in place).
 
 Performance note
     glibc's allocator dominates the per-record paths on small VMs. Setting
@@ -49,6 +51,7 @@ Performance note
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +128,10 @@ class ClippedSum:
 
 class _GhostUnsupportedError(Exception):
     """The ghost engine cannot handle this model (auto falls back to vmap)."""
+
+
+class _VmapUnsupportedError(Exception):
+    """torch.func.vmap cannot run this model (auto falls back to the loop)."""
 
 
 # --------------------------------------------------------------------------- #
@@ -222,14 +229,62 @@ def clipped_grad_sum(
             return _plain(model, xs, targets, loss_fn, params)
         if resolved == "loop":
             return _loop(model, xs, targets, loss_fn, clip, params)
-        if resolved == "vmap":
-            return _vmap(model, xs, targets, loss_fn, clip, params)
+        result = _batched(model, xs, targets, loss_fn, clip, params, method, resolved)
+        # A record whose gradient is not finite (NaN/inf loss) contributes 0,
+        # which keeps the sensitivity C; multiplying its NaNs by 0 would not,
+        # so the others are summed again without it. Norms are unchanged.
+        bad = ~torch.isfinite(result.norms)
+        while bad.any():
+            keep = (~bad).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return ClippedSum(
+                    [torch.zeros_like(p) for p in params], result.norms, result.method
+                )
+            sub = _batched(
+                model,
+                [x[keep] for x in xs],
+                targets[keep],
+                loss_fn,
+                clip,
+                params,
+                method,
+                result.method,
+            )
+            bad_sub = ~torch.isfinite(sub.norms)
+            if not bad_sub.any():
+                return ClippedSum(sub.grads, result.norms, result.method)
+            bad = bad.clone()
+            bad[keep[bad_sub]] = True  # possible with dropout in training mode
+        return result
+
+
+def _batched(
+    model: nn.Module,
+    xs: list[torch.Tensor],
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+    clip: float,
+    params: list[nn.Parameter],
+    method: str,
+    resolved: str,
+) -> ClippedSum:
+    """Run the ghost or vmap engine, falling back as ``method`` allows."""
+    if resolved == "loop":
+        return _loop(model, xs, targets, loss_fn, clip, params)
+    if resolved == "ghost":
         try:
             return _ghost(model, xs, targets, loss_fn, clip, params)
         except _GhostUnsupportedError as exc:
             if method == "ghost":
                 raise ValueError(f"method='ghost' cannot handle this model: {exc}") from None
-            return _vmap(model, xs, targets, loss_fn, clip, params)
+    try:
+        return _vmap(model, xs, targets, loss_fn, clip, params)
+    except _VmapUnsupportedError as exc:
+        if method == "vmap":
+            raise ValueError(
+                f"method='vmap' cannot handle this model: {exc}; use method='loop'"
+            ) from exc
+        return _loop(model, xs, targets, loss_fn, clip, params)
 
 
 # --------------------------------------------------------------------------- #
@@ -245,12 +300,9 @@ def _check_method(method: str) -> None:
 def _check_max_norm(max_norm: float | None) -> float | None:
     if max_norm is None:
         return None
-    if isinstance(max_norm, bool):
+    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real):
         raise ValueError(f"max_norm={max_norm!r}: must be a finite number > 0 or None")
-    try:
-        value = float(max_norm)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_norm={max_norm!r}: must be a finite number > 0 or None") from None
+    value = float(max_norm)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"max_norm={max_norm!r}: must be a finite number > 0 or None")
     return value
@@ -326,14 +378,15 @@ def _ghost_problem(model: nn.Module) -> str | None:
 # --------------------------------------------------------------------------- #
 
 
+class _SplitError(Exception):
+    """A model output over ``K·n`` rows cannot be split into K outputs."""
+
+
 def _split_rows(out: Any, n: int, k: int) -> list[Any]:
     """Split a model output over ``k·n`` rows into ``k`` outputs over ``n`` rows."""
     if isinstance(out, torch.Tensor):
         if out.dim() == 0 or out.shape[0] != k * n:
-            raise ValueError(
-                f"model output of shape {tuple(out.shape)} for {k * n} input rows: "
-                "the leading axis must index the records"
-            )
+            raise _SplitError
         return list(out.split(n))
     if isinstance(out, tuple | list):
         parts = [_split_rows(o, n, k) for o in out]
@@ -341,7 +394,7 @@ def _split_rows(out: Any, n: int, k: int) -> list[Any]:
     if isinstance(out, dict):
         parts_d = {key: _split_rows(o, n, k) for key, o in out.items()}
         return [{key: v[j] for key, v in parts_d.items()} for j in range(k)]
-    raise ValueError(f"cannot split a model output of type {type(out).__name__} by record")
+    raise _SplitError
 
 
 def _stackable(xs: list[torch.Tensor]) -> bool:
@@ -353,22 +406,31 @@ def _stackable(xs: list[torch.Tensor]) -> bool:
 
 
 def _forward(
-    model: nn.Module, xs: list[torch.Tensor], rows_hint: list[int] | None = None
+    model: nn.Module,
+    xs: list[torch.Tensor],
+    copies: list[int] | None = None,
+    on_retry: Callable[[], None] | None = None,
 ) -> list[Any]:
     """``[model(x) for x in xs]``, as one forward of ``K·n`` rows when possible.
 
-    ``rows_hint``, when given, is set to ``[K]`` (or ``[1]``) before each model
+    ``copies``, when given, is set to ``[K]`` (or ``[1]``) before each model
     call so that hooks know how many record copies the current call holds.
+    When the stacked output cannot be split by record (an output without the
+    record axis first), the inputs are run one by one after ``on_retry()``.
     """
     n = xs[0].shape[0]
     if _stackable(xs):
-        if rows_hint is not None:
-            rows_hint[:] = [len(xs)]
-        return _split_rows(model(torch.cat(xs)), n, len(xs))
+        if copies is not None:
+            copies[:] = [len(xs)]
+        try:
+            return _split_rows(model(torch.cat(xs)), n, len(xs))
+        except _SplitError:
+            if on_retry is not None:
+                on_retry()
     outs = []
     for x in xs:
-        if rows_hint is not None:
-            rows_hint[:] = [1]
+        if copies is not None:
+            copies[:] = [1]
         outs.append(model(x))
     return outs
 
@@ -385,8 +447,9 @@ def _losses(loss_fn: LossFn, outs: list[Any], targets: torch.Tensor, n: int) -> 
 
 
 def _coefficients(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """``min(1, C/‖g_i‖)``; a zero norm gives 1."""
-    return (clip / norms).clamp(max=1.0)
+    """``min(1, C/‖g_i‖)``; a zero norm gives 1, a non-finite norm 0."""
+    coef = (clip / norms).clamp(max=1.0)
+    return torch.where(torch.isfinite(norms), coef, torch.zeros_like(coef))
 
 
 def _grad_or_zeros(
@@ -431,9 +494,10 @@ def _loop(
         grads = _grad_or_zeros(torch.autograd.grad(loss, params, allow_unused=True), params)
         norm = torch.sqrt(sum(g.detach().square().sum() for g in grads))
         norms[i] = norm
-        coef = _coefficients(norm, clip)
-        for s, g in zip(sums, grads, strict=True):
-            s.add_(g * coef)
+        if torch.isfinite(norm):
+            coef = _coefficients(norm, clip)
+            for s, g in zip(sums, grads, strict=True):
+                s.add_(g * coef)
     return ClippedSum(sums, norms, "loop")
 
 
@@ -471,7 +535,11 @@ def _vmap(
     norms = torch.empty(n, dtype=params[0].dtype, device=params[0].device)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        g = per_record(weights, tuple(x[start:stop] for x in xs), targets[start:stop])
+        try:
+            g = per_record(weights, tuple(x[start:stop] for x in xs), targets[start:stop])
+        except (RuntimeError, NotImplementedError) as exc:
+            # e.g. nn.GRU/LSTM: in-place updates of an unbatched initial state
+            raise _VmapUnsupportedError(str(exc).split("\n")[0]) from exc
         flat = [g[name].reshape(stop - start, -1) for name in names]
         norm = torch.sqrt(sum(f.square().sum(1) for f in flat))
         norms[start:stop] = norm
@@ -553,7 +621,7 @@ def _ghost(
 
     handles = [m.register_forward_hook(hook) for m in hooked]
     try:
-        outs = _forward(model, xs, copies)
+        outs = _forward(model, xs, copies, on_retry=captures.clear)
     finally:
         for h in handles:
             h.remove()
@@ -561,12 +629,12 @@ def _ghost(
     total = losses.sum()
     _check_graph(total, captures, {id(p) for p in params})
 
-    if captures:
+    if captures and total.requires_grad:
         out_grads = torch.autograd.grad(
             total, [c.edge for c in captures], allow_unused=True, retain_graph=not bookkeeping
         )
     else:
-        out_grads = ()
+        out_grads = (None,) * len(captures)
     by_module: dict[nn.Module, list[tuple[_Capture, torch.Tensor]]] = {}
     for cap, g in zip(captures, out_grads, strict=True):
         if g is not None:
@@ -580,7 +648,7 @@ def _ghost(
     norms = norm2.clamp(min=0).sqrt()
     coef = _coefficients(norms, clip)
 
-    if not bookkeeping:
+    if not bookkeeping and losses.requires_grad:
         grads = torch.autograd.grad((losses * coef).sum(), params, allow_unused=True)
         return ClippedSum(_grad_or_zeros(grads, params), norms, "ghost")
 
@@ -794,9 +862,14 @@ def _weight_norm2(
         for u, (au, gu) in enumerate(units):
             for v in range(u, len(units)):
                 av, gv = units[v]
-                gram_a = au.permute(0, 2, 1, 3) @ av.permute(0, 2, 3, 1)
-                gram_g = gu.permute(0, 2, 1, 3) @ gv.permute(0, 2, 3, 1)
-                out += (1.0 if u == v else 2.0) * ((gram_a + extra) * gram_g).sum((1, 2, 3))
+                weight = 1.0 if u == v else 2.0
+                size = groups * au.shape[1] * av.shape[1]
+                chunk = max(1, _CHUNK_ELEMENTS // size)
+                for s in range(0, n, chunk):
+                    e = min(n, s + chunk)
+                    gram_a = au[s:e].permute(0, 2, 1, 3) @ av[s:e].permute(0, 2, 3, 1)
+                    gram_g = gu[s:e].permute(0, 2, 1, 3) @ gv[s:e].permute(0, 2, 3, 1)
+                    out[s:e] += weight * ((gram_a + extra) * gram_g).sum((1, 2, 3))
         return out, None, with_bias
     # instantiate per-record gradients, in chunks of records if they are large
     keep = n * groups * d_in * d_out <= _KEEP_ELEMENTS

@@ -24,7 +24,7 @@ from typing import Any
 MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
 PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
 PUBLIC_LOSSES = ("gaussian", "zero", "mean")
-PRIVACY_UNITS = ("record",)
+PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
 MODELS = ("mlp", "logistic")
 DATASETS = ("fleet",)
@@ -65,7 +65,15 @@ class PrivacyConfig:
         Rounds of public-loss-only training before the private rounds (Remark 2);
         they cost no ε. Required > 0 for ``fdp-dpsgd``.
     privacy_unit : str
-        ``record`` (the paper's).
+        ``record`` (the paper's: one record's private features are protected)
+        or ``device`` (all records of one device: the device's whole private
+        contribution is clipped to ``C``; devices are Poisson-sampled with
+        ``device_sampling_rate``).
+    device_sampling_rate : float or None
+        ``p``: each device takes part in a round independently with
+        probability ``p`` (Poisson client sampling). Record-level accounting
+        then uses rate ``p·q``; device-level uses ``p``. ``None``: every
+        device (or a fixed count, ``clients-per-round``) takes part.
     """
 
     mode: str = "fdp"
@@ -79,6 +87,7 @@ class PrivacyConfig:
     public_loss: str = "gaussian"
     public_pretrain_rounds: int = 0
     privacy_unit: str = "record"
+    device_sampling_rate: float | None = None
 
     @property
     def is_private(self) -> bool:
@@ -118,6 +127,7 @@ class RunConfig:
     clients_per_round: int = 0
     eval_every: int = 1
     out_dir: str = ""
+    checkpoint_every: int = 1
     node_wait_timeout: float = 120.0
     progress: bool = True
 
@@ -154,6 +164,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "public-loss": ("privacy", "public_loss", "choice"),
     "public-pretrain-rounds": ("privacy", "public_pretrain_rounds", "int0"),
     "privacy-unit": ("privacy", "privacy_unit", "choice"),
+    "device-sampling-rate": ("privacy", "device_sampling_rate", "optprob"),
     "num-rounds": ("training", "num_rounds", "int+"),
     "alpha": ("training", "alpha", "float+"),
     "learning-rate": ("training", "learning_rate", "float+"),
@@ -170,6 +181,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "clients-per-round": ("run", "clients_per_round", "int0"),
     "eval-every": ("run", "eval_every", "int+"),
     "out-dir": ("run", "out_dir", "str"),
+    "checkpoint-every": ("run", "checkpoint_every", "int0"),
     "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
     "progress": ("run", "progress", "bool"),
 }
@@ -254,6 +266,10 @@ def _parse(key: str, kind: str, value: Any) -> Any:
         if not 0 <= out < 1:
             raise _fail(key, value, "must be in (0, 1) (or 0 for 1/(2N))")
         return None if out == 0 else out
+    elif kind == "optprob":
+        if not 0 <= out <= 1:
+            raise _fail(key, value, "must be in (0, 1] (or 0 for unset)")
+        return None if out == 0 else out
     elif kind == "prob":
         if not 0 < out <= 1:
             raise _fail(key, value, "must be in (0, 1]")
@@ -315,23 +331,23 @@ def _check_combination(cfg: Config) -> None:
                 "give one of them (set the other to 0)"
             )
         if p.noise_multiplier is None and p.target_epsilon is None:
-            raise ConfigError(
-                f"mode={p.mode!r}: a private mode needs noise-multiplier or target-epsilon"
-            )
-        if (
-            p.max_epsilon is not None
-            and p.target_epsilon is not None
-            and p.max_epsilon < p.target_epsilon
-        ):
-            raise ConfigError(
-                f"max-epsilon={p.max_epsilon}: below target-epsilon={p.target_epsilon}"
-            )
+            raise ConfigError(f"mode={p.mode!r}: a private mode needs noise-multiplier or target-epsilon")
+        if p.max_epsilon is not None and p.target_epsilon is not None and p.max_epsilon < p.target_epsilon:
+            raise ConfigError(f"max-epsilon={p.max_epsilon}: below target-epsilon={p.target_epsilon}")
     if p.mode == "fdp-dpsgd" and p.public_pretrain_rounds == 0:
         raise ConfigError("public-pretrain-rounds=0: mode 'fdp-dpsgd' needs public pre-training")
     if p.public_pretrain_rounds >= t.num_rounds and p.is_private:
         raise ConfigError(
             f"public-pretrain-rounds={p.public_pretrain_rounds}: must be below "
             f"num-rounds={t.num_rounds} so that private rounds remain"
+        )
+    if p.privacy_unit == "device" and p.device_sampling_rate is None:
+        raise ConfigError(
+            "privacy-unit='device': needs device-sampling-rate in (0, 1] (devices are Poisson-sampled)"
+        )
+    if p.device_sampling_rate is not None and cfg.run.clients_per_round:
+        raise ConfigError(
+            f"clients-per-round={cfg.run.clients_per_round}: give it or device-sampling-rate, not both"
         )
     if cfg.data.num_devices > 100_000:
         raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")

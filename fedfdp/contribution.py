@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedfdp import faults
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.losses import LossDecomposition, cross_entropy
 from fedfdp.modes import Phase
@@ -78,14 +79,8 @@ def private_batch_sum(
         inputs, loss_fn = [x], cross_entropy
     else:
         raise ValueError(f"phase {phase.name!r} has no private part")
-    result = clipped_grad_sum(
-        model,
-        inputs,
-        y,
-        loss_fn,
-        clipping_norm if phase.clip else None,
-        method=clip_method,
-    )
+    clip = clipping_norm if phase.clip and not faults.active("no-clip") else None
+    result = clipped_grad_sum(model, inputs, y, loss_fn, clip, method=clip_method)
     return result.grads
 
 
@@ -141,22 +136,31 @@ def device_contribution(
     yt = torch.as_tensor(y, dtype=torch.long)
     private_sum = public_sum = None
     public_loss_sum = 0.0
+    private_idx = np.empty(0, dtype=np.int64)
     if phase.has_private:
-        idx = torch.as_tensor(poisson_sample(n, sampling_rate, streams.private))
+        private_idx = poisson_sample(n, sampling_rate, streams.private)
+        idx = torch.as_tensor(private_idx)
         private_sum = private_batch_sum(
             model, decomposition, phase, xt[idx], yt[idx],
             clipping_norm=clipping_norm, padding=streams.private_padding,
             clip_method=clip_method,
         )
-    if phase.public:
-        idx = torch.as_tensor(uniform_sample(n, public_count, streams.public))
-        public_sum, public_loss_sum = public_batch_sum(
-            model, decomposition, xt[idx], yt[idx], padding=streams.public_padding
-        )
+        if faults.active("realized-normalization"):
+            # planted bug: the sum is rescaled so that the server's division by
+            # q·n yields the mean over the *realised* batch
+            scale = sampling_rate * n / max(len(private_idx), 1)
+            private_sum = [g * scale for g in private_sum]
+    if not phase.public:
+        return Contribution(private_sum, None, 0, 0.0)
+    if faults.active("shared-batch") and phase.has_private:
+        public_idx = private_idx  # planted bug: the public batch reuses the Poisson sample
     else:
-        public_count = 0
-    return Contribution(private_sum, public_sum, public_count if phase.public else 0,
-                        public_loss_sum)
+        public_idx = uniform_sample(n, public_count, streams.public)
+    idx = torch.as_tensor(public_idx)
+    public_sum, public_loss_sum = public_batch_sum(
+        model, decomposition, xt[idx], yt[idx], padding=streams.public_padding
+    )
+    return Contribution(private_sum, public_sum, len(public_idx), public_loss_sum)
 
 
 def add_contributions(parts: list[Contribution]) -> Contribution:

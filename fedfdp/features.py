@@ -62,8 +62,11 @@ class FeatureSpec:
         object.__setattr__(self, "columns", tuple(self.columns))
         object.__setattr__(self, "public", tuple(self.public))
         object.__setattr__(self, "private", tuple(self.private))
-        for name, cols in (("columns", self.columns), ("public", self.public),
-                           ("private", self.private)):
+        for name, cols in (
+            ("columns", self.columns),
+            ("public", self.public),
+            ("private", self.private),
+        ):
             dup = sorted({c for c in cols if cols.count(c) > 1})
             if dup:
                 raise ValueError(f"{name}={list(cols)}: duplicated column(s) {dup}")
@@ -76,7 +79,9 @@ class FeatureSpec:
                 raise ValueError(f"{name}={list(cols)}: unknown column(s) {unknown}")
         overlap = sorted(set(self.public) & set(self.private))
         if overlap:
-            raise ValueError(f"public and private overlap in {overlap}: a column is one or the other")
+            raise ValueError(
+                f"public and private overlap in {overlap}: a column is one or the other"
+            )
         missing = [c for c in self.columns if c not in set(self.public) | set(self.private)]
         if missing:
             raise ValueError(f"columns {missing}: neither public nor private; declare each column")

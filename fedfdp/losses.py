@@ -30,9 +30,7 @@ def cross_entropy(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> tor
     return F.cross_entropy(outputs[0], targets, reduction="none")
 
 
-def private_cross_entropy(
-    outputs: Sequence[torch.Tensor], targets: torch.Tensor
-) -> torch.Tensor:
+def private_cross_entropy(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
     """``ℓ_priv = CE(model(x), y) − CE(model(view), y)`` (inputs 0 and 1).
 
     With the same view draw, ``private + public == full`` exactly, record by record.
@@ -75,9 +73,7 @@ class LossDecomposition:
         """True for the label-DP decomposition."""
         return self.view is None
 
-    def private_inputs(
-        self, x: torch.Tensor, generator: torch.Generator | None
-    ) -> list[torch.Tensor]:
+    def private_inputs(self, x: torch.Tensor, generator: torch.Generator | None) -> list[torch.Tensor]:
         """Inputs on which ``ℓ_priv`` evaluates the model: ``[x, view(x)]``."""
         if self.view is None:
             return [x]

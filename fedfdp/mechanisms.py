@@ -52,8 +52,10 @@ class GaussianSumMechanism:
     clipping_norm: float
 
     def __post_init__(self) -> None:
-        for name, value in (("noise-multiplier", self.noise_multiplier),
-                            ("clipping-norm", self.clipping_norm)):
+        for name, value in (
+            ("noise-multiplier", self.noise_multiplier),
+            ("clipping-norm", self.clipping_norm),
+        ):
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value}: must be finite and > 0")
 

@@ -40,9 +40,7 @@ def build_model(
         Initialisation seed (explicit generator; global RNG untouched).
     """
     if in_features < 1 or num_classes < 2:
-        raise ValueError(
-            f"in_features={in_features}, num_classes={num_classes}: need >= 1 and >= 2"
-        )
+        raise ValueError(f"in_features={in_features}, num_classes={num_classes}: need >= 1 and >= 2")
     if name == "logistic":
         model: nn.Module = nn.Sequential(nn.Linear(in_features, num_classes))
     elif name == "mlp":

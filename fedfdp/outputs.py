@@ -19,8 +19,17 @@ import tomli_w
 METRICS_FILE = "metrics.csv"
 CONFIG_FILE = "config.toml"
 METRIC_COLUMNS = (
-    "round", "phase", "epsilon", "delta", "relation", "accuracy", "loss", "public_loss",
-    "replies", "rejected", "noise_multiplier",
+    "round",
+    "phase",
+    "epsilon",
+    "delta",
+    "relation",
+    "accuracy",
+    "loss",
+    "public_loss",
+    "replies",
+    "rejected",
+    "noise_multiplier",
 )
 
 

@@ -67,12 +67,8 @@ class DeviceStreams:
         return cls(
             private=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PRIVATE)),
             public=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC)),
-            private_padding=_torch_generator(
-                _sequence(seed, _CLIENT, round_, device, _PRIVATE_PADDING)
-            ),
-            public_padding=_torch_generator(
-                _sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING)
-            ),
+            private_padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PRIVATE_PADDING)),
+            public_padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING)),
         )
 
 
@@ -112,9 +108,7 @@ def uniform_sample(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n, size=size, replace=False))
 
 
-def allocate_public_batch(
-    sizes: np.ndarray, size: int, rng: np.random.Generator
-) -> np.ndarray:
+def allocate_public_batch(sizes: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """Split a uniform public batch of ``size`` over devices with ``sizes`` records.
 
     Drawing the per-device counts from the multivariate hypergeometric

@@ -50,8 +50,7 @@ def run_simulation_for(cfg: Config, *, verbose: bool = False) -> None:
     _quiet_flower(verbose)
     backend = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"logging_level": "ERROR" if not verbose else "INFO",
-                      "log_to_driver": verbose},
+        "init_args": {"logging_level": "ERROR" if not verbose else "INFO", "log_to_driver": verbose},
     }
     run_simulation(
         server_app=make_server_app(cfg),
@@ -111,8 +110,9 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="experiment TOML (flat kebab-case keys)")
     run.add_argument("--out", required=True, help="output directory")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
-    run.add_argument("--centralised", action="store_true",
-                     help="run the single-machine reference instead of Flower")
+    run.add_argument(
+        "--centralised", action="store_true", help="run the single-machine reference instead of Flower"
+    )
     run.add_argument("--verbose", action="store_true", help="show Flower and Ray logs")
     run.set_defaults(func=cmd_run)
     return parser

@@ -124,10 +124,7 @@ class FDPStrategy(Strategy):
         while True:
             new = [n for n in grid.get_node_ids() if n not in self.registry]
             if new:
-                msgs = [
-                    Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
-                    for n in new
-                ]
+                msgs = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in new]
                 for reply in grid.send_and_receive(msgs, timeout=60):
                     node = reply.metadata.src_node_id
                     if reply.has_error():
@@ -165,7 +162,10 @@ class FDPStrategy(Strategy):
         p = self.cfg.privacy
         log.info(
             "FDPStrategy: mode=%s q=%s C=%s m'=%s sigma=%s delta=%s max-epsilon=%s",
-            p.mode, p.sampling_rate, p.clipping_norm, p.public_batch_size,
+            p.mode,
+            p.sampling_rate,
+            p.clipping_norm,
+            p.public_batch_size,
             self.plan.noise_multiplier if self.plan else None,
             self.plan.delta if self.plan else None,
             self.plan.max_epsilon if self.plan else None,
@@ -197,19 +197,19 @@ class FDPStrategy(Strategy):
         messages = []
         for node, asked in state.asked.items():
             cfg_rec = ConfigRecord(dict(config))
-            cfg_rec.update({
-                P.ROUND: server_round,
-                P.PHASE: phase.name,
-                P.SAMPLING_RATE: p.sampling_rate,
-                P.CLIPPING_NORM: p.clipping_norm,
-                P.SEED: self.cfg.run.seed,
-                P.DEVICE_IDS: asked.device_ids,
-                P.PUBLIC_COUNTS: asked.public_counts,
-            })
-            content = RecordDict({P.ARRAYS: arrays, P.CONFIG: cfg_rec})
-            messages.append(
-                Message(content, message_type=MessageType.TRAIN, dst_node_id=node)
+            cfg_rec.update(
+                {
+                    P.ROUND: server_round,
+                    P.PHASE: phase.name,
+                    P.SAMPLING_RATE: p.sampling_rate,
+                    P.CLIPPING_NORM: p.clipping_norm,
+                    P.SEED: self.cfg.run.seed,
+                    P.DEVICE_IDS: asked.device_ids,
+                    P.PUBLIC_COUNTS: asked.public_counts,
+                }
             )
+            content = RecordDict({P.ARRAYS: arrays, P.CONFIG: cfg_rec})
+            messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages
 
     def _parse(self, reply: Message, state: RoundState) -> P.ValidReply:
@@ -264,7 +264,8 @@ class FDPStrategy(Strategy):
         if phase.noise:
             assert self.plan is not None and self.plan.noise_multiplier is not None
             noise = RoundNoise(
-                self.plan.noise_multiplier, self.cfg.privacy.clipping_norm,
+                self.plan.noise_multiplier,
+                self.cfg.privacy.clipping_norm,
                 ServerStreams.for_round(self.cfg.run.seed, server_round).noise,
             )
 
@@ -287,14 +288,21 @@ class FDPStrategy(Strategy):
         epsilon = self.budget.spend() if phase.noise else self.budget.epsilon()
         pub_loss = sum(v.public_loss_sum for v in valid) / public_count if public_count else float("nan")
         self._last = {
-            "epsilon": epsilon, "public_loss": pub_loss,
-            "replies": len(valid), "rejected": rejected, "asked": len(state.asked),
+            "epsilon": epsilon,
+            "public_loss": pub_loss,
+            "replies": len(valid),
+            "rejected": rejected,
+            "asked": len(state.asked),
         }
         self._round = None
-        metrics = MetricRecord({
-            "epsilon": epsilon, "replies": len(valid), "rejected": rejected,
-            "public-loss": pub_loss if public_count else 0.0,
-        })
+        metrics = MetricRecord(
+            {
+                "epsilon": epsilon,
+                "replies": len(valid),
+                "rejected": rejected,
+                "public-loss": pub_loss if public_count else 0.0,
+            }
+        )
         return ArrayRecord(self.model.state_dict()), metrics
 
     def configure_evaluate(
@@ -304,9 +312,7 @@ class FDPStrategy(Strategy):
         outside the guarantee. Evaluation is server-side on held-out data."""
         return []
 
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Nothing to aggregate (see :meth:`configure_evaluate`)."""
         return None
 
@@ -321,15 +327,27 @@ class FDPStrategy(Strategy):
         self.summary()
         out = cfg.run.out_dir
         if out:
-            write_config(out, cfg.to_flat(), {
-                "noise-multiplier": plan.noise_multiplier, "delta": plan.delta,
-                "num-records": self.num_records, "private-rounds": plan.private_rounds,
-                "max-epsilon": plan.max_epsilon, "relation": plan.relation,
-                "num-nodes": len(self.registry),
-            })
+            write_config(
+                out,
+                cfg.to_flat(),
+                {
+                    "noise-multiplier": plan.noise_multiplier,
+                    "delta": plan.delta,
+                    "num-records": self.num_records,
+                    "private-rounds": plan.private_rounds,
+                    "max-epsilon": plan.max_epsilon,
+                    "relation": plan.relation,
+                    "num-nodes": len(self.registry),
+                },
+            )
         total = cfg.training.num_rounds
-        bar = tqdm(total=total, desc=f"fedfdp {cfg.privacy.mode}", unit="round",
-                   disable=not cfg.run.progress, leave=True)
+        bar = tqdm(
+            total=total,
+            desc=f"fedfdp {cfg.privacy.mode}",
+            unit="round",
+            disable=not cfg.run.progress,
+            leave=True,
+        )
         p = cfg.privacy
         try:
             for r in range(1, total + 1):
@@ -351,10 +369,16 @@ class FDPStrategy(Strategy):
                 if r % cfg.run.eval_every == 0 or r == total:
                     acc, loss = evaluate(self.model, self.data.test_x, self.data.test_y)
                 row = {
-                    "round": r, "phase": phase.name, "epsilon": self._last["epsilon"],
-                    "delta": plan.delta, "relation": plan.relation,
-                    "accuracy": acc, "loss": loss, "public_loss": self._last["public_loss"],
-                    "replies": self._last["replies"], "rejected": self._last["rejected"],
+                    "round": r,
+                    "phase": phase.name,
+                    "epsilon": self._last["epsilon"],
+                    "delta": plan.delta,
+                    "relation": plan.relation,
+                    "accuracy": acc,
+                    "loss": loss,
+                    "public_loss": self._last["public_loss"],
+                    "replies": self._last["replies"],
+                    "rejected": self._last["rejected"],
                     "asked": self._last["asked"],
                     "noise_multiplier": plan.noise_multiplier if phase.noise else 0.0,
                 }

@@ -22,9 +22,11 @@ def set_identity() -> None:
 def node_context(cfg: Config, node: int) -> Context:
     """Context of the node serving partition ``node`` (one device per node)."""
     return Context(
-        run_id=1, node_id=node,
+        run_id=1,
+        node_id=node,
         node_config={"partition-id": node, "num-partitions": cfg.data.num_devices},
-        state=RecordDict(), run_config={},
+        state=RecordDict(),
+        run_config={},
     )
 
 
@@ -42,8 +44,7 @@ def client_reply(cfg: Config, msg: Message) -> Message:
     """The real client computation for one train message."""
     node = msg.metadata.dst_node_id
     state = msg.content[P.ARRAYS].to_torch_state_dict()
-    private, public, metrics = handle_train(cfg, node_context(cfg, node), state,
-                                            msg.content[P.CONFIG])
+    private, public, metrics = handle_train(cfg, node_context(cfg, node), state, msg.content[P.CONFIG])
     content = RecordDict({P.METRICS: MetricRecord(metrics)})
     if private is not None:
         content[P.PRIVATE] = ArrayRecord(private)

@@ -46,7 +46,9 @@ def test_bad_values_name_key_and_value(key, value, fragment):
 
 
 def test_unknown_key_suggests():
-    with pytest.raises(ConfigError, match=r"noise-multiplyer=1: unknown configuration key.*noise-multiplier"):
+    with pytest.raises(
+        ConfigError, match=r"noise-multiplyer=1: unknown configuration key.*noise-multiplier"
+    ):
         load_config({"noise-multiplyer": 1})
 
 

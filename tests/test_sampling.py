@@ -17,15 +17,13 @@ def test_poisson_inclusion_rate():
     """200 rounds x 500 records at q = 0.05: the inclusion count is Binomial(1e5, q);
     accept within 5 standard deviations (false alarm < 1e-6)."""
     q, n, rounds = 0.05, 500, 200
-    total = sum(len(poisson_sample(n, q, DeviceStreams.for_round(0, r, 3).private))
-                for r in range(rounds))
+    total = sum(len(poisson_sample(n, q, DeviceStreams.for_round(0, r, 3).private)) for r in range(rounds))
     mean, sd = q * n * rounds, np.sqrt(n * rounds * q * (1 - q))
     assert abs(total - mean) < 5 * sd
 
 
 def test_poisson_sizes_vary_and_can_be_empty():
-    sizes = [len(poisson_sample(20, 0.05, DeviceStreams.for_round(1, r, 0).private))
-             for r in range(300)]
+    sizes = [len(poisson_sample(20, 0.05, DeviceStreams.for_round(1, r, 0).private)) for r in range(300)]
     assert 0 in sizes and len(set(sizes)) > 2
     # P(empty) = 0.95^20 = 0.358; 300 draws: within 5 s.d.
     p0 = 0.95**20
@@ -51,8 +49,7 @@ def test_streams_are_reproducible_and_distinct():
     c = DeviceStreams.for_round(5, 2, 1)
     assert not np.array_equal(c.private.random(10), c.public.random(10))
     d = DeviceStreams.for_round(5, 3, 1)
-    assert not np.array_equal(DeviceStreams.for_round(5, 2, 1).private.random(10),
-                              d.private.random(10))
+    assert not np.array_equal(DeviceStreams.for_round(5, 2, 1).private.random(10), d.private.random(10))
     s = ServerStreams.for_round(5, 2)
     assert s.noise.initial_seed() != DeviceStreams.for_round(5, 2, 1).private_padding.initial_seed()
 

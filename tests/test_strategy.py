@@ -11,9 +11,19 @@ from tests.flower_helpers import InProcessGrid, registered_strategy, train_messa
 from tests.test_mechanisms import variance_matches
 
 BASE = {
-    "num-devices": 5, "records-per-device": 50, "sampling-rate": 0.1, "public-batch-size": 30,
-    "noise-multiplier": 0.8, "target-epsilon": 0, "clipping-norm": 0.25, "learning-rate": 1.0,
-    "momentum": 0.0, "alpha": 3.0, "seed": 1, "progress": False, "hidden-size": 32,
+    "num-devices": 5,
+    "records-per-device": 50,
+    "sampling-rate": 0.1,
+    "public-batch-size": 30,
+    "noise-multiplier": 0.8,
+    "target-epsilon": 0,
+    "clipping-norm": 0.25,
+    "learning-rate": 1.0,
+    "momentum": 0.0,
+    "alpha": 3.0,
+    "seed": 1,
+    "progress": False,
+    "hidden-size": 32,
 }
 
 
@@ -101,6 +111,7 @@ def _tamper_factory(kind):
             priv[key] = priv[key] + 1e6
         reply.content[P.PRIVATE] = ArrayRecord({k: torch.as_tensor(v) for k, v in priv.items()})
         return reply
+
     return tamper
 
 
@@ -114,7 +125,11 @@ def test_bad_reply_is_rejected_and_changes_nothing(kind):
     bad.start(InProcessGrid(cfg, tamper=_tamper_factory(kind)))
     dropped = registered_strategy(cfg)
     dropped.registry = {}
-    dropped.start(InProcessGrid(cfg, tamper=lambda n, m, r: None if n == 2 and m.metadata.message_type == "train" else r))
+    dropped.start(
+        InProcessGrid(
+            cfg, tamper=lambda n, m, r: None if n == 2 and m.metadata.message_type == "train" else r
+        )
+    )
     for a, b in zip(bad.params, dropped.params, strict=True):
         assert torch.equal(a, b)
     assert bad.rows[-1]["rejected"] == 1 and bad.rows[-1]["replies"] == 4

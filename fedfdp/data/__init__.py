@@ -22,7 +22,9 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
     """
     if cfg.dataset == "fleet":
         return make_fleet(
-            cfg.num_devices, cfg.records_per_device, seed=cfg.data_seed,
+            cfg.num_devices,
+            cfg.records_per_device,
+            seed=cfg.data_seed,
             test_fraction=cfg.test_fraction,
         )
     raise ValueError(f"dataset={cfg.dataset!r}: unknown (available: fleet)")

@@ -18,9 +18,7 @@ class DeviceData:
 
     def __post_init__(self) -> None:
         if self.x.ndim != 2 or self.y.ndim != 1 or len(self.x) != len(self.y):
-            raise ValueError(
-                f"device data shapes x={self.x.shape}, y={self.y.shape}: need (n, d) and (n,)"
-            )
+            raise ValueError(f"device data shapes x={self.x.shape}, y={self.y.shape}: need (n, d) and (n,)")
 
     def __len__(self) -> int:
         return len(self.y)
@@ -79,7 +77,5 @@ class FederatedData:
         partitions as devices each SuperNode holds exactly one device.
         """
         if not 0 <= partition_id < num_partitions:
-            raise ValueError(
-                f"partition-id={partition_id}: must be in [0, num-partitions={num_partitions})"
-            )
+            raise ValueError(f"partition-id={partition_id}: must be in [0, num-partitions={num_partitions})")
         return tuple(range(partition_id, len(self.devices), num_partitions))

@@ -38,7 +38,13 @@ from fedfdp.features import FeatureSpec, PublicStatistics
 
 CLASSES = ("still", "walk", "run", "bike", "vehicle")
 PUBLIC_COLUMNS = (
-    "speed", "heading_sin", "heading_cos", "accel_mean", "accel_std", "hour_sin", "hour_cos",
+    "speed",
+    "heading_sin",
+    "heading_cos",
+    "accel_mean",
+    "accel_std",
+    "hour_sin",
+    "hour_cos",
 )
 PRIVATE_COLUMNS = ("heart_rate", "latitude", "longitude")
 COLUMNS = PUBLIC_COLUMNS + PRIVATE_COLUMNS
@@ -61,9 +67,7 @@ def _hours(rng: np.random.Generator, c: np.ndarray) -> np.ndarray:
     return np.mod(t, 24.0)
 
 
-def _locations(
-    rng: np.random.Generator, c: np.ndarray, home: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def _locations(rng: np.random.Generator, c: np.ndarray, home: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(c)
     lat = home[0] + rng.normal(0, 0.08, n)
     lon = home[1] + rng.normal(0, 0.08, n)
