@@ -129,6 +129,7 @@ class RunConfig:
     out_dir: str = ""
     checkpoint_every: int = 1
     node_wait_timeout: float = 120.0
+    round_timeout: float = 600.0
     progress: bool = True
 
 
@@ -183,6 +184,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "out-dir": ("run", "out_dir", "str"),
     "checkpoint-every": ("run", "checkpoint_every", "int0"),
     "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
+    "round-timeout": ("run", "round_timeout", "float+"),
     "progress": ("run", "progress", "bool"),
 }
 

@@ -318,10 +318,11 @@ class FDPStrategy(Strategy):
 
     # ---------------------------------------------------------------- loop
     def start(  # type: ignore[override]
-        self, grid: Grid, timeout: float = 3600.0
+        self, grid: Grid, timeout: float | None = None
     ) -> list[dict[str, Any]]:
         """Run all rounds; return the per-round records (also in ``metrics.csv``)."""
         cfg = self.cfg
+        timeout = cfg.run.round_timeout if timeout is None else timeout
         self.register_nodes(grid)
         plan = self.resolve()
         self.summary()
