@@ -71,6 +71,8 @@ def handle_train(
     torch.set_num_threads(1)
     data = load_dataset(cfg.data)
     phase_name = str(config.get(P.PHASE, ""))
+    if str(config.get(P.UNIT, "record")) not in ("record", "device"):
+        raise ValueError(f"privacy-unit={config.get(P.UNIT)!r}: unknown")
     if phase_name not in PHASES:
         raise ValueError(f"phase={phase_name!r}: unknown")
     phase = PHASES[phase_name]
@@ -80,10 +82,14 @@ def handle_train(
         raise ValueError(f"sampling-rate={q}, clipping-norm={clip}: out of range")
     seed = int(_num(config, P.SEED))
     round_ = int(_num(config, P.ROUND))
+    attempt = int(config.get(P.ATTEMPT, 0))
+    unit = str(config.get(P.UNIT, "record"))
     mine = set(_node_devices(cfg, context))
     device_ids = [int(d) for d in config.get(P.DEVICE_IDS, [])]
     counts = [int(c) for c in config.get(P.PUBLIC_COUNTS, [])]
-    if len(device_ids) != len(counts) or not device_ids or not set(device_ids) <= mine:
+    flags = [bool(int(f)) for f in config.get(P.PRIVATE_FLAGS, [1] * len(device_ids))]
+    lengths_ok = len(device_ids) == len(counts) == len(flags) > 0
+    if not lengths_ok or not set(device_ids) <= mine:
         raise ValueError(
             f"device-ids={device_ids}, public-counts={counts}: not this node's devices"
         )
@@ -101,9 +107,11 @@ def handle_train(
             sampling_rate=q,
             clipping_norm=clip,
             public_count=c,
-            streams=DeviceStreams.for_round(seed, round_, d),
+            streams=DeviceStreams.for_round(seed, round_, d, attempt),
+            private=f,
+            unit=unit,
         )
-        for d, c in zip(device_ids, counts, strict=True)
+        for d, c, f in zip(device_ids, counts, flags, strict=True)
     ]
     total = add_contributions(parts)
     names = [n for n, p in model.named_parameters() if p.requires_grad]

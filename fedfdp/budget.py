@@ -33,7 +33,9 @@ class PrivacyPlan:
     noise_multiplier : float or None
         σ (None for non-private modes).
     sampling_rate : float
-        ``q`` used for accounting (record-level Poisson rate).
+        Rate used for accounting: ``q`` (record unit, all devices or a
+        fixed-count, data-independent device choice), ``p·q`` (record unit,
+        Poisson device sampling at rate ``p``), ``p`` (device unit).
     delta : float
     private_rounds : int
         Rounds that compose a privacy event.
@@ -53,6 +55,7 @@ class PrivacyPlan:
     max_epsilon: float | None
     relation: str = "add-remove"
     unbounded: bool = False
+    unit: str = "record"
 
 
 def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:

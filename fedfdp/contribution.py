@@ -59,6 +59,13 @@ def trainable(model: nn.Module) -> list[torch.Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def clip_vector(tensors: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    """Scale the tensor list, seen as one vector, to L2 norm at most ``max_norm``."""
+    norm = torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)) if tensors else torch.tensor(0.0)
+    factor = min(1.0, max_norm / float(norm)) if float(norm) > 0 else 1.0
+    return [t * factor for t in tensors]
+
+
 def private_batch_sum(
     model: nn.Module,
     decomposition: LossDecomposition,
@@ -69,9 +76,10 @@ def private_batch_sum(
     clipping_norm: float,
     padding: torch.Generator,
     clip_method: str = "auto",
+    per_record_clip: bool = True,
 ) -> list[torch.Tensor]:
     """Σ of per-record private-loss gradients over the batch ``(x, y)``, each
-    clipped to ``clipping_norm`` when the phase clips."""
+    clipped to ``clipping_norm`` when the phase clips (and ``per_record_clip``)."""
     if phase.private_loss == "private":
         inputs = decomposition.private_inputs(x, padding)
         loss_fn = decomposition.private_loss
@@ -79,7 +87,7 @@ def private_batch_sum(
         inputs, loss_fn = [x], cross_entropy
     else:
         raise ValueError(f"phase {phase.name!r} has no private part")
-    clip = clipping_norm if phase.clip and not faults.active("no-clip") else None
+    clip = clipping_norm if phase.clip and per_record_clip and not faults.active("no-clip") else None
     result = clipped_grad_sum(model, inputs, y, loss_fn, clip, method=clip_method)
     return result.grads
 
@@ -115,6 +123,8 @@ def device_contribution(
     public_count: int,
     streams: DeviceStreams,
     clip_method: str = "auto",
+    private: bool = True,
+    unit: str = "record",
 ) -> Contribution:
     """One device's contribution to a round (see the module docstring).
 
@@ -130,14 +140,35 @@ def device_contribution(
     streams : DeviceStreams
         Independent generators for the private sample, the public sample and
         the two padding draws.
+    private : bool
+        Whether the device was drawn for the private part this round (Poisson
+        device sampling); if not, its private part is a zero vector.
+    unit : str
+        ``record``: each record's gradient is clipped to ``C`` (sensitivity
+        ``C`` per record). ``device``: the mean private gradient over the
+        device's Poisson batch is clipped to ``C`` as one vector (sensitivity
+        ``C`` per device — the device's whole private contribution).
     """
+    if unit not in ("record", "device"):
+        raise ValueError(f"privacy-unit={unit!r}: must be record or device")
     n = len(y)
     xt = torch.as_tensor(x)
     yt = torch.as_tensor(y, dtype=torch.long)
     private_sum = public_sum = None
     public_loss_sum = 0.0
     private_idx = np.empty(0, dtype=np.int64)
-    if phase.has_private:
+    if phase.has_private and not private:
+        private_sum = [torch.zeros_like(p) for p in trainable(model)]
+    elif phase.has_private and unit == "device":
+        private_idx = poisson_sample(n, sampling_rate, streams.private)
+        idx = torch.as_tensor(private_idx)
+        unclipped = private_batch_sum(
+            model, decomposition, phase, xt[idx], yt[idx], clipping_norm=clipping_norm,
+            padding=streams.private_padding, clip_method=clip_method, per_record_clip=False,
+        )
+        mean = [g / max(len(private_idx), 1) for g in unclipped]
+        private_sum = clip_vector(mean, clipping_norm) if phase.clip else mean
+    elif phase.has_private:
         private_idx = poisson_sample(n, sampling_rate, streams.private)
         idx = torch.as_tensor(private_idx)
         private_sum = private_batch_sum(

@@ -36,6 +36,9 @@ SEED = "seed"
 DEVICE_IDS = "device-ids"
 PUBLIC_COUNTS = "public-counts"
 ROUND = "server-round"
+PRIVATE_FLAGS = "private-flags"
+ATTEMPT = "attempt"
+UNIT = "privacy-unit"
 # Metric keys of a reply
 PUBLIC_COUNT = "public-count"
 PUBLIC_LOSS_SUM = "public-loss-sum"
@@ -99,9 +102,10 @@ def validate_reply(
     expected
         Parameter name → shape, in parameter order.
     clipping_norm, max_private_records
-        A clipped private sum over at most ``max_private_records`` records has
-        norm ≤ ``C · max_private_records``; a larger norm is impossible for an
-        honest client and is rejected (``clipping_norm=None``: no check).
+        A sum of at most ``max_private_records`` vectors each clipped to ``C``
+        (records, or devices for the device unit) has norm ≤
+        ``C · max_private_records``; a larger norm is impossible for an honest
+        client and is rejected (``clipping_norm=None``: no check).
     public_count_asked
         The public batch size allocated to the node; the reply must match it.
     """

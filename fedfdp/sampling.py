@@ -62,13 +62,22 @@ class DeviceStreams:
     public_padding: torch.Generator
 
     @classmethod
-    def for_round(cls, seed: int, round_: int, device: int) -> DeviceStreams:
-        """Streams of ``device`` in round ``round_`` under run seed ``seed``."""
+    def for_round(cls, seed: int, round_: int, device: int, attempt: int = 0) -> DeviceStreams:
+        """Streams of ``device`` in round ``round_`` under run seed ``seed``.
+
+        ``attempt > 0`` (a round re-run after a crash) gives fresh, independent
+        streams: batches are never reused across two releases.
+        """
+
+        def seq(kind: int) -> np.random.SeedSequence:
+            extra = (attempt,) if attempt else ()
+            return _sequence(seed, _CLIENT, round_, device, kind, *extra)
+
         return cls(
-            private=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PRIVATE)),
-            public=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC)),
-            private_padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PRIVATE_PADDING)),
-            public_padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING)),
+            private=np.random.default_rng(seq(_PRIVATE)),
+            public=np.random.default_rng(seq(_PUBLIC)),
+            private_padding=_torch_generator(seq(_PRIVATE_PADDING)),
+            public_padding=_torch_generator(seq(_PUBLIC_PADDING)),
         )
 
 
@@ -80,11 +89,13 @@ class ServerStreams:
     sampling: np.random.Generator
 
     @classmethod
-    def for_round(cls, seed: int, round_: int) -> ServerStreams:
-        """Streams of the server in round ``round_``."""
+    def for_round(cls, seed: int, round_: int, attempt: int = 0) -> ServerStreams:
+        """Streams of the server in round ``round_`` (``attempt > 0``: fresh
+        noise for a round re-run after a crash — noise is never reused)."""
+        extra = (attempt,) if attempt else ()
         return cls(
-            noise=_torch_generator(_sequence(seed, _SERVER, round_, _NOISE)),
-            sampling=np.random.default_rng(_sequence(seed, _SERVER, round_, _SERVER_SAMPLING)),
+            noise=_torch_generator(_sequence(seed, _SERVER, round_, _NOISE, *extra)),
+            sampling=np.random.default_rng(_sequence(seed, _SERVER, round_, _SERVER_SAMPLING, *extra)),
         )
 
 

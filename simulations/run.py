@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedfdp.config import Config, load_config, parse_override, read_toml
+from fedfdp.checkpoint import CheckpointMismatch, check_compatible, load_checkpoint, read_ledger
+from fedfdp.config import Config, ConfigError, load_config, parse_override, read_toml
+from fedfdp.outputs import CONFIG_FILE
 
 
 def build_config(config_path: str | None, overrides: Sequence[str], out: str | None) -> Config:
@@ -80,15 +82,41 @@ def _summarise(out: Path) -> int:
     return 0
 
 
+def _check_run_dir(out: Path, cfg: Config) -> None:
+    """Refuse to overwrite a run, or to resume one under another configuration,
+    before Flower starts (errors inside the ServerApp thread are only logged)."""
+    ckpt = load_checkpoint(out) if out.is_dir() else None
+    ledger = read_ledger(out) if out.is_dir() else None
+    if not cfg.run.resume and (ckpt is not None or ledger is not None):
+        raise ConfigError(f"out-dir={str(out)!r}: already holds a run; use --resume {out} or another --out")
+    if cfg.run.resume:
+        if ckpt is None and ledger is None:
+            raise ConfigError(f"--resume {out}: no checkpoint or privacy ledger there")
+        if ckpt is not None:
+            try:
+                check_compatible(ckpt["config"], cfg.to_flat())
+            except CheckpointMismatch as exc:
+                raise ConfigError(f"--resume {out}: {exc}") from exc
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
     from fedfdp.budget import plan_privacy
     from fedfdp.data import load_dataset
 
-    cfg = build_config(args.config, args.set or [], args.out)
+    if args.resume:
+        if args.out or args.config:
+            raise ConfigError("--resume DIR: reads DIR/config.toml; drop --out/--config")
+        cfg = build_config(str(Path(args.resume) / CONFIG_FILE), [*(args.set or []), "resume=true"],
+                           args.resume)
+    else:
+        if not args.out:
+            raise ConfigError("--out DIR is required (or --resume DIR)")
+        cfg = build_config(args.config, args.set or [], args.out)
     data = load_dataset(cfg.data)  # fail on bad data before any work
     plan_privacy(cfg, data.num_records)  # and on an unreachable target ε
     out = Path(cfg.run.out_dir)
+    _check_run_dir(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
     if args.centralised:
         from fedfdp.algorithm import run_centralised
@@ -106,7 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the ``fedfdp`` parser."""
     run = sub.add_parser("run", help="one federated training run")
     run.add_argument("--config", help="experiment TOML (flat kebab-case keys)")
-    run.add_argument("--out", required=True, help="output directory")
+    run.add_argument("--out", help="output directory")
+    run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
     run.add_argument(
         "--centralised", action="store_true", help="run the single-machine reference instead of Flower"

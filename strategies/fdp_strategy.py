@@ -30,10 +30,12 @@ private batch with probability at most ``q`` — a valid upper bound.
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,15 +49,27 @@ from fedfdp import protocol as P
 from fedfdp.accounting import PrivacyBudgetExhausted
 from fedfdp.algorithm import build_model_for, evaluate
 from fedfdp.budget import Budget, PrivacyPlan, plan_privacy
+from fedfdp.checkpoint import (
+    CheckpointMismatch,
+    Ledger,
+    check_compatible,
+    load_checkpoint,
+    read_ledger,
+    save_checkpoint,
+    write_ledger,
+)
 from fedfdp.config import Config
 from fedfdp.contribution import trainable
 from fedfdp.data import FederatedData
 from fedfdp.modes import Phase, phase_for_round
-from fedfdp.outputs import write_config, write_metrics
+from fedfdp.outputs import atomic_write, write_config, write_metrics
 from fedfdp.sampling import ServerStreams, allocate_public_batch
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
 
 log = logging.getLogger("fedfdp.server")
+
+#: The final model's state_dict, written at the end of a run.
+MODEL_FILE = "model.pt"
 
 
 @dataclass
@@ -64,7 +78,8 @@ class _Asked:
 
     device_ids: list[int]
     public_counts: list[int]
-    records: int
+    private_flags: list[int]
+    records: int  # bound on clipped vectors in the private sum (records, or devices)
 
 
 @dataclass
@@ -75,6 +90,7 @@ class RoundState:
     phase: Phase
     asked: dict[int, _Asked] = field(default_factory=dict)
     expected_batch_size: float = 0.0
+    attempt: int = 0
 
 
 class FDPStrategy(Strategy):
@@ -105,6 +121,10 @@ class FDPStrategy(Strategy):
         self.stop_reason: str | None = None
         self._round: RoundState | None = None
         self._last: dict[str, Any] = {}
+        self._attempt = 0
+        self._attempt_round: int | None = None
+        self._charged_round: int | None = None
+        self.ledger = Ledger({}, [])
 
     # ------------------------------------------------------------------ setup
     @property
@@ -174,25 +194,54 @@ class FDPStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Instructions for the nodes taking part in ``server_round``."""
+        """Instructions for the nodes taking part in ``server_round``.
+
+        Which devices do private work: all of them; or those of
+        ``clients-per-round`` nodes chosen uniformly (data-independent, rate
+        ``q`` still accounted); or each device independently with probability
+        ``p`` (``device-sampling-rate``; accounted at ``p·q`` or ``p``). The
+        public batch is drawn independently of that private draw (Prop. 3,
+        here at device level): over all devices for the record unit, over an
+        independent Poisson device sample for the device unit.
+        """
         p = self.cfg.privacy
         phase = phase_for_round(p.mode, p.public_pretrain_rounds, server_round)
-        streams = ServerStreams.for_round(self.cfg.run.seed, server_round)
-        nodes = sorted(self.registry)
-        k = self.cfg.run.clients_per_round
-        if 0 < k < len(nodes):
-            nodes = sorted(int(n) for n in streams.sampling.choice(nodes, size=k, replace=False))
-        devices = [(n, d, s) for n in nodes for d, s in zip(*self.registry[n], strict=True)]
+        attempt = self._attempt if self._attempt_round == server_round else 0
+        streams = ServerStreams.for_round(self.cfg.run.seed, server_round, attempt)
+        devices = [
+            (n, d, s) for n in sorted(self.registry) for d, s in zip(*self.registry[n], strict=True)
+        ]
+        nodes_of = np.array([n for n, _, _ in devices])
         sizes = np.array([s for _, _, s in devices], dtype=np.int64)
-        m = min(p.public_batch_size, int(sizes.sum())) if phase.public else 0
-        counts = allocate_public_batch(sizes, m, streams.sampling)
-        state = RoundState(server_round, phase)
-        state.expected_batch_size = p.sampling_rate * float(sizes.sum())
-        for (node, dev, size), c in zip(devices, counts, strict=True):
-            asked = state.asked.setdefault(node, _Asked([], [], 0))
+        rate = p.device_sampling_rate
+        device_unit = p.privacy_unit == "device"
+        if rate is not None:
+            private_mask = streams.sampling.random(len(devices)) < rate
+            public_mask = (
+                streams.sampling.random(len(devices)) < rate if device_unit else np.ones(len(devices), bool)
+            )
+            expected = rate * len(devices) if device_unit else rate * p.sampling_rate * float(sizes.sum())
+        else:
+            chosen = np.array(sorted(self.registry))
+            k = self.cfg.run.clients_per_round
+            if 0 < k < len(chosen):
+                chosen = np.sort(streams.sampling.choice(chosen, size=k, replace=False))
+            private_mask = public_mask = np.isin(nodes_of, chosen)
+            expected = p.sampling_rate * float(sizes[private_mask].sum())
+        public_sizes = np.where(public_mask, sizes, 0)
+        m = min(p.public_batch_size, int(public_sizes.sum())) if phase.public else 0
+        counts = allocate_public_batch(public_sizes, m, streams.sampling)
+        state = RoundState(server_round, phase, attempt=attempt)
+        state.expected_batch_size = expected
+        for (node, dev, size), priv, c in zip(devices, private_mask, counts, strict=True):
+            if not (priv and phase.has_private) and c == 0:
+                continue
+            asked = state.asked.setdefault(node, _Asked([], [], [], 0))
             asked.device_ids.append(dev)
             asked.public_counts.append(int(c))
-            asked.records += size
+            asked.private_flags.append(int(bool(priv)))
+            if priv:
+                asked.records += 1 if device_unit else size
         self._round = state
         messages = []
         for node, asked in state.asked.items():
@@ -200,12 +249,15 @@ class FDPStrategy(Strategy):
             cfg_rec.update(
                 {
                     P.ROUND: server_round,
+                    P.ATTEMPT: attempt,
                     P.PHASE: phase.name,
+                    P.UNIT: p.privacy_unit,
                     P.SAMPLING_RATE: p.sampling_rate,
                     P.CLIPPING_NORM: p.clipping_norm,
                     P.SEED: self.cfg.run.seed,
                     P.DEVICE_IDS: asked.device_ids,
                     P.PUBLIC_COUNTS: asked.public_counts,
+                    P.PRIVATE_FLAGS: asked.private_flags,
                 }
             )
             content = RecordDict({P.ARRAYS: arrays, P.CONFIG: cfg_rec})
@@ -266,7 +318,7 @@ class FDPStrategy(Strategy):
             noise = RoundNoise(
                 self.plan.noise_multiplier,
                 self.cfg.privacy.clipping_norm,
-                ServerStreams.for_round(self.cfg.run.seed, server_round).noise,
+                ServerStreams.for_round(self.cfg.run.seed, server_round, state.attempt).noise,
             )
 
         def tensors(arrs: list[np.ndarray]) -> list[torch.Tensor]:
@@ -285,7 +337,10 @@ class FDPStrategy(Strategy):
         )
         apply_gradient(self.params, self.optimizer, grad)
         assert self.budget is not None
-        epsilon = self.budget.spend() if phase.noise else self.budget.epsilon()
+        if phase.noise and self._charged_round != server_round:
+            self.charge(server_round)  # direct use without start(): compose now
+        self._charged_round = None
+        epsilon = self.budget.epsilon()
         pub_loss = sum(v.public_loss_sum for v in valid) / public_count if public_count else float("nan")
         self._last = {
             "epsilon": epsilon,
@@ -317,6 +372,71 @@ class FDPStrategy(Strategy):
         return None
 
     # ---------------------------------------------------------------- loop
+    def charge(self, server_round: int) -> None:
+        """Compose the privacy event of a private round and, with an output
+        directory, write the ledger to disk — before the round draws its batches
+        and noise (write-ahead; see :mod:`fedfdp.checkpoint`)."""
+        assert self.budget is not None
+        attempt = self.ledger.attempts(server_round)
+        self.budget.spend()
+        self.ledger.charges.append([server_round, attempt])
+        self.ledger.accountant = self.budget.accountant.state_dict()
+        if self.cfg.run.out_dir:
+            write_ledger(self.cfg.run.out_dir, self.ledger)
+        self._attempt, self._attempt_round = attempt, server_round
+        self._charged_round = server_round
+
+    def _resume(self) -> int:
+        """Restore state from ``out-dir``; return the first round to run."""
+        out = self.cfg.run.out_dir
+        ckpt = load_checkpoint(out) if out else None
+        ledger = read_ledger(out) if out else None
+        if not self.cfg.run.resume:
+            if ckpt is not None or ledger is not None:
+                raise CheckpointMismatch(
+                    f"out-dir={out!r} already holds a run (checkpoint or privacy ledger): resume it "
+                    "(fedfdp run --resume DIR, or resume=true) or choose another output directory"
+                )
+            return 1
+        if ckpt is None and ledger is None:
+            raise CheckpointMismatch(f"resume=true but out-dir={out!r} holds no checkpoint or ledger")
+        saved = ckpt["config"] if ckpt is not None else None
+        if saved is not None:
+            check_compatible(saved, self.cfg.to_flat())
+            if ckpt["num-records"] != self.num_records:
+                raise CheckpointMismatch(
+                    f"checkpoint has N={ckpt['num-records']} training records, the nodes now hold "
+                    f"{self.num_records}: different data, refusing to resume"
+                )
+        if ledger is not None:
+            assert self.budget is not None
+            self.budget.accountant.load_state_dict(ledger.accountant)
+            self.ledger = ledger
+        if ckpt is None:
+            return 1
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.rows = list(ckpt["rows"])
+        log.warning(
+            "resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
+            out, ckpt["round"], self.budget.epsilon() if self.budget else 0.0, len(self.ledger.charges),
+        )
+        return int(ckpt["round"]) + 1
+
+    def _checkpoint(self, round_: int) -> None:
+        out = self.cfg.run.out_dir
+        save_checkpoint(
+            out,
+            {
+                "round": round_,
+                "config": self.cfg.to_flat(),
+                "num-records": self.num_records,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "rows": self.rows,
+            },
+        )
+
     def start(  # type: ignore[override]
         self, grid: Grid, timeout: float | None = None
     ) -> list[dict[str, Any]]:
@@ -327,7 +447,8 @@ class FDPStrategy(Strategy):
         plan = self.resolve()
         self.summary()
         out = cfg.run.out_dir
-        if out:
+        first = self._resume()
+        if out and first == 1:
             write_config(
                 out,
                 cfg.to_flat(),
@@ -344,6 +465,7 @@ class FDPStrategy(Strategy):
         total = cfg.training.num_rounds
         bar = tqdm(
             total=total,
+            initial=first - 1,
             desc=f"fedfdp {cfg.privacy.mode}",
             unit="round",
             disable=not cfg.run.progress,
@@ -351,7 +473,7 @@ class FDPStrategy(Strategy):
         )
         p = cfg.privacy
         try:
-            for r in range(1, total + 1):
+            for r in range(first, total + 1):
                 phase = phase_for_round(p.mode, p.public_pretrain_rounds, r)
                 if phase.noise:
                     try:
@@ -361,6 +483,7 @@ class FDPStrategy(Strategy):
                         log.warning(self.stop_reason)
                         bar.write(self.stop_reason)
                         break
+                    self.charge(r)
                 arrays = ArrayRecord(self.model.state_dict())
                 replies = grid.send_and_receive(
                     self.configure_train(r, arrays, ConfigRecord(), grid), timeout=timeout
@@ -385,9 +508,16 @@ class FDPStrategy(Strategy):
                 }
                 self.rows.append(row)
                 if out:
+                    every = cfg.run.checkpoint_every
+                    if every and (r % every == 0 or r == total):
+                        self._checkpoint(r)
                     write_metrics(out, self.rows)
                 bar.update(1)
                 bar.set_postfix(eps=f"{row['epsilon']:.3g}", acc=f"{acc:.3f}")
         finally:
             bar.close()
+        if out:
+            buf = io.BytesIO()
+            torch.save(self.model.state_dict(), buf)
+            atomic_write(Path(out) / MODEL_FILE, buf.getvalue())
         return self.rows
