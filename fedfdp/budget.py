@@ -65,14 +65,40 @@ def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:
     p = cfg.privacy
     delta = p.delta if p.delta is not None else 1.0 / (2 * num_records)
     rounds = cfg.training.num_rounds - p.public_pretrain_rounds
+    rate = accounting_rate(cfg)
     if not p.is_private:
-        return PrivacyPlan(False, None, p.sampling_rate, delta, 0, None, unbounded=p.mode == "nonprivate")
+        return PrivacyPlan(
+            False, None, rate, delta, 0, None, unbounded=p.mode == "nonprivate", unit=p.privacy_unit
+        )
     sigma = p.noise_multiplier
     if sigma is None:
         assert p.target_epsilon is not None  # guaranteed by config validation
-        sigma = calibrate_noise_multiplier(p.target_epsilon, p.sampling_rate, rounds, delta)
+        sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
-    return PrivacyPlan(True, float(sigma), p.sampling_rate, delta, rounds, cap)
+    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit)
+
+
+def accounting_rate(cfg: Config) -> float:
+    """Poisson rate of the privacy unit in one round.
+
+    * record unit, every device (or a fixed count of devices chosen
+      data-independently, as Flower does): ``q`` — the device choice can be
+      assumed public, and within chosen devices each record is included with
+      probability ``q``; an upper bound on the true rate.
+    * record unit, Poisson device sampling at rate ``p``: ``p·q`` — a record is
+      included iff its device is drawn and its own coin comes up; the two draws
+      are independent and the device draw stays secret (the update is
+      normalised by the constant ``p·q·N``, never by the drawn devices' sizes).
+    * device unit: ``p`` — each device's whole clipped contribution is
+      included iff the device is drawn.
+    """
+    p = cfg.privacy
+    if p.privacy_unit == "device":
+        assert p.device_sampling_rate is not None  # config validation
+        return p.device_sampling_rate
+    if p.device_sampling_rate is not None:
+        return p.device_sampling_rate * p.sampling_rate
+    return p.sampling_rate
 
 
 class Budget:
