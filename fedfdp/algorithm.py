@@ -37,8 +37,19 @@ UNION_DEVICE = 2**30
 
 
 def build_decomposition(cfg: Config, data: FederatedData) -> LossDecomposition:
-    """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``."""
+    """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``.
+
+    ``public-loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
+    the dataset's own split (every input column becomes public, the label
+    private) and ``ℓ_pub = logsumexp(wᵀx)`` (paper, Section 5).
+    """
     method = cfg.privacy.public_loss
+    if method == "auto":
+        method = data.public_loss
+    if method == "label-free":
+        if cfg.training.model != "logistic":
+            raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")
+        return LossDecomposition.label_dp(data.spec.columns)
     stats = data.public_statistics if method == "mean" else None
     if method == "mean" and stats is None:
         raise ValueError(f"public-loss='mean': dataset {data.name!r} declares no public statistics")
@@ -53,6 +64,7 @@ def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
         data.num_classes,
         hidden_size=cfg.training.hidden_size,
         seed=cfg.run.seed,
+        hidden_sizes=cfg.training.hidden_sizes,
     )
 
 

@@ -23,11 +23,11 @@ from typing import Any
 
 MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
 PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
-PUBLIC_LOSSES = ("gaussian", "zero", "mean")
+PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
 PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
 MODELS = ("mlp", "logistic")
-DATASETS = ("fleet",)
+DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv")
 
 
 class ConfigError(ValueError):
@@ -59,8 +59,13 @@ class PrivacyConfig:
         ``m'``: size of the uniform public batch (drawn independently of the
         private batch, Prop. 3).
     public_loss : str
-        Construction of the public view Ψ-input: ``gaussian`` (padding with
-        N(0, 1), default), ``zero`` (masking) or ``mean`` (public-mean imputation).
+        Construction of the public view Ψ-input: ``auto`` (default: the
+        dataset's declared choice — Gaussian padding unless the dataset says
+        otherwise; the fleet declares zero masking), ``gaussian`` (padding with
+        N(0, 1), the paper's Purchase100 choice), ``zero`` (masking) or ``mean``
+        (public-mean imputation);
+        or ``label-free``: label-DP, ``Ψ(x, y) = x`` (every input column public,
+        the label private), ``ℓ_pub = logsumexp(wᵀx)``; needs ``model = "logistic"``.
     public_pretrain_rounds : int
         Rounds of public-loss-only training before the private rounds (Remark 2);
         they cost no ε. Required > 0 for ``fdp-dpsgd``.
@@ -84,7 +89,7 @@ class PrivacyConfig:
     clipping_norm: float = 1.0
     sampling_rate: float = 0.05
     public_batch_size: int = 256
-    public_loss: str = "gaussian"
+    public_loss: str = "auto"
     public_pretrain_rounds: int = 0
     privacy_unit: str = "record"
     device_sampling_rate: float | None = None
@@ -101,22 +106,74 @@ class TrainingConfig:
 
     num_rounds: int = 150
     alpha: float = 1.0
-    learning_rate: float = 0.5
+    learning_rate: float = 0.1
     momentum: float = 0.9
     optimizer: str = "sgd"
-    model: str = "mlp"
+    model: str = "logistic"
     hidden_size: int = 64
+    #: Widths of the MLP's hidden layers; empty: two layers of ``hidden_size``.
+    hidden_sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which records, split how."""
+    """Which records, split how (see ``docs/datasets.md``).
+
+    Attributes
+    ----------
+    dataset : str
+        ``fleet`` (synthetic, default), ``watch``, ``storms``, ``purchase100``,
+        ``criteo`` or ``csv``.
+    num_devices : int
+        Devices. Datasets with natural devices (subjects, storms, a
+        ``device_column``) group whole units into this many devices (at most
+        the number of units); the others are split IID or Dirichlet.
+    records_per_device : int
+        Mean records per device of the synthetic generators (``fleet``, and
+        ``purchase100``/``criteo`` without ``data_path``).
+    test_fraction : float
+        Share held out for server-side evaluation.
+    data_seed : int
+        Seed of generation, splits and the held-out choice.
+    data_path : str
+        File of ``purchase100``, ``criteo`` or ``csv`` (``.csv``/``.parquet``).
+    public_columns, private_columns : tuple of str
+        ``csv``: the columns of Ψ and the protected ones.
+    label_column, device_column : str
+        ``csv``: the label, and optionally the natural device of each row.
+    dirichlet_alpha : float
+        0: IID split; > 0: per-device label mix ``Dirichlet(α)`` (no natural devices).
+    private_ranges : tuple of (column, low, high)
+        ``csv``: declared ranges of numeric private columns, scaled to [-1, 1].
+    private_categories : tuple of (column, categories)
+        ``csv``: declared categories of non-numeric private columns.
+    window_size : int
+        ``watch``: samples per window (50 Hz).
+    max_records : int
+        Read at most this many rows of a file (0: all).
+    num_public_features : int
+        ``purchase100``: how many of the 600 features are public.
+    hash_buckets : int
+        ``criteo``: width of the hashed one-hot encoding of the categories.
+    """
 
     dataset: str = "fleet"
     num_devices: int = 20
-    records_per_device: int = 300
+    records_per_device: int = 200
     test_fraction: float = 0.2
     data_seed: int = 0
+    data_path: str = ""
+    public_columns: tuple[str, ...] = ()
+    private_columns: tuple[str, ...] = ()
+    label_column: str = ""
+    device_column: str = ""
+    dirichlet_alpha: float = 0.0
+    private_ranges: tuple[tuple[str, float, float], ...] = ()
+    private_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    window_size: int = 100
+    max_records: int = 0
+    num_public_features: int = 100
+    hash_buckets: int = 256
 
 
 @dataclass(frozen=True)
@@ -128,6 +185,7 @@ class RunConfig:
     eval_every: int = 1
     out_dir: str = ""
     checkpoint_every: int = 1
+    resume: bool = False
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     progress: bool = True
@@ -146,9 +204,9 @@ class Config:
         """Flat kebab-case mapping (``None`` written as ``0``), the inverse of
         :func:`load_config`; suitable for TOML and Flower's run config."""
         out: dict[str, Any] = {}
-        for key, (section, attr, _kind) in _KEYS.items():
+        for key, (section, attr, kind) in _KEYS.items():
             value = getattr(getattr(self, section), attr)
-            out[key] = 0.0 if value is None else value
+            out[key] = 0.0 if value is None else _flat(kind, value)
         return out
 
 
@@ -173,16 +231,30 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "optimizer": ("training", "optimizer", "choice"),
     "model": ("training", "model", "choice"),
     "hidden-size": ("training", "hidden_size", "int+"),
+    "hidden-sizes": ("training", "hidden_sizes", "intlist"),
     "dataset": ("data", "dataset", "choice"),
     "num-devices": ("data", "num_devices", "int+"),
     "records-per-device": ("data", "records_per_device", "int+"),
     "test-fraction": ("data", "test_fraction", "float01open"),
     "data-seed": ("data", "data_seed", "int0"),
+    "data-path": ("data", "data_path", "str"),
+    "public-columns": ("data", "public_columns", "strlist"),
+    "private-columns": ("data", "private_columns", "strlist"),
+    "label-column": ("data", "label_column", "str"),
+    "device-column": ("data", "device_column", "str"),
+    "dirichlet-alpha": ("data", "dirichlet_alpha", "float0"),
+    "private-ranges": ("data", "private_ranges", "ranges"),
+    "private-categories": ("data", "private_categories", "categories"),
+    "window-size": ("data", "window_size", "int+"),
+    "max-records": ("data", "max_records", "int0"),
+    "num-public-features": ("data", "num_public_features", "int+"),
+    "hash-buckets": ("data", "hash_buckets", "int+"),
     "seed": ("run", "seed", "int0"),
     "clients-per-round": ("run", "clients_per_round", "int0"),
     "eval-every": ("run", "eval_every", "int+"),
     "out-dir": ("run", "out_dir", "str"),
     "checkpoint-every": ("run", "checkpoint_every", "int0"),
+    "resume": ("run", "resume", "bool"),
     "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
     "round-timeout": ("run", "round_timeout", "float+"),
     "progress": ("run", "progress", "bool"),
@@ -230,7 +302,120 @@ def _as_int(key: str, value: Any) -> int:
     return value
 
 
+def _names(key: str, value: Any) -> list[str]:
+    """A list of names: a TOML array of strings or one comma-separated string."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")] if value.strip() else []
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise _fail(key, value, "must be a list of strings or one comma-separated string")
+    if any(not v for v in items):
+        raise _fail(key, value, "contains an empty name")
+    bad = [v for v in items if any(ch in v for ch in ",=|")]
+    if bad:
+        raise _fail(key, value, f"names {bad} contain one of ',', '=', '|'")
+    dup = sorted({v for v in items if items.count(v) > 1})
+    if dup:
+        raise _fail(key, value, f"duplicated name(s) {dup}")
+    return items
+
+
+def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
+    """``{col = [...]}`` tables or ``"col=...,col=..."`` strings, as (col, raw) pairs."""
+    if isinstance(value, Mapping):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, str):
+        out = []
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise _fail(key, value, f"entry {part!r} is not column=...")
+            name, raw = part.split("=", 1)
+            out.append((name.strip(), raw.strip()))
+        return out
+    raise _fail(key, value, "must be a table {column = ...} or a string 'column=...,column=...'")
+
+
+def _parse_ranges(key: str, value: Any) -> tuple[tuple[str, float, float], ...]:
+    out = []
+    for name, raw in _entries(key, value):
+        if isinstance(raw, str):
+            # "low:high"; a leading '-' belongs to the number
+            parts = raw.split(":")
+            try:
+                low, high = (float(v) for v in parts) if len(parts) == 2 else (None, None)
+            except ValueError:
+                low = high = None
+        elif isinstance(raw, list | tuple) and len(raw) == 2:
+            try:
+                low, high = _as_float(key, raw[0]), _as_float(key, raw[1])
+            except ConfigError:
+                low = high = None
+        else:
+            low = high = None
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            raise _fail(key, value, f"range of {name!r} must be low:high (two finite numbers)")
+        if not low < high:
+            raise _fail(key, value, f"range of {name!r}: low={low} must be below high={high}")
+        out.append((name, low, high))
+    names = [n for n, _, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
+def _parse_categories(key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    out = []
+    for name, raw in _entries(key, value):
+        if isinstance(raw, str):
+            cats = [c.strip() for c in raw.split("|")]
+        elif isinstance(raw, list | tuple):
+            cats = [str(c).strip() for c in raw]
+        else:
+            cats = []
+        if not cats or any(not c for c in cats) or len(set(cats)) != len(cats):
+            raise _fail(key, value, f"categories of {name!r} must be distinct, non-empty names")
+        out.append((name, tuple(cats)))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
+def _flat(kind: str, value: Any) -> Any:
+    """The flat (TOML scalar) form of a parsed value; inverse of :func:`_parse`."""
+    if kind in ("strlist", "intlist"):
+        return ",".join(str(v) for v in value)
+    if kind == "ranges":
+        return ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value)
+    if kind == "categories":
+        return ",".join(f"{n}={'|'.join(c)}" for n, c in value)
+    return value
+
+
 def _parse(key: str, kind: str, value: Any) -> Any:
+    if kind == "strlist":
+        return tuple(_names(key, value))
+    if kind == "intlist":
+        if isinstance(value, str):
+            raw = [v.strip() for v in value.split(",")] if value.strip() else []
+            try:
+                ints = [int(v) for v in raw]
+            except ValueError:
+                raise _fail(key, value, "must be a list of positive integers") from None
+        elif isinstance(value, list | tuple):
+            ints = [_as_int(key, v) for v in value]
+        else:
+            raise _fail(key, value, "must be a list of positive integers")
+        if any(v < 1 for v in ints):
+            raise _fail(key, value, "must be a list of positive integers")
+        return tuple(ints)
+    if kind == "ranges":
+        return _parse_ranges(key, value)
+    if kind == "categories":
+        return _parse_categories(key, value)
     if kind == "choice":
         choices = _CHOICES[key]
         if not isinstance(value, str) or value not in choices:
@@ -275,6 +460,9 @@ def _parse(key: str, kind: str, value: Any) -> Any:
     elif kind == "prob":
         if not 0 < out <= 1:
             raise _fail(key, value, "must be in (0, 1]")
+    elif kind == "float0":
+        if out < 0:
+            raise _fail(key, value, "must be >= 0")
     elif kind == "float01":
         if not 0 <= out < 1:
             raise _fail(key, value, "must be in [0, 1)")
@@ -353,6 +541,70 @@ def _check_combination(cfg: Config) -> None:
         )
     if cfg.data.num_devices > 100_000:
         raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")
+    if p.public_loss == "label-free" and t.model != "logistic":
+        raise ConfigError(
+            f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
+            "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
+        )
+    _check_data(cfg.data)
+
+
+def _check_data(d: DataConfig) -> None:
+    """Data keys that only make sense together (the loaders check the file itself)."""
+    overlap = sorted(set(d.public_columns) & set(d.private_columns))
+    if overlap:
+        raise ConfigError(
+            f"public-columns={list(d.public_columns)}, private-columns={list(d.private_columns)}: "
+            f"overlap in {overlap}; a column is public or private, not both"
+        )
+    csv_only = {
+        "public-columns": d.public_columns,
+        "private-columns": d.private_columns,
+        "label-column": d.label_column,
+        "device-column": d.device_column,
+        "private-ranges": d.private_ranges,
+        "private-categories": d.private_categories,
+    }
+    if d.data_path and d.dataset not in ("purchase100", "criteo", "csv"):
+        raise ConfigError(
+            f"data-path={d.data_path!r}: dataset={d.dataset!r} reads no file "
+            "(data-path is for purchase100, criteo and csv)"
+        )
+    if d.dataset != "csv":
+        given = [k for k, v in csv_only.items() if v]
+        if given:
+            raise ConfigError(f"{given[0]}={csv_only[given[0]]!r}: only used by dataset='csv' "
+                              f"(dataset={d.dataset!r})")
+    else:
+        if not d.data_path:
+            raise ConfigError("data-path='': dataset='csv' needs the path of a .csv or .parquet file")
+        if not d.label_column:
+            raise ConfigError("label-column='': dataset='csv' needs the label column")
+        if not d.public_columns:
+            raise ConfigError("public-columns=[]: dataset='csv' needs at least one public column")
+        if not d.private_columns:
+            raise ConfigError("private-columns=[]: dataset='csv' needs at least one private column")
+        for key, cols in (("public-columns", d.public_columns), ("private-columns", d.private_columns)):
+            for special, name in (("label-column", d.label_column), ("device-column", d.device_column)):
+                if name and name in cols:
+                    raise ConfigError(f"{key}={list(cols)}: contains the {special} {name!r}")
+        declared = [n for n, _, _ in d.private_ranges] + [n for n, _ in d.private_categories]
+        stray = [n for n in declared if n not in d.private_columns]
+        if stray:
+            raise ConfigError(
+                f"private-ranges/private-categories name {stray}: not in private-columns="
+                f"{list(d.private_columns)}"
+            )
+        both = sorted({n for n, _, _ in d.private_ranges} & {n for n, _ in d.private_categories})
+        if both:
+            raise ConfigError(f"private-ranges and private-categories both declare {both}: pick one")
+    if d.dataset in ("watch", "storms", "csv") and d.dirichlet_alpha and (
+        d.dataset != "csv" or d.device_column
+    ):
+        raise ConfigError(
+            f"dirichlet-alpha={d.dirichlet_alpha}: dataset={d.dataset!r} has natural devices; "
+            "the Dirichlet split applies to datasets without them"
+        )
 
 
 def private_rounds(cfg: Config) -> int:
@@ -387,4 +639,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
     app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
-    return dict(app) if app is not None else data
+    if app is not None:
+        return dict(app)
+    data.pop("resolved", None)  # values a run resolved at start (written by fedfdp run)
+    return data

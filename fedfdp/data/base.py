@@ -40,6 +40,10 @@ class FederatedData:
     class_names : tuple of str
     public_statistics : PublicStatistics or None
         Public constants for ``mean`` imputation, if the dataset declares them.
+    public_loss : str
+        The public-loss construction used when the configuration says
+        ``public-loss = "auto"``: Gaussian padding (the paper's Purchase100
+        choice) unless the dataset declares a better one.
     """
 
     name: str
@@ -49,6 +53,7 @@ class FederatedData:
     test_y: np.ndarray
     class_names: tuple[str, ...]
     public_statistics: PublicStatistics | None = None
+    public_loss: str = "gaussian"
 
     @property
     def num_features(self) -> int:

@@ -46,12 +46,16 @@ PUBLIC_COLUMNS = (
     "hour_sin",
     "hour_cos",
 )
+NUM_BANDS = 48
+SPECTRUM_COLUMNS = tuple(f"motion_band_{i:02d}" for i in range(NUM_BANDS))
+PUBLIC_COLUMNS = PUBLIC_COLUMNS + SPECTRUM_COLUMNS
 PRIVATE_COLUMNS = ("heart_rate", "latitude", "longitude")
 COLUMNS = PUBLIC_COLUMNS + PRIVATE_COLUMNS
 
 _SPEED = np.array([0.3, 1.4, 3.0, 4.2, 5.5])  # m/s, median
 _ACCEL_MEAN = np.array([0.05, 0.9, 1.6, 0.9, 0.6])  # g
 _ACCEL_STD = np.array([0.05, 0.5, 0.9, 0.5, 0.5])
+SPECTRUM_SNR = 0.12
 _HEART = np.array([70.0, 92.0, 150.0, 128.0, 74.0])  # bpm
 
 # Declared (public) scaling constants: value -> (value - shift) / scale
@@ -88,6 +92,19 @@ def _locations(rng: np.random.Generator, c: np.ndarray, home: np.ndarray) -> tup
     return lat, lon
 
 
+def _spectrum_templates() -> np.ndarray:
+    """Fixed per-class motion-spectrum templates (part of the generative model)."""
+    rng = np.random.default_rng(12345)
+    raw = rng.normal(size=(len(CLASSES), NUM_BANDS))
+    kernel = np.exp(-0.5 * (np.arange(-3, 4) / 1.5) ** 2)
+    smooth = np.stack([np.convolve(r, kernel / kernel.sum(), mode="same") for r in raw])
+    smooth -= smooth.mean(0, keepdims=True)
+    return smooth / smooth.std()
+
+
+_TEMPLATES = _spectrum_templates()
+
+
 def _device_records(
     rng: np.random.Generator, n: int, mix: np.ndarray, home: np.ndarray, offset: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +128,9 @@ def _device_records(
         "latitude": lat,
         "longitude": lon,
     }
+    spectrum = SPECTRUM_SNR * _TEMPLATES[c] + rng.normal(size=(n, NUM_BANDS))
+    for i, name in enumerate(SPECTRUM_COLUMNS):
+        cols[name] = spectrum[:, i]
     x = np.stack([cols[name] for name in COLUMNS], axis=1).astype(np.float32)
     return x, c.astype(np.int64)
 
@@ -167,4 +187,7 @@ def make_fleet(
         test_y=np.concatenate(test_y),
         class_names=CLASSES,
         public_statistics=stats,
+        # Zero masking: measured +8 accuracy points over Gaussian padding for
+        # fdp at ε = 2 on this fleet (README, Results).
+        public_loss="zero",
     )
