@@ -13,7 +13,12 @@ same seed, same fleet):
   ``sin θ, cos θ``; accelerometer magnitude mean ``a ~ N(μ_a[c], 0.35²)`` and
   std ``v ~ |N(μ_v[c], 0.25²)|`` (in g); hour of day ``t`` from a
   class-dependent mixture (runs in the morning/evening, vehicles at rush hours),
-  as ``sin, cos`` of ``2πt/24``.
+  as ``sin, cos`` of ``2πt/24``; and a 48-band motion spectrum (accelerometer
+  band energies) ``b = 0.12 · T[c] + N(0, I)``, where ``T`` holds fixed,
+  smooth, unit-variance class templates: each band is nearly useless alone,
+  together they carry most of the public signal — spread over many
+  dimensions, the regime where DP's noise hurts and FDP's noise-free public
+  gradient does not.
 * **Private readings** (protected): heart rate ``r ~ N(μ_r[c] + o_d, 12²)`` bpm;
   latitude/longitude: ``still``/``walk`` near home (``h_d + N(0, σ_c²)``),
   ``run`` in the city park around (0.4, −0.4), ``bike`` along the river
