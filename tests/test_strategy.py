@@ -12,6 +12,7 @@ from tests.test_mechanisms import variance_matches
 
 BASE = {
     "num-devices": 5,
+    "model": "mlp",
     "records-per-device": 50,
     "sampling-rate": 0.1,
     "public-batch-size": 30,
