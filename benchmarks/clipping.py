@@ -66,9 +66,7 @@ class Row:
 
 def fdp_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """ℓ_priv = ce(model(x), y) − ce(model(v), y), per record."""
-    return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(
-        outputs[1], y, reduction="none"
-    )
+    return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(outputs[1], y, reduction="none")
 
 
 def ce_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
@@ -143,22 +141,25 @@ def make_cases(n: int, seed: int) -> list[Case]:
     return cases
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def time_interleaved(fns: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
-    """Median seconds per call, calling the functions round-robin."""
+    """Median seconds per call (by ``CLOCK``), calling the functions round-robin."""
     for f in fns.values():  # warm-up
         f()
         f()
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for f in fns.values():
         f()
-    per_round = max(time.perf_counter() - t0, 1e-6)
+    per_round = max(CLOCK() - t0, 1e-6)
     rounds = int(min(500, max(7, seconds / per_round)))
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
-            t = time.perf_counter()
+            t = CLOCK()
             f()
-            samples[k].append(time.perf_counter() - t)
+            samples[k].append(CLOCK() - t)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -177,9 +178,7 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
 
     def ghost_2pass() -> object:
         with torch.enable_grad():
-            return _ghost(
-                model, [case.x, case.view], case.y, fdp_loss, c, params, bookkeeping=False
-            )
+            return _ghost(model, [case.x, case.view], case.y, fdp_loss, c, params, bookkeeping=False)
 
     def fdp_step() -> object:
         s = clipped_grad_sum(model, [case.x, case.view], case.y, fdp_loss, c, "ghost")
@@ -204,9 +203,7 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
     ]
     if not args.skip_vmap:
         vt = time_interleaved({"plain": plain, "vmap": private("vmap")}, args.seconds)
-        rows.append(
-            Row(case.name, "vmap", n, 1e3 * vt["vmap"], 1e3 * vt["plain"], vt["vmap"] / vt["plain"])
-        )
+        rows.append(Row(case.name, "vmap", n, 1e3 * vt["vmap"], 1e3 * vt["plain"], vt["vmap"] / vt["plain"]))
     m = min(args.loop_batch, n)
     xs, vs, ys = case.x[:m], case.view[:m], case.y[:m]
     lt = time_interleaved(
@@ -216,9 +213,7 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
         },
         args.seconds / 2,
     )
-    rows.append(
-        Row(case.name, "loop", m, 1e3 * lt["loop"], 1e3 * lt["plain"], lt["loop"] / lt["plain"])
-    )
+    rows.append(Row(case.name, "loop", m, 1e3 * lt["loop"], 1e3 * lt["plain"], lt["loop"] / lt["plain"]))
     return rows
 
 
@@ -233,9 +228,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cases", default="", help="comma-separated case-name prefixes")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: CPU time of the calling thread (needs --threads 1); robust to other "
+        "processes competing for the cores",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    global CLOCK
+    if args.clock == "cpu":
+        if torch.get_num_threads() != 1:
+            parser.error("--clock cpu needs --threads 1")
+        CLOCK = time.thread_time
 
     cases = make_cases(args.batch, args.seed)
     if args.cases:
@@ -247,24 +254,20 @@ def main(argv: list[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
-        "malloc_env": all(
-            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-        ),
+        "malloc_env": all(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")),
         "max_norm": args.max_norm,
+        "clock": args.clock,
     }
     if args.json:
         print(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=2))
         return
     print(
         f"torch {env['torch']}, {env['threads']} threads, malloc env "
-        f"{'set' if env['malloc_env'] else 'NOT set'}, C={args.max_norm}"
+        f"{'set' if env['malloc_env'] else 'NOT set'}, C={args.max_norm}, clock {args.clock}"
     )
     print(f"{'case':<18} {'method':<12} {'batch':>5} {'ms':>9} {'plain ms':>9} {'ratio':>7}")
     for r in rows:
-        print(
-            f"{r.case:<18} {r.method:<12} {r.batch:>5} {r.ms:>9.3f} {r.plain_ms:>9.3f} "
-            f"{r.ratio:>7.2f}"
-        )
+        print(f"{r.case:<18} {r.method:<12} {r.batch:>5} {r.ms:>9.3f} {r.plain_ms:>9.3f} {r.ratio:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -237,9 +237,7 @@ def clipped_grad_sum(
         while bad.any():
             keep = (~bad).nonzero().squeeze(1)
             if keep.numel() == 0:
-                return ClippedSum(
-                    [torch.zeros_like(p) for p in params], result.norms, result.method
-                )
+                return ClippedSum([torch.zeros_like(p) for p in params], result.norms, result.method)
             sub = _batched(
                 model,
                 [x[keep] for x in xs],
@@ -281,9 +279,7 @@ def _batched(
         return _vmap(model, xs, targets, loss_fn, clip, params)
     except _VmapUnsupportedError as exc:
         if method == "vmap":
-            raise ValueError(
-                f"method='vmap' cannot handle this model: {exc}; use method='loop'"
-            ) from exc
+            raise ValueError(f"method='vmap' cannot handle this model: {exc}; use method='loop'") from exc
         return _loop(model, xs, targets, loss_fn, clip, params)
 
 
@@ -308,9 +304,7 @@ def _check_max_norm(max_norm: float | None) -> float | None:
     return value
 
 
-def _check_inputs(
-    inputs: Sequence[torch.Tensor], targets: torch.Tensor
-) -> tuple[list[torch.Tensor], int]:
+def _check_inputs(inputs: Sequence[torch.Tensor], targets: torch.Tensor) -> tuple[list[torch.Tensor], int]:
     if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
         raise ValueError(
             f"inputs must be a list or tuple of tensors (K of them, e.g. [x, view]), "
@@ -330,8 +324,7 @@ def _check_inputs(
     sizes = [x.shape[0] for x in xs]
     if any(s != n for s in sizes):
         raise ValueError(
-            f"leading sizes of inputs {sizes} and targets ({n}) must all be equal "
-            "(one row per record)"
+            f"leading sizes of inputs {sizes} and targets ({n}) must all be equal (one row per record)"
         )
     return xs, n
 
@@ -362,9 +355,7 @@ def _ghost_problem(model: nn.Module) -> str | None:
         label = f"{name or '<root>'!r} ({type(module).__name__})"
         if type(module) not in _GHOST_TYPES:
             return f"module {label} has trainable parameters and is not a supported layer"
-        if isinstance(module, nn.Embedding) and (
-            module.max_norm is not None or module.scale_grad_by_freq
-        ):
+        if isinstance(module, nn.Embedding) and (module.max_norm is not None or module.scale_grad_by_freq):
             return f"module {label} uses max_norm or scale_grad_by_freq"
         for p in own:
             if id(p) in owners:
@@ -400,8 +391,7 @@ def _split_rows(out: Any, n: int, k: int) -> list[Any]:
 def _stackable(xs: list[torch.Tensor]) -> bool:
     first = xs[0]
     return len(xs) > 1 and all(
-        x.shape == first.shape and x.dtype == first.dtype and x.device == first.device
-        for x in xs[1:]
+        x.shape == first.shape and x.dtype == first.dtype and x.device == first.device for x in xs[1:]
     )
 
 
@@ -614,9 +604,7 @@ def _ghost(
             )
         in_node = get_gradient_edge(x).node if x.requires_grad else None
         captures.append(
-            _Capture(
-                module, x.detach(), get_gradient_edge(output), copies[0], output.grad_fn, in_node
-            )
+            _Capture(module, x.detach(), get_gradient_edge(output), copies[0], output.grad_fn, in_node)
         )
 
     handles = [m.register_forward_hook(hook) for m in hooked]
@@ -657,8 +645,7 @@ def _ghost(
         for key, value in t.build(coef).items():
             sums[key] = sums[key] + value if key in sums else value
     grads_out = [
-        sums[id(p)].reshape(p.shape).to(p.dtype) if id(p) in sums else torch.zeros_like(p)
-        for p in params
+        sums[id(p)].reshape(p.shape).to(p.dtype) if id(p) in sums else torch.zeros_like(p) for p in params
     ]
     return ClippedSum(grads_out, norms, "ghost")
 
@@ -692,9 +679,7 @@ def _check_graph(root: torch.Tensor, captures: list[_Capture], param_ids: set[in
         stack.extend(fn for fn, _ in node.next_functions if fn is not None)
 
 
-def _layer_terms(
-    module: nn.Module, calls: list[tuple[_Capture, torch.Tensor]], n: int
-) -> _LayerTerms:
+def _layer_terms(module: nn.Module, calls: list[tuple[_Capture, torch.Tensor]], n: int) -> _LayerTerms:
     if isinstance(module, nn.Linear):
         blocks = []
         for cap, g in calls:
@@ -770,9 +755,7 @@ def _matrix_terms(
     d_in, d_out = a0.shape[-1], g0.shape[-1]
     with_weight = weight.requires_grad
     with_bias = bias is not None and bias.requires_grad
-    norm2, per_record, folded = _weight_norm2(
-        blocks, n, groups, d_in, d_out, with_weight, with_bias
-    )
+    norm2, per_record, folded = _weight_norm2(blocks, n, groups, d_in, d_out, with_weight, with_bias)
     gb = None
     if with_bias and not folded:
         gb = sum(g.sum(dim=(0, 2)) for _, g in blocks).reshape(n, -1)  # (n, G·O)
@@ -897,9 +880,7 @@ def _copies_axis(blocks: list[tuple[torch.Tensor, torch.Tensor]], which: int) ->
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-def _embedding_terms(
-    module: nn.Embedding, calls: list[tuple[_Capture, torch.Tensor]], n: int
-) -> _LayerTerms:
+def _embedding_terms(module: nn.Embedding, calls: list[tuple[_Capture, torch.Tensor]], n: int) -> _LayerTerms:
     vocab, dim = module.weight.shape
     idx_list, g_list = [], []
     for cap, g in calls:

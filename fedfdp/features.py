@@ -3,6 +3,9 @@
 A :class:`FeatureSpec` names which input columns are public (disclosed: they
 are part of ``Ψ(x)``) and which are private (protected by feature-DP). The
 label is public by default, as in the paper's Purchase100 and Criteo settings.
+Label-DP is the special case ``Ψ(x, y) = x`` (:meth:`FeatureSpec.label_only`):
+every input column public, only the label private; its public loss is the
+label-free ``logsumexp`` of :mod:`fedfdp.losses`, not a view.
 
 A *public view* of a record is a full-width input that depends on ``Ψ(x)``
 only: the private columns are overwritten with values independent of the
@@ -43,14 +46,16 @@ class FeatureSpec:
     private : tuple of str
         Columns protected by FDP.
     label_public : bool
-        Whether the label is part of Ψ (default True). ``False`` would make the
-        public loss label-free; the constructions here need a public label.
+        Whether the label is part of Ψ (default True). ``False`` with no
+        private column is label-DP (``Ψ(x, y) = x``, see :meth:`label_only`);
+        the public views here need a public label.
 
     Raises
     ------
     ValueError
-        Unknown, duplicated or overlapping columns, an empty part, or a column
-        in neither part.
+        Unknown, duplicated or overlapping columns, an empty public part, an
+        empty private part while the label is public (nothing protected), or a
+        column in neither part.
     """
 
     columns: tuple[str, ...]
@@ -72,8 +77,11 @@ class FeatureSpec:
                 raise ValueError(f"{name}={list(cols)}: duplicated column(s) {dup}")
         known = set(self.columns)
         for name, cols in (("public", self.public), ("private", self.private)):
-            if not cols:
-                raise ValueError(f"{name}=[]: must name at least one column")
+            if not cols and (name == "public" or self.label_public):
+                raise ValueError(
+                    f"{name}=[]: must name at least one column"
+                    + (" (or make the label private: label-DP)" if name == "private" else "")
+                )
             unknown = [c for c in cols if c not in known]
             if unknown:
                 raise ValueError(f"{name}={list(cols)}: unknown column(s) {unknown}")
@@ -85,6 +93,16 @@ class FeatureSpec:
         missing = [c for c in self.columns if c not in set(self.public) | set(self.private)]
         if missing:
             raise ValueError(f"columns {missing}: neither public nor private; declare each column")
+
+    @classmethod
+    def label_only(cls, columns: Sequence[str]) -> FeatureSpec:
+        """Label-DP: ``Ψ(x, y) = x``, every column public, the label private."""
+        return cls(columns=tuple(columns), public=tuple(columns), private=(), label_public=False)
+
+    @property
+    def is_label_only(self) -> bool:
+        """True for label-DP (no private column; the label is what is protected)."""
+        return not self.private and not self.label_public
 
     @property
     def public_index(self) -> np.ndarray:
@@ -144,6 +162,11 @@ class PublicView:
     statistics: PublicStatistics | None = None
 
     def __post_init__(self) -> None:
+        if self.spec.is_label_only:
+            raise ValueError(
+                "label-only FeatureSpec: label-DP uses the label-free public loss, not a view "
+                "(public-loss='label-free')"
+            )
         if self.method not in ("gaussian", "zero", "mean"):
             raise ValueError(f"public-loss={self.method!r}: must be gaussian, zero or mean")
         if self.method == "mean" and self.statistics is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedfdp.features import PublicView
+from fedfdp.features import FeatureSpec, PublicView
 
 
 def cross_entropy(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
@@ -64,9 +64,33 @@ class LossDecomposition:
     view : PublicView or None
         Builds the public-view input; ``None`` selects the label-free
         decomposition (label private, features public).
+    spec : FeatureSpec, optional
+        The label-only spec of the label-free decomposition (what Ψ discloses),
+        for reporting; the view carries the spec otherwise.
     """
 
     view: PublicView | None
+    spec: FeatureSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.view is not None and self.spec is not None and self.spec != self.view.spec:
+            raise ValueError("LossDecomposition: spec differs from the view's spec")
+        if self.view is None and self.spec is not None and not self.spec.is_label_only:
+            raise ValueError(
+                f"label-free decomposition with spec private={list(self.spec.private)}: the "
+                "label-free loss reads every column, so no column can stay private"
+            )
+
+    @classmethod
+    def label_dp(cls, columns: Sequence[str]) -> LossDecomposition:
+        """Label-DP (``Ψ(x, y) = x``): ``ℓ_pub = logsumexp(z)``, ``ℓ_priv = −z_y``.
+
+        Every input column is disclosed; only the label is protected. For
+        softmax regression ``∇_W ℓ_priv = −y xᵀ`` (one-hot ``y``), so a record's
+        private gradient has norm ``‖x‖`` (``√(‖x‖² + 1)`` with a bias), against
+        up to ``√2·‖x‖`` for the full cross-entropy used by DP-SGD.
+        """
+        return cls(None, FeatureSpec.label_only(columns))
 
     @property
     def label_free(self) -> bool:

@@ -8,6 +8,7 @@ per-record sensitivity). Initialisation draws from an explicit generator.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -26,31 +27,50 @@ def _init_(model: nn.Module, generator: torch.Generator) -> nn.Module:
     return model
 
 
+def mlp(in_features: int, hidden: Sequence[int], num_classes: int) -> nn.Sequential:
+    """``Linear → ReLU`` per hidden width, then a Linear output layer.
+
+    ``mlp(600, [300], 100)`` is the paper's 600-300-100 Purchase100 network.
+    """
+    if not hidden or any(h < 1 for h in hidden):
+        raise ValueError(f"hidden-sizes={list(hidden)}: need at least one positive width")
+    layers: list[nn.Module] = []
+    width = in_features
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
 def build_model(
-    name: str, in_features: int, num_classes: int, *, hidden_size: int = 64, seed: int = 0
+    name: str,
+    in_features: int,
+    num_classes: int,
+    *,
+    hidden_size: int = 64,
+    seed: int = 0,
+    hidden_sizes: Sequence[int] = (),
 ) -> nn.Module:
     """Build a classifier that maps ``(n, in_features)`` to ``(n, num_classes)`` logits.
 
     Parameters
     ----------
     name : str
-        ``logistic`` (softmax regression) or ``mlp`` (two hidden ReLU layers).
+        ``logistic`` (softmax regression) or ``mlp`` (hidden ReLU layers).
     in_features, num_classes, hidden_size : int
+        ``hidden_size``: width of the two hidden layers when ``hidden_sizes`` is empty.
     seed : int
         Initialisation seed (explicit generator; global RNG untouched).
+    hidden_sizes : sequence of int
+        Widths of the MLP's hidden layers, input side first (e.g. ``(300,)``).
     """
     if in_features < 1 or num_classes < 2:
         raise ValueError(f"in_features={in_features}, num_classes={num_classes}: need >= 1 and >= 2")
     if name == "logistic":
         model: nn.Module = nn.Sequential(nn.Linear(in_features, num_classes))
     elif name == "mlp":
-        model = nn.Sequential(
-            nn.Linear(in_features, hidden_size),
-            nn.ReLU(),
-            nn.Linear(hidden_size, hidden_size),
-            nn.ReLU(),
-            nn.Linear(hidden_size, num_classes),
-        )
+        model = mlp(in_features, tuple(hidden_sizes) or (hidden_size, hidden_size), num_classes)
     else:
         raise ValueError(f"model={name!r}: must be logistic or mlp")
     gen = torch.Generator().manual_seed(seed)

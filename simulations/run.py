@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedfdp.checkpoint import CheckpointMismatch, check_compatible, load_checkpoint, read_ledger
 from fedfdp.config import Config, ConfigError, load_config, parse_override, read_toml
-from fedfdp.outputs import CONFIG_FILE
 
 
 def build_config(config_path: str | None, overrides: Sequence[str], out: str | None) -> Config:
@@ -85,6 +83,7 @@ def _summarise(out: Path) -> int:
 def _check_run_dir(out: Path, cfg: Config) -> None:
     """Refuse to overwrite a run, or to resume one under another configuration,
     before Flower starts (errors inside the ServerApp thread are only logged)."""
+    from fedfdp.checkpoint import CheckpointMismatch, check_compatible, load_checkpoint, read_ledger
     ckpt = load_checkpoint(out) if out.is_dir() else None
     ledger = read_ledger(out) if out.is_dir() else None
     if not cfg.run.resume and (ckpt is not None or ledger is not None):
@@ -103,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
     from fedfdp.budget import plan_privacy
     from fedfdp.data import load_dataset
+    from fedfdp.outputs import CONFIG_FILE
 
     if args.resume:
         if args.out or args.config:

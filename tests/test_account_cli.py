@@ -1,0 +1,440 @@
+"""Tests for ``fedfdp account`` (simulations/account.py).
+
+The command is called in-process through :func:`simulations.cli.main` (stdout
+captured); one test runs the installed ``fedfdp`` console script.
+
+References are independent of the code under test:
+
+- ``q = 1``: the Gaussian mechanism in closed form (``mu = sqrt(T)/sigma``),
+  solved with scipy; ``ref <= epsilon <= ref + 2e-9 (1 + ref)``, and Theorem 4's
+  bound ``1 - G_mu(Ball)`` within 1e-9.
+- ``q < 1``: Google dp-accounting's PLD accountant (``ADD_OR_REMOVE_ONE``,
+  ``value_discretization_interval = 1e-4``, an upper bound within ~1e-4 of the
+  truth); the printed ε (upper bound) must satisfy
+  ``ref - 1e-3 <= epsilon <= ref + eps_error + 5e-3`` with ``eps_error = 0.05``,
+  the tolerance stated in docs/accounting.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import tomli_w
+from scipy import optimize, special
+
+from fedfdp.accounting import FDPAccountant, attribute_inference_bound, epsilon_for
+from simulations.cli import main
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+EPS_ERROR = 0.05
+KEYS = {
+    "epsilon",
+    "epsilon_estimate",
+    "epsilon_lower",
+    "epsilon_replacement",
+    "delta",
+    "noise_multiplier",
+    "sampling_rate",
+    "rounds",
+    "relation",
+}
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``fedfdp account ARGV`` in-process: (exit code, stdout, stderr)."""
+    try:
+        rc = main(["account", *argv])
+    except SystemExit as exc:  # argparse errors
+        rc = int(exc.code) if exc.code is not None else 0
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def cli_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    rc, out, err = cli([*argv, "--json"], capsys)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def direct(sigma: float, q: float, rounds: int, delta: float) -> list[str]:
+    return ["--noise-multiplier", str(sigma), "--sampling-rate", str(q), "--rounds", str(rounds),
+            "--delta", str(delta)]
+
+
+# ------------------------------------------------------------------ references
+def gaussian_delta_ref(mu: float, eps: float) -> float:
+    a = special.log_ndtr(-eps / mu + mu / 2.0)
+    b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
+    return float(math.exp(a) - math.exp(b))
+
+
+def gaussian_eps_ref(mu: float, delta: float) -> float:
+    f = lambda e: gaussian_delta_ref(mu, e) - delta  # noqa: E731
+    if f(0.0) <= 0.0:
+        return 0.0
+    hi = 1.0
+    while f(hi) > 0.0:
+        hi *= 2.0
+    return float(optimize.brentq(f, 0.0, hi, xtol=1e-13))
+
+
+def dp_ref_eps(events: list[tuple[float, float, int]], delta: float, vdi: float = 1e-4) -> float:
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
+    )
+    for sigma, q, count in events:
+        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count)
+    return float(acc.get_epsilon(delta))
+
+
+def assert_within_reference(eps: float, ref: float) -> None:
+    assert ref - 1e-3 <= eps <= ref + EPS_ERROR + 5e-3, (eps, ref)
+
+
+# ------------------------------------------------------------------ noise-multiplier mode
+def test_json_keys_and_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    r = cli_json(direct(1.0, 0.01, 1000, 1e-5), capsys)
+    assert set(r) >= KEYS
+    assert r["relation"] == "add-remove"
+    assert (r["noise_multiplier"], r["sampling_rate"], r["rounds"], r["delta"]) == (1.0, 0.01, 1000, 1e-5)
+    assert r["epsilon_lower"] <= r["epsilon_estimate"] <= r["epsilon"]
+    assert r["epsilon"] - r["epsilon_estimate"] <= EPS_ERROR
+    assert r["epsilon_replacement"] >= r["epsilon"]
+    assert "ball" not in r and "attribute_inference_bound" not in r
+
+
+@pytest.mark.parametrize(("sigma", "rounds", "delta"), [(1.0, 1, 1e-5), (2.0, 100, 1e-6), (10.0, 1000, 1e-5)])
+def test_gaussian_closed_form(capsys: pytest.CaptureFixture[str], sigma: float, rounds: int,
+                              delta: float) -> None:
+    r = cli_json(direct(sigma, 1.0, rounds, delta), capsys)
+    ref = gaussian_eps_ref(math.sqrt(rounds) / sigma, delta)
+    assert ref <= r["epsilon"] <= ref + 2e-9 * (1 + ref)
+
+
+@pytest.mark.parametrize(
+    ("sigma", "q", "rounds", "delta"),
+    [(1.0, 0.01, 1000, 1e-5), (0.8, 1 / 16, 100, 1e-5), (1.1, 0.02, 2000, 1e-8)],
+)
+def test_against_dp_accounting(capsys: pytest.CaptureFixture[str], sigma: float, q: float, rounds: int,
+                               delta: float) -> None:
+    r = cli_json(direct(sigma, q, rounds, delta), capsys)
+    ref = dp_ref_eps([(sigma, q, rounds)], delta)
+    assert_within_reference(r["epsilon"], ref)
+    assert r["epsilon_lower"] <= ref + 1e-3
+
+
+def test_num_records_sets_default_delta(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--noise-multiplier", "1.3", "--sampling-rate", "0.05", "--rounds", "150"]
+    r = cli_json([*argv, "--num-records", "3311"], capsys)
+    assert r["delta"] == 1 / 6622
+    assert r["epsilon"] == cli_json([*argv, "--delta", repr(1 / 6622)], capsys)["epsilon"]
+
+
+# ------------------------------------------------------------------ target mode
+@pytest.mark.parametrize(("target", "q", "rounds", "delta"),
+                         [(2.0, 0.05, 150, 1.5e-4), (0.5, 0.01, 500, 1e-5), (8.0, 1.0, 10, 1e-6)])
+def test_target_never_overshoots(capsys: pytest.CaptureFixture[str], target: float, q: float,
+                                 rounds: int, delta: float) -> None:
+    argv = ["--target-epsilon", str(target), "--sampling-rate", str(q), "--rounds", str(rounds),
+            "--delta", str(delta)]
+    r = cli_json(argv, capsys)
+    assert set(r) >= KEYS and r["target_epsilon"] == target
+    sigma = r["noise_multiplier"]
+    assert r["epsilon"] <= target
+    assert r["epsilon"] >= 0.98 * target  # calibrated, not merely safe
+    assert r["epsilon"] == epsilon_for(sigma, q, rounds, delta).upper
+    assert epsilon_for(sigma / 1.01, q, rounds, delta).upper > target  # smallest σ, to rtol
+    if q == 1.0:
+        ref = gaussian_eps_ref(math.sqrt(rounds) / sigma, delta)
+    else:
+        ref = dp_ref_eps([(sigma, q, rounds)], delta)
+    assert ref <= target + 1e-3  # the independent ε of the printed σ is within the target too
+
+
+# ------------------------------------------------------------------ --ball (Theorem 4)
+def test_ball_bounds_and_monotone(capsys: pytest.CaptureFixture[str]) -> None:
+    for ball in (0.05, 0.3):
+        prev_eps, prev_bound = -1.0, -1.0
+        for sigma in (3.0, 1.2, 0.7):  # ε increasing
+            r = cli_json([*direct(sigma, 0.05, 100, 1e-5), "--ball", str(ball)], capsys)
+            bound = r["attribute_inference_bound"]
+            assert r["ball"] == ball
+            assert ball <= bound <= 1.0
+            assert r["epsilon"] > prev_eps
+            assert bound >= prev_bound - 1e-9
+            prev_eps, prev_bound = r["epsilon"], bound
+        assert prev_bound > ball  # some leakage is allowed at ε ≈ several
+    for ball in (0.0, 1.0):  # edges: [ball, 1]
+        r = cli_json([*direct(1.0, 0.05, 100, 1e-5), "--ball", str(ball)], capsys)
+        assert ball <= r["attribute_inference_bound"] <= 1.0
+
+
+def test_ball_gaussian_closed_form(capsys: pytest.CaptureFixture[str]) -> None:
+    sigma, rounds, ball = 4.0, 16, 0.1
+    r = cli_json([*direct(sigma, 1.0, rounds, 1e-5), "--ball", str(ball)], capsys)
+    mu = math.sqrt(rounds) / sigma
+    ref = 1.0 - special.ndtr(special.ndtri(1.0 - ball) - mu)
+    assert abs(r["attribute_inference_bound"] - ref) <= 1e-9
+
+
+# ------------------------------------------------------------------ --run
+EVENTS = [(1.2, 0.05, 30), (1.0, 0.05, 10), (1.2, 0.025, 5)]
+RUN_DELTA = 1.5e-4
+
+
+def write_run(run: Path, events=EVENTS, *, config: bool = True, recharged: int = 1) -> FDPAccountant:
+    """A run directory as fedfdp run writes it: ledger.json (accountant + charges), config.toml."""
+    acc = FDPAccountant()
+    for sigma, q, n in events:
+        for _ in range(n):
+            acc.compose(sigma, q)
+    rounds = list(range(1, acc.rounds - recharged + 1))
+    charges = [[r, 0] for r in rounds] + [[rounds[-1], a] for a in range(1, recharged + 1)]
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "ledger.json").write_text(json.dumps({"accountant": acc.state_dict(), "charges": charges}))
+    if config:
+        doc = {"mode": "fdp", "num-rounds": 150,
+               "resolved": {"noise-multiplier": 1.2, "delta": RUN_DELTA, "private-rounds": 150}}
+        (run / "config.toml").write_text(tomli_w.dumps(doc))
+    return acc
+
+
+def test_run_equals_direct_computation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    acc = write_run(tmp_path / "run")
+    r = cli_json(["--run", str(tmp_path / "run"), "--ball", "0.2"], capsys)
+    assert set(r) >= KEYS
+    assert r["delta"] == RUN_DELTA and r["rounds"] == 45 and r["charges"] == 45
+    assert r["charged_rounds"] == 44 and r["mode"] == "fdp"
+    assert r["noise_multiplier"] is None and r["sampling_rate"] is None  # heterogeneous ledger
+    assert [(e["noise_multiplier"], e["sampling_rate"], e["count"]) for e in r["ledger"]] == EVENTS
+    b = acc.epsilon_bound(RUN_DELTA)
+    assert (r["epsilon_lower"], r["epsilon_estimate"], r["epsilon"]) == (b.lower, b.estimate, b.upper)
+    assert r["epsilon_replacement"] == acc.epsilon(RUN_DELTA, "replacement")
+    assert r["attribute_inference_bound"] == attribute_inference_bound(acc, 0.2)
+    assert_within_reference(r["epsilon"], dp_ref_eps(EVENTS, RUN_DELTA))
+    # --delta overrides the run's δ
+    r2 = cli_json(["--run", str(tmp_path / "run"), "--delta", "1e-6"], capsys)
+    assert r2["delta"] == 1e-6 and r2["epsilon"] == acc.epsilon(1e-6)
+
+
+def test_run_homogeneous_and_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path / "run", [(1.2, 0.05, 40)])
+    r = cli_json(["--run", str(tmp_path / "run")], capsys)
+    assert (r["noise_multiplier"], r["sampling_rate"], r["rounds"]) == (1.2, 0.05, 40)
+    assert r["epsilon"] == epsilon_for(1.2, 0.05, 40, RUN_DELTA).upper
+    rc, out, _ = cli(["--run", str(tmp_path / "run")], capsys)
+    assert rc == 0
+    assert "40 of 150 planned" in out and "1 re-run after a crash, charged again" in out
+
+
+def test_run_without_config_needs_delta(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    acc = write_run(tmp_path / "run", [(1.0, 0.1, 20)], config=False, recharged=0)
+    rc, _, err = cli(["--run", str(tmp_path / "run")], capsys)
+    assert rc == 2 and "--delta is required" in err and "config.toml" in err
+    r = cli_json(["--run", str(tmp_path / "run"), "--delta", "1e-5"], capsys)
+    assert r["epsilon"] == acc.epsilon(1e-5) and r["mode"] is None
+
+
+# ------------------------------------------------------------------ --tradeoff
+def read_curve(path: Path) -> tuple[list[float], list[float]]:
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["alpha", "beta"]
+    return [float(a) for a, _ in rows[1:]], [float(b) for _, b in rows[1:]]
+
+
+def assert_tradeoff_function(alphas: list[float], betas: list[float]) -> None:
+    """Non-increasing, convex (chord test, 1e-9), 0 <= f(α) <= 1 − α, α spans [0, 1]."""
+    assert alphas[0] == 0.0 and alphas[-1] == 1.0 and len(alphas) >= 100
+    assert all(a1 > a0 for a0, a1 in itertools.pairwise(alphas))
+    assert betas[0] <= 1.0
+    for a, b in zip(alphas, betas, strict=True):
+        assert 0.0 <= b <= 1.0 - a + 1e-12
+    assert all(b1 <= b0 + 1e-12 for b0, b1 in itertools.pairwise(betas))
+    for i in range(1, len(alphas) - 1):
+        a0, a, a1 = alphas[i - 1], alphas[i], alphas[i + 1]
+        chord = betas[i - 1] + (betas[i + 1] - betas[i - 1]) * (a - a0) / (a1 - a0)
+        assert betas[i] <= chord + 1e-9, (i, a)
+
+
+def test_tradeoff_files_direct(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = tmp_path / "sub" / "f"
+    r = cli_json([*direct(1.0, 0.05, 200, 1e-5), "--tradeoff", str(prefix)], capsys)
+    assert r["tradeoff_csv"] == f"{prefix}.csv" and r["tradeoff_png"] == f"{prefix}.png"
+    alphas, betas = read_curve(Path(r["tradeoff_csv"]))
+    assert_tradeoff_function(alphas, betas)
+    assert betas[0] > 0.5 and betas[-1] == 0.0  # informative, ends at f(1) = 0
+    png = Path(r["tradeoff_png"]).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_tradeoff_files_for_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path / "run")
+    rc, out, err = cli(["--run", str(tmp_path / "run"), "--tradeoff", str(tmp_path / "run" / "tradeoff")],
+                       capsys)
+    assert rc == 0, err
+    assert "tradeoff.csv" in out
+    assert_tradeoff_function(*read_curve(tmp_path / "run" / "tradeoff.csv"))
+    assert (tmp_path / "run" / "tradeoff.png").stat().st_size > 5000
+
+
+def test_tradeoff_gaussian_matches_closed_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cli_json([*direct(2.0, 1.0, 4, 1e-5), "--tradeoff", str(tmp_path / "g")], capsys)
+    alphas, betas = read_curve(tmp_path / "g.csv")
+    assert_tradeoff_function(alphas, betas)
+    for a, b in zip(alphas, betas, strict=True):
+        if 0.0 < a < 1.0:
+            assert abs(b - special.ndtr(special.ndtri(1.0 - a) - 1.0)) <= 1e-9
+
+
+# ------------------------------------------------------------------ human output
+def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = cli(["--target-epsilon", "2", "--sampling-rate", "0.05", "--rounds", "150",
+                        "--delta", "1.5e-4", "--ball", "0.1"], capsys)
+    assert rc == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert 5 <= len(lines) <= 10
+    eps_lines = [ln for ln in lines if ln.startswith("ε")]
+    assert len(eps_lines) == 2
+    for ln in eps_lines:
+        assert "upper bound" in ln and "δ = 0.00015" in ln
+    assert "add/remove" in eps_lines[0] and "replacement" in eps_lines[1]
+    assert "calibrated for target ε = 2" in out
+    assert any(ln.startswith("attribute inference") and "upper bound" in ln for ln in lines)
+
+
+# ------------------------------------------------------------------ bad input
+GOOD = ["--sampling-rate", "0.1", "--rounds", "10", "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "10", "--delta", "1e-5"],
+         "--sampling-rate=1.5: must be in (0, 1]"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "10", "--delta", "1e-5"],
+         "--sampling-rate=0.0"),
+        (["--noise-multiplier", "0", *GOOD], "--noise-multiplier=0.0: must be > 0"),
+        (["--noise-multiplier", "-1", *GOOD], "--noise-multiplier=-1.0: must be > 0"),
+        (["--noise-multiplier", "nan", *GOOD], "--noise-multiplier=nan"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "0", "--delta", "1e-5"],
+         "--rounds=0: must be an integer >= 1"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "10", "--delta", "1"],
+         "--delta=1.0: must be in (0, 1)"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "10", "--delta", "0"],
+         "--delta=0.0: must be in (0, 1)"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "10"], "--delta is required"),
+        (["--noise-multiplier", "1", "--target-epsilon", "2", *GOOD],
+         "--noise-multiplier=1.0 and --target-epsilon=2.0: give one"),
+        (GOOD, "give --noise-multiplier S or --target-epsilon E"),
+        (["--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-5"], "--sampling-rate is required"),
+        (["--target-epsilon", "0.01", *GOOD], "--target-epsilon=0.01: unreachable"),
+        (["--target-epsilon", "-1", *GOOD], "--target-epsilon=-1.0: must be > 0"),
+        (["--noise-multiplier", "1", *GOOD, "--ball", "1.2"], "--ball=1.2: must be in [0, 1]"),
+        (["--noise-multiplier", "1", *GOOD, "--eps-error", "0"], "--eps-error=0.0: must be in (0, 1]"),
+        (["--noise-multiplier", "1", *GOOD, "--num-records", "10"], "--delta=1e-05 and --num-records=10"),
+        (["--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "x", "--delta", "1e-5"],
+         "argument --rounds: invalid int value: 'x'"),
+        (["--run", "/nonexistent/fedfdp-run"], "--run='/nonexistent/fedfdp-run': no such directory"),
+    ],
+)
+def test_bad_input_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    rc, out, err = cli(argv, capsys)
+    assert rc == 2
+    assert needle in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def _no_ledger(run: Path) -> None:
+    run.mkdir()
+    (run / "config.toml").write_text('mode = "public"\n')
+
+
+def _bad_json(run: Path) -> None:
+    write_run(run)
+    (run / "ledger.json").write_text("{not json")
+
+
+def _bad_keys(run: Path) -> None:
+    write_run(run)
+    (run / "ledger.json").write_text(json.dumps({"accountant": {}}))
+
+
+def _bad_state(run: Path) -> None:
+    write_run(run)
+    doc = json.loads((run / "ledger.json").read_text())
+    doc["accountant"]["ledger"][0]["noise_multiplier"] = -1.0
+    (run / "ledger.json").write_text(json.dumps(doc))
+
+
+def _bad_charges(run: Path) -> None:
+    write_run(run)
+    doc = json.loads((run / "ledger.json").read_text())
+    doc["charges"] = doc["charges"][:-3]
+    (run / "ledger.json").write_text(json.dumps(doc))
+
+
+def _bad_toml(run: Path) -> None:
+    write_run(run)
+    (run / "config.toml").write_text("mode = [unterminated\n")
+
+
+def _bad_delta(run: Path) -> None:
+    write_run(run)
+    (run / "config.toml").write_text(tomli_w.dumps({"resolved": {"delta": 2.0}}))
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (_no_ledger, "no ledger.json there (mode='public'"),
+        (_bad_json, "malformed"),
+        (_bad_keys, "malformed"),
+        (_bad_state, "noise_multiplier=-1.0"),
+        (_bad_charges, "42 charges but the accountant holds 45 rounds"),
+        (_bad_toml, "is not valid TOML"),
+        (_bad_delta, "[resolved] delta=2.0: must be in (0, 1)"),
+    ],
+)
+def test_bad_run_dir_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], make, needle: str) -> None:
+    run = tmp_path / "run"
+    make(run)
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 2
+    assert f"--run={str(run)!r}" in err, err
+    assert needle in err, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_run_excludes_direct_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_run(tmp_path / "run")
+    rc, _, err = cli(["--run", str(tmp_path / "run"), "--rounds", "5"], capsys)
+    assert rc == 2 and "--rounds=5: not with --run" in err
+
+
+# ------------------------------------------------------------------ console script
+def test_console_script() -> None:
+    exe = shutil.which("fedfdp", path=str(Path(sys.executable).parent)) or shutil.which("fedfdp")
+    if exe is None:
+        pytest.skip("fedfdp console script not installed (pip install -e .)")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([exe, "account", *direct(1.0, 0.01, 1000, 1e-5), "--json"],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert set(r) >= KEYS
+    assert_within_reference(r["epsilon"], dp_ref_eps([(1.0, 0.01, 1000)], 1e-5))

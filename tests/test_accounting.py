@@ -1,0 +1,592 @@
+"""Tests for fedfdp.accounting.
+
+Expected values come from independent references, never from the code under test:
+
+- ``q = 1``: the Gaussian mechanism in closed form, ``mu = sqrt(T)/sigma``,
+  ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` solved with scipy.
+  Tolerance: ``ref <= upper <= ref + 2e-9 (1 + ref)`` (closed form, padded by 1e-9).
+- ``q < 1``: Google dp-accounting's PLD accountant (connect-the-dots, pessimistic,
+  ``value_discretization_interval = 1e-4``; 1e-3 for <= 10 rounds),
+  ``ADD_OR_REMOVE_ONE``.  Its value is an
+  upper bound within ~1e-4 of the truth.  Tolerances: ``upper >= ref - 1e-3``,
+  ``upper <= ref + eps_error + 5e-3`` (``eps_error = 0.05``), ``lower <= ref + 1e-3``,
+  ``|estimate - ref| <= 5e-3``.  Per ordering, the same against dp-accounting's
+  ``REMOVE``/``ADD`` PMFs and prv-accountant's ``PoissonSubsampledGaussianMechanism``.
+- Replacement: Proposition 1's (eps, delta) conversion evaluated on the references
+  by an independent grid search (tolerance 0.01 for ``q = 1``; for ``q < 1``, with
+  dp-accounting at vdi 1e-3, the accountant may be 0.02 below and up to
+  ``2 eps_error + 0.02`` above).
+- Trade-off curve: ``G_mu`` in closed form for ``q = 1`` (1e-9); for ``q < 1``,
+  ``max_eps [1 - delta_ref(eps) - e^eps alpha]`` from dp-accounting's hockey-stick
+  curve (vdi 1e-3): the accountant's curve must lie below it (+2e-3) and within 0.06.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pickle
+import random
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from scipy import optimize, special
+
+from fedfdp import accounting as acc_mod
+from fedfdp.accounting import (
+    EpsilonBound,
+    FDPAccountant,
+    PrivacyBudgetExhausted,
+    PrivacyEvent,
+    attribute_inference_bound,
+    calibrate_noise_multiplier,
+    epsilon_for,
+    plot_tradeoff,
+    save_tradeoff_csv,
+    tradeoff_curve,
+)
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+dp_accounting = pytest.importorskip("dp_accounting")
+from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
+from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
+
+EPS_ERROR = 0.05
+VDI = 1e-4
+
+
+# --------------------------------------------------------------------------- #
+# independent references
+# --------------------------------------------------------------------------- #
+
+
+def gaussian_delta_ref(mu: float, eps: float) -> float:
+    """Closed-form delta(eps) of the Gaussian mechanism, in log space (no overflow)."""
+    a = special.log_ndtr(-eps / mu + mu / 2.0)
+    b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
+    return float(math.exp(a) - math.exp(b))
+
+
+def gaussian_eps_ref(mu: float, delta: float) -> float:
+    f = lambda e: gaussian_delta_ref(mu, e) - delta  # noqa: E731
+    if f(0.0) <= 0.0:
+        return 0.0
+    hi = 1.0
+    while f(hi) > 0.0:
+        hi *= 2.0
+    return float(optimize.brentq(f, 0.0, hi, xtol=1e-13))
+
+
+def dp_ref_pld(events: list[tuple[float, float, int]], vdi: float = VDI) -> object:
+    """dp-accounting's composed add/remove PLD of ``(sigma, q, count)`` events."""
+    acc = pld_privacy_accountant.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
+    )
+    for sigma, q, count in events:
+        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count)
+    return acc
+
+
+def dp_ref_eps(events: list[tuple[float, float, int]], delta: float, vdi: float = VDI) -> float:
+    return float(dp_ref_pld(events, vdi).get_epsilon(delta))
+
+
+def composed(events: list[tuple[float, float, int]], **kw: float) -> FDPAccountant:
+    acc = FDPAccountant(**kw)
+    for sigma, q, count in events:
+        acc.compose(sigma, q, count)
+    return acc
+
+
+# --------------------------------------------------------------------------- #
+# q = 1: closed form
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("sigma", "rounds", "delta"),
+    [
+        (1.0, 1, 1e-5),
+        (0.5, 1, 1e-5),
+        (2.0, 100, 1e-6),
+        (10.0, 1000, 1e-5),
+        (3.3, 6336, 1e-8),
+        (50.0, 10, 1e-3),
+        (100.0, 1, 0.5),  # delta above the total variation: epsilon = 0
+    ],
+)
+def test_gaussian_closed_form(sigma: float, rounds: int, delta: float) -> None:
+    ref = gaussian_eps_ref(math.sqrt(rounds) / sigma, delta)
+    b = epsilon_for(sigma, 1.0, rounds, delta)
+    assert ref <= b.upper <= ref + 2e-9 * (1 + ref)
+    assert b.lower <= ref
+
+
+def test_gaussian_heterogeneous_sigmas() -> None:
+    acc = composed([(1.0, 1.0, 10), (2.0, 1.0, 40), (1.0, 1.0, 5)])
+    mu = math.sqrt(15 / 1.0 + 40 / 4.0)
+    ref = gaussian_eps_ref(mu, 1e-5)
+    assert ref <= acc.epsilon(1e-5) <= ref + 2e-9 * (1 + ref)
+
+
+# --------------------------------------------------------------------------- #
+# q < 1: dp-accounting PLD
+# --------------------------------------------------------------------------- #
+
+GRID = [
+    # (sigma, q, rounds, delta, dp-accounting discretisation)
+    (0.8, 1 / 16, 10_000, 1e-5, VDI),  # the benchmark case, epsilon ~ 108
+    (1.1, 0.02, 10_000, 1e-8, VDI),
+    (1.0, 0.01, 1_000, 1e-5, VDI),
+    (0.6, 0.001, 3_000, 1e-6, VDI),
+    (2.0, 0.1, 100, 1e-5, VDI),
+    (5.0, 0.5, 50, 1e-3, VDI),
+    (0.5, 0.01, 10, 1e-5, 1e-3),  # few rounds: the coarser reference is as accurate
+    (0.7, 0.2, 1, 1e-5, 1e-3),
+    (4.0, 0.001, 500, 1e-5, VDI),  # tiny epsilon
+]
+
+
+@pytest.mark.parametrize(("sigma", "q", "rounds", "delta", "vdi"), GRID)
+def test_against_dp_accounting(sigma: float, q: float, rounds: int, delta: float, vdi: float) -> None:
+    ref = dp_ref_eps([(sigma, q, rounds)], delta, vdi)
+    b = epsilon_for(sigma, q, rounds, delta)
+    assert b.upper >= ref - 1e-3
+    assert b.upper <= ref + EPS_ERROR + 5e-3
+    assert b.lower <= ref + 1e-3
+    assert abs(b.estimate - ref) <= 5e-3
+    assert b.lower <= b.estimate <= b.upper
+    assert b.relation == "add-remove" and b.delta == delta
+
+
+def test_precision_knob_tightens() -> None:
+    ref = dp_ref_eps([(1.0, 0.01, 1000)], 1e-5)
+    b = epsilon_for(1.0, 0.01, 1000, 1e-5, eps_error=0.01)
+    assert ref - 1e-3 <= b.upper <= ref + 0.01 + 2e-3
+
+
+def test_small_delta_uses_extended_precision() -> None:
+    """delta = 1e-11 needs the long-double spectrum; the interval must still hold."""
+    ref = dp_ref_eps([(1.0, 0.01, 1000)], 1e-11)
+    b = epsilon_for(1.0, 0.01, 1000, 1e-11)
+    assert b.upper >= ref - 1e-3
+    assert b.lower <= ref + 1e-3
+    assert b.upper <= ref + 0.1
+
+
+@pytest.mark.parametrize(("sigma", "q", "rounds"), [(0.8, 1 / 16, 100), (1.0, 0.05, 2000)])
+def test_each_ordering(sigma: float, q: float, rounds: int) -> None:
+    """remove = prv-accountant's PRV and dp-accounting's REMOVE; add = dp-accounting's ADD."""
+    pld = dp_pld.from_gaussian_mechanism(
+        sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=VDI
+    ).self_compose(rounds)
+    ref_remove = pld._pmf_remove.get_epsilon_for_delta(1e-5)
+    ref_add = pld._pmf_add.get_epsilon_for_delta(1e-5)
+    assert ref_remove > ref_add  # remove dominates here
+    prof = acc_mod._profile(((sigma, q, rounds),), 0.045, 1e-8, 2**24)
+    remove, add = prof.curves
+    assert abs(float(remove.epsilon(1e-5)[0]) - ref_remove) <= 5e-3
+    assert abs(float(add.epsilon(1e-5)[0]) - ref_add) <= 5e-3
+
+
+def test_prv_accountant_covers_remove_ordering() -> None:
+    from prv_accountant import PRVAccountant
+    from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prv = PRVAccountant(
+            prvs=[PoissonSubsampledGaussianMechanism(1 / 16, 0.8)],
+            max_self_compositions=[100],
+            eps_error=0.05,
+            delta_error=1e-8,
+        )
+        lo, est, up = prv.compute_epsilon(1e-5, [100])
+    prof = acc_mod._profile(((0.8, 1 / 16, 100),), 0.045, 1e-8, 2**24)
+    ours = float(prof.curves[0].epsilon(1e-5)[0])
+    assert abs(ours - est) <= 2e-3
+    assert lo <= ours <= up
+
+
+def test_add_ordering_through_prv_accountant() -> None:
+    """The add-ordering PRV run through prv-accountant's own composer matches
+    dp-accounting's ADD PMF; the full prv-accountant path matches the fast one."""
+    from prv_accountant import PRVAccountant
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prv = PRVAccountant(
+            prvs=[acc_mod._prv_add_ordering(1 / 16, 0.8)],
+            max_self_compositions=[100],
+            eps_error=0.05,
+            delta_error=1e-8,
+        )
+        lo, est, up = prv.compute_epsilon(1e-5, [100])
+    pld = dp_pld.from_gaussian_mechanism(
+        0.8, sensitivity=1.0, sampling_prob=1 / 16, value_discretization_interval=VDI
+    ).self_compose(100)
+    ref_add = pld._pmf_add.get_epsilon_for_delta(1e-5)
+    assert abs(est - ref_add) <= 2e-3 and lo <= ref_add <= up
+    events = [PrivacyEvent(1.0, 0.05, 60), PrivacyEvent(2.0, 1.0, 2)]
+    slow = acc_mod.epsilon_prv_accountant(events, 1e-5, eps_error=0.1)
+    fast = composed([(1.0, 0.05, 60), (2.0, 1.0, 2)]).epsilon_bound(1e-5)
+    assert abs(slow.estimate - fast.estimate) <= 2e-3
+    assert slow.lower <= fast.estimate <= slow.upper
+
+
+def test_heterogeneous_ledger() -> None:
+    events = [(1.0, 0.01, 500), (0.8, 0.02, 300), (1.5, 1.0, 3), (1.0, 0.01, 100)]
+    ref = dp_ref_eps(events, 1e-5)
+    b = composed(events).epsilon_bound(1e-5)
+    assert ref - 1e-3 <= b.upper <= ref + EPS_ERROR + 5e-3
+    assert b.lower <= ref + 1e-3
+    assert abs(b.estimate - ref) <= 5e-3
+
+
+def test_many_distinct_events_are_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond _MAX_GROUPS distinct (sigma, q) the ledger is rounded on a log grid
+    (sigma down, q up for the upper bound; the reverse for the lower): still valid."""
+    monkeypatch.setattr(acc_mod, "_MAX_GROUPS", 4)
+    events = [(1.0 + 2e-4 * k, 0.01 * (1.0 - 2e-4 * k), 50) for k in range(12)]
+    ref = dp_ref_eps(events, 1e-5, vdi=1e-3)
+    b = composed(events).epsilon_bound(1e-5)
+    assert b.lower <= ref + 1e-3
+    assert b.upper >= ref - 1e-3
+    assert b.upper <= ref + EPS_ERROR + 0.02
+
+
+# --------------------------------------------------------------------------- #
+# properties
+# --------------------------------------------------------------------------- #
+
+
+def test_empty_ledger_is_zero() -> None:
+    acc = FDPAccountant()
+    assert acc.epsilon(1e-5) == 0.0
+    assert acc.epsilon(1e-5, "replacement") == 0.0
+    assert acc.epsilon_bound(1e-5) == EpsilonBound(0.0, 0.0, 0.0, 1e-5, "add-remove")
+    _, b = tradeoff_curve(acc, np.array([0.0, 0.3, 1.0]))
+    np.testing.assert_allclose(b, [1.0, 0.7, 0.0])
+    assert attribute_inference_bound(acc, 0.2) == pytest.approx(0.2)
+
+
+def test_monotone_in_sigma_q_rounds() -> None:
+    eps_sigma = [epsilon_for(s, 0.01, 1000, 1e-5).upper for s in (0.7, 0.9, 1.2, 2.0)]
+    assert all(a > b for a, b in itertools.pairwise(eps_sigma))
+    eps_q = [epsilon_for(1.0, q, 1000, 1e-5).upper for q in (0.002, 0.01, 0.05, 0.3)]
+    assert all(a < b for a, b in itertools.pairwise(eps_q))
+    eps_t = [epsilon_for(1.0, 0.01, t, 1e-5).upper for t in (10, 100, 1000, 5000)]
+    assert all(a < b for a, b in itertools.pairwise(eps_t))
+    eps_d = [epsilon_for(1.0, 0.01, 1000, d).upper for d in (1e-8, 1e-6, 1e-4)]
+    assert all(a > b for a, b in itertools.pairwise(eps_d))
+
+
+def test_one_by_one_equals_count() -> None:
+    a = FDPAccountant()
+    for _ in range(7):
+        a.compose(1.0, 0.05)
+    b = FDPAccountant()
+    b.compose(1.0, 0.05, 7)
+    assert a.ledger == b.ledger == (PrivacyEvent(1.0, 0.05, 7),)
+    assert a.epsilon(1e-5) == b.epsilon(1e-5)
+    # order of distinct events does not matter either
+    c = composed([(1.0, 0.05, 3), (2.0, 0.1, 2), (1.0, 0.05, 4)])
+    d = composed([(2.0, 0.1, 2), (1.0, 0.05, 7)])
+    assert len(c.ledger) == 3
+    assert c.epsilon(1e-5) == pytest.approx(d.epsilon(1e-5), abs=1e-12)
+
+
+def test_would_exceed_does_not_mutate() -> None:
+    acc = composed([(1.0, 0.01, 500)])
+    before = (acc.ledger, acc.state_dict(), acc.epsilon(1e-5))
+    after_one = composed([(1.0, 0.01, 501)]).epsilon(1e-5)
+    assert acc.would_exceed(before[2] + 1e-9, 1e-5, 1.0, 0.01) is True
+    assert acc.would_exceed(after_one + 1e-9, 1e-5, 1.0, 0.01) is False
+    assert acc.would_exceed(after_one - 1e-6, 1e-5, 1.0, 0.01) is True
+    assert (acc.ledger, acc.state_dict(), acc.epsilon(1e-5)) == before
+
+
+def test_spend_and_budget_exhausted() -> None:
+    acc = composed([(1.0, 0.01, 500)])
+    spent = acc.epsilon(1e-5)
+    new = acc.spend(1.0, 0.01, max_epsilon=100.0, delta=1e-5)
+    assert acc.rounds == 501 and new > spent
+    ledger = acc.ledger
+    with pytest.raises(PrivacyBudgetExhausted) as info:
+        acc.spend(1.0, 0.01, max_epsilon=new, delta=1e-5, count=50)
+    err = info.value
+    assert acc.ledger == ledger
+    assert err.epsilon_spent == pytest.approx(new)
+    assert err.max_epsilon == new and err.delta == 1e-5
+    assert err.epsilon_requested is not None and err.epsilon_requested > new
+    assert "epsilon_spent" in str(err) and "max_epsilon" in str(err) and "delta" in str(err)
+    clone = pickle.loads(pickle.dumps(err))
+    assert (clone.epsilon_spent, clone.max_epsilon, clone.delta) == (
+        err.epsilon_spent,
+        err.max_epsilon,
+        err.delta,
+    )
+    # the positional form used by callers
+    e2 = PrivacyBudgetExhausted(1.5, 1.0, 1e-5)
+    assert isinstance(e2, RuntimeError) and "1.5" in str(e2)
+
+
+def test_state_dict_round_trip() -> None:
+    acc = composed([(1.0, 0.01, 500), (0.8, 1.0, 2), (1.0, 0.01, 3)], eps_error=0.03)
+    state = json.loads(json.dumps(acc.state_dict()))
+    other = FDPAccountant(eps_error=0.03)
+    other.load_state_dict(state)
+    assert other.ledger == acc.ledger
+    assert other.epsilon(1e-5) == acc.epsilon(1e-5)
+    other.compose(1.0, 0.01)  # resuming continues the ledger
+    assert other.rounds == acc.rounds + 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        [],
+        {"ledger": []},
+        {"version": 99, "ledger": []},
+        {"version": 1, "ledger": {}},
+        {"version": 1, "ledger": [{"noise_multiplier": -1.0, "sampling_rate": 0.1, "count": 1}]},
+        {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 1.5, "count": 1}]},
+        {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.1, "count": 0}]},
+        {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.1}]},
+        {"version": 1, "ledger": [[1.0, 0.1, 1]]},
+        {"version": 1, "ledger": [], "extra": 1},
+        {"version": 1, "ledger": [], "eps_error": "x"},
+    ],
+)
+def test_load_state_dict_refuses_malformed(bad: object) -> None:
+    acc = composed([(1.0, 0.01, 5)])
+    ledger = acc.ledger
+    with pytest.raises(ValueError, match=r"state"):
+        acc.load_state_dict(bad)  # type: ignore[arg-type]
+    assert acc.ledger == ledger
+
+
+def test_replacement_gaussian_matches_prop1() -> None:
+    """q = 1: the best (2 eps_i, delta_i (1 + e^eps_i)) pair, searched independently."""
+    mu = math.sqrt(10) / 2.0
+    delta_r = 1e-5
+    best = math.inf
+    for d in np.geomspace(delta_r * 1e-8, delta_r / 2, 3000):
+        e = gaussian_eps_ref(mu, float(d))
+        if d * (1 + math.exp(e)) <= delta_r:
+            best = min(best, 2 * e)
+    b = epsilon_for(2.0, 1.0, 10, delta_r, relation="replacement")
+    assert b.relation == "replacement"
+    assert best - 0.01 <= b.upper <= best + 0.01
+
+
+@pytest.mark.parametrize(("sigma", "q", "rounds"), [(1.0, 0.01, 1000), (5.0, 0.1, 100)])
+def test_replacement_against_reference(sigma: float, q: float, rounds: int) -> None:
+    """Prop. 1 conversion on dp-accounting's curve (vdi 1e-3), searched independently."""
+    delta_r = 1e-5
+    pld = dp_pld.from_gaussian_mechanism(
+        sigma, sensitivity=1.0, sampling_prob=q, value_discretization_interval=1e-3
+    ).self_compose(rounds)
+    best = math.inf
+    for d in np.geomspace(delta_r * 1e-5, delta_r / 2, 60):
+        e = pld.get_epsilon_for_delta(float(d))
+        if d * (1 + math.exp(e)) <= delta_r:
+            best = min(best, 2 * e)
+    acc = composed([(sigma, q, rounds)])
+    rep = acc.epsilon_bound(delta_r, "replacement")
+    assert rep.upper >= best - 0.02
+    assert rep.upper <= best + 2 * EPS_ERROR + 0.02
+    assert rep.upper >= acc.epsilon(delta_r)
+    assert rep.lower <= rep.estimate <= rep.upper
+
+
+def test_replacement_at_least_add_remove_and_finite() -> None:
+    for events in ([(0.6, 0.01, 3000)], [(1.0, 0.001, 100)], [(0.8, 1 / 16, 10_000)]):
+        acc = composed(events)
+        rep = acc.epsilon(1e-5, "replacement")
+        assert math.isfinite(rep)
+        assert rep >= acc.epsilon(1e-5)
+
+
+def test_calibrate_never_overshoots() -> None:
+    for target, q, rounds, delta in [
+        (1.0, 0.01, 1000, 1e-5),
+        (4.0, 0.05, 300, 1e-5),
+        (8.0, 1 / 16, 2000, 1e-6),
+        (2.0, 1.0, 50, 1e-5),
+    ]:
+        sigma = calibrate_noise_multiplier(target, q, rounds, delta)
+        eps = epsilon_for(sigma, q, rounds, delta).upper
+        assert target - 0.1 <= eps <= target
+        # a clearly smaller sigma overshoots: the answer is (near) the smallest
+        assert epsilon_for(sigma * 0.99, q, rounds, delta).upper > target
+
+
+def test_calibrate_replacement_and_unreachable() -> None:
+    sigma = calibrate_noise_multiplier(3.0, 0.02, 50, 1e-5, relation="replacement", rtol=0.1)
+    assert epsilon_for(sigma, 0.02, 50, 1e-5, relation="replacement").upper <= 3.0
+    with pytest.raises(ValueError, match="unreachable"):
+        calibrate_noise_multiplier(0.5, 0.5, 1000, 1e-5, max_noise_multiplier=2.0)
+
+
+def test_tradeoff_gaussian_exact() -> None:
+    mu = math.sqrt(20) / 4.0
+    alphas = np.linspace(0.0, 1.0, 51)
+    _, b = tradeoff_curve(composed([(4.0, 1.0, 20)]), alphas)
+    with np.errstate(divide="ignore"):
+        ref = special.ndtr(special.ndtri(1 - alphas) - mu)
+    np.testing.assert_allclose(b, ref, atol=1e-9)
+
+
+def test_tradeoff_subsampled_against_reference() -> None:
+    """Lines ``1 - delta_ref(eps) - e^eps alpha`` from dp-accounting (vdi 1e-3, both
+    orderings) give a reference curve; ours must be below it and not far below."""
+    pld = dp_pld.from_gaussian_mechanism(
+        1.0, sensitivity=1.0, sampling_prob=0.05, value_discretization_interval=1e-3
+    ).self_compose(100)
+    eps_grid = np.linspace(-3.0, 10.0, 400)
+    d_ref = np.asarray(pld.get_delta_for_epsilon(eps_grid))
+    alphas = np.concatenate([np.geomspace(1e-5, 1e-2, 30), np.linspace(0.02, 1.0, 50)])
+    lines = 1 - d_ref[None, :] - np.exp(eps_grid)[None, :] * alphas[:, None]
+    f_ref = np.maximum(0.0, lines.max(axis=1))
+    a, b = tradeoff_curve([PrivacyEvent(1.0, 0.05, 100)], alphas)
+    np.testing.assert_array_equal(a, alphas)
+    assert np.all(b <= f_ref + 2e-3)
+    assert np.all(b >= f_ref - 0.06)
+    assert np.all(b <= 1 - alphas + 1e-12) and np.all(b >= 0)
+    assert np.all(np.diff(b) <= 1e-12)  # non-increasing
+
+
+def test_attribute_inference_bound() -> None:
+    balls = [0.0, 0.01, 0.1, 0.5, 1.0]
+    weak = composed([(1.0, 0.05, 30)])
+    strong = composed([(1.0, 0.05, 300)])
+    for ball in balls:
+        lo = attribute_inference_bound(weak, ball)
+        hi = attribute_inference_bound(strong, ball)
+        assert ball - 1e-12 <= lo <= 1.0 and ball - 1e-12 <= hi <= 1.0
+        assert hi >= lo - 1e-12
+    assert attribute_inference_bound(strong, 0.1) > attribute_inference_bound(weak, 0.1) + 0.01
+    # q = 1: exactly 1 - G_mu(ball)
+    mu = 1.0
+    ref = 1 - special.ndtr(special.ndtri(1 - 0.2) - mu)
+    assert attribute_inference_bound([PrivacyEvent(1.0, 1.0)], 0.2) == pytest.approx(ref, abs=1e-9)
+
+
+def test_tradeoff_files(tmp_path) -> None:
+    acc = composed([(1.0, 0.05, 50)])
+    csv_path = tmp_path / "f.csv"
+    save_tradeoff_csv(csv_path, acc, np.array([0.0, 0.5, 1.0]))
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == "alpha,beta" and len(lines) == 4
+    assert float(lines[3].split(",")[1]) == 0.0
+    png = tmp_path / "f.png"
+    plot_tradeoff(png, acc, title="test")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_renyi_moments_match_prv_accountant() -> None:
+    from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+
+    for sigma, q in [(0.8, 1 / 16), (2.0, 0.01), (0.5, 0.5)]:
+        ours = acc_mod._log_moments(sigma, q)
+        prv = PoissonSubsampledGaussianMechanism(q, sigma)
+        for i in range(0, len(acc_mod._RDP_ORDERS), 7):
+            alpha = float(acc_mod._RDP_ORDERS[i])
+            ref = prv.rdp(alpha) * (alpha - 1)
+            if math.isfinite(ref) and ref < 1e4:
+                assert ours[i] == pytest.approx(ref, rel=1e-9, abs=1e-12)
+
+
+def test_add_ordering_renyi_is_dominated() -> None:
+    """The assumption behind the shared tail bounds and the RDP cap (Mironov, Talwar &
+    Zhang 2019): D_a(P || Q) <= D_a(Q || P) for P = N(0, s^2), Q = (1-q) P + q N(1, s^2).
+    Checked here by independent quadrature."""
+    for sigma, q in [(0.5, 0.01), (0.8, 1 / 16), (1.0, 0.5), (2.0, 0.9), (0.3, 0.2)]:
+        w = np.arange(-20 * sigma - 2, 80 + 20 * sigma, sigma / 50)
+        log_p = -0.5 * (w / sigma) ** 2
+        log_q = np.logaddexp(np.log1p(-q) + log_p, np.log(q) - 0.5 * ((w - 1) / sigma) ** 2)
+        for a in (1.5, 2.0, 5.0, 20.0):
+            d_pq = special.logsumexp(a * log_p + (1 - a) * log_q)
+            d_qp = special.logsumexp(a * log_q + (1 - a) * log_p)
+            assert d_pq <= d_qp + 1e-9
+
+
+def test_no_global_rng_and_no_flwr() -> None:
+    np_state = np.random.get_state()[1].copy()
+    py_state = random.getstate()
+    epsilon_for(1.0, 0.01, 100, 1e-5)
+    tradeoff_curve([PrivacyEvent(1.0, 0.01, 100)])
+    assert np.array_equal(np.random.get_state()[1], np_state)
+    assert random.getstate() == py_state
+    code = "import sys, fedfdp.accounting; assert 'flwr' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- #
+# validation
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((-1.0, 0.1), "noise_multiplier=-1.0"),
+        ((0.0, 0.1), "noise_multiplier=0.0"),
+        ((float("inf"), 0.1), "noise_multiplier=inf"),
+        ((float("nan"), 0.1), "noise_multiplier=nan"),
+        (("1", 0.1), "noise_multiplier='1'"),
+        ((1.0, 1.5), "sampling_rate=1.5"),
+        ((1.0, 0.0), "sampling_rate=0.0"),
+        ((1.0, -0.1), "sampling_rate=-0.1"),
+        ((1.0, 0.1, 0), "count=0"),
+        ((1.0, 0.1, 1.5), "count=1.5"),
+        ((1.0, 0.1, True), "count=True"),
+    ],
+)
+def test_event_validation(args: tuple, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        PrivacyEvent(*args)
+    with pytest.raises(ValueError, match=needle):
+        FDPAccountant().compose(*args)
+
+
+def test_input_validation() -> None:
+    acc = composed([(1.0, 0.01, 10)])
+    for delta in (0.0, 1.0, -1e-5, float("nan"), 2.0):
+        with pytest.raises(ValueError, match="delta="):
+            acc.epsilon(delta)
+    with pytest.raises(ValueError, match="relation='foo'"):
+        acc.epsilon(1e-5, relation="foo")
+    with pytest.raises(ValueError, match="relation='replace'"):
+        acc.would_exceed(1.0, 1e-5, 1.0, 0.1, relation="replace")
+    for kw, needle in [
+        ({"eps_error": 0.0}, "eps_error=0.0"),
+        ({"eps_error": 2.0}, "eps_error=2.0"),
+        ({"delta_error": 0.5}, "delta_error=0.5"),
+        ({"max_grid_points": 10}, "max_grid_points=10"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            FDPAccountant(**kw)
+    with pytest.raises(ValueError, match="max_epsilon=-1.0"):
+        acc.would_exceed(-1.0, 1e-5, 1.0, 0.1)
+    with pytest.raises(ValueError, match="sampling_rate=1.5"):
+        acc.would_exceed(1.0, 1e-5, 1.0, 1.5)
+    with pytest.raises(ValueError, match="rounds=0"):
+        epsilon_for(1.0, 0.1, 0, 1e-5)
+    with pytest.raises(ValueError, match="target_epsilon=-1.0"):
+        calibrate_noise_multiplier(-1.0, 0.1, 10, 1e-5)
+    with pytest.raises(ValueError, match="sampling_rate=1.5"):
+        calibrate_noise_multiplier(1.0, 1.5, 10, 1e-5)
+    with pytest.raises(ValueError, match="ball=1.5"):
+        attribute_inference_bound(acc, 1.5)
+    with pytest.raises(ValueError, match="alphas"):
+        tradeoff_curve(acc, np.array([0.1, 1.2]))
+    with pytest.raises(ValueError, match="ledger"):
+        tradeoff_curve(["not an event"])
+    assert len(acc.ledger) == 1

@@ -1,0 +1,215 @@
+"""``fedfdp compare``: calibration lands every private mode on its target ε (never
+above, checked with an independent accountant), a tiny sweep end to end, restart,
+and bad input before any run."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from fedfdp.budget import plan_privacy
+from fedfdp.config import ConfigError, load_config
+from simulations import compare
+from simulations.compare import Sweep, parse_sweep, run_sweep
+
+TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "public-batch-size": 16}
+
+
+def _pld_epsilon(sigma, q, rounds, delta):
+    """ε of a Poisson-subsampled Gaussian composed ``rounds`` times, add/remove,
+    from Google's dp-accounting PLD accountant (independent of fedfdp's)."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
+    )
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds)
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("target", [0.5, 2.0])
+@pytest.mark.parametrize(("mode", "pretrain"), [("dp", 0), ("fdp", 0), ("fdp", 10), ("fdp-dpsgd", 10)])
+def test_calibration_lands_each_private_mode_on_target(mode, pretrain, target):
+    cfg = load_config({"mode": mode, "target-epsilon": target, "num-rounds": 40,
+                       "public-pretrain-rounds": pretrain, "sampling-rate": 0.05})
+    plan = plan_privacy(cfg, 4000)
+    assert plan.private_rounds == 40 - pretrain  # pre-training costs nothing
+    eps = _pld_epsilon(plan.noise_multiplier, 0.05, plan.private_rounds, plan.delta)
+    # never above the target (PLD estimates within ~1e-3 of the true curve) ...
+    assert eps <= target + 5e-3
+    # ... and not needlessly below it: the reported ε is the upper end of an
+    # interval of width eps_error = 0.05 (fedfdp.accounting's default), so the
+    # true ε sits at most ~0.05 below the target (plus 1% for the σ bisection)
+    assert eps >= 0.99 * target - 0.05
+
+
+def test_fewer_private_rounds_need_less_noise():
+    base = {"mode": "fdp-dpsgd", "target-epsilon": 1.0, "num-rounds": 40}
+    few = plan_privacy(load_config({**base, "public-pretrain-rounds": 30}), 4000)
+    many = plan_privacy(load_config({**base, "public-pretrain-rounds": 1}), 4000)
+    assert few.noise_multiplier < many.noise_multiplier
+
+
+@pytest.mark.parametrize(
+    ("doc", "fragment"),
+    [
+        ({"mode": "fdp"}, "a comparison sweeps modes"),
+        ({"modes": ["fdp", "dpsgd"]}, "'dpsgd' is not a mode"),
+        ({"modes": []}, "modes=[]: must be a non-empty list"),
+        ({"target-epsilons": [1.0, -2.0]}, "-2.0 is not a positive number"),
+        ({"seeds": [0, 0]}, "repeated value"),
+        ({"seed": 3}, "seed=3: set per run by the sweep"),
+        ({"modes": ["dp"], "mode": {"fdp": {"alpha": 2.0}}}, "[mode.fdp]: mode 'fdp' is not in modes"),
+        ({"modes": ["dp"], "mode": {"dp": {"target-epsilon": 2.0}}}, "set by the sweep itself"),
+    ],
+)
+def test_bad_sweeps(doc, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_sweep(doc)
+    assert fragment in str(err.value)
+
+
+def test_bad_run_keys_fail_before_any_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "run_one", _never)
+    with pytest.raises(ConfigError, match="fdp-dpsgd"):
+        run_sweep(parse_sweep({"modes": ["dp", "fdp-dpsgd"], **TINY}), tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="dataset='csv' needs"):
+        run_sweep(parse_sweep({"modes": ["dp"], **TINY, "dataset": "csv"}), tmp_path, progress=False)
+    with pytest.raises(ConfigError, match="no such file"):
+        run_sweep(
+            parse_sweep({"modes": ["dp"], **TINY, "dataset": "purchase100", "data-path": "/no/file"}),
+            tmp_path,
+            progress=False,
+        )
+    assert not (tmp_path / "results.csv").exists()
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("no run may start")
+
+
+def _sweep(**extra) -> Sweep:
+    doc = {"modes": ["public", "fdp"], "target-epsilons": [1.0], "seeds": [0, 1], **TINY, **extra}
+    return parse_sweep(doc)
+
+
+def test_tiny_sweep_end_to_end_and_restart(tmp_path, monkeypatch):
+    out = tmp_path / "cmp"
+    run_sweep(_sweep(), out, progress=False)
+    frame = pd.read_csv(out / "results.csv")
+    assert len(frame) == 4  # public x 2 seeds, fdp x 1 ε x 2 seeds
+    for col in ("dataset", "mode", "target_epsilon", "epsilon", "seed", "accuracy", "loss", "rounds",
+                "noise_multiplier", "relation", "delta"):
+        assert col in frame.columns
+    fdp = frame[frame["mode"] == "fdp"]
+    assert (fdp["epsilon"] <= 1.0).all() and (fdp["epsilon"] > 0.9).all()
+    assert (fdp["noise_multiplier"] > 0).all() and (fdp["rounds"] == 3).all()
+    pub = frame[frame["mode"] == "public"]
+    assert (pub["epsilon"] == 0).all() and pub["target_epsilon"].isna().all()
+    assert frame["accuracy"].between(0, 1).all()
+    assert (out / "privacy_utility.png").stat().st_size > 1000
+    summary = (out / "summary.md").read_text()
+    assert "| `fdp` |" in summary and "| `public` |" in summary
+    assert (out / "runs" / "fdp_eps1_seed0" / "metrics.csv").is_file()
+
+    # restart: nothing left to do, nothing run, results unchanged
+    before = (out / "results.csv").read_bytes()
+    monkeypatch.setattr(compare, "run_one", _never)
+    run_sweep(_sweep(), out, progress=False)
+    assert (out / "results.csv").read_bytes() == before
+
+    # a lost row is run again, and only that one
+    calls = []
+    monkeypatch.setattr(compare, "run_one", lambda run, engine, sigma: calls.append(run.key) or _row(run))
+    frame.drop(index=frame.index[-1]).to_csv(out / "results.csv", index=False)
+    run_sweep(_sweep(), out, progress=False)
+    assert calls == [("fdp", 1.0, 1)]
+    assert len(pd.read_csv(out / "results.csv")) == 4
+
+    # extending the sweep runs only the new seed
+    calls.clear()
+    run_sweep(_sweep(seeds=[0, 1, 2]), out, progress=False)
+    assert sorted(calls) == [("fdp", 1.0, 2), ("public", None, 2)]
+
+    # the same runs under another configuration are refused
+    with pytest.raises(ConfigError, match="from another configuration"):
+        run_sweep(_sweep(**{"num-rounds": 4}), out, progress=False)
+
+
+def _row(run):
+    return {"dataset": "fleet", "mode": run.mode, "target_epsilon": run.target_epsilon, "epsilon": 0.5,
+            "delta": 1e-3, "relation": "add-remove", "seed": run.seed, "accuracy": 0.5, "loss": 1.0,
+            "rounds": 3, "pretrain_rounds": 0, "private_rounds": 3, "noise_multiplier": 1.0,
+            "engine": "centralised", "seconds": 0.0, "config_hash": run.config_hash}
+
+
+@pytest.mark.parametrize("content", ["not,a,results\n1,2,3\n", "\x00\x01garbage", ""])
+def test_malformed_results_are_refused_never_overwritten(tmp_path, monkeypatch, content):
+    (tmp_path / "results.csv").write_text(content)
+    monkeypatch.setattr(compare, "run_one", _never)
+    with pytest.raises(ConfigError, match="results.csv"):
+        run_sweep(_sweep(), tmp_path, progress=False)
+    assert (tmp_path / "results.csv").read_text() == content
+
+
+def test_per_mode_overrides_and_pretraining_reported(tmp_path):
+    sweep = parse_sweep(
+        {"modes": ["fdp-dpsgd", "dp"], "target-epsilons": [2.0], "seeds": [0], **TINY, "num-rounds": 4,
+         "mode": {"fdp-dpsgd": {"public-pretrain-rounds": 2}, "dp": {"learning-rate": 0.05}}}
+    )
+    run_sweep(sweep, tmp_path, progress=False)
+    frame = pd.read_csv(tmp_path / "results.csv").set_index("mode")
+    assert frame.loc["fdp-dpsgd", "pretrain_rounds"] == 2 and frame.loc["fdp-dpsgd", "private_rounds"] == 2
+    assert frame.loc["dp", "pretrain_rounds"] == 0 and frame.loc["dp", "private_rounds"] == 4
+    # both end at the target over their own private rounds: fewer rounds, less noise
+    assert frame.loc["fdp-dpsgd", "noise_multiplier"] < frame.loc["dp", "noise_multiplier"]
+    assert frame["epsilon"].max() <= 2.0
+    metrics = pd.read_csv(tmp_path / "runs" / "fdp-dpsgd_eps2_seed0" / "metrics.csv")
+    assert list(metrics["phase"]) == ["public", "public", "dp", "dp"]
+    assert list(metrics["epsilon"][:2]) == [0.0, 0.0]  # pre-training rounds are ε = 0 rounds
+    assert "`fdp-dpsgd` 2 of 4" in (tmp_path / "summary.md").read_text()
+    dp_run = (tmp_path / "runs" / "dp_eps2_seed0" / "config.toml").read_text()
+    assert "learning-rate = 0.05" in dp_run  # the per-mode key reached that mode only
+    other = (tmp_path / "runs" / "fdp-dpsgd_eps2_seed0" / "config.toml").read_text()
+    assert "learning-rate = 0.05" not in other
+
+
+def test_cli_compare(tmp_path, capsys):
+    from simulations.cli import main
+
+    cfg = tmp_path / "sweep.toml"
+    cfg.write_text(
+        'modes = ["nonprivate", "dp"]\ntarget-epsilons = [4.0]\nseeds = [0]\n'
+        + "".join(f"{k} = {v}\n" for k, v in TINY.items())
+    )
+    assert main(["compare", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "| `nonprivate` |" in text and "| `dp` |" in text
+    frame = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert math.isinf(frame.loc[frame["mode"] == "nonprivate", "epsilon"].iloc[0])
+    bad = tmp_path / "bad.toml"
+    bad.write_text('modes = ["dp"]\nnum-rounds = 0\n')
+    assert main(["compare", "--config", str(bad), "--out", str(tmp_path / "b")]) == 2
+    assert "num-rounds=0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_flower_engine_runs_the_same_sweep(tmp_path):
+    """The Flower path: same σ and ε as the reference, pre-training rounds at ε = 0."""
+    out = tmp_path / "fl"
+    sweep = parse_sweep({"modes": ["fdp-dpsgd"], "target-epsilons": [2.0], "seeds": [0], **TINY,
+                         "mode": {"fdp-dpsgd": {"public-pretrain-rounds": 1}}})
+    run_sweep(sweep, out, engine="flower", progress=False)
+    row = pd.read_csv(out / "results.csv").iloc[0]
+    assert row["engine"] == "flower" and row["rounds"] == 3
+    assert row["pretrain_rounds"] == 1 and row["private_rounds"] == 2
+    assert 1.9 < row["epsilon"] <= 2.0
+    metrics = pd.read_csv(out / "runs" / "fdp-dpsgd_eps2_seed0" / "metrics.csv")
+    assert list(metrics["phase"]) == ["public", "dp", "dp"]
+    assert metrics["epsilon"].iloc[0] == 0.0  # the pre-training round costs nothing
+    # same σ and ε as the centralised reference
+    run_sweep(sweep, tmp_path / "c", progress=False)
+    ref = pd.read_csv(tmp_path / "c" / "results.csv").iloc[0]
+    assert row["noise_multiplier"] == pytest.approx(ref["noise_multiplier"])
+    assert row["epsilon"] == pytest.approx(ref["epsilon"], abs=1e-6)

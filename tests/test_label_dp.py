@@ -1,0 +1,101 @@
+"""Label-DP as a case of FDP: Ψ(x, y) = x, ℓ_pub = logsumexp(wᵀx), ∇ℓ_priv = −y xᵀ."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedfdp.algorithm import build_decomposition, run_centralised
+from fedfdp.clipping import clipped_grad_sum
+from fedfdp.config import ConfigError, load_config
+from fedfdp.data import load_dataset
+from fedfdp.features import FeatureSpec, PublicView
+from fedfdp.losses import LossDecomposition, cross_entropy
+from fedfdp.models import build_model
+
+
+def test_label_only_spec():
+    spec = FeatureSpec.label_only(("a", "b"))
+    assert spec.is_label_only and spec.public == ("a", "b") and spec.private == ()
+    assert not spec.label_public
+    with pytest.raises(ValueError, match="private=\\[\\]"):
+        FeatureSpec(("a", "b"), ("a", "b"), ())  # label public and nothing private: nothing protected
+    with pytest.raises(ValueError, match="label-free public loss"):
+        PublicView(spec, "zero")
+    with pytest.raises(ValueError, match="no column can stay private"):
+        LossDecomposition(None, FeatureSpec(("a", "b"), ("a",), ("b",)))
+
+
+def _per_record_grads(model, dec, x, y):
+    out = []
+    for i in range(len(y)):
+        loss = dec.private_loss([model(x[i : i + 1])], y[i : i + 1]).sum()
+        out.append([g.detach() for g in torch.autograd.grad(loss, list(model.parameters()))])
+    return out
+
+
+def test_private_gradient_is_minus_y_x_transpose():
+    """Closed form (paper, Section 5): ∇_W ℓ_priv = −e_y xᵀ, ∇_b ℓ_priv = −e_y, for any weights."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    y = torch.tensor([0, 2, 1, 3, 2, 0])
+    dec = LossDecomposition.label_dp([f"c{i}" for i in range(5)])
+    for seed in (0, 1):
+        model = build_model("logistic", 5, 4, seed=seed).double()
+        with torch.no_grad():  # far from the initialisation: the gradient must not change
+            model[0].weight.mul_(10 * (seed + 1))
+        for i, (gw, gb) in enumerate(_per_record_grads(model, dec, x, y)):
+            onehot = torch.nn.functional.one_hot(y[i], 4).double()
+            torch.testing.assert_close(gw, -torch.outer(onehot, x[i]))
+            torch.testing.assert_close(gb, -onehot)
+            # 1-Lipschitz in (x, 1): the norm is exactly sqrt(|x|^2 + 1)
+            norm = torch.sqrt(gw.pow(2).sum() + gb.pow(2).sum())
+            torch.testing.assert_close(norm, torch.sqrt(x[i].pow(2).sum() + 1))
+
+
+def test_decomposition_is_exact_and_public_part_is_label_free():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 3, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 4, (8,), generator=gen)
+    model = build_model("logistic", 3, 4, seed=2).double()
+    dec = LossDecomposition.label_dp(["a", "b", "c"])
+    out = [model(x)]
+    torch.testing.assert_close(dec.private_loss(out, y) + dec.public_loss(out, y), cross_entropy(out, y))
+    # ℓ_pub does not read the label
+    torch.testing.assert_close(dec.public_loss(out, y), dec.public_loss(out, (y + 1) % 4))
+
+
+def test_clipped_private_sum_matches_closed_form():
+    """With C above every sqrt(|x|^2 + 1) nothing is clipped: the sum is −Σ e_y (x, 1)ᵀ."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(20, 4, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True)  # |x| = 1: every private gradient has norm sqrt(2)
+    y = torch.randint(0, 3, (20,), generator=gen)
+    model = build_model("logistic", 4, 3, seed=0)
+    dec = LossDecomposition.label_dp(["a", "b", "c", "d"])
+    got = clipped_grad_sum(model, [x], y, dec.private_loss, 1.5).grads
+    onehot = torch.nn.functional.one_hot(y, 3).float()
+    torch.testing.assert_close(got[0], -onehot.T @ x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], -onehot.sum(0), rtol=1e-5, atol=1e-5)
+    # C = 1: every gradient is scaled by 1/sqrt(2)
+    got = clipped_grad_sum(model, [x], y, dec.private_loss, 1.0).grads
+    torch.testing.assert_close(got[0], -onehot.T @ x / np.sqrt(2), rtol=1e-4, atol=1e-5)
+
+
+def test_config_and_decomposition_wiring():
+    with pytest.raises(ConfigError, match="public-loss='label-free': needs model='logistic'"):
+        load_config({"public-loss": "label-free", "model": "mlp"})
+    cfg = load_config({"public-loss": "label-free", "model": "logistic", "num-devices": 2,
+                       "records-per-device": 40})
+    data = load_dataset(cfg.data)
+    dec = build_decomposition(cfg, data)
+    assert dec.label_free and dec.spec is not None and dec.spec.public == data.spec.columns
+
+
+def test_label_dp_run_ends_at_target():
+    cfg = load_config(
+        {"mode": "fdp", "public-loss": "label-free", "model": "logistic", "num-devices": 2,
+         "records-per-device": 60, "num-rounds": 4, "target-epsilon": 1.0, "progress": False}
+    )
+    _, records = run_centralised(cfg)
+    assert len(records) == 4 and all(r.phase == "fdp" for r in records)
+    assert 0.9 < records[-1].epsilon <= 1.0
