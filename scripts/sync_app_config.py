@@ -18,11 +18,13 @@ def main() -> None:
     body = tomli_w.dumps(Config().to_flat())
     text = PYPROJECT.read_text()
     new = re.sub(
-        r"(\[tool\.flwr\.app\.config\]\n)(.*?)(\n\[tool\.flwr\.federations\])",
+        r"(\[tool\.flwr\.app\.config\]\n)(.*?)(\n\[)",
         lambda m: m.group(1) + body + m.group(3),
         text,
         flags=re.S,
     )
+    if new == text and body not in text:
+        raise SystemExit("pyproject.toml: could not find the [tool.flwr.app.config] table")
     PYPROJECT.write_text(new)
 
 

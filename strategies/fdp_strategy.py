@@ -303,6 +303,11 @@ class FDPStrategy(Strategy):
         rejected = 0
         for reply in replies:
             node = reply.metadata.src_node_id
+            if node not in state.asked and reply.has_error():
+                # Flower answers for a node it lost ("node unavailable") from the
+                # SuperLink's own id: the node is missing, not misbehaving.
+                log.warning("round %d: a node did not reply: %s", server_round, reply.error.reason)
+                continue
             try:
                 if node in seen:
                     raise P.InvalidReply("duplicate reply")
@@ -348,6 +353,7 @@ class FDPStrategy(Strategy):
             "replies": len(valid),
             "rejected": rejected,
             "asked": len(state.asked),
+            "missing": len(state.asked) - len(valid) - rejected,
         }
         self._round = None
         metrics = MetricRecord(
@@ -504,6 +510,7 @@ class FDPStrategy(Strategy):
                     "replies": self._last["replies"],
                     "rejected": self._last["rejected"],
                     "asked": self._last["asked"],
+                    "missing": self._last["missing"],
                     "noise_multiplier": plan.noise_multiplier if phase.noise else 0.0,
                 }
                 self.rows.append(row)

@@ -7,10 +7,12 @@ already validated configuration.
 
 from __future__ import annotations
 
+import os
+
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedfdp.config import Config, load_config
+from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_dataset
 from strategies.fdp_strategy import FDPStrategy
 
@@ -29,7 +31,14 @@ def make_server_app(cfg: Config | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run_server(grid, cfg if cfg is not None else load_config(dict(context.run_config)))
+        run_cfg = cfg if cfg is not None else load_config(dict(context.run_config))
+        out = run_cfg.run.out_dir
+        if out and not os.path.isabs(out):
+            raise ConfigError(
+                f"out-dir={out!r}: must be an absolute path under flwr run (the ServerApp "
+                "runs in the SuperLink's working directory, not yours)"
+            )
+        run_server(grid, run_cfg)
 
     return app
 
