@@ -29,6 +29,8 @@ METRIC_COLUMNS = (
     "public_loss",
     "replies",
     "rejected",
+    "asked",
+    "missing",
     "noise_multiplier",
 )
 
