@@ -21,9 +21,12 @@ Ray workers and the same phases of a shared machine:
 
 Before the first block the ServerApp waits until all SuperNodes have
 registered (nodes register lazily; FedAvg would otherwise sample from the few
-registered first). The first FDP block also runs FDPStrategy's own
-registration (it queries every node for its device sizes); later FDP blocks
-reuse that registry. A round is timed from one ``configure_train`` to the next
+registered first). The first FDP block also runs FDPStrategy's registration
+(it queries every node for its device sizes) in batches of ``--query-batch``
+nodes, the change proposed for ``strategies/fdp_strategy.py`` in
+docs/performance.md (``--strategy-registration``: the strategy's own single
+batch, which times out with 1000 nodes here); later FDP blocks reuse that
+registry. A round is timed from one ``configure_train`` to the next
 (the last one to the end of the block), so it includes everything the
 strategy does per round (FDP: budget check, ledger write, noise, accounting,
 server-side evaluation, checkpoint, metrics file). The first ``--warmup``

@@ -14,8 +14,15 @@ from fedfdp.config import load_config
 from tests.flower_helpers import InProcessGrid, registered_strategy
 
 BASE = {
-    "num-devices": 3, "records-per-device": 50, "sampling-rate": 0.2, "public-batch-size": 20,
-    "noise-multiplier": 1.0, "target-epsilon": 0, "num-rounds": 6, "seed": 5, "progress": False,
+    "num-devices": 3,
+    "records-per-device": 50,
+    "sampling-rate": 0.2,
+    "public-batch-size": 20,
+    "noise-multiplier": 1.0,
+    "target-epsilon": 0,
+    "num-rounds": 6,
+    "seed": 5,
+    "progress": False,
     "hidden-size": 8,
 }
 
@@ -38,9 +45,9 @@ def _run(cfg, crash_round=None, where="mid"):
         strat.charge = charge
 
     def tamper(node, msg, reply):
-        if where == "mid" and msg.metadata.message_type == "train":
-            if msg.content["config"]["server-round"] == crash_round:
-                raise Crash(f"inside round {crash_round}")
+        train = msg.metadata.message_type == "train"
+        if where == "mid" and train and msg.content["config"]["server-round"] == crash_round:
+            raise Crash(f"inside round {crash_round}")
         return reply
 
     strat.start(InProcessGrid(cfg, tamper=tamper))
@@ -110,14 +117,33 @@ def test_kill_real_subprocess_and_resume(tmp_path):
     """A real `fedfdp run` killed with SIGKILL mid-run, then `fedfdp run --resume`:
     its ledger equals an uninterrupted run's, plus the aborted attempt if the kill
     landed inside a round; ε never below the uninterrupted run's."""
-    common = ["--set", "num-devices=3", "--set", "records-per-device=40", "--set", "num-rounds=20",
-              "--set", "public-batch-size=16", "--set", "noise-multiplier=1.0", "--set", "target-epsilon=0", "--set", "progress=false",
-              "--set", "hidden-size=8"]
+    common = [
+        "--set",
+        "num-devices=3",
+        "--set",
+        "records-per-device=40",
+        "--set",
+        "num-rounds=20",
+        "--set",
+        "public-batch-size=16",
+        "--set",
+        "noise-multiplier=1.0",
+        "--set",
+        "target-epsilon=0",
+        "--set",
+        "progress=false",
+        "--set",
+        "hidden-size=8",
+    ]
     cli = [sys.executable, "-m", "simulations.cli", "run"]
     ref, run = tmp_path / "ref", tmp_path / "run"
     subprocess.run([*cli, "--out", str(ref), *common], check=True, capture_output=True, timeout=300)
-    proc = subprocess.Popen([*cli, "--out", str(run), *common], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*cli, "--out", str(run), *common],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -129,6 +155,7 @@ def test_kill_real_subprocess_and_resume(tmp_path):
             pytest.fail("the run did not reach 5 rounds")
     finally:
         import os
+
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     killed_at = len(read_ledger(run).charges)
