@@ -53,11 +53,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from scipy import stats
 from torch import nn
+
+from fedfdp.accounting import FDPAccountant
+from fedfdp.config import Config, load_config
+from fedfdp.features import FeatureSpec
+from fedfdp.modes import PHASES
 
 __all__ = [
     "AttackOutcome",
@@ -531,3 +538,145 @@ def attribute_attack(
         ball=float(np.mean(np.asarray(conditional).max(1)[y])),
         targets=len(y),
     )
+
+
+# --------------------------------------------------------------------------------------
+# attribute inference on a run's model
+# --------------------------------------------------------------------------------------
+
+
+def fleet_grid() -> AttributeGrid:
+    """Candidate cells of the fleet's private features: heart rate in five
+    bins (edges 80, 100, 120, 140 bpm; candidates 70, 90, 110, 130, 155 bpm)
+    × latitude × longitude in a 6 × 6 grid of 4 km cells over [−1.2, 1.2]²
+    (1 unit ≈ 10 km; values outside fall in the edge cells): 180 cells."""
+    from fedfdp.data import fleet
+
+    shift, scale = fleet._SHIFT["heart_rate"], fleet._SCALE["heart_rate"]
+    hr_edges = (np.array([80.0, 100.0, 120.0, 140.0]) - shift) / scale
+    hr_centres = (np.array([70.0, 90.0, 110.0, 130.0, 155.0]) - shift) / scale
+    loc_edges = np.linspace(-1.2, 1.2, 7)[1:-1]
+    loc_centres = np.linspace(-1.0, 1.0, 6)
+    return AttributeGrid(
+        columns=("heart_rate", "latitude", "longitude"),
+        edges=(hr_edges, loc_edges, loc_edges),
+        centres=(hr_centres, loc_centres, loc_centres),
+    )
+
+
+def reference_priors(cfg: Config, grid: AttributeGrid, spec: FeatureSpec, num_classes: int):
+    """``P(cell)`` and ``P(cell | y)`` from records the attacker may know
+    without the model: for the fleet, a fresh draw of the same generative
+    model (another data seed, 40,000 records), never the training records."""
+    from fedfdp.data import make_fleet
+
+    if cfg.data.dataset != "fleet":
+        raise ValueError(f"dataset={cfg.data.dataset!r}: the attribute attack supports the fleet only")
+    ref = make_fleet(200, 250, seed=cfg.data.data_seed + 1_000_003, test_fraction=0.2)
+    x = np.concatenate([d.x for d in ref.devices])
+    y = np.concatenate([d.y for d in ref.devices])
+    return cell_priors(grid, x[:, spec.private_index], y, num_classes)
+
+
+def read_run(run_dir: Path) -> Config:
+    from fedfdp.config import read_toml
+    from fedfdp.outputs import CONFIG_FILE
+
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"--run {str(run_dir)!r}: no {CONFIG_FILE} (not a fedfdp run directory)")
+    mapping = {k: v for k, v in read_toml(path).items() if not isinstance(v, dict)}
+    mapping["progress"] = False
+    return load_config(mapping)
+
+
+def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FDPAccountant | None:
+    """The run's ledger (``ledger.json``), or the ledger its configuration implies."""
+    from fedfdp.budget import plan_privacy
+    from fedfdp.checkpoint import read_ledger
+    from fedfdp.data import load_dataset
+
+    if not cfg.privacy.is_private:
+        return None
+    ledger = read_ledger(run_dir)
+    acc = FDPAccountant()
+    if ledger is not None:
+        acc.load_state_dict(ledger.accountant)
+        return acc
+    plan = plan_privacy(cfg, load_dataset(cfg.data).num_records)
+    rounds = plan.private_rounds if private_rounds is None else private_rounds
+    if rounds > 0:
+        assert plan.noise_multiplier is not None
+        acc.compose(plan.noise_multiplier, plan.sampling_rate, rounds)
+    return acc
+
+
+def attribute_attack_run(run_dir: str | Path) -> dict[str, Any]:
+    """Attribute inference on the training records of a ``fedfdp run`` directory.
+
+    Loads ``DIR/config.toml`` and the final model ``DIR/model.pt`` (a
+    state_dict); without ``model.pt`` the model is trained here with the
+    centralised reference (:func:`fedfdp.algorithm.run_centralised`, same
+    configuration and seed). Theorem 4's bound ``1 − f(Ball)`` comes from the
+    run's ledger (``ledger.json``) or, without one, from the ledger the
+    configuration implies: ``1`` for ``nonprivate`` (no guarantee) and
+    ``Ball`` itself for ``public`` (ε = 0).
+    """
+    from fedfdp.accounting import attribute_inference_bound
+    from fedfdp.algorithm import build_model_for, evaluate, run_centralised
+    from fedfdp.data import load_dataset
+
+    run_dir = Path(run_dir)
+    cfg = read_run(run_dir)
+    data = load_dataset(cfg.data)
+    model_path = run_dir / "model.pt"
+    private_rounds = None
+    if model_path.is_file():
+        model = build_model_for(cfg, data)
+        model.load_state_dict(torch.load(model_path, map_location="cpu", weights_only=True))
+        source = "model.pt"
+    else:
+        model, records = run_centralised(cfg, data)
+        private_rounds = sum(1 for r in records if PHASES[r.phase].noise)
+        source = "trained here (centralised reference)"
+    grid = fleet_grid() if cfg.data.dataset == "fleet" else None
+    if grid is None or tuple(data.spec.private) != grid.columns:
+        raise ValueError(
+            "the attribute attack needs the fleet's private columns (heart_rate, latitude, longitude)"
+        )
+    marginal, conditional = reference_priors(cfg, grid, data.spec, data.num_classes)
+    x = np.concatenate([d.x for d in data.devices])
+    y = np.concatenate([d.y for d in data.devices])
+    pi = list(data.spec.private_index)
+    train = attribute_attack(model, x, y, pi, grid, marginal, conditional)
+    held = attribute_attack(model, data.test_x, data.test_y, pi, grid, marginal, conditional)
+    acc = run_accountant(run_dir, cfg, private_rounds)
+    if cfg.privacy.mode == "nonprivate":
+        bound, epsilon = 1.0, math.inf
+    elif acc is None:
+        bound, epsilon = train.ball, 0.0
+    else:
+        bound = attribute_inference_bound(acc, train.ball)
+        delta = cfg.privacy.delta or 1.0 / (2 * data.num_records)
+        epsilon = acc.epsilon(delta)
+    accuracy, _ = evaluate(model, data.test_x, data.test_y)
+    best = max(train.loss_attack, train.bayes_attack)
+    return {
+        "run": str(run_dir),
+        "mode": cfg.privacy.mode,
+        "model_source": source,
+        "epsilon": epsilon,
+        "accuracy": accuracy,
+        "targets": train.targets,
+        "cells": grid.size,
+        "success_loss": train.loss_attack,
+        "success_bayes": train.bayes_attack,
+        "success": best,
+        "heldout_success_bayes": held.bayes_attack,
+        "prior_marginal": train.prior_marginal,
+        "prior_label": train.prior_label,
+        "ball": train.ball,
+        "bound": bound,
+        "within_bound": best <= bound,
+        "beats_marginal_prior": best > train.prior_marginal,
+    }
