@@ -552,6 +552,7 @@ def fleet_grid() -> AttributeGrid:
     (1 unit ≈ 10 km; values outside fall in the edge cells): 180 cells."""
     from fedfdp.data import fleet
 
+    # the fleet's declared (public) scaling of heart rate: (bpm − shift) / scale
     shift, scale = fleet._SHIFT["heart_rate"], fleet._SCALE["heart_rate"]
     hr_edges = (np.array([80.0, 100.0, 120.0, 140.0]) - shift) / scale
     hr_centres = (np.array([70.0, 90.0, 110.0, 130.0, 155.0]) - shift) / scale
@@ -579,6 +580,8 @@ def reference_priors(cfg: Config, grid: AttributeGrid, spec: FeatureSpec, num_cl
 
 
 def read_run(run_dir: Path) -> Config:
+    """The configuration of a run directory (``config.toml``; the ``[resolved]``
+    table it also holds is dropped, it is recomputed from the configuration)."""
     from fedfdp.config import read_toml
     from fedfdp.outputs import CONFIG_FILE
 
@@ -656,9 +659,10 @@ def attribute_attack_run(run_dir: str | Path) -> dict[str, Any]:
     elif acc is None:
         bound, epsilon = train.ball, 0.0
     else:
+        from fedfdp.budget import plan_privacy
+
         bound = attribute_inference_bound(acc, train.ball)
-        delta = cfg.privacy.delta or 1.0 / (2 * data.num_records)
-        epsilon = acc.epsilon(delta)
+        epsilon = acc.epsilon(plan_privacy(cfg, data.num_records).delta)
     accuracy, _ = evaluate(model, data.test_x, data.test_y)
     best = max(train.loss_attack, train.bayes_attack)
     return {
@@ -678,5 +682,7 @@ def attribute_attack_run(run_dir: str | Path) -> dict[str, Any]:
         "ball": train.ball,
         "bound": bound,
         "within_bound": best <= bound,
-        "beats_marginal_prior": best > train.prior_marginal,
+        # (success − marginal prior) in standard errors of the prior's rate over the targets
+        "advantage_z": (best - train.prior_marginal)
+        / math.sqrt(max(train.prior_marginal * (1 - train.prior_marginal), 1e-12) / train.targets),
     }

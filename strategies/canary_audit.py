@@ -77,7 +77,7 @@ from fedfdp.accounting import FDPAccountant
 from fedfdp.algorithm import build_decomposition
 from fedfdp.audit import ALPHA, AuditResult, choose_test, evaluate_test
 from fedfdp.budget import Budget
-from fedfdp.config import Config, load_config
+from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.contribution import private_batch_sum, public_batch_sum
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec
@@ -137,18 +137,18 @@ class AuditSetup:
 
     def __post_init__(self) -> None:
         if not 0 < self.sampling_rate < 1:
-            raise ValueError(f"sampling-rate={self.sampling_rate}: the audit needs q in (0, 1)")
+            raise ConfigError(f"sampling-rate={self.sampling_rate}: the audit needs q in (0, 1)")
         for name in ("noise_multiplier", "clipping_norm", "amplitude"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name.replace('_', '-')}={getattr(self, name)}: must be > 0")
+                raise ConfigError(f"{name.replace('_', '-')}={getattr(self, name)}: must be > 0")
         if not 0 < self.delta < 1:
-            raise ValueError(f"delta={self.delta}: must be in (0, 1)")
+            raise ConfigError(f"delta={self.delta}: must be in (0, 1)")
         if self.rounds < 3:
-            raise ValueError(f"rounds={self.rounds}: need at least 3 (calibration and test)")
+            raise ConfigError(f"rounds={self.rounds}: need at least 3 (calibration and test)")
         if self.alone < 0 or self.twins < 0 or self.alone + self.twins < 1:
-            raise ValueError(f"alone={self.alone}, twins={self.twins}: need at least one canary")
+            raise ConfigError(f"alone={self.alone}, twins={self.twins}: need at least one canary")
         if not 0 < self.calibration < 1:
-            raise ValueError(f"calibration={self.calibration}: must be in (0, 1)")
+            raise ConfigError(f"calibration={self.calibration}: must be in (0, 1)")
 
 
 def claimed_epsilon(setup: AuditSetup, relation: str) -> float:
@@ -348,16 +348,17 @@ def one_round(des: CanaryDesign, seed: int, worlds: np.ndarray) -> tuple[np.ndar
     else:
         # Algorithm 2: the private part without the absent canaries; the public
         # part of their devices over all their records (their Ψ included).
+        ids = [int(d) for d in conf[P.DEVICE_IDS]]  # device j holds canary j
         counts = list(conf[P.PUBLIC_COUNTS])
+        pos = [i for i, d in enumerate(ids) if d in set(absent.tolist())]
         first = ConfigRecord(dict(conf))
-        first[P.PUBLIC_COUNTS] = [0 if i in set(absent) else c for i, c in enumerate(counts)]
+        first[P.PUBLIC_COUNTS] = [0 if i in pos else c for i, c in enumerate(counts)]
         second = ConfigRecord(dict(conf))
-        ids = list(conf[P.DEVICE_IDS])
-        second[P.DEVICE_IDS] = [ids[i] for i in absent]
-        second[P.PUBLIC_COUNTS] = [counts[i] for i in absent]
+        second[P.DEVICE_IDS] = [ids[i] for i in pos]
+        second[P.PUBLIC_COUNTS] = [counts[i] for i in pos]
         if P.PRIVATE_FLAGS in conf:
             flags = list(conf[P.PRIVATE_FLAGS])
-            second[P.PRIVATE_FLAGS] = [flags[i] for i in absent]
+            second[P.PRIVATE_FLAGS] = [flags[i] for i in pos]
         with serving(private_view):
             priv, pub, metrics = client_app.handle_train(cfg, context, state, first)
         with serving(public_view):
