@@ -137,7 +137,8 @@ def run_centralised(
         )
         noise = None
         if phase.noise:
-            assert plan.noise_multiplier is not None
+            if plan.noise_multiplier is None:
+                raise ValueError("noise multiplier unresolved: this plan spends no privacy")
             noise = RoundNoise(
                 plan.noise_multiplier, p.clipping_norm, ServerStreams.for_round(seed, r).noise
             )

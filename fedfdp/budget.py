@@ -72,7 +72,8 @@ def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:
         )
     sigma = p.noise_multiplier
     if sigma is None:
-        assert p.target_epsilon is not None  # guaranteed by config validation
+        if p.target_epsilon is None:
+            raise ValueError("target-epsilon is unset: a private mode needs noise-multiplier or target-epsilon")
         sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
     return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit)
@@ -94,7 +95,8 @@ def accounting_rate(cfg: Config) -> float:
     """
     p = cfg.privacy
     if p.privacy_unit == "device":
-        assert p.device_sampling_rate is not None  # config validation
+        if p.device_sampling_rate is None:
+            raise ValueError("device-sampling-rate is unset: privacy-unit=device needs it")
         return p.device_sampling_rate
     if p.device_sampling_rate is not None:
         return p.device_sampling_rate * p.sampling_rate
@@ -130,7 +132,8 @@ class Budget:
         plan = self.plan
         if not plan.private or plan.max_epsilon is None:
             return
-        assert plan.noise_multiplier is not None
+        if plan.noise_multiplier is None:
+            raise ValueError("noise multiplier unresolved: this plan spends no privacy")
         if self.accountant.would_exceed(
             plan.max_epsilon, plan.delta, plan.noise_multiplier, plan.sampling_rate
         ):
@@ -139,6 +142,7 @@ class Budget:
 
     def spend(self) -> float:
         """Compose one private round; return the new ε."""
-        assert self.plan.noise_multiplier is not None
+        if self.plan.noise_multiplier is None:
+            raise ValueError("noise multiplier unresolved: this plan spends no privacy")
         self.accountant.compose(self.plan.noise_multiplier, self.plan.sampling_rate)
         return self.epsilon()
