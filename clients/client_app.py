@@ -121,6 +121,21 @@ def handle_train(
     return private, public, metrics
 
 
+def reply_message(
+    msg: Message,
+    private: dict[str, torch.Tensor] | None,
+    public: dict[str, torch.Tensor] | None,
+    metrics: dict[str, float],
+) -> Message:
+    """The reply to a train message, built from ``handle_train``'s three results."""
+    content = RecordDict({P.METRICS: MetricRecord(metrics)})
+    if private is not None:
+        content[P.PRIVATE] = ArrayRecord(private)
+    if public is not None:
+        content[P.PUBLIC] = ArrayRecord(public)
+    return Message(content, reply_to=msg)
+
+
 def make_client_app(cfg: Config | None = None) -> ClientApp:
     """Build the ClientApp; ``cfg`` fixes the configuration (used by
     ``fedfdp run``), otherwise it is read from Flower's run config."""
@@ -136,12 +151,7 @@ def make_client_app(cfg: Config | None = None) -> ClientApp:
         c = _config(cfg, context)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
         private, public, metrics = handle_train(c, context, state, msg.content[P.CONFIG])
-        content = RecordDict({P.METRICS: MetricRecord(metrics)})
-        if private is not None:
-            content[P.PRIVATE] = ArrayRecord(private)
-        if public is not None:
-            content[P.PUBLIC] = ArrayRecord(public)
-        return Message(content, reply_to=msg)
+        return reply_message(msg, private, public, metrics)
 
     return app
 

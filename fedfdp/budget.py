@@ -73,7 +73,7 @@ def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:
     sigma = p.noise_multiplier
     if sigma is None:
         if p.target_epsilon is None:
-            raise ValueError("target-epsilon is unset: a private mode needs noise-multiplier or target-epsilon")
+            raise ValueError("a private mode needs noise-multiplier or target-epsilon")
         sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
     return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit)

@@ -71,6 +71,7 @@ import torch
 from flwr.app import ConfigRecord
 
 import clients.client_app as client_app
+from clients.client_app import reply_message
 from fedfdp import faults
 from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant
@@ -83,7 +84,7 @@ from fedfdp.data import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec
 from fedfdp.modes import PHASES
 from strategies.fdp_strategy import FDPStrategy
-from strategies.inprocess import node_context, reply_message, serving, set_identity, train_messages
+from strategies.inprocess import node_context, serving, set_identity, train_messages
 
 #: A canary's world in one trial.
 WORLD1, ADD_REMOVE, REPLACEMENT = 1, 2, 3

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
@@ -76,28 +75,13 @@ def registered_strategy(cfg: Config, data: FederatedData | None = None) -> FDPSt
     return strat
 
 
-def reply_message(
-    msg: Message,
-    private: dict[str, Any] | None,
-    public: dict[str, Any] | None,
-    metrics: dict[str, float],
-) -> Message:
-    """The reply a ClientApp sends for ``handle_train``'s three results."""
-    content = RecordDict({P.METRICS: MetricRecord(metrics)})
-    if private is not None:
-        content[P.PRIVATE] = ArrayRecord(private)
-    if public is not None:
-        content[P.PUBLIC] = ArrayRecord(public)
-    return Message(content, reply_to=msg)
-
-
 def client_reply(cfg: Config, msg: Message, *, num_partitions: int | None = None) -> Message:
     """The real client computation for one train message."""
     node = msg.metadata.dst_node_id
     state = msg.content[P.ARRAYS].to_torch_state_dict()
     context = node_context(cfg, node, num_partitions)
     private, public, metrics = client_app.handle_train(cfg, context, state, msg.content[P.CONFIG])
-    return reply_message(msg, private, public, metrics)
+    return client_app.reply_message(msg, private, public, metrics)
 
 
 def train_messages(strat: FDPStrategy, round_: int) -> list[Message]:

@@ -4,12 +4,12 @@ The helpers live in :mod:`strategies.inprocess` (the privacy audit uses them
 too); this module re-exports them for the tests.
 """
 
+from clients.client_app import reply_message
 from strategies.inprocess import (
     InProcessGrid,
     client_reply,
     node_context,
     registered_strategy,
-    reply_message,
     serving,
     set_identity,
     train_messages,
