@@ -10,14 +10,25 @@ independently drawn uniform batch. It replies with both sums and the public
 count and loss — never the realised private batch size or any statistic of
 the private batch.
 
-The node's records are chosen by Flower's node config ``partition-id`` /
-``num-partitions``: partition ``k`` serves devices ``d`` with ``d mod P = k``.
+Which records a node serves (:func:`node_records`) depends on the run's
+``data-location``:
+
+``central``
+    every node loads the dataset the run configuration names and serves the
+    devices of its Flower partition (node config ``partition-id`` /
+    ``num-partitions``): partition ``k`` serves devices ``d`` with ``d mod P = k``.
+``node``
+    the node reads its **own** file, ``data-path`` in its node config, and
+    serves one device, number ``partition-id`` (``num-partitions`` must be
+    ``num-devices``); the encoding is the one the run config declares, so
+    every site maps a record to the same input vector.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,23 +39,65 @@ from fedfdp import protocol as P
 from fedfdp.algorithm import build_decomposition, build_model_for
 from fedfdp.config import Config, load_config
 from fedfdp.contribution import add_contributions, device_contribution
-from fedfdp.data import load_dataset
+from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
 from fedfdp.modes import PHASES
 from fedfdp.sampling import DeviceStreams
 
 log = logging.getLogger("fedfdp.client")
 
 
-def _node_devices(cfg: Config, context: Context) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class NodeRecords:
+    """The records one node serves.
+
+    Attributes
+    ----------
+    data : FederatedData
+        The dataset's schema (Ψ split, classes, public statistics) the model
+        and the public view are built from.
+    devices : Mapping[int, DeviceData]
+        This node's devices, by their global device id.
+    """
+
+    data: FederatedData
+    devices: Mapping[int, DeviceData]
+
+    @classmethod
+    def partition_of(cls, data: FederatedData, partition_id: int, num_partitions: int) -> NodeRecords:
+        """Partition ``partition_id`` of ``num_partitions`` of a whole dataset."""
+        ids = data.partition(partition_id, num_partitions)
+        return cls(data, {d: data.devices[d] for d in ids})
+
+
+def _partition(context: Context) -> tuple[int, int]:
     node = context.node_config
     try:
-        pid = int(node["partition-id"])
-        num = int(node["num-partitions"])
+        return int(node["partition-id"]), int(node["num-partitions"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(
             f"node config {dict(node)}: needs integer 'partition-id' and 'num-partitions'"
         ) from exc
-    return load_dataset(cfg.data).partition(pid, num)
+
+
+def node_records(cfg: Config, context: Context) -> NodeRecords:
+    """The records this node serves (see the module docstring)."""
+    pid, num = _partition(context)
+    if cfg.data.data_location == "central":
+        return NodeRecords.partition_of(load_dataset(cfg.data), pid, num)
+    path = context.node_config.get("data-path")
+    if not isinstance(path, str) or not path:
+        raise ValueError(
+            f"node config {dict(context.node_config)}: data-location='node' needs this SuperNode's "
+            "own file as data-path (--node-config \"partition-id=K num-partitions=P data-path='/path'\")"
+        )
+    if num != cfg.data.num_devices or not 0 <= pid < num:
+        raise ValueError(
+            f"node config partition-id={pid} num-partitions={num}: with data-location='node' each "
+            f"SuperNode is one device, so num-partitions must be num-devices={cfg.data.num_devices} "
+            "and partition-id its device number"
+        )
+    site = load_site(cfg.data, path)
+    return NodeRecords(site, {pid: site.devices[0]})
 
 
 def _config(fixed: Config | None, context: Context) -> Config:
@@ -57,19 +110,18 @@ def _num(config: Mapping[str, Any], key: str) -> float:
     return float(config[key])
 
 
-def handle_query(cfg: Config, context: Context) -> dict[str, list[int]]:
+def handle_query(records: NodeRecords) -> dict[str, list[int]]:
     """Devices this node serves and their (public) training-record counts."""
-    data = load_dataset(cfg.data)
-    ids = _node_devices(cfg, context)
-    return {P.DEVICE_IDS: list(ids), P.DEVICE_SIZES: [len(data.devices[d]) for d in ids]}
+    ids = sorted(records.devices)
+    return {P.DEVICE_IDS: ids, P.DEVICE_SIZES: [len(records.devices[d]) for d in ids]}
 
 
 def handle_train(
-    cfg: Config, context: Context, state: dict[str, torch.Tensor], config: Mapping[str, Any]
+    cfg: Config, records: NodeRecords, state: dict[str, torch.Tensor], config: Mapping[str, Any]
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The device side of one round; returns (private sums, public sums, metrics)."""
+    """The device side of one round on ``records``; returns (private sums, public sums, metrics)."""
     torch.set_num_threads(1)
-    data = load_dataset(cfg.data)
+    data = records.data
     phase_name = str(config.get(P.PHASE, ""))
     if str(config.get(P.UNIT, "record")) not in ("record", "device"):
         raise ValueError(f"privacy-unit={config.get(P.UNIT)!r}: unknown")
@@ -84,7 +136,7 @@ def handle_train(
     round_ = int(_num(config, P.ROUND))
     attempt = int(config.get(P.ATTEMPT, 0))
     unit = str(config.get(P.UNIT, "record"))
-    mine = set(_node_devices(cfg, context))
+    mine = set(records.devices)
     device_ids = [int(d) for d in config.get(P.DEVICE_IDS, [])]
     counts = [int(c) for c in config.get(P.PUBLIC_COUNTS, [])]
     flags = [bool(int(f)) for f in config.get(P.PRIVATE_FLAGS, [1] * len(device_ids))]
@@ -102,8 +154,8 @@ def handle_train(
             model,
             decomposition,
             phase,
-            data.devices[d].x,
-            data.devices[d].y,
+            records.devices[d].x,
+            records.devices[d].y,
             sampling_rate=q,
             clipping_norm=clip,
             public_count=c,
@@ -143,14 +195,14 @@ def make_client_app(cfg: Config | None = None) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        info = handle_query(_config(cfg, context), context)
+        info = handle_query(node_records(_config(cfg, context), context))
         return Message(RecordDict({P.METRICS: MetricRecord(info)}), reply_to=msg)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         c = _config(cfg, context)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
-        private, public, metrics = handle_train(c, context, state, msg.content[P.CONFIG])
+        private, public, metrics = handle_train(c, node_records(c, context), state, msg.content[P.CONFIG])
         return reply_message(msg, private, public, metrics)
 
     return app

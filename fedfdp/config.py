@@ -28,6 +28,10 @@ PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
 MODELS = ("mlp", "logistic")
 DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv")
+#: Where the training records live: ``central`` (every node loads the dataset
+#: the run names and serves its partition) or ``node`` (each SuperNode reads
+#: its own file, named in its node config).
+DATA_LOCATIONS = ("central", "node")
 
 
 class ConfigError(ValueError):
@@ -147,6 +151,23 @@ class DataConfig:
         ``csv``: declared ranges of numeric private columns, scaled to [-1, 1].
     private_categories : tuple of (column, categories)
         ``csv``: declared categories of non-numeric private columns.
+    public_ranges, public_categories
+        ``csv``: declared encodings of public columns (a range is mapped
+        linearly to [-1, 1], not clipped). Undeclared public columns are
+        standardised / one-hot encoded with training-split statistics
+        (``data-location = "central"`` only).
+    label_classes : tuple of str
+        ``csv``: the declared label values, in class order; empty: the sorted
+        distinct values of the file (``central`` only).
+    data_location : str
+        ``central`` (default) or ``node``: every SuperNode reads its own
+        ``csv`` file, named by ``data-path`` in its **node config**, and serves
+        one device (its ``partition-id``); every column, the label classes
+        and ``test-path`` must then be declared, so that all sites encode
+        their records identically (``docs/deploy.md``).
+    test_path : str
+        ``data-location = "node"``: the server's held-out file (``.csv`` or
+        ``.parquet``, same columns), used only for evaluation.
     window_size : int
         ``watch``: samples per window (50 Hz).
     max_records : int
@@ -170,6 +191,11 @@ class DataConfig:
     dirichlet_alpha: float = 0.0
     private_ranges: tuple[tuple[str, float, float], ...] = ()
     private_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    public_ranges: tuple[tuple[str, float, float], ...] = ()
+    public_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    label_classes: tuple[str, ...] = ()
+    data_location: str = "central"
+    test_path: str = ""
     window_size: int = 100
     max_records: int = 0
     num_public_features: int = 100
@@ -245,6 +271,11 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "dirichlet-alpha": ("data", "dirichlet_alpha", "float0"),
     "private-ranges": ("data", "private_ranges", "ranges"),
     "private-categories": ("data", "private_categories", "categories"),
+    "public-ranges": ("data", "public_ranges", "ranges"),
+    "public-categories": ("data", "public_categories", "categories"),
+    "label-classes": ("data", "label_classes", "classes"),
+    "data-location": ("data", "data_location", "choice"),
+    "test-path": ("data", "test_path", "str"),
     "window-size": ("data", "window_size", "int+"),
     "max-records": ("data", "max_records", "int0"),
     "num-public-features": ("data", "num_public_features", "int+"),
@@ -267,6 +298,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": OPTIMIZERS,
     "model": MODELS,
     "dataset": DATASETS,
+    "data-location": DATA_LOCATIONS,
 }
 
 #: Keys that are not run settings but may appear in shared TOML files
@@ -384,10 +416,28 @@ def _parse_categories(key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]]
     return tuple(out)
 
 
+def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
+    """Label values: a TOML array, or one string separated by ``|`` (labels may
+    contain commas)."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split("|")] if value.strip() else []
+    elif isinstance(value, list | tuple) and all(isinstance(v, str | int) for v in value):
+        items = [str(v).strip() for v in value]
+    else:
+        raise _fail(key, value, "must be a list of labels or one string 'a|b|c'")
+    if any(not v for v in items) or len(set(items)) != len(items):
+        raise _fail(key, value, "labels must be distinct and non-empty")
+    if len(items) == 1:
+        raise _fail(key, value, "a classifier needs at least two classes")
+    return tuple(items)
+
+
 def _flat(kind: str, value: Any) -> Any:
     """The flat (TOML scalar) form of a parsed value; inverse of :func:`_parse`."""
     if kind in ("strlist", "intlist"):
         return ",".join(str(v) for v in value)
+    if kind == "classes":
+        return "|".join(value)
     if kind == "ranges":
         return ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value)
     if kind == "categories":
@@ -412,6 +462,8 @@ def _parse(key: str, kind: str, value: Any) -> Any:
         if any(v < 1 for v in ints):
             raise _fail(key, value, "must be a list of positive integers")
         return tuple(ints)
+    if kind == "classes":
+        return _parse_classes(key, value)
     if kind == "ranges":
         return _parse_ranges(key, value)
     if kind == "categories":
@@ -564,7 +616,11 @@ def _check_data(d: DataConfig) -> None:
         "device-column": d.device_column,
         "private-ranges": d.private_ranges,
         "private-categories": d.private_categories,
+        "public-ranges": d.public_ranges,
+        "public-categories": d.public_categories,
+        "label-classes": d.label_classes,
     }
+    _check_location(d)
     if d.data_path and d.dataset not in ("purchase100", "criteo", "csv"):
         raise ConfigError(
             f"data-path={d.data_path!r}: dataset={d.dataset!r} reads no file "
@@ -576,7 +632,7 @@ def _check_data(d: DataConfig) -> None:
             raise ConfigError(f"{given[0]}={csv_only[given[0]]!r}: only used by dataset='csv' "
                               f"(dataset={d.dataset!r})")
     else:
-        if not d.data_path:
+        if not d.data_path and d.data_location == "central":
             raise ConfigError("data-path='': dataset='csv' needs the path of a .csv or .parquet file")
         if not d.label_column:
             raise ConfigError("label-column='': dataset='csv' needs the label column")
@@ -598,6 +654,16 @@ def _check_data(d: DataConfig) -> None:
         both = sorted({n for n, _, _ in d.private_ranges} & {n for n, _ in d.private_categories})
         if both:
             raise ConfigError(f"private-ranges and private-categories both declare {both}: pick one")
+        declared = [n for n, _, _ in d.public_ranges] + [n for n, _ in d.public_categories]
+        stray = [n for n in declared if n not in d.public_columns]
+        if stray:
+            raise ConfigError(
+                f"public-ranges/public-categories name {stray}: not in public-columns="
+                f"{list(d.public_columns)}"
+            )
+        both = sorted({n for n, _, _ in d.public_ranges} & {n for n, _ in d.public_categories})
+        if both:
+            raise ConfigError(f"public-ranges and public-categories both declare {both}: pick one")
     if d.dataset in ("watch", "storms", "csv") and d.dirichlet_alpha and (
         d.dataset != "csv" or d.device_column
     ):
@@ -605,6 +671,53 @@ def _check_data(d: DataConfig) -> None:
             f"dirichlet-alpha={d.dirichlet_alpha}: dataset={d.dataset!r} has natural devices; "
             "the Dirichlet split applies to datasets without them"
         )
+
+
+def _check_location(d: DataConfig) -> None:
+    """``data-location = "node"``: each SuperNode's own file, everything declared."""
+    if d.data_location == "central":
+        if d.test_path:
+            raise ConfigError(
+                f"test-path={d.test_path!r}: only used with data-location='node' (with 'central' "
+                "the held-out split is test-fraction of every device)"
+            )
+        return
+    if d.dataset != "csv":
+        raise ConfigError(
+            f"data-location='node': needs dataset='csv' (got dataset={d.dataset!r}); each SuperNode "
+            "reads its own CSV/Parquet file"
+        )
+    if d.data_path:
+        raise ConfigError(
+            f"data-path={d.data_path!r}: with data-location='node' each SuperNode names its own file "
+            "in its node config (--node-config \"... data-path='/path/records.csv'\"); the run "
+            "config names only the server's held-out file, test-path"
+        )
+    if not d.test_path:
+        raise ConfigError("test-path='': data-location='node' needs the server's held-out file")
+    for key, value in (("device-column", d.device_column), ("dirichlet-alpha", d.dirichlet_alpha)):
+        if value:
+            raise ConfigError(
+                f"{key}={value!r}: with data-location='node' each SuperNode's file is one device"
+            )
+    if not d.label_classes:
+        raise ConfigError(
+            "label-classes='': data-location='node' needs the declared label values (every site "
+            "must number the classes alike)"
+        )
+    undeclared = {
+        "public": [c for c in d.public_columns
+                   if c not in {n for n, _, _ in d.public_ranges} | {n for n, _ in d.public_categories}],
+        "private": [c for c in d.private_columns
+                    if c not in {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}],
+    }
+    for side, cols in undeclared.items():
+        if cols:
+            raise ConfigError(
+                f"{side}-columns {cols}: data-location='node' needs every column's encoding declared "
+                f"({side}-ranges 'col=low:high' or {side}-categories 'col=a|b'), so that every site "
+                "encodes its records identically without sharing statistics of its data"
+            )
 
 
 def private_rounds(cfg: Config) -> int:

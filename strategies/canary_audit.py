@@ -71,7 +71,7 @@ import torch
 from flwr.app import ConfigRecord
 
 import clients.client_app as client_app
-from clients.client_app import reply_message
+from clients.client_app import NodeRecords, reply_message
 from fedfdp import faults
 from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant
@@ -84,7 +84,7 @@ from fedfdp.data import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec
 from fedfdp.modes import PHASES
 from strategies.fdp_strategy import FDPStrategy
-from strategies.inprocess import node_context, serving, set_identity, train_messages
+from strategies.inprocess import set_identity, train_messages
 
 #: A canary's world in one trial.
 WORLD1, ADD_REMOVE, REPLACEMENT = 1, 2, 3
@@ -340,12 +340,11 @@ def one_round(des: CanaryDesign, seed: int, worlds: np.ndarray) -> tuple[np.ndar
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)
     state = msg.content[P.ARRAYS].to_torch_state_dict()
-    context = node_context(cfg, 0, num_partitions=1)
+    private_records = NodeRecords.partition_of(private_view, 0, 1)
     conf = msg.content[P.CONFIG]
     absent = np.flatnonzero(worlds == ADD_REMOVE)
     if len(absent) == 0:
-        with serving(private_view):
-            priv, pub, metrics = client_app.handle_train(cfg, context, state, conf)
+        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, conf)
     else:
         # Algorithm 2: the private part without the absent canaries; the public
         # part of their devices over all their records (their Ψ included).
@@ -360,10 +359,9 @@ def one_round(des: CanaryDesign, seed: int, worlds: np.ndarray) -> tuple[np.ndar
         if P.PRIVATE_FLAGS in conf:
             flags = list(conf[P.PRIVATE_FLAGS])
             second[P.PRIVATE_FLAGS] = [flags[i] for i in pos]
-        with serving(private_view):
-            priv, pub, metrics = client_app.handle_train(cfg, context, state, first)
-        with serving(public_view):
-            _, pub2, metrics2 = client_app.handle_train(cfg, context, state, second)
+        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, first)
+        public_records = NodeRecords.partition_of(public_view, 0, 1)
+        _, pub2, metrics2 = client_app.handle_train(cfg, public_records, state, second)
         pub = _sum_arrays(pub, pub2)
         metrics = {key: metrics[key] + metrics2[key] for key in metrics}
     strat.aggregate_train(1, [reply_message(msg, priv, pub, metrics)])

@@ -8,15 +8,17 @@ client handlers (:func:`clients.client_app.handle_train`,
 :class:`~strategies.fdp_strategy.FDPStrategy`, so every byte the server sees
 comes from the same code a deployment runs.
 
-``serving(data)`` makes the client handlers read an explicit
-:class:`~fedfdp.data.FederatedData` instead of the dataset the configuration
-names (the audit's canary datasets are built in memory).
+The handlers take the node's records explicitly
+(:class:`clients.client_app.NodeRecords`); :func:`node_records_for` builds
+them from the configured dataset or from an explicit
+:class:`~fedfdp.data.FederatedData` (the audit's canary datasets are built in
+memory).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
@@ -37,32 +39,36 @@ def set_identity() -> None:
     TaskIdentity.task_id = 1
 
 
-def node_context(cfg: Config, node: int, num_partitions: int | None = None) -> Context:
+def node_context(
+    cfg: Config, node: int, num_partitions: int | None = None, node_config: Mapping[str, Any] | None = None
+) -> Context:
     """Context of the node serving partition ``node`` of ``num_partitions``
-    (default: one device per node, ``num-devices`` partitions)."""
+    (default: one device per node, ``num-devices`` partitions), with extra
+    ``node_config`` keys (e.g. a SuperNode's own ``data-path``)."""
     parts = cfg.data.num_devices if num_partitions is None else num_partitions
     return Context(
         run_id=1,
         node_id=node,
-        node_config={"partition-id": node, "num-partitions": parts},
+        node_config={"partition-id": node, "num-partitions": parts, **(node_config or {})},
         state=RecordDict(),
         run_config={},
     )
 
 
-@contextlib.contextmanager
-def serving(data: FederatedData | None) -> Iterator[None]:
-    """Within the block the client handlers read ``data`` (``None``: the
-    configured dataset, i.e. no change)."""
-    if data is None:
-        yield
-        return
-    original = client_app.load_dataset
-    client_app.load_dataset = lambda _cfg: data  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        client_app.load_dataset = original  # type: ignore[assignment]
+def node_records_for(
+    cfg: Config,
+    node: int,
+    data: FederatedData | None = None,
+    num_partitions: int | None = None,
+    node_config: Mapping[str, Any] | None = None,
+) -> client_app.NodeRecords:
+    """The records node ``node`` serves: partition ``node`` of ``num_partitions``
+    (default: one device per node) of ``data``; without ``data``, what the real
+    ClientApp reads for that node (:func:`clients.client_app.node_records`)."""
+    if data is not None:
+        parts = cfg.data.num_devices if num_partitions is None else num_partitions
+        return client_app.NodeRecords.partition_of(data, node, parts)
+    return client_app.node_records(cfg, node_context(cfg, node, num_partitions, node_config))
 
 
 def registered_strategy(cfg: Config, data: FederatedData | None = None) -> FDPStrategy:
@@ -75,12 +81,13 @@ def registered_strategy(cfg: Config, data: FederatedData | None = None) -> FDPSt
     return strat
 
 
-def client_reply(cfg: Config, msg: Message, *, num_partitions: int | None = None) -> Message:
+def client_reply(
+    cfg: Config, msg: Message, *, num_partitions: int | None = None, data: FederatedData | None = None
+) -> Message:
     """The real client computation for one train message."""
-    node = msg.metadata.dst_node_id
+    records = node_records_for(cfg, msg.metadata.dst_node_id, data, num_partitions)
     state = msg.content[P.ARRAYS].to_torch_state_dict()
-    context = node_context(cfg, node, num_partitions)
-    private, public, metrics = client_app.handle_train(cfg, context, state, msg.content[P.CONFIG])
+    private, public, metrics = client_app.handle_train(cfg, records, state, msg.content[P.CONFIG])
     return client_app.reply_message(msg, private, public, metrics)
 
 
@@ -99,30 +106,45 @@ class InProcessGrid:
     tamper : callable, optional
         ``tamper(node, message, reply) -> reply or None`` may rewrite or drop replies.
     data : FederatedData, optional
-        Serve these records instead of the configured dataset (see :func:`serving`).
+        Serve these records instead of the configured dataset.
+    node_configs : mapping of node -> node config, optional
+        Extra node-config keys per node (e.g. each SuperNode's ``data-path``).
     """
 
-    def __init__(self, cfg: Config, tamper: Tamper | None = None, data: FederatedData | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        tamper: Tamper | None = None,
+        data: FederatedData | None = None,
+        node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+    ) -> None:
         set_identity()
         self.cfg = cfg
         self.tamper = tamper
         self.data = data
+        self.node_configs = dict(node_configs or {})
+
+    def records(self, node: int) -> client_app.NodeRecords:
+        """The records node ``node`` serves."""
+        return node_records_for(self.cfg, node, self.data, node_config=self.node_configs.get(node))
 
     def get_node_ids(self) -> list[int]:
         return list(range(self.cfg.data.num_devices))
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         out = []
-        with serving(self.data):
-            for msg in messages:
-                node = msg.metadata.dst_node_id
-                if msg.metadata.message_type == "query":
-                    info = client_app.handle_query(self.cfg, node_context(self.cfg, node))
-                    reply = Message(RecordDict({P.METRICS: MetricRecord(info)}), reply_to=msg)
-                else:
-                    reply = client_reply(self.cfg, msg)
-                if self.tamper is not None:
-                    reply = self.tamper(node, msg, reply)
-                if reply is not None:
-                    out.append(reply)
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            records = self.records(node)
+            if msg.metadata.message_type == "query":
+                info = client_app.handle_query(records)
+                reply = Message(RecordDict({P.METRICS: MetricRecord(info)}), reply_to=msg)
+            else:
+                state = msg.content[P.ARRAYS].to_torch_state_dict()
+                result = client_app.handle_train(self.cfg, records, state, msg.content[P.CONFIG])
+                reply = client_app.reply_message(msg, *result)
+            if self.tamper is not None:
+                reply = self.tamper(node, msg, reply)
+            if reply is not None:
+                out.append(reply)
         return out

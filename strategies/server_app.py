@@ -13,13 +13,13 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedfdp.config import Config, ConfigError, load_config
-from fedfdp.data import load_dataset
+from fedfdp.data import load_server_data
 from strategies.fdp_strategy import FDPStrategy
 
 
 def run_server(grid: Grid, cfg: Config) -> FDPStrategy:
     """Run all rounds of ``cfg`` on ``grid``; return the finished strategy."""
-    strategy = FDPStrategy(cfg, load_dataset(cfg.data))
+    strategy = FDPStrategy(cfg, load_server_data(cfg.data))
     strategy.start(grid)
     return strategy
 

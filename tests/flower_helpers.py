@@ -9,8 +9,8 @@ from strategies.inprocess import (
     InProcessGrid,
     client_reply,
     node_context,
+    node_records_for,
     registered_strategy,
-    serving,
     set_identity,
     train_messages,
 )
@@ -19,9 +19,9 @@ __all__ = [
     "InProcessGrid",
     "client_reply",
     "node_context",
+    "node_records_for",
     "registered_strategy",
     "reply_message",
-    "serving",
     "set_identity",
     "train_messages",
 ]

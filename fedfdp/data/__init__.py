@@ -31,6 +31,8 @@ __all__ = [
     "FederatedData",
     "MissingExtraError",
     "load_dataset",
+    "load_server_data",
+    "load_site",
     "make_fleet",
 ]
 
@@ -71,6 +73,29 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
     raise DataError(f"dataset={name!r}: unknown (available: {', '.join(DATASETS)})")
 
 
+def load_server_data(cfg: DataConfig) -> FederatedData:
+    """What the server needs: the schema (model shapes, Ψ) and the held-out split.
+
+    ``data-location = "central"``: the configured dataset (its training
+    devices are loaded too, but the server only reads the held-out split).
+    ``"node"``: the ``test-path`` file only; the training records stay on the
+    SuperNodes, which report their record counts (``N`` is public).
+    """
+    if cfg.data_location == "node":
+        from fedfdp.data.tabular import load_heldout
+
+        return load_heldout(cfg)
+    return load_dataset(cfg)
+
+
+def load_site(cfg: DataConfig, path: str) -> FederatedData:
+    """One SuperNode's own file (``data-location = "node"``): one device,
+    ``devices[0]``, holding every row of ``path``."""
+    from fedfdp.data.tabular import load_site as _load_site
+
+    return _load_site(cfg, path)
+
+
 @lru_cache(maxsize=4)
 def load_dataset(cfg: DataConfig) -> FederatedData:
     """Load (or generate) the dataset a configuration names; cached per process.
@@ -86,6 +111,12 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
     ValueError
         A dataset parameter out of range (fleet).
     """
+    if cfg.data_location != "central":
+        raise DataError(
+            f"data-location={cfg.data_location!r}: the training records are on the SuperNodes "
+            "(each reads the data-path of its node config); this needs data-location='central' "
+            "(simulations, fedfdp compare, the centralised reference and the attack read every record)"
+        )
     data = _loader(cfg.dataset)(cfg)
     if len(data.devices) != cfg.num_devices:  # a loader bug, not user input
         raise RuntimeError(

@@ -3,7 +3,18 @@
 Keys: ``data-path`` (``.csv``, ``.csv.gz``, ``.tsv`` or ``.parquet``/``.pq``,
 chosen by extension), ``public-columns``, ``private-columns``,
 ``label-column``, optional ``device-column``, ``private-ranges``,
-``private-categories``, ``dirichlet-alpha``, ``max-records``.
+``private-categories``, ``public-ranges``, ``public-categories``,
+``label-classes``, ``dirichlet-alpha``, ``max-records``.
+
+Two places for the records (``data-location``):
+
+``central`` (:func:`load_csv`)
+    One table, read by every process; split into devices and a held-out part.
+``node`` (:func:`load_site` on each SuperNode, :func:`load_heldout` on the server)
+    Each SuperNode reads its own file (``data-path`` in its node config): all
+    its rows are the training records of one device. The server reads
+    ``test-path`` for evaluation only. Every column and the label classes
+    must be declared (:func:`fedfdp.data.encoding.table_encoding`, strict).
 
 Ψ (public)
     The ``public-columns`` and the label.
@@ -14,23 +25,16 @@ Public loss
     range, ``1/K`` for each of ``K`` declared categories).
 
 Encoding
-    * Numeric public columns are standardised with the training split's mean
-      and std (statistics of public columns: public); missing → 0.
-    * Non-numeric public columns are one-hot encoded over the categories seen
-      in the training split; missing or unseen → all zeros.
-    * Numeric private columns are mapped from their **declared** range
-      (``private-ranges``, e.g. ``"age=0:120,income=0:500000"``) to [−1, 1],
-      values outside clipped; missing → 0 (the range centre).
-    * Non-numeric private columns are one-hot encoded over their **declared**
-      categories (``private-categories``, e.g. ``"city=Paris|Lyon|Nice"``);
-      missing or undeclared values → all zeros.
-    * Scaling or encoding a private column with statistics computed from the
-      data (its min/max, its set of values) is itself a disclosure that no ε
-      accounts for. When a private column has no declaration, the loader still
-      runs — with the min/max or the categories of the data — and emits a
-      :class:`PrivateStatisticsWarning` naming the columns.
+    :mod:`fedfdp.data.encoding`: declared ranges and categories where given
+    (``private-ranges``, e.g. ``"age=0:120,income=0:500000"``;
+    ``private-categories``, e.g. ``"city=Paris|Lyon|Nice"``; the same for
+    public columns); otherwise, with ``central`` data only, public columns are
+    standardised / one-hot encoded with the training split's statistics, and
+    private columns with the data's min/max or categories, with a
+    :class:`PrivateStatisticsWarning` (a disclosure no ε accounts for).
 Labels
-    Any values; rows with a missing label are dropped. Classes are the sorted
+    Any values; rows with a missing label are dropped. Classes are
+    ``label-classes`` if declared (other values are refused), else the sorted
     distinct values (as text).
 Devices and held-out split
     With ``device-column`` each distinct value is a natural device, and whole
@@ -43,34 +47,39 @@ Devices and held-out split
 from __future__ import annotations
 
 import warnings
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from fedfdp.config import DataConfig
-from fedfdp.data.base import FederatedData
+from fedfdp.data.base import DeviceData, FederatedData
+from fedfdp.data.encoding import (
+    PrivateStatisticsWarning,
+    check_columns,
+    encode_label_values,
+    label_classes,
+    table_encoding,
+)
 from fedfdp.data.split import (
     DataError,
     assemble,
     data_rng,
-    encode_labels,
     group_units,
     holdout_records,
     split_records,
 )
-from fedfdp.features import FeatureSpec
+from fedfdp.features import PublicStatistics
+
+__all__ = ["PrivateStatisticsWarning", "load_csv", "load_heldout", "load_site", "read_table"]
 
 
-class PrivateStatisticsWarning(UserWarning):
-    """A private column was scaled or encoded with statistics of the data itself."""
-
-
-def read_table(path: str | Path, max_records: int = 0) -> pd.DataFrame:
-    """Read a CSV/TSV or Parquet file chosen by its extension."""
+def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path") -> pd.DataFrame:
+    """Read a CSV/TSV or Parquet file chosen by its extension; errors name ``key``."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data-path={str(path)!r}: no such file")
+        raise DataError(f"{key}={str(path)!r}: no such file")
     name = path.name.lower()
     try:
         if name.endswith((".parquet", ".pq")):
@@ -82,63 +91,33 @@ def read_table(path: str | Path, max_records: int = 0) -> pd.DataFrame:
             frame = pd.read_csv(path, sep=sep, nrows=max_records or None)
         else:
             raise DataError(
-                f"data-path={str(path)!r}: unknown extension; use .csv, .csv.gz, .tsv or .parquet"
+                f"{key}={str(path)!r}: unknown extension; use .csv, .csv.gz, .tsv or .parquet"
             )
     except DataError:
         raise
     except Exception as exc:  # parser errors of pandas/pyarrow
-        raise DataError(f"data-path={str(path)!r}: cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise DataError(f"{key}={str(path)!r}: cannot be read ({type(exc).__name__}: {exc})") from exc
     frame.columns = [str(c) for c in frame.columns]
     if len(frame) == 0:
-        raise DataError(f"data-path={str(path)!r}: no rows")
+        raise DataError(f"{key}={str(path)!r}: no rows")
     return frame
 
 
-def _is_numeric(series: pd.Series) -> bool:
-    return bool(pd.api.types.is_numeric_dtype(series)) or bool(pd.api.types.is_bool_dtype(series))
-
-
-def _as_float(series: pd.Series) -> np.ndarray:
-    return pd.to_numeric(series, errors="coerce").astype("float64").to_numpy()
-
-
-def _text(series: pd.Series) -> np.ndarray:
-    """Values as text, ``None`` for missing."""
-    return np.array([None if pd.isna(v) else str(v) for v in series], dtype=object)
-
-
-def _one_hot(values: np.ndarray, categories: tuple[str, ...]) -> np.ndarray:
-    index = {c: i for i, c in enumerate(categories)}
-    out = np.zeros((len(values), len(categories)), dtype=np.float64)
-    for row, v in enumerate(values):
-        k = index.get(v) if v is not None else None
-        if k is not None:
-            out[row, k] = 1.0
-    return out
+def _labelled(frame: pd.DataFrame, cfg: DataConfig, where: str) -> pd.DataFrame:
+    frame = frame[frame[cfg.label_column].notna()].reset_index(drop=True)
+    if len(frame) == 0:
+        raise DataError(f"label-column={cfg.label_column!r}: every label in {where} is missing")
+    return frame
 
 
 def load_csv(cfg: DataConfig) -> FederatedData:
-    """Load a user table (see the module docstring)."""
+    """Load one user table, split over devices (``data-location = "central"``)."""
+    where = repr(cfg.data_path)
     frame = read_table(cfg.data_path, cfg.max_records)
-    available = list(frame.columns)
-    for key, cols in (
-        ("public-columns", list(cfg.public_columns)),
-        ("private-columns", list(cfg.private_columns)),
-        ("label-column", [cfg.label_column]),
-        ("device-column", [cfg.device_column] if cfg.device_column else []),
-    ):
-        unknown = [c for c in cols if c not in frame.columns]
-        if unknown:
-            value = cols if key.endswith("columns") else cols[0]
-            raise DataError(
-                f"{key}={value!r}: column(s) {unknown} not in {cfg.data_path!r} "
-                f"(columns: {available[:30]}{' ...' if len(available) > 30 else ''})"
-            )
-    frame = frame[frame[cfg.label_column].notna()].reset_index(drop=True)
-    if len(frame) == 0:
-        raise DataError(f"label-column={cfg.label_column!r}: every label is missing")
-    y, classes = encode_labels(frame[cfg.label_column].to_numpy(), f"label-column={cfg.label_column!r}")
-
+    check_columns(frame, cfg, where, [cfg.device_column] if cfg.device_column else [])
+    frame = _labelled(frame, cfg, where)
+    classes = label_classes(cfg, frame)
+    y = encode_label_values(frame[cfg.label_column], classes, where)
     if cfg.device_column:
         units = frame[cfg.device_column]
         if units.isna().any():
@@ -152,62 +131,7 @@ def load_csv(cfg: DataConfig) -> FederatedData:
         device = split_records(y, cfg.num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
                                dataset="csv")
     test = holdout_records(device, cfg.test_fraction, data_rng(cfg.data_seed, 1))
-    train = ~test
-
-    ranges = {n: (lo, hi) for n, lo, hi in cfg.private_ranges}
-    declared_cats = dict(cfg.private_categories)
-    blocks: list[np.ndarray] = []
-    public_names: list[str] = []
-    private_names: list[str] = []
-    stats: list[float] = []
-    computed: list[str] = []
-
-    for col in cfg.public_columns:
-        series = frame[col]
-        if _is_numeric(series):
-            v = _as_float(series)
-            ref = v[train & ~np.isnan(v)]
-            mean = float(ref.mean()) if len(ref) else 0.0
-            std = float(ref.std()) if len(ref) else 1.0
-            blocks.append(np.nan_to_num((v - mean) / (std if std > 0 else 1.0), nan=0.0)[:, None])
-            public_names.append(col)
-        else:
-            text = _text(series)
-            cats = tuple(sorted({v for v in text[train] if v is not None}))
-            blocks.append(_one_hot(text, cats))
-            public_names.extend(f"{col}={c}" for c in cats)
-
-    for col in cfg.private_columns:
-        series = frame[col]
-        if col in declared_cats or not _is_numeric(series):
-            text = _text(series)
-            if col in declared_cats:
-                cats = declared_cats[col]
-            else:
-                cats = tuple(sorted({v for v in text if v is not None}))
-                computed.append(f"{col} (categories)")
-            if not cats:
-                raise DataError(f"private-columns: column {col!r} has no values")
-            blocks.append(_one_hot(text, cats))
-            private_names.extend(f"{col}={c}" for c in cats)
-            stats.extend([1.0 / len(cats)] * len(cats))
-        else:
-            v = _as_float(series)
-            if col in ranges:
-                lo, hi = ranges[col]
-            else:
-                seen = v[~np.isnan(v)]
-                if len(seen) == 0:
-                    raise DataError(f"private-columns: column {col!r} has no values")
-                lo, hi = float(seen.min()), float(seen.max())
-                if hi <= lo:
-                    hi = lo + 1.0
-                computed.append(f"{col} (min/max)")
-            scaled = np.clip(2.0 * (v - lo) / (hi - lo) - 1.0, -1.0, 1.0)
-            blocks.append(np.nan_to_num(scaled, nan=0.0)[:, None])
-            private_names.append(col)
-            stats.append(0.0)
-
+    enc, computed = table_encoding(cfg, frame, ~test)
     if computed:
         warnings.warn(
             f"private column(s) {computed} of {cfg.data_path!r} were scaled/encoded with statistics "
@@ -216,22 +140,72 @@ def load_csv(cfg: DataConfig) -> FederatedData:
             PrivateStatisticsWarning,
             stacklevel=2,
         )
-    names = public_names + private_names
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise DataError(f"public-columns/private-columns: encoded column names collide: {dup[:5]}")
-    if not public_names:
-        raise DataError(f"public-columns={list(cfg.public_columns)}: encode to no column (no values)")
-    spec = FeatureSpec(columns=tuple(names), public=tuple(public_names), private=tuple(private_names))
     return assemble(
         "csv",
-        spec,
-        np.concatenate(blocks, axis=1),
+        enc.spec,
+        enc.encode(frame),
         y,
         device,
         test,
-        classes,
+        enc.classes,
         num_devices=cfg.num_devices,
         label_key=f"label-column={cfg.label_column!r}",
-        public_statistics=stats,
+        public_statistics=enc.public_statistics,
+    )
+
+
+def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData, np.ndarray, np.ndarray]:
+    """A file encoded with the strict (fully declared) encoding: an empty
+    FederatedData carrying the schema, and the file's inputs and labels."""
+    where = f"{key}={path!r}"
+    frame = read_table(path, cfg.max_records, key=key)
+    check_columns(frame, cfg, where)
+    frame = _labelled(frame, cfg, where)
+    enc, _ = table_encoding(cfg)
+    x = np.ascontiguousarray(enc.encode(frame), dtype=np.float32)
+    if not np.isfinite(x).all():
+        raise DataError(f"{where}: non-finite input values after encoding (inf in a public column?)")
+    y = enc.labels(frame, where)
+    empty = FederatedData(
+        name="csv",
+        spec=enc.spec,
+        devices=(),
+        test_x=np.zeros((0, len(enc.spec.columns)), dtype=np.float32),
+        test_y=np.zeros(0, dtype=np.int64),
+        class_names=enc.classes,
+        public_statistics=PublicStatistics.from_public(enc.spec, enc.public_statistics),
+    )
+    return empty, x, y
+
+
+@lru_cache(maxsize=4)
+def load_site(cfg: DataConfig, path: str) -> FederatedData:
+    """One SuperNode's own file (``data-location = "node"``): all its rows are the
+    training records of one device, ``devices[0]``; no held-out part. The node
+    config's ``data-path`` names the file. Cached per process."""
+    schema, x, y = _declared_table(cfg, path, "data-path")
+    return FederatedData(
+        name=schema.name,
+        spec=schema.spec,
+        devices=(DeviceData(x, y),),
+        test_x=schema.test_x,
+        test_y=schema.test_y,
+        class_names=schema.class_names,
+        public_statistics=schema.public_statistics,
+    )
+
+
+def load_heldout(cfg: DataConfig) -> FederatedData:
+    """The server's view with ``data-location = "node"``: the schema and the
+    held-out records of ``test-path``; no training devices (they stay on the
+    SuperNodes, which report only their record counts)."""
+    schema, x, y = _declared_table(cfg, cfg.test_path, "test-path")
+    return FederatedData(
+        name=schema.name,
+        spec=schema.spec,
+        devices=(),
+        test_x=x,
+        test_y=y,
+        class_names=schema.class_names,
+        public_statistics=schema.public_statistics,
     )
