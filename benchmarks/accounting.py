@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 
 from fedfdp import accounting as acc_mod
-from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting import FDPAccountant, composition, prv
 
 HEADLINE = {"noise_multiplier": 0.8, "sampling_rate": 1 / 16, "rounds": 10_000, "delta": 1e-5}
 
 
 def _clear_caches() -> None:
-    acc_mod._profile.cache_clear()
-    acc_mod._log_moments.cache_clear()
+    composition._profile.cache_clear()
+    prv._log_moments.cache_clear()
 
 
 def _fresh_bound(

@@ -36,7 +36,6 @@ import numpy as np
 import pytest
 from scipy import optimize, special
 
-from fedfdp import accounting as acc_mod
 from fedfdp.accounting import (
     EpsilonBound,
     FDPAccountant,
@@ -44,11 +43,15 @@ from fedfdp.accounting import (
     PrivacyEvent,
     attribute_inference_bound,
     calibrate_noise_multiplier,
+    composition,
     epsilon_for,
+    epsilon_prv_accountant,
     plot_tradeoff,
     save_tradeoff_csv,
     tradeoff_curve,
 )
+from fedfdp.accounting.prv import _RDP_ORDERS, _log_moments
+from fedfdp.accounting.prv_reference import _prv_add_ordering
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 dp_accounting = pytest.importorskip("dp_accounting")
@@ -187,7 +190,7 @@ def test_each_ordering(sigma: float, q: float, rounds: int) -> None:
     ref_remove = pld._pmf_remove.get_epsilon_for_delta(1e-5)
     ref_add = pld._pmf_add.get_epsilon_for_delta(1e-5)
     assert ref_remove > ref_add  # remove dominates here
-    prof = acc_mod._profile(((sigma, q, rounds),), 0.045, 1e-8, 2**24)
+    prof = composition._profile(((sigma, q, rounds),), 0.045, 1e-8, 2**24)
     remove, add = prof.curves
     assert abs(float(remove.epsilon(1e-5)[0]) - ref_remove) <= 5e-3
     assert abs(float(add.epsilon(1e-5)[0]) - ref_add) <= 5e-3
@@ -206,7 +209,7 @@ def test_prv_accountant_covers_remove_ordering() -> None:
             delta_error=1e-8,
         )
         lo, est, up = prv.compute_epsilon(1e-5, [100])
-    prof = acc_mod._profile(((0.8, 1 / 16, 100),), 0.045, 1e-8, 2**24)
+    prof = composition._profile(((0.8, 1 / 16, 100),), 0.045, 1e-8, 2**24)
     ours = float(prof.curves[0].epsilon(1e-5)[0])
     assert abs(ours - est) <= 2e-3
     assert lo <= ours <= up
@@ -220,7 +223,7 @@ def test_add_ordering_through_prv_accountant() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prv = PRVAccountant(
-            prvs=[acc_mod._prv_add_ordering(1 / 16, 0.8)],
+            prvs=[_prv_add_ordering(1 / 16, 0.8)],
             max_self_compositions=[100],
             eps_error=0.05,
             delta_error=1e-8,
@@ -232,7 +235,7 @@ def test_add_ordering_through_prv_accountant() -> None:
     ref_add = pld._pmf_add.get_epsilon_for_delta(1e-5)
     assert abs(est - ref_add) <= 2e-3 and lo <= ref_add <= up
     events = [PrivacyEvent(1.0, 0.05, 60), PrivacyEvent(2.0, 1.0, 2)]
-    slow = acc_mod.epsilon_prv_accountant(events, 1e-5, eps_error=0.1)
+    slow = epsilon_prv_accountant(events, 1e-5, eps_error=0.1)
     fast = composed([(1.0, 0.05, 60), (2.0, 1.0, 2)]).epsilon_bound(1e-5)
     assert abs(slow.estimate - fast.estimate) <= 2e-3
     assert slow.lower <= fast.estimate <= slow.upper
@@ -250,7 +253,7 @@ def test_heterogeneous_ledger() -> None:
 def test_many_distinct_events_are_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond _MAX_GROUPS distinct (sigma, q) the ledger is rounded on a log grid
     (sigma down, q up for the upper bound; the reverse for the lower): still valid."""
-    monkeypatch.setattr(acc_mod, "_MAX_GROUPS", 4)
+    monkeypatch.setattr(composition, "_MAX_GROUPS", 4)
     events = [(1.0 + 2e-4 * k, 0.01 * (1.0 - 2e-4 * k), 50) for k in range(12)]
     ref = dp_ref_eps(events, 1e-5, vdi=1e-3)
     b = composed(events).epsilon_bound(1e-5)
@@ -494,10 +497,10 @@ def test_renyi_moments_match_prv_accountant() -> None:
     from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
 
     for sigma, q in [(0.8, 1 / 16), (2.0, 0.01), (0.5, 0.5)]:
-        ours = acc_mod._log_moments(sigma, q)
+        ours = _log_moments(sigma, q)
         prv = PoissonSubsampledGaussianMechanism(q, sigma)
-        for i in range(0, len(acc_mod._RDP_ORDERS), 7):
-            alpha = float(acc_mod._RDP_ORDERS[i])
+        for i in range(0, len(_RDP_ORDERS), 7):
+            alpha = float(_RDP_ORDERS[i])
             ref = prv.rdp(alpha) * (alpha - 1)
             if math.isfinite(ref) and ref < 1e4:
                 assert ours[i] == pytest.approx(ref, rel=1e-9, abs=1e-12)

@@ -1,0 +1,105 @@
+"""Privacy accounting for feature differential privacy (FDP).
+
+Mechanism
+---------
+One round of Algorithm 1 (or of its federated form) releases the sum of per-record
+private gradients, each clipped to L2 norm ``C`` (so adding or removing one record
+moves the sum by at most ``C``), over a Poisson-subsampled batch (each record joins
+independently with probability ``q``), plus Gaussian noise ``N(0, sigma^2 C^2 I)``.
+Public work (public gradients, public pre-training) depends on ``Psi(S)`` only and
+costs nothing (Remark 2).  By **Theorem 5** of the FDP paper each round is dominated
+by the pair (in units of ``C``)
+
+    P = N(0, sigma^2)                            the simulator: the record is absent,
+    Q = (1 - q) N(0, sigma^2) + q N(1, sigma^2)  the record is present,
+
+and rounds compose adaptively (Theorem 3): a run is ``f-DP_i^Psi`` with
+``f = T(P_1 x ... x P_T, Q_1 x ... x Q_T)``, each round with its own ``(sigma, q)``.
+
+Neighbouring relations
+----------------------
+``"add-remove"`` (Definition 6, simulation-based; the headline number).  Definition 6
+asks for ``Pr[M(S u {x}) in E] <= 1 - f(Pr[sim(S, Psi(x)) in E])`` *and* the reverse
+inequality, so both orderings of the pair are accounted:
+
+* **remove**: ``delta(eps) = H_{e^eps}(Q || P)``, privacy loss ``log(Q/P)`` under ``Q``.
+  This is the ordering prv-accountant's ``PoissonSubsampledGaussianMechanism`` models
+  (its CDF is that of ``log(Q/P)(w)`` with ``w ~ Q``), and dp-accounting's ``REMOVE``
+  (``mu_upper`` = the mixture, ``mu_lower`` = the Gaussian).
+* **add**: ``delta(eps) = H_{e^eps}(P || Q)``, privacy loss ``log(P/Q)`` under ``P``,
+  at most ``-log(1 - q)`` per round (dp-accounting's ``ADD``).  prv-accountant has no
+  random variable for it; it is implemented in :mod:`~fedfdp.accounting.prv`.
+
+The epsilon reported is the larger of the two, as dp-accounting does for
+``ADD_OR_REMOVE_ONE``.
+
+``"replacement"`` (Definition 5) follows from add/remove by **Proposition 1**
+(``f-DP_i => (f o f)-DP_r``), used in its (eps, delta) form:
+``(eps, delta)-DP_i => (2 eps, delta (1 + e^eps))-DP_r`` (the paper's proof chains the
+two simulator inequalities through ``sim``).  For a target ``delta_r`` we search
+``delta_i`` and keep the best *certified* pair: ``eps_i`` is the **upper** end of the
+add/remove interval at ``delta_i``, the pair is kept only if
+``delta_i (1 + e^{eps_i}) <= delta_r``, and ``2 eps_i`` is reported.  Each kept pair is
+a true ``(eps_i, delta_i)``-DP_i statement, so its image under Proposition 1 is a true
+replacement guarantee at ``delta_i (1 + e^{eps_i}) <= delta_r``, hence at ``delta_r``;
+the best of several true upper bounds is a true upper bound.  The search runs over
+log grids of ``delta_i`` from the fixed point of the Renyi-DP bound (feasible by
+construction, since the upper end is capped by Renyi DP) up to ``delta_r / 2``.  Only
+when even that needs ``delta_i < 1e-300`` (``eps_i`` near 700) is the answer ``inf``
+(vacuous, never wrong).  A tighter numerical ``f o f`` is not attempted.
+
+Modules
+-------
+:mod:`~fedfdp.accounting.accountant`
+    :class:`FDPAccountant` (ledger of :class:`PrivacyEvent`, ``epsilon``, budget
+    checks, state), :class:`EpsilonBound`, :class:`PrivacyBudgetExhausted`,
+    :func:`epsilon_for`.
+:mod:`~fedfdp.accounting.prv`
+    The privacy random variable of one round (Theorem 5's pair): loss, truncation,
+    discretisation, Renyi moments, the Gaussian closed form.
+:mod:`~fedfdp.accounting.composition`
+    Numerical composition of a ledger (Theorem 3) in Fourier space, with its error
+    terms; :mod:`~fedfdp.accounting.curves` evaluates the composed hockey-stick curves.
+:mod:`~fedfdp.accounting.replacement`
+    The replacement epsilon by Proposition 1.
+:mod:`~fedfdp.accounting.tradeoff`
+    The composed trade-off function and Theorem 4's attribute-inference bound.
+:mod:`~fedfdp.accounting.calibration`
+    The smallest noise multiplier that meets a target epsilon.
+:mod:`~fedfdp.accounting.prv_reference`
+    The same epsilon through prv-accountant itself (slow cross-check).
+
+Nothing here draws random numbers.
+"""
+
+from fedfdp.accounting.accountant import (
+    RELATIONS,
+    EpsilonBound,
+    FDPAccountant,
+    PrivacyBudgetExhausted,
+    PrivacyEvent,
+    epsilon_for,
+)
+from fedfdp.accounting.calibration import calibrate_noise_multiplier
+from fedfdp.accounting.prv_reference import epsilon_prv_accountant
+from fedfdp.accounting.tradeoff import (
+    attribute_inference_bound,
+    plot_tradeoff,
+    save_tradeoff_csv,
+    tradeoff_curve,
+)
+
+__all__ = [
+    "RELATIONS",
+    "EpsilonBound",
+    "FDPAccountant",
+    "PrivacyBudgetExhausted",
+    "PrivacyEvent",
+    "attribute_inference_bound",
+    "calibrate_noise_multiplier",
+    "epsilon_for",
+    "epsilon_prv_accountant",
+    "plot_tradeoff",
+    "save_tradeoff_csv",
+    "tradeoff_curve",
+]

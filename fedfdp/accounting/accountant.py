@@ -1,0 +1,469 @@
+"""The FDP accountant: a ledger of privacy events, epsilon, budget checks and state.
+
+Mechanism
+---------
+Each ledger event is ``count`` rounds of the Poisson-subsampled Gaussian mechanism
+of Algorithm 1: per-record private gradients clipped to L2 norm ``C`` (add/remove
+sensitivity ``C``), a Poisson batch of rate ``q``, noise ``N(0, sigma^2 C^2 I)``.
+Public work depends on ``Psi(S)`` only and is not recorded (Remark 2).  By
+**Theorem 5** each round is ``T(P, Q)``-DP_i^Psi with ``P = N(0, sigma^2)``,
+``Q = (1 - q) N(0, sigma^2) + q N(1, sigma^2)``, and rounds compose (Theorem 3).
+
+Neighbouring relations
+----------------------
+``"add-remove"`` (Definition 6, both orderings of the pair; the headline number)
+is composed numerically by :mod:`fedfdp.accounting.composition`;
+``"replacement"`` (Definition 5) follows by Proposition 1
+(:mod:`fedfdp.accounting.replacement`).  The epsilon reported is the certified
+**upper** end of the numerical error interval (:class:`EpsilonBound`).
+
+Errors carry their value: :class:`PrivacyBudgetExhausted` carries the epsilon already
+spent; bad input raises ``ValueError`` naming the parameter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedfdp.accounting.composition import _DISC_SHARE, _Bounds, _bounds
+from fedfdp.accounting.replacement import replacement_epsilon
+
+RELATIONS = ("add-remove", "replacement")
+_STATE_VERSION = 1
+
+
+# --------------------------------------------------------------------------------------
+# errors, events, results, validation
+# --------------------------------------------------------------------------------------
+
+
+class PrivacyBudgetExhausted(RuntimeError):
+    """The next step would take the privacy loss above the budget.
+
+    Attributes
+    ----------
+    epsilon_spent : float
+        Upper-bound epsilon already spent (before the refused step).
+    max_epsilon : float
+        The budget.
+    delta : float
+        The delta at which both are stated.
+    epsilon_requested : float or None
+        Upper-bound epsilon the refused step would have reached, when known.
+    """
+
+    def __init__(
+        self,
+        epsilon_spent: float,
+        max_epsilon: float,
+        delta: float,
+        epsilon_requested: float | None = None,
+    ) -> None:
+        self.epsilon_spent = float(epsilon_spent)
+        self.max_epsilon = float(max_epsilon)
+        self.delta = float(delta)
+        self.epsilon_requested = None if epsilon_requested is None else float(epsilon_requested)
+        msg = (
+            f"privacy budget exhausted: epsilon_spent={self.epsilon_spent:.6g}, "
+            f"max_epsilon={self.max_epsilon:.6g}, delta={self.delta:.3g}"
+        )
+        if self.epsilon_requested is not None:
+            msg += f" (the next step would reach epsilon={self.epsilon_requested:.6g})"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.epsilon_spent, self.max_epsilon, self.delta, self.epsilon_requested)
+        return (type(self), args)
+
+
+def _check_real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}={value!r}: must be a real number")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"{name}={value!r}: must not be NaN")
+    return v
+
+
+def _check_sigma(value: Any, name: str = "noise_multiplier") -> float:
+    v = _check_real(name, value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}={value!r}: must be finite")
+    if v <= 0:
+        raise ValueError(f"{name}={value!r}: must be > 0")
+    return v
+
+
+def _check_rate(value: Any, name: str = "sampling_rate") -> float:
+    v = _check_real(name, value)
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
+    return v
+
+
+def _check_count(value: Any, name: str = "count") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+    return int(value)
+
+
+def _check_delta(value: Any, name: str = "delta") -> float:
+    v = _check_real(name, value)
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"{name}={value!r}: must be in (0, 1)")
+    return v
+
+
+def _check_relation(relation: Any) -> str:
+    if relation not in RELATIONS:
+        raise ValueError(f"relation={relation!r}: unknown, expected one of {RELATIONS}")
+    return str(relation)
+
+
+def _check_eps_error(value: Any, name: str = "eps_error") -> float:
+    v = _check_real(name, value)
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
+    return v
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """``count`` rounds of the Poisson-subsampled Gaussian mechanism.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``sigma``: noise std divided by the clip norm (the L2 sensitivity); finite, > 0.
+    sampling_rate : float
+        ``q``: probability that a record joins the private batch, in ``(0, 1]``.
+    count : int
+        Number of identical rounds, ``>= 1``.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", _check_sigma(self.noise_multiplier))
+        object.__setattr__(self, "sampling_rate", _check_rate(self.sampling_rate))
+        object.__setattr__(self, "count", _check_count(self.count))
+
+
+@dataclass(frozen=True)
+class EpsilonBound:
+    """An epsilon with its numerical error interval.
+
+    ``lower <= epsilon <= upper`` for the accounted dominating pair (the numerical
+    slack is folded in); ``estimate`` is the point estimate.  ``upper`` is the number
+    to print and to compare with budgets.  ``relation`` is ``"add-remove"`` or
+    ``"replacement"``.
+    """
+
+    lower: float
+    estimate: float
+    upper: float
+    delta: float
+    relation: str
+
+    @property
+    def error(self) -> float:
+        """``upper - estimate``."""
+        return self.upper - self.estimate
+
+
+# --------------------------------------------------------------------------------------
+# the accountant
+# --------------------------------------------------------------------------------------
+
+
+def _as_events(ledger_or_accountant: Any) -> tuple[PrivacyEvent, ...]:
+    if isinstance(ledger_or_accountant, FDPAccountant):
+        return ledger_or_accountant.ledger
+    if isinstance(ledger_or_accountant, PrivacyEvent):
+        return (ledger_or_accountant,)
+    if isinstance(ledger_or_accountant, (str, bytes, dict)):
+        raise ValueError(
+            f"ledger_or_accountant={ledger_or_accountant!r}: expected an FDPAccountant or "
+            "a sequence of PrivacyEvent"
+        )
+    try:
+        events = tuple(ledger_or_accountant)
+    except TypeError:
+        raise ValueError(
+            f"ledger_or_accountant={ledger_or_accountant!r}: expected an FDPAccountant or "
+            "a sequence of PrivacyEvent"
+        ) from None
+    for ev in events:
+        if not isinstance(ev, PrivacyEvent):
+            raise ValueError(f"ledger entry {ev!r}: expected a PrivacyEvent")
+    return events
+
+
+def _appended(ledger: Sequence[PrivacyEvent], event: PrivacyEvent) -> list[PrivacyEvent]:
+    """``ledger + [event]``, merged into the last event when ``(sigma, q)`` agree."""
+    out = list(ledger)
+    if out and (out[-1].noise_multiplier, out[-1].sampling_rate) == (
+        event.noise_multiplier,
+        event.sampling_rate,
+    ):
+        last = out[-1]
+        out[-1] = PrivacyEvent(last.noise_multiplier, last.sampling_rate, last.count + event.count)
+    else:
+        out.append(event)
+    return out
+
+
+class FDPAccountant:
+    """Ledger and epsilon of a run of Algorithm 1 (FDP-SGD) or its federated form.
+
+    Each :meth:`compose` records ``count`` rounds of the Poisson-subsampled Gaussian
+    mechanism: sensitivity 1 after dividing by the clip norm ``C``, noise multiplier
+    ``sigma`` (noise std ``sigma C``), sampling rate ``q``.  By Theorem 5 each round is
+    ``T(N(0, s^2), (1-q) N(0, s^2) + q N(1, s^2))``-DP_i^Psi and rounds compose
+    (Theorem 3).  :meth:`epsilon` reports the certified upper end of the numerical
+    error interval, for add/remove (Definition 6, both orderings of the pair) or
+    replacement (Definition 5 via Proposition 1).  See the module docstring for the
+    method and its guarantees.
+
+    Parameters
+    ----------
+    eps_error : float
+        Target for ``upper - estimate``, in ``(0, 1]``.  ``0.9 eps_error`` is the
+        discretisation error (prv-accountant's ``eps_error``); the rest absorbs the
+        effect of ``delta_error``.  Time grows like ``1 / eps_error``.
+    delta_error : float
+        Relative delta slack, in ``(0, 0.1]``: ``delta_error * delta`` is
+        prv-accountant's ``delta_error`` (absolute floor 1e-13).
+    max_grid_points : int
+        Largest discretisation window; beyond it (astronomical epsilon) only the
+        Renyi-DP bound, a valid but looser upper bound, is reported.
+    """
+
+    def __init__(
+        self,
+        eps_error: float = 0.05,
+        delta_error: float = 1e-3,
+        max_grid_points: int = 2**24,
+    ) -> None:
+        self._eps_error = _check_eps_error(eps_error)
+        delta_error = _check_real("delta_error", delta_error)
+        if not 0.0 < delta_error <= 0.1:
+            raise ValueError(f"delta_error={delta_error!r}: must be in (0, 0.1]")
+        self._delta_error = delta_error
+        if (
+            isinstance(max_grid_points, bool)
+            or not isinstance(max_grid_points, (int, np.integer))
+            or max_grid_points < 1024
+        ):
+            raise ValueError(f"max_grid_points={max_grid_points!r}: must be an integer >= 1024")
+        self._max_grid_points = int(max_grid_points)
+        self._ledger: list[PrivacyEvent] = []
+
+    # ------------------------------------------------------------------------- ledger
+    @property
+    def eps_error(self) -> float:
+        """Target for ``upper - estimate``."""
+        return self._eps_error
+
+    @property
+    def delta_error(self) -> float:
+        """Relative delta slack."""
+        return self._delta_error
+
+    @property
+    def ledger(self) -> tuple[PrivacyEvent, ...]:
+        """Immutable events; consecutive events with equal ``(sigma, q)`` are merged."""
+        return tuple(self._ledger)
+
+    @property
+    def rounds(self) -> int:
+        """Total number of composed rounds."""
+        return sum(ev.count for ev in self._ledger)
+
+    def compose(self, noise_multiplier: float, sampling_rate: float, count: int = 1) -> None:
+        """Record ``count`` rounds with noise multiplier ``sigma`` and sampling rate ``q``."""
+        event = PrivacyEvent(noise_multiplier, sampling_rate, count)
+        self._ledger = _appended(self._ledger, event)
+
+    # ------------------------------------------------------------------------- epsilon
+    def _profile_for(self, events: Sequence[PrivacyEvent], delta_abs_error: float) -> _Bounds:
+        eps_disc = _DISC_SHARE * self._eps_error
+        return _bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
+
+    def _bound(self, events: Sequence[PrivacyEvent], delta: float, relation: str) -> EpsilonBound:
+        delta = _check_delta(delta)
+        relation = _check_relation(relation)
+        if not events:
+            return EpsilonBound(0.0, 0.0, 0.0, delta, relation)
+        if relation == "replacement":
+            return self._replacement(events, delta)
+        prof = self._profile_for(events, self._delta_error * delta)
+        lo, est, up = prof.epsilon_bounds(delta)
+        return EpsilonBound(float(lo[0]), float(est[0]), float(up[0]), delta, relation)
+
+    def _replacement(self, events: Sequence[PrivacyEvent], delta_r: float) -> EpsilonBound:
+        """Proposition 1 in (eps, delta) form (see :func:`replacement_epsilon`)."""
+        lower, est_r, up_r = replacement_epsilon(
+            events, delta_r, self._profile_for, self._delta_error
+        )
+        return EpsilonBound(lower, est_r, up_r, delta_r, "replacement")
+
+    def epsilon_bound(self, delta: float, relation: str = "add-remove") -> EpsilonBound:
+        """Epsilon of the ledger at ``delta`` with its numerical error interval.
+
+        Parameters
+        ----------
+        delta : float
+            In ``(0, 1)``.
+        relation : {"add-remove", "replacement"}
+            Definition 6 (both orderings of the dominating pair, the maximum is
+            reported) or Definition 5 (via Proposition 1, see the module docstring).
+        """
+        return self._bound(self._ledger, delta, relation)
+
+    def epsilon(self, delta: float, relation: str = "add-remove") -> float:
+        """Certified upper bound on epsilon at ``delta``: the number to print."""
+        return self.epsilon_bound(delta, relation).upper
+
+    def would_exceed(
+        self,
+        max_epsilon: float,
+        delta: float,
+        noise_multiplier: float,
+        sampling_rate: float,
+        count: int = 1,
+        relation: str = "add-remove",
+    ) -> bool:
+        """Whether ``count`` more rounds would take the upper epsilon above ``max_epsilon``.
+
+        Does not modify the ledger.
+        """
+        max_epsilon = _check_real("max_epsilon", max_epsilon)
+        if max_epsilon < 0:
+            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
+        events = _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+        return self._bound(events, delta, relation).upper > max_epsilon
+
+    def spend(
+        self,
+        noise_multiplier: float,
+        sampling_rate: float,
+        *,
+        max_epsilon: float,
+        delta: float,
+        count: int = 1,
+        relation: str = "add-remove",
+    ) -> float:
+        """Compose ``count`` rounds if the upper epsilon stays within ``max_epsilon``.
+
+        Returns the new upper epsilon.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            Carrying the epsilon already spent; the ledger is left unchanged.
+        """
+        max_epsilon = _check_real("max_epsilon", max_epsilon)
+        if max_epsilon < 0:
+            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
+        new_events = _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+        new_eps = self._bound(new_events, delta, relation).upper
+        if new_eps > max_epsilon:
+            spent = self._bound(self._ledger, delta, relation).upper
+            raise PrivacyBudgetExhausted(spent, max_epsilon, delta, new_eps)
+        self._ledger = new_events
+        return new_eps
+
+    # ------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state: format version, precision knobs and the ledger."""
+        return {
+            "version": _STATE_VERSION,
+            "eps_error": self._eps_error,
+            "delta_error": self._delta_error,
+            "ledger": [
+                {
+                    "noise_multiplier": ev.noise_multiplier,
+                    "sampling_rate": ev.sampling_rate,
+                    "count": ev.count,
+                }
+                for ev in self._ledger
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the ledger by the one in ``state``; nothing changes on error.
+
+        The stored precision knobs are validated but the accountant keeps its own:
+        they change how tightly epsilon is reported, not what was spent.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` is not a dict of the format written by :meth:`state_dict`.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"state={type(state).__name__}: must be a dict")
+        missing = {"version", "ledger"} - set(state)
+        if missing:
+            raise ValueError(f"state: missing keys {sorted(missing)}")
+        unknown = set(state) - {"version", "ledger", "eps_error", "delta_error"}
+        if unknown:
+            raise ValueError(f"state: unknown keys {sorted(unknown)}")
+        if state["version"] != _STATE_VERSION:
+            raise ValueError(
+                f"state version={state['version']!r}: unsupported (expected {_STATE_VERSION})"
+            )
+        if "eps_error" in state:
+            _check_eps_error(state["eps_error"], "state eps_error")
+        if "delta_error" in state:
+            _check_real("state delta_error", state["delta_error"])
+        ledger = state["ledger"]
+        if not isinstance(ledger, list):
+            raise ValueError(f"state ledger={type(ledger).__name__}: must be a list")
+        events: list[PrivacyEvent] = []
+        fields = {"noise_multiplier", "sampling_rate", "count"}
+        for i, item in enumerate(ledger):
+            if not isinstance(item, dict) or set(item) != fields:
+                raise ValueError(
+                    f"state ledger[{i}]={item!r}: expected a dict with keys "
+                    "noise_multiplier, sampling_rate, count"
+                )
+            try:
+                ev = PrivacyEvent(item["noise_multiplier"], item["sampling_rate"], item["count"])
+            except ValueError as err:
+                raise ValueError(f"state ledger[{i}]: {err}") from None
+            events = _appended(events, ev)
+        self._ledger = events
+
+    def __repr__(self) -> str:
+        return (
+            f"FDPAccountant(eps_error={self._eps_error}, delta_error={self._delta_error}, "
+            f"rounds={self.rounds}, events={len(self._ledger)})"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# convenience functions
+# --------------------------------------------------------------------------------------
+
+
+def epsilon_for(
+    noise_multiplier: float,
+    sampling_rate: float,
+    rounds: int,
+    delta: float,
+    relation: str = "add-remove",
+    eps_error: float = 0.05,
+) -> EpsilonBound:
+    """Epsilon bound of ``rounds`` identical rounds (see :class:`FDPAccountant`)."""
+    acc = FDPAccountant(eps_error=eps_error)
+    acc.compose(noise_multiplier, sampling_rate, _check_count(rounds, "rounds"))
+    return acc.epsilon_bound(delta, relation)
