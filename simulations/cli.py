@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from fedfdp.config import ConfigError
 
 #: Subcommand modules, in help order; a module not yet present is skipped.
-SUBCOMMANDS = ("run", "compare", "account", "audit")
+SUBCOMMANDS = ("run", "compare", "account", "audit", "sites")
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -162,7 +162,8 @@ def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData
     check_columns(frame, cfg, where)
     frame = _labelled(frame, cfg, where)
     enc, _ = table_encoding(cfg)
-    x = np.ascontiguousarray(enc.encode(frame), dtype=np.float32)
+    with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+        x = np.ascontiguousarray(enc.encode(frame), dtype=np.float32)
     if not np.isfinite(x).all():
         raise DataError(f"{where}: non-finite input values after encoding (inf in a public column?)")
     y = enc.labels(frame, where)
