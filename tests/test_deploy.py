@@ -29,6 +29,7 @@ from fedfdp.budget import Budget, plan_privacy
 from fedfdp.checkpoint import load_checkpoint, read_ledger
 from fedfdp.config import load_config
 from fedfdp.data import load_dataset
+from simulations.sites import split_sites
 from tests.deploy_helpers import (
     HOST,
     REPO,
@@ -38,6 +39,7 @@ from tests.deploy_helpers import (
     stage_app,
     wait_until,
 )
+from tests.site_tables import DECLARED, trips
 
 # Small and quick: 3 devices of ~60 records, one per SuperNode.
 RUN = {
@@ -96,7 +98,11 @@ def _expected_epsilons(run_config: dict, rounds: int) -> list[float]:
     references in tests/test_accounting.py; here the point is what the deployed server
     charges.)"""
     cfg = load_config(run_config)
-    budget = Budget(plan_privacy(cfg, load_dataset(cfg.data).num_records))
+    return _expected_epsilons_for_n(run_config, load_dataset(cfg.data).num_records, rounds)
+
+
+def _expected_epsilons_for_n(run_config: dict, num_records: int, rounds: int) -> list[float]:
+    budget = Budget(plan_privacy(load_config(run_config), num_records))
     return [budget.spend() for _ in range(rounds)]
 
 
@@ -143,6 +149,47 @@ def test_flwr_run_on_superlink_and_three_supernodes(deployment, tmp_path):
     runs = json.loads(r.stdout[r.stdout.index("{") :])["runs"]
     assert [run["status"] for run in runs] == ["finished:completed"], runs
     print(f"deployment run: {time.monotonic() - t0:.1f}s")
+
+
+@pytest.mark.slow
+def test_supernodes_read_their_own_data_files(deployment, tmp_path):
+    """Each SuperNode trains on its own file only (`--node-config "... data-path='...'"`,
+    data-location='node'); the server evaluates on its held-out file (test-path) and
+    learns N from the nodes' counts. The table is split into site files by `fedfdp sites`."""
+    table = trips()
+    table.to_csv(tmp_path / "trips.csv", index=False)
+    folder = tmp_path / "sites"
+    index = split_sites(tmp_path / "trips.csv", "phone", folder, test_fraction=0.25, seed=1)
+    d = deployment()
+    d.start_superlink()
+    nodes = [
+        d.start_supernode(k, 3, node_config={"data-path": str(folder / f"site-{k}.csv")}) for k in range(3)
+    ]
+    out = tmp_path / "out"
+    cfg = {
+        **DECLARED,
+        "data-location": "node",
+        "test-path": str(folder / "heldout.csv"),
+        "num-devices": 3,
+        "num-rounds": 2,
+        "public-batch-size": 32,
+        "target-epsilon": 3.0,
+        "progress": True,
+        "node-wait-timeout": 90.0,
+        "out-dir": str(out),
+    }
+    res = d.run_app(stage_app(tmp_path / "app"), cfg, timeout=RUN_TIMEOUT)
+    assert res.returncode == 0, res.stdout[-3000:] + d.logs()
+    m = _metrics(out)
+    assert list(m["round"]) == [1, 2], res.stdout[-3000:] + d.logs()
+    assert (m["replies"] == 3).all() and (m["rejected"] == 0).all()
+    resolved = (out / "config.toml").read_text()
+    assert f"num-records = {int(index['train_rows'].sum())}" in resolved  # the sites' rows, nothing else
+    assert m["epsilon"].to_numpy() == pytest.approx(
+        _expected_epsilons_for_n(cfg, int(index["train_rows"].sum()), 2), rel=1e-9
+    )
+    assert m["accuracy"].between(0, 1).all() and m["loss"].notna().all()
+    assert all(n.alive() for n in nodes)
 
 
 @pytest.mark.slow
