@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedfdp.clipping import _ghost, clipped_grad_sum
+from fedfdp.clipping import clipped_grad_sum
+from fedfdp.clipping.common import _Batch
+from fedfdp.clipping.ghost import _ghost
 
 
 @dataclass
@@ -178,7 +180,7 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
 
     def ghost_2pass() -> object:
         with torch.enable_grad():
-            return _ghost(model, [case.x, case.view], case.y, fdp_loss, c, params, bookkeeping=False)
+            return _ghost(_Batch(model, [case.x, case.view], case.y, fdp_loss, params), c, bookkeeping=False)
 
     def fdp_step() -> object:
         s = clipped_grad_sum(model, [case.x, case.view], case.y, fdp_loss, c, "ghost")
