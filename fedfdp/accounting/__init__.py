@@ -35,18 +35,8 @@ The epsilon reported is the larger of the two, as dp-accounting does for
 
 ``"replacement"`` (Definition 5) follows from add/remove by **Proposition 1**
 (``f-DP_i => (f o f)-DP_r``), used in its (eps, delta) form:
-``(eps, delta)-DP_i => (2 eps, delta (1 + e^eps))-DP_r`` (the paper's proof chains the
-two simulator inequalities through ``sim``).  For a target ``delta_r`` we search
-``delta_i`` and keep the best *certified* pair: ``eps_i`` is the **upper** end of the
-add/remove interval at ``delta_i``, the pair is kept only if
-``delta_i (1 + e^{eps_i}) <= delta_r``, and ``2 eps_i`` is reported.  Each kept pair is
-a true ``(eps_i, delta_i)``-DP_i statement, so its image under Proposition 1 is a true
-replacement guarantee at ``delta_i (1 + e^{eps_i}) <= delta_r``, hence at ``delta_r``;
-the best of several true upper bounds is a true upper bound.  The search runs over
-log grids of ``delta_i`` from the fixed point of the Renyi-DP bound (feasible by
-construction, since the upper end is capped by Renyi DP) up to ``delta_r / 2``.  Only
-when even that needs ``delta_i < 1e-300`` (``eps_i`` near 700) is the answer ``inf``
-(vacuous, never wrong).  A tighter numerical ``f o f`` is not attempted.
+``(eps, delta)-DP_i => (2 eps, delta (1 + e^eps))-DP_r``, optimised over ``delta_i``
+with certified add/remove upper bounds (:mod:`~fedfdp.accounting.replacement`).
 
 Modules
 -------
