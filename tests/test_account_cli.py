@@ -30,10 +30,11 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from scipy import optimize, special
+from scipy import special
 
 from fedfdp.accounting import FDPAccountant, attribute_inference_bound, epsilon_for
 from simulations.cli import main
+from tests.references import dp_ref_eps, gaussian_eps_ref
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -73,34 +74,6 @@ def direct(sigma: float, q: float, rounds: int, delta: float) -> list[str]:
 
 
 # ------------------------------------------------------------------ references
-def gaussian_delta_ref(mu: float, eps: float) -> float:
-    a = special.log_ndtr(-eps / mu + mu / 2.0)
-    b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
-    return float(math.exp(a) - math.exp(b))
-
-
-def gaussian_eps_ref(mu: float, delta: float) -> float:
-    f = lambda e: gaussian_delta_ref(mu, e) - delta  # noqa: E731
-    if f(0.0) <= 0.0:
-        return 0.0
-    hi = 1.0
-    while f(hi) > 0.0:
-        hi *= 2.0
-    return float(optimize.brentq(f, 0.0, hi, xtol=1e-13))
-
-
-def dp_ref_eps(events: list[tuple[float, float, int]], delta: float, vdi: float = 1e-4) -> float:
-    dp_accounting = pytest.importorskip("dp_accounting")
-    from dp_accounting.pld import pld_privacy_accountant
-
-    acc = pld_privacy_accountant.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
-    )
-    for sigma, q, count in events:
-        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count)
-    return float(acc.get_epsilon(delta))
-
-
 def assert_within_reference(eps: float, ref: float) -> None:
     assert ref - 1e-3 <= eps <= ref + EPS_ERROR + 5e-3, (eps, ref)
 

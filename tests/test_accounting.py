@@ -34,7 +34,7 @@ import warnings
 
 import numpy as np
 import pytest
-from scipy import optimize, special
+from scipy import special
 
 from fedfdp.accounting import (
     EpsilonBound,
@@ -52,50 +52,18 @@ from fedfdp.accounting import (
 )
 from fedfdp.accounting.prv import _RDP_ORDERS, _log_moments
 from fedfdp.accounting.prv_reference import _prv_add_ordering
+from tests.references import VDI, dp_ref_eps, gaussian_eps_ref
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 dp_accounting = pytest.importorskip("dp_accounting")
-from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
 from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
 
 EPS_ERROR = 0.05
-VDI = 1e-4
 
 
 # --------------------------------------------------------------------------- #
 # independent references
 # --------------------------------------------------------------------------- #
-
-
-def gaussian_delta_ref(mu: float, eps: float) -> float:
-    """Closed-form delta(eps) of the Gaussian mechanism, in log space (no overflow)."""
-    a = special.log_ndtr(-eps / mu + mu / 2.0)
-    b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
-    return float(math.exp(a) - math.exp(b))
-
-
-def gaussian_eps_ref(mu: float, delta: float) -> float:
-    f = lambda e: gaussian_delta_ref(mu, e) - delta  # noqa: E731
-    if f(0.0) <= 0.0:
-        return 0.0
-    hi = 1.0
-    while f(hi) > 0.0:
-        hi *= 2.0
-    return float(optimize.brentq(f, 0.0, hi, xtol=1e-13))
-
-
-def dp_ref_pld(events: list[tuple[float, float, int]], vdi: float = VDI) -> object:
-    """dp-accounting's composed add/remove PLD of ``(sigma, q, count)`` events."""
-    acc = pld_privacy_accountant.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
-    )
-    for sigma, q, count in events:
-        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), count)
-    return acc
-
-
-def dp_ref_eps(events: list[tuple[float, float, int]], delta: float, vdi: float = VDI) -> float:
-    return float(dp_ref_pld(events, vdi).get_epsilon(delta))
 
 
 def composed(events: list[tuple[float, float, int]], **kw: float) -> FDPAccountant:

@@ -11,21 +11,9 @@ from fedfdp.budget import plan_privacy
 from fedfdp.config import ConfigError, load_config
 from simulations import compare
 from simulations.compare import Sweep, parse_sweep, run_sweep
+from tests.references import dp_ref_eps
 
 TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "public-batch-size": 16}
-
-
-def _pld_epsilon(sigma, q, rounds, delta):
-    """ε of a Poisson-subsampled Gaussian composed ``rounds`` times, add/remove,
-    from Google's dp-accounting PLD accountant (independent of fedfdp's)."""
-    dp_accounting = pytest.importorskip("dp_accounting")
-    from dp_accounting.pld import pld_privacy_accountant
-
-    acc = pld_privacy_accountant.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
-    )
-    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds)
-    return acc.get_epsilon(delta)
 
 
 @pytest.mark.parametrize("target", [0.5, 2.0])
@@ -35,7 +23,7 @@ def test_calibration_lands_each_private_mode_on_target(mode, pretrain, target):
                        "public-pretrain-rounds": pretrain, "sampling-rate": 0.05})
     plan = plan_privacy(cfg, 4000)
     assert plan.private_rounds == 40 - pretrain  # pre-training costs nothing
-    eps = _pld_epsilon(plan.noise_multiplier, 0.05, plan.private_rounds, plan.delta)
+    eps = dp_ref_eps([(plan.noise_multiplier, 0.05, plan.private_rounds)], plan.delta, vdi=1e-3)
     # never above the target (PLD estimates within ~1e-3 of the true curve) ...
     assert eps <= target + 5e-3
     # ... and not needlessly below it: the reported ε is the upper end of an
