@@ -74,6 +74,10 @@ MODEL_FILE = "model.pt"
 #: Nodes queried per ``send_and_receive`` while registering.
 QUERY_BATCH = 100
 
+#: Pause before a node whose query failed (e.g. a SuperNode whose data file is
+#: refused) is asked again; every ask starts a ClientApp process on that node.
+QUERY_RETRY_SECONDS = 5.0
+
 
 @dataclass
 class _Asked:
@@ -144,8 +148,10 @@ class FDPStrategy(Strategy):
         expected = set(range(self.cfg.data.num_devices))
         deadline = time.monotonic() + self.cfg.run.node_wait_timeout
         owner: dict[int, int] = {d: n for n, (ids, _) in self.registry.items() for d in ids}
+        retry_at: dict[int, float] = {}  # a node whose query failed is asked again after a pause
         while True:
-            new = [n for n in grid.get_node_ids() if n not in self.registry]
+            now = time.monotonic()
+            new = [n for n in grid.get_node_ids() if n not in self.registry and retry_at.get(n, 0.0) <= now]
             # Flower's grid slows down with many messages in flight: one batch of
             # 1000 queries took ~94 s (> the old fixed 60 s timeout, after which
             # every node was queried again); batches of 100 took ~43 s in all.
@@ -159,6 +165,7 @@ class FDPStrategy(Strategy):
                     node = reply.metadata.src_node_id
                     if reply.has_error():
                         log.warning("node %s: query failed: %s", node, reply.error.reason)
+                        retry_at[node] = time.monotonic() + QUERY_RETRY_SECONDS
                         continue
                     info = reply.content[P.METRICS]
                     ids = [int(d) for d in info[P.DEVICE_IDS]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from flwr.app import Error, Message
 
 from clients import client_app
 from fedfdp import protocol as P
@@ -225,3 +226,32 @@ def test_sites_command_writes_one_file_per_site(tmp_path, capsys):
     assert "already holds" in capsys.readouterr().err
     assert main(["sites", str(tmp_path / "t.csv"), "--by", "imei", "--out", str(tmp_path / "u")]) == 2
     assert "--by='imei': no such column" in capsys.readouterr().err
+
+
+class _ErrorRepliesGrid(InProcessGrid):
+    """Like a SuperLink: a ClientApp that raises becomes an error reply, not an exception."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            try:
+                out += super().send_and_receive([msg], timeout=timeout)
+            except Exception as exc:  # what Flower turns into an error reply
+                out.append(Message(error=Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg))
+        return out
+
+
+def test_a_site_with_a_bad_file_never_joins_and_the_run_does_not_start(sites, caplog):
+    """A SuperNode whose file is refused answers the server's query with an error; the
+    server logs it and, after node-wait-timeout, refuses to start on partial data."""
+    folder, _ = sites
+    cfg = node_cfg(folder, **{"node-wait-timeout": 1.0})
+    bad = pd.read_csv(folder / "site-1.csv").assign(activity="swim")
+    bad.to_csv(folder / "bad.csv", index=False)
+    files = {0: folder / "site-0.csv", 1: folder / "bad.csv", 2: folder / "site-2.csv"}
+    grid = _ErrorRepliesGrid(cfg, node_configs={k: {"data-path": str(p)} for k, p in files.items()})
+    strat = FDPStrategy(cfg, load_server_data(cfg.data))
+    with caplog.at_level("WARNING"), pytest.raises(RuntimeError, match="only 2 of 3 devices registered"):
+        strat.start(grid)
+    assert "swim" in caplog.text and "bad.csv" in caplog.text
+    assert not (folder / "metrics.csv").exists()
