@@ -644,26 +644,19 @@ def _check_data(d: DataConfig) -> None:
             for special, name in (("label-column", d.label_column), ("device-column", d.device_column)):
                 if name and name in cols:
                     raise ConfigError(f"{key}={list(cols)}: contains the {special} {name!r}")
-        declared = [n for n, _, _ in d.private_ranges] + [n for n, _ in d.private_categories]
-        stray = [n for n in declared if n not in d.private_columns]
-        if stray:
-            raise ConfigError(
-                f"private-ranges/private-categories name {stray}: not in private-columns="
-                f"{list(d.private_columns)}"
-            )
-        both = sorted({n for n, _, _ in d.private_ranges} & {n for n, _ in d.private_categories})
-        if both:
-            raise ConfigError(f"private-ranges and private-categories both declare {both}: pick one")
-        declared = [n for n, _, _ in d.public_ranges] + [n for n, _ in d.public_categories]
-        stray = [n for n in declared if n not in d.public_columns]
-        if stray:
-            raise ConfigError(
-                f"public-ranges/public-categories name {stray}: not in public-columns="
-                f"{list(d.public_columns)}"
-            )
-        both = sorted({n for n, _, _ in d.public_ranges} & {n for n, _ in d.public_categories})
-        if both:
-            raise ConfigError(f"public-ranges and public-categories both declare {both}: pick one")
+        for side in ("public", "private"):
+            ranges = {n for n, _, _ in getattr(d, f"{side}_ranges")}
+            cats = {n for n, _ in getattr(d, f"{side}_categories")}
+            columns = getattr(d, f"{side}_columns")
+            stray = sorted((ranges | cats) - set(columns))
+            if stray:
+                raise ConfigError(
+                    f"{side}-ranges/{side}-categories name {stray}: not in {side}-columns={list(columns)}"
+                )
+            if ranges & cats:
+                raise ConfigError(
+                    f"{side}-ranges and {side}-categories both declare {sorted(ranges & cats)}: pick one"
+                )
     if d.dataset in ("watch", "storms", "csv") and d.dirichlet_alpha and (
         d.dataset != "csv" or d.device_column
     ):
@@ -705,13 +698,11 @@ def _check_location(d: DataConfig) -> None:
             "label-classes='': data-location='node' needs the declared label values (every site "
             "must number the classes alike)"
         )
-    undeclared = {
-        "public": [c for c in d.public_columns
-                   if c not in {n for n, _, _ in d.public_ranges} | {n for n, _ in d.public_categories}],
-        "private": [c for c in d.private_columns
-                    if c not in {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}],
-    }
-    for side, cols in undeclared.items():
+    for side in ("public", "private"):
+        declared = {n for n, _, _ in getattr(d, f"{side}_ranges")} | {
+            n for n, _ in getattr(d, f"{side}_categories")
+        }
+        cols = [c for c in getattr(d, f"{side}_columns") if c not in declared]
         if cols:
             raise ConfigError(
                 f"{side}-columns {cols}: data-location='node' needs every column's encoding declared "
