@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.timing import Clock, interleaved_samples, malloc_env_set, pick_clock
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.clipping.common import _Batch
 from fedfdp.clipping.ghost import _ghost
@@ -143,25 +144,12 @@ def make_cases(n: int, seed: int) -> list[Case]:
     return cases
 
 
-CLOCK: Callable[[], float] = time.perf_counter
+CLOCK: Clock = time.perf_counter
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], seconds: float) -> dict[str, float]:
     """Median seconds per call (by ``CLOCK``), calling the functions round-robin."""
-    for f in fns.values():  # warm-up
-        f()
-        f()
-    t0 = CLOCK()
-    for f in fns.values():
-        f()
-    per_round = max(CLOCK() - t0, 1e-6)
-    rounds = int(min(500, max(7, seconds / per_round)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            t = CLOCK()
-            f()
-            samples[k].append(CLOCK() - t)
+    samples = interleaved_samples(fns, seconds, CLOCK, min_rounds=7, max_rounds=500)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -238,13 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         "processes competing for the cores",
     )
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     global CLOCK
-    if args.clock == "cpu":
-        if torch.get_num_threads() != 1:
-            parser.error("--clock cpu needs --threads 1")
-        CLOCK = time.thread_time
+    CLOCK = pick_clock(parser, args.clock, args.threads)
 
     cases = make_cases(args.batch, args.seed)
     if args.cases:
@@ -256,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
-        "malloc_env": all(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")),
+        "malloc_env": malloc_env_set(),
         "max_norm": args.max_norm,
         "clock": args.clock,
     }

@@ -63,6 +63,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.timing import quartiles
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -382,8 +384,8 @@ def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
         "peak_processes": monitor.peak_procs,
         "fdp_round_s": fdp_med,
         "fedavg_round_s": fedavg_med,
-        "fdp_round_quartiles_s": _quartiles(fdp),
-        "fedavg_round_quartiles_s": _quartiles(fedavg),
+        "fdp_round_quartiles_s": quartiles(fdp),
+        "fedavg_round_quartiles_s": quartiles(fedavg),
         "fdp_first_rounds_s": first("fdp"),
         "fedavg_first_rounds_s": first("fedavg"),
         "node_wait_s": log["node_wait_s"],
@@ -394,13 +396,6 @@ def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
         "total_s": total,
         "blocks": log["blocks"],
     }
-
-
-def _quartiles(values: list[float]) -> list[float]:
-    if len(values) < 2:
-        return [values[0], values[0]] if values else []
-    q = statistics.quantiles(values, n=4)
-    return [q[0], q[2]]
 
 
 # --------------------------------------------------------------------------- #

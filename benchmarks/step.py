@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.timing import Clock, interleaved_samples, malloc_env_set, pick_clock, quartiles
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.contribution import device_contribution
 from fedfdp.features import FeatureSpec, PublicView
@@ -173,26 +174,12 @@ def apply_proposed_view_fix(cases: list[Case]) -> None:
         raise RuntimeError("the proposed view construction differs from fedfdp.features")
 
 
-CLOCK: Callable[[], float] = time.thread_time
+CLOCK: Clock = time.thread_time
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], seconds: float) -> dict[str, list[float]]:
     """Per-call times (by ``CLOCK``) of each function, calling them round-robin."""
-    for f in fns.values():  # warm-up
-        f()
-        f()
-    t0 = CLOCK()
-    for f in fns.values():
-        f()
-    per_round = max(CLOCK() - t0, 1e-6)
-    rounds = int(min(400, max(9, seconds / per_round)))
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, f in fns.items():
-            t = CLOCK()
-            f()
-            samples[k].append(CLOCK() - t)
-    return samples
+    return interleaved_samples(fns, seconds, CLOCK, min_rounds=9, max_rounds=400)
 
 
 def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
@@ -267,10 +254,6 @@ def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
         if k != "plain"
     }
 
-    def quartiles(v: list[float]) -> list[float]:
-        q = statistics.quantiles(v, n=4)
-        return [q[0], q[2]]
-
     return {
         "model": case.name,
         "private_records": len(priv_idx),
@@ -300,14 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         "--proposed-view-fix", action="store_true", help="what-if: patch in the proposed features.py change"
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     global CLOCK
-    if args.clock == "cpu":
-        if args.threads != 1:
-            parser.error("--clock cpu needs --threads 1")
-        CLOCK = time.thread_time
-    else:
-        CLOCK = time.perf_counter
+    CLOCK = pick_clock(parser, args.clock, args.threads)
     records, rate = (4096, 1 / 16) if args.poisson else (BATCH, 1.0)
     names = args.models.split(",")
     cases = make_cases(records, rate, args.seed, names)
@@ -321,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_count": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "machine": platform.machine(),
-        "malloc_env": all(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")),
+        "malloc_env": malloc_env_set(),
         "private_sampling": "q=1/16 of 4096 (fixed draw)" if args.poisson else "q=1 of 256",
         "max_norm": args.max_norm,
         "proposed_view_fix": args.proposed_view_fix,
