@@ -1,0 +1,145 @@
+"""One validated, frozen configuration, built in one place.
+
+Every tunable is a kebab-case key (``noise-multiplier``, ``sampling-rate``...)
+that appears in ``[tool.flwr.app.config]`` of ``pyproject.toml``, in experiment
+TOML files and in ``fedfdp run --set key=value``. :func:`load_config` parses a
+flat mapping of such keys into :class:`Config`, whose parts separate the
+privacy-defining settings (:class:`PrivacyConfig`) from the performance-only
+ones (:class:`TrainingConfig`, :class:`DataConfig`, :class:`RunConfig`).
+
+Validation happens here, before any work starts, and every error names the
+key and the offending value, e.g. ``noise-multiplier=-1.0: must be > 0``.
+"""
+
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from fedfdp.config.checks import _check_combination
+from fedfdp.config.schema import Config, DataConfig, PrivacyConfig, RunConfig, TrainingConfig
+from fedfdp.config.values import (
+    _IGNORED,
+    _KEYS,
+    DATA_LOCATIONS,
+    DATASETS,
+    MODELS,
+    MODES,
+    OPTIMIZERS,
+    PRIVACY_UNITS,
+    PRIVATE_MODES,
+    PUBLIC_LOSSES,
+    ConfigError,
+    _parse,
+)
+
+__all__ = [
+    "DATASETS",
+    "DATA_LOCATIONS",
+    "MODELS",
+    "MODES",
+    "OPTIMIZERS",
+    "PRIVACY_UNITS",
+    "PRIVATE_MODES",
+    "PUBLIC_LOSSES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "PrivacyConfig",
+    "RunConfig",
+    "TrainingConfig",
+    "config_keys",
+    "load_config",
+    "parse_override",
+    "private_rounds",
+    "read_toml",
+]
+
+
+def config_keys() -> tuple[str, ...]:
+    """All accepted keys, in documentation order."""
+    return tuple(_KEYS)
+
+
+def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None = None) -> Config:
+    """Parse and validate a flat kebab-case mapping into a frozen :class:`Config`.
+
+    Parameters
+    ----------
+    mapping : Mapping[str, Any], optional
+        Keys from :func:`config_keys`; missing keys keep the value of ``base``
+        (defaults when ``base`` is None).
+    base : Config, optional
+        Configuration the mapping overrides.
+
+    Raises
+    ------
+    ConfigError
+        Unknown key (with a suggestion), wrong type, out-of-range value, or an
+        inconsistent combination; the message names the key and the value.
+    """
+    base = base or Config()
+    sections: dict[str, dict[str, Any]] = {
+        name: {f.name: getattr(getattr(base, name), f.name) for f in fields(getattr(base, name))}
+        for name in ("privacy", "training", "data", "run")
+    }
+    for key, value in (mapping or {}).items():
+        if key in _IGNORED:
+            continue
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, _KEYS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}={value!r}: unknown configuration key{hint}")
+        section, attr, kind = _KEYS[key]
+        sections[section][attr] = _parse(key, kind, value)
+    cfg = Config(
+        privacy=PrivacyConfig(**sections["privacy"]),
+        training=TrainingConfig(**sections["training"]),
+        data=DataConfig(**sections["data"]),
+        run=RunConfig(**sections["run"]),
+    )
+    _check_combination(cfg)
+    return cfg
+
+
+def private_rounds(cfg: Config) -> int:
+    """Rounds that touch private data (and spend ε)."""
+    if not cfg.privacy.is_private and cfg.privacy.mode != "nonprivate":
+        return 0
+    return cfg.training.num_rounds - cfg.privacy.public_pretrain_rounds
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` from the command line; the value is read as a TOML
+    literal (``1e-5``, ``true``, ``"fdp"``), falling back to a bare string."""
+    if "=" not in text:
+        raise ConfigError(f"{text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    key, raw = key.strip(), raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read an experiment TOML file: flat keys at the top level, or under
+    ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config={str(path)!r}: no such file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
+    app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    if app is not None:
+        return dict(app)
+    data.pop("resolved", None)  # values a run resolved at start (written by fedfdp run)
+    return data

@@ -1,0 +1,153 @@
+"""Checks of settings that only make sense together (run after every key is parsed)."""
+
+from __future__ import annotations
+
+from fedfdp.config.schema import Config, DataConfig
+from fedfdp.config.values import ConfigError
+
+
+def _check_combination(cfg: Config) -> None:
+    p, t = cfg.privacy, cfg.training
+    if p.is_private:
+        if p.noise_multiplier is not None and p.target_epsilon is not None:
+            raise ConfigError(
+                f"noise-multiplier={p.noise_multiplier} and target-epsilon={p.target_epsilon}: "
+                "give one of them (set the other to 0)"
+            )
+        if p.noise_multiplier is None and p.target_epsilon is None:
+            raise ConfigError(f"mode={p.mode!r}: a private mode needs noise-multiplier or target-epsilon")
+        if p.max_epsilon is not None and p.target_epsilon is not None and p.max_epsilon < p.target_epsilon:
+            raise ConfigError(f"max-epsilon={p.max_epsilon}: below target-epsilon={p.target_epsilon}")
+    if p.mode == "fdp-dpsgd" and p.public_pretrain_rounds == 0:
+        raise ConfigError("public-pretrain-rounds=0: mode 'fdp-dpsgd' needs public pre-training")
+    if p.public_pretrain_rounds >= t.num_rounds and p.is_private:
+        raise ConfigError(
+            f"public-pretrain-rounds={p.public_pretrain_rounds}: must be below "
+            f"num-rounds={t.num_rounds} so that private rounds remain"
+        )
+    if p.privacy_unit == "device" and p.device_sampling_rate is None:
+        raise ConfigError(
+            "privacy-unit='device': needs device-sampling-rate in (0, 1] (devices are Poisson-sampled)"
+        )
+    if p.device_sampling_rate is not None and cfg.run.clients_per_round:
+        raise ConfigError(
+            f"clients-per-round={cfg.run.clients_per_round}: give it or device-sampling-rate, not both"
+        )
+    if cfg.data.num_devices > 100_000:
+        raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")
+    if p.public_loss == "label-free" and t.model != "logistic":
+        raise ConfigError(
+            f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
+            "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
+        )
+    _check_data(cfg.data)
+
+
+def _check_data(d: DataConfig) -> None:
+    """Data keys that only make sense together (the loaders check the file itself)."""
+    overlap = sorted(set(d.public_columns) & set(d.private_columns))
+    if overlap:
+        raise ConfigError(
+            f"public-columns={list(d.public_columns)}, private-columns={list(d.private_columns)}: "
+            f"overlap in {overlap}; a column is public or private, not both"
+        )
+    csv_only = {
+        "public-columns": d.public_columns,
+        "private-columns": d.private_columns,
+        "label-column": d.label_column,
+        "device-column": d.device_column,
+        "private-ranges": d.private_ranges,
+        "private-categories": d.private_categories,
+        "public-ranges": d.public_ranges,
+        "public-categories": d.public_categories,
+        "label-classes": d.label_classes,
+    }
+    _check_location(d)
+    if d.data_path and d.dataset not in ("purchase100", "criteo", "csv"):
+        raise ConfigError(
+            f"data-path={d.data_path!r}: dataset={d.dataset!r} reads no file "
+            "(data-path is for purchase100, criteo and csv)"
+        )
+    if d.dataset != "csv":
+        given = [k for k, v in csv_only.items() if v]
+        if given:
+            raise ConfigError(f"{given[0]}={csv_only[given[0]]!r}: only used by dataset='csv' "
+                              f"(dataset={d.dataset!r})")
+    else:
+        if not d.data_path and d.data_location == "central":
+            raise ConfigError("data-path='': dataset='csv' needs the path of a .csv or .parquet file")
+        if not d.label_column:
+            raise ConfigError("label-column='': dataset='csv' needs the label column")
+        if not d.public_columns:
+            raise ConfigError("public-columns=[]: dataset='csv' needs at least one public column")
+        if not d.private_columns:
+            raise ConfigError("private-columns=[]: dataset='csv' needs at least one private column")
+        for key, cols in (("public-columns", d.public_columns), ("private-columns", d.private_columns)):
+            for special, name in (("label-column", d.label_column), ("device-column", d.device_column)):
+                if name and name in cols:
+                    raise ConfigError(f"{key}={list(cols)}: contains the {special} {name!r}")
+        for side in ("public", "private"):
+            ranges = {n for n, _, _ in getattr(d, f"{side}_ranges")}
+            cats = {n for n, _ in getattr(d, f"{side}_categories")}
+            columns = getattr(d, f"{side}_columns")
+            stray = sorted((ranges | cats) - set(columns))
+            if stray:
+                raise ConfigError(
+                    f"{side}-ranges/{side}-categories name {stray}: not in {side}-columns={list(columns)}"
+                )
+            if ranges & cats:
+                raise ConfigError(
+                    f"{side}-ranges and {side}-categories both declare {sorted(ranges & cats)}: pick one"
+                )
+    if d.dataset in ("watch", "storms", "csv") and d.dirichlet_alpha and (
+        d.dataset != "csv" or d.device_column
+    ):
+        raise ConfigError(
+            f"dirichlet-alpha={d.dirichlet_alpha}: dataset={d.dataset!r} has natural devices; "
+            "the Dirichlet split applies to datasets without them"
+        )
+
+
+def _check_location(d: DataConfig) -> None:
+    """``data-location = "node"``: each SuperNode's own file, everything declared."""
+    if d.data_location == "central":
+        if d.test_path:
+            raise ConfigError(
+                f"test-path={d.test_path!r}: only used with data-location='node' (with 'central' "
+                "the held-out split is test-fraction of every device)"
+            )
+        return
+    if d.dataset != "csv":
+        raise ConfigError(
+            f"data-location='node': needs dataset='csv' (got dataset={d.dataset!r}); each SuperNode "
+            "reads its own CSV/Parquet file"
+        )
+    if d.data_path:
+        raise ConfigError(
+            f"data-path={d.data_path!r}: with data-location='node' each SuperNode names its own file "
+            "in its node config (--node-config \"... data-path='/path/records.csv'\"); the run "
+            "config names only the server's held-out file, test-path"
+        )
+    if not d.test_path:
+        raise ConfigError("test-path='': data-location='node' needs the server's held-out file")
+    for key, value in (("device-column", d.device_column), ("dirichlet-alpha", d.dirichlet_alpha)):
+        if value:
+            raise ConfigError(
+                f"{key}={value!r}: with data-location='node' each SuperNode's file is one device"
+            )
+    if not d.label_classes:
+        raise ConfigError(
+            "label-classes='': data-location='node' needs the declared label values (every site "
+            "must number the classes alike)"
+        )
+    for side in ("public", "private"):
+        declared = {n for n, _, _ in getattr(d, f"{side}_ranges")} | {
+            n for n, _ in getattr(d, f"{side}_categories")
+        }
+        cols = [c for c in getattr(d, f"{side}_columns") if c not in declared]
+        if cols:
+            raise ConfigError(
+                f"{side}-columns {cols}: data-location='node' needs every column's encoding declared "
+                f"({side}-ranges 'col=low:high' or {side}-categories 'col=a|b'), so that every site "
+                "encodes its records identically without sharing statistics of its data"
+            )

@@ -1,0 +1,207 @@
+"""The frozen configuration dataclasses: privacy-defining settings apart from
+performance-only ones (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedfdp.config.values import _KEYS, PRIVATE_MODES, _flat
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Settings that define the privacy guarantee.
+
+    Attributes
+    ----------
+    mode : str
+        ``nonprivate``, ``public``, ``dp``, ``fdp`` or ``fdp-dpsgd``.
+    noise_multiplier : float or None
+        σ; the noise added to the private sum has std ``σ·C``. ``None`` means
+        "calibrate from ``target_epsilon``".
+    target_epsilon : float or None
+        ε (add/remove, at ``delta``) the run must end at, not above.
+    max_epsilon : float or None
+        Hard budget: a round that would push ε above it is refused.
+    delta : float or None
+        δ; ``None`` means ``1 / (2 N)`` with ``N`` the number of training records.
+    clipping_norm : float
+        ``C``: per-record L2 bound of the private gradient (the sensitivity).
+    sampling_rate : float
+        ``q``: Poisson inclusion probability of a record in the private batch.
+    public_batch_size : int
+        ``m'``: size of the uniform public batch (drawn independently of the
+        private batch, Prop. 3).
+    public_loss : str
+        Construction of the public view Ψ-input: ``auto`` (default: the
+        dataset's declared choice — Gaussian padding unless the dataset says
+        otherwise; the fleet declares zero masking), ``gaussian`` (padding with
+        N(0, 1), the paper's Purchase100 choice), ``zero`` (masking) or ``mean``
+        (public-mean imputation);
+        or ``label-free``: label-DP, ``Ψ(x, y) = x`` (every input column public,
+        the label private), ``ℓ_pub = logsumexp(wᵀx)``; needs ``model = "logistic"``.
+    public_pretrain_rounds : int
+        Rounds of public-loss-only training before the private rounds (Remark 2);
+        they cost no ε. Required > 0 for ``fdp-dpsgd``.
+    privacy_unit : str
+        ``record`` (the paper's: one record's private features are protected)
+        or ``device`` (all records of one device: the device's whole private
+        contribution is clipped to ``C``; devices are Poisson-sampled with
+        ``device_sampling_rate``).
+    device_sampling_rate : float or None
+        ``p``: each device takes part in a round independently with
+        probability ``p`` (Poisson client sampling). Record-level accounting
+        then uses rate ``p·q``; device-level uses ``p``. ``None``: every
+        device (or a fixed count, ``clients-per-round``) takes part.
+    """
+
+    mode: str = "fdp"
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = 2.0
+    max_epsilon: float | None = None
+    delta: float | None = None
+    clipping_norm: float = 1.0
+    sampling_rate: float = 0.05
+    public_batch_size: int = 256
+    public_loss: str = "auto"
+    public_pretrain_rounds: int = 0
+    privacy_unit: str = "record"
+    device_sampling_rate: float | None = None
+
+    @property
+    def is_private(self) -> bool:
+        """Whether the mode adds noise and spends ε."""
+        return self.mode in PRIVATE_MODES
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Optimisation settings (performance only; they do not change ε)."""
+
+    num_rounds: int = 150
+    alpha: float = 1.0
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    optimizer: str = "sgd"
+    model: str = "logistic"
+    hidden_size: int = 64
+    #: Widths of the MLP's hidden layers; empty: two layers of ``hidden_size``.
+    hidden_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which records, split how (see ``docs/datasets.md``).
+
+    Attributes
+    ----------
+    dataset : str
+        ``fleet`` (synthetic, default), ``watch``, ``storms``, ``purchase100``,
+        ``criteo`` or ``csv``.
+    num_devices : int
+        Devices. Datasets with natural devices (subjects, storms, a
+        ``device_column``) group whole units into this many devices (at most
+        the number of units); the others are split IID or Dirichlet.
+    records_per_device : int
+        Mean records per device of the synthetic generators (``fleet``, and
+        ``purchase100``/``criteo`` without ``data_path``).
+    test_fraction : float
+        Share held out for server-side evaluation.
+    data_seed : int
+        Seed of generation, splits and the held-out choice.
+    data_path : str
+        File of ``purchase100``, ``criteo`` or ``csv`` (``.csv``/``.parquet``).
+    public_columns, private_columns : tuple of str
+        ``csv``: the columns of Ψ and the protected ones.
+    label_column, device_column : str
+        ``csv``: the label, and optionally the natural device of each row.
+    dirichlet_alpha : float
+        0: IID split; > 0: per-device label mix ``Dirichlet(α)`` (no natural devices).
+    private_ranges : tuple of (column, low, high)
+        ``csv``: declared ranges of numeric private columns, scaled to [-1, 1].
+    private_categories : tuple of (column, categories)
+        ``csv``: declared categories of non-numeric private columns.
+    public_ranges, public_categories
+        ``csv``: declared encodings of public columns (a range is mapped
+        linearly to [-1, 1], not clipped). Undeclared public columns are
+        standardised / one-hot encoded with training-split statistics
+        (``data-location = "central"`` only).
+    label_classes : tuple of str
+        ``csv``: the declared label values, in class order; empty: the sorted
+        distinct values of the file (``central`` only).
+    data_location : str
+        ``central`` (default) or ``node``: every SuperNode reads its own
+        ``csv`` file, named by ``data-path`` in its **node config**, and serves
+        one device (its ``partition-id``); every column, the label classes
+        and ``test-path`` must then be declared, so that all sites encode
+        their records identically (``docs/deploy.md``).
+    test_path : str
+        ``data-location = "node"``: the server's held-out file (``.csv`` or
+        ``.parquet``, same columns), used only for evaluation.
+    window_size : int
+        ``watch``: samples per window (50 Hz).
+    max_records : int
+        Read at most this many rows of a file (0: all).
+    num_public_features : int
+        ``purchase100``: how many of the 600 features are public.
+    hash_buckets : int
+        ``criteo``: width of the hashed one-hot encoding of the categories.
+    """
+
+    dataset: str = "fleet"
+    num_devices: int = 20
+    records_per_device: int = 200
+    test_fraction: float = 0.2
+    data_seed: int = 0
+    data_path: str = ""
+    public_columns: tuple[str, ...] = ()
+    private_columns: tuple[str, ...] = ()
+    label_column: str = ""
+    device_column: str = ""
+    dirichlet_alpha: float = 0.0
+    private_ranges: tuple[tuple[str, float, float], ...] = ()
+    private_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    public_ranges: tuple[tuple[str, float, float], ...] = ()
+    public_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    label_classes: tuple[str, ...] = ()
+    data_location: str = "central"
+    test_path: str = ""
+    window_size: int = 100
+    max_records: int = 0
+    num_public_features: int = 100
+    hash_buckets: int = 256
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Orchestration: seeds, outputs, Flower client sampling."""
+
+    seed: int = 0
+    clients_per_round: int = 0
+    eval_every: int = 1
+    out_dir: str = ""
+    checkpoint_every: int = 1
+    resume: bool = False
+    node_wait_timeout: float = 120.0
+    round_timeout: float = 600.0
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole resolved configuration of one run."""
+
+    privacy: PrivacyConfig = PrivacyConfig()
+    training: TrainingConfig = TrainingConfig()
+    data: DataConfig = DataConfig()
+    run: RunConfig = RunConfig()
+
+    def to_flat(self) -> dict[str, Any]:
+        """Flat kebab-case mapping (``None`` written as ``0``), the inverse of
+        :func:`load_config`; suitable for TOML and Flower's run config."""
+        out: dict[str, Any] = {}
+        for key, (section, attr, kind) in _KEYS.items():
+            value = getattr(getattr(self, section), attr)
+            out[key] = 0.0 if value is None else _flat(kind, value)
+        return out

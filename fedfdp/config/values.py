@@ -1,0 +1,311 @@
+"""Configuration keys, their kinds and the parsers of their values.
+
+``_KEYS`` maps every kebab-case key to its section, attribute and kind; the
+parsers turn a TOML / Flower run-config value into the typed value of the
+frozen dataclasses (:mod:`fedfdp.config.schema`), or raise a
+:class:`ConfigError` naming the key and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
+PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
+PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
+PRIVACY_UNITS = ("record", "device")
+OPTIMIZERS = ("sgd", "adam")
+MODELS = ("mlp", "logistic")
+DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv")
+#: Where the training records live: ``central`` (every node loads the dataset
+#: the run names and serves its partition) or ``node`` (each SuperNode reads
+#: its own file, named in its node config).
+DATA_LOCATIONS = ("central", "node")
+
+
+class ConfigError(ValueError):
+    """A configuration key has a bad value; the message names key and value."""
+
+
+# key -> (section, attribute, kind). kind: "float+", "float01", "int+", "int0", "str:<choices>"
+_KEYS: dict[str, tuple[str, str, str]] = {
+    "mode": ("privacy", "mode", "choice"),
+    "noise-multiplier": ("privacy", "noise_multiplier", "optfloat+"),
+    "target-epsilon": ("privacy", "target_epsilon", "optfloat+"),
+    "max-epsilon": ("privacy", "max_epsilon", "optfloat+"),
+    "delta": ("privacy", "delta", "optdelta"),
+    "clipping-norm": ("privacy", "clipping_norm", "float+"),
+    "sampling-rate": ("privacy", "sampling_rate", "prob"),
+    "public-batch-size": ("privacy", "public_batch_size", "int+"),
+    "public-loss": ("privacy", "public_loss", "choice"),
+    "public-pretrain-rounds": ("privacy", "public_pretrain_rounds", "int0"),
+    "privacy-unit": ("privacy", "privacy_unit", "choice"),
+    "device-sampling-rate": ("privacy", "device_sampling_rate", "optprob"),
+    "num-rounds": ("training", "num_rounds", "int+"),
+    "alpha": ("training", "alpha", "float+"),
+    "learning-rate": ("training", "learning_rate", "float+"),
+    "momentum": ("training", "momentum", "float01"),
+    "optimizer": ("training", "optimizer", "choice"),
+    "model": ("training", "model", "choice"),
+    "hidden-size": ("training", "hidden_size", "int+"),
+    "hidden-sizes": ("training", "hidden_sizes", "intlist"),
+    "dataset": ("data", "dataset", "choice"),
+    "num-devices": ("data", "num_devices", "int+"),
+    "records-per-device": ("data", "records_per_device", "int+"),
+    "test-fraction": ("data", "test_fraction", "float01open"),
+    "data-seed": ("data", "data_seed", "int0"),
+    "data-path": ("data", "data_path", "str"),
+    "public-columns": ("data", "public_columns", "strlist"),
+    "private-columns": ("data", "private_columns", "strlist"),
+    "label-column": ("data", "label_column", "str"),
+    "device-column": ("data", "device_column", "str"),
+    "dirichlet-alpha": ("data", "dirichlet_alpha", "float0"),
+    "private-ranges": ("data", "private_ranges", "ranges"),
+    "private-categories": ("data", "private_categories", "categories"),
+    "public-ranges": ("data", "public_ranges", "ranges"),
+    "public-categories": ("data", "public_categories", "categories"),
+    "label-classes": ("data", "label_classes", "classes"),
+    "data-location": ("data", "data_location", "choice"),
+    "test-path": ("data", "test_path", "str"),
+    "window-size": ("data", "window_size", "int+"),
+    "max-records": ("data", "max_records", "int0"),
+    "num-public-features": ("data", "num_public_features", "int+"),
+    "hash-buckets": ("data", "hash_buckets", "int+"),
+    "seed": ("run", "seed", "int0"),
+    "clients-per-round": ("run", "clients_per_round", "int0"),
+    "eval-every": ("run", "eval_every", "int+"),
+    "out-dir": ("run", "out_dir", "str"),
+    "checkpoint-every": ("run", "checkpoint_every", "int0"),
+    "resume": ("run", "resume", "bool"),
+    "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
+    "round-timeout": ("run", "round_timeout", "float+"),
+    "progress": ("run", "progress", "bool"),
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "mode": MODES,
+    "public-loss": PUBLIC_LOSSES,
+    "privacy-unit": PRIVACY_UNITS,
+    "optimizer": OPTIMIZERS,
+    "model": MODELS,
+    "dataset": DATASETS,
+    "data-location": DATA_LOCATIONS,
+}
+
+#: Keys that are not run settings but may appear in shared TOML files
+#: (Flower injects ``server-round`` into client configs).
+_IGNORED = frozenset({"server-round"})
+
+
+def _fail(key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r}: {why}")
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(key, value, "must be a number")
+    out = float(value)
+    if not math.isfinite(out):
+        raise _fail(key, value, "must be finite")
+    return out
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _fail(key, value, "must be an integer")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise _fail(key, value, "must be an integer")
+    return value
+
+
+def _names(key: str, value: Any) -> list[str]:
+    """A list of names: a TOML array of strings or one comma-separated string."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")] if value.strip() else []
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        items = [v.strip() for v in value]
+    else:
+        raise _fail(key, value, "must be a list of strings or one comma-separated string")
+    if any(not v for v in items):
+        raise _fail(key, value, "contains an empty name")
+    bad = [v for v in items if any(ch in v for ch in ",=|")]
+    if bad:
+        raise _fail(key, value, f"names {bad} contain one of ',', '=', '|'")
+    dup = sorted({v for v in items if items.count(v) > 1})
+    if dup:
+        raise _fail(key, value, f"duplicated name(s) {dup}")
+    return items
+
+
+def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
+    """``{col = [...]}`` tables or ``"col=...,col=..."`` strings, as (col, raw) pairs."""
+    if isinstance(value, Mapping):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, str):
+        out = []
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            if "=" not in part:
+                raise _fail(key, value, f"entry {part!r} is not column=...")
+            name, raw = part.split("=", 1)
+            out.append((name.strip(), raw.strip()))
+        return out
+    raise _fail(key, value, "must be a table {column = ...} or a string 'column=...,column=...'")
+
+
+def _parse_ranges(key: str, value: Any) -> tuple[tuple[str, float, float], ...]:
+    out = []
+    for name, raw in _entries(key, value):
+        if isinstance(raw, str):
+            # "low:high"; a leading '-' belongs to the number
+            parts = raw.split(":")
+            try:
+                low, high = (float(v) for v in parts) if len(parts) == 2 else (None, None)
+            except ValueError:
+                low = high = None
+        elif isinstance(raw, list | tuple) and len(raw) == 2:
+            try:
+                low, high = _as_float(key, raw[0]), _as_float(key, raw[1])
+            except ConfigError:
+                low = high = None
+        else:
+            low = high = None
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            raise _fail(key, value, f"range of {name!r} must be low:high (two finite numbers)")
+        if not low < high:
+            raise _fail(key, value, f"range of {name!r}: low={low} must be below high={high}")
+        out.append((name, low, high))
+    names = [n for n, _, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
+def _parse_categories(key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    out = []
+    for name, raw in _entries(key, value):
+        if isinstance(raw, str):
+            cats = [c.strip() for c in raw.split("|")]
+        elif isinstance(raw, list | tuple):
+            cats = [str(c).strip() for c in raw]
+        else:
+            cats = []
+        if not cats or any(not c for c in cats) or len(set(cats)) != len(cats):
+            raise _fail(key, value, f"categories of {name!r} must be distinct, non-empty names")
+        out.append((name, tuple(cats)))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
+def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
+    """Label values: a TOML array, or one string separated by ``|`` (labels may
+    contain commas)."""
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split("|")] if value.strip() else []
+    elif isinstance(value, list | tuple) and all(isinstance(v, str | int) for v in value):
+        items = [str(v).strip() for v in value]
+    else:
+        raise _fail(key, value, "must be a list of labels or one string 'a|b|c'")
+    if any(not v for v in items) or len(set(items)) != len(items):
+        raise _fail(key, value, "labels must be distinct and non-empty")
+    if len(items) == 1:
+        raise _fail(key, value, "a classifier needs at least two classes")
+    return tuple(items)
+
+
+def _flat(kind: str, value: Any) -> Any:
+    """The flat (TOML scalar) form of a parsed value; inverse of :func:`_parse`."""
+    if kind in ("strlist", "intlist"):
+        return ",".join(str(v) for v in value)
+    if kind == "classes":
+        return "|".join(value)
+    if kind == "ranges":
+        return ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value)
+    if kind == "categories":
+        return ",".join(f"{n}={'|'.join(c)}" for n, c in value)
+    return value
+
+
+def _parse(key: str, kind: str, value: Any) -> Any:
+    if kind == "strlist":
+        return tuple(_names(key, value))
+    if kind == "intlist":
+        if isinstance(value, str):
+            raw = [v.strip() for v in value.split(",")] if value.strip() else []
+            try:
+                ints = [int(v) for v in raw]
+            except ValueError:
+                raise _fail(key, value, "must be a list of positive integers") from None
+        elif isinstance(value, list | tuple):
+            ints = [_as_int(key, v) for v in value]
+        else:
+            raise _fail(key, value, "must be a list of positive integers")
+        if any(v < 1 for v in ints):
+            raise _fail(key, value, "must be a list of positive integers")
+        return tuple(ints)
+    if kind == "classes":
+        return _parse_classes(key, value)
+    if kind == "ranges":
+        return _parse_ranges(key, value)
+    if kind == "categories":
+        return _parse_categories(key, value)
+    if kind == "choice":
+        choices = _CHOICES[key]
+        if not isinstance(value, str) or value not in choices:
+            raise _fail(key, value, f"must be one of {', '.join(choices)}")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise _fail(key, value, "must be a string")
+        return value
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise _fail(key, value, "must be true or false")
+    if kind == "int+":
+        out = _as_int(key, value)
+        if out < 1:
+            raise _fail(key, value, "must be >= 1")
+        return out
+    if kind == "int0":
+        out = _as_int(key, value)
+        if out < 0:
+            raise _fail(key, value, "must be >= 0")
+        return out
+    out = _as_float(key, value)
+    if kind == "float+":
+        if out <= 0:
+            raise _fail(key, value, "must be > 0")
+    elif kind == "optfloat+":
+        if out < 0:
+            raise _fail(key, value, "must be > 0 (or 0 for unset)")
+        return None if out == 0 else out
+    elif kind == "optdelta":
+        if not 0 <= out < 1:
+            raise _fail(key, value, "must be in (0, 1) (or 0 for 1/(2N))")
+        return None if out == 0 else out
+    elif kind == "optprob":
+        if not 0 <= out <= 1:
+            raise _fail(key, value, "must be in (0, 1] (or 0 for unset)")
+        return None if out == 0 else out
+    elif kind == "prob":
+        if not 0 < out <= 1:
+            raise _fail(key, value, "must be in (0, 1]")
+    elif kind == "float0":
+        if out < 0:
+            raise _fail(key, value, "must be >= 0")
+    elif kind == "float01":
+        if not 0 <= out < 1:
+            raise _fail(key, value, "must be in [0, 1)")
+    elif kind == "float01open" and not 0 < out < 1:
+        raise _fail(key, value, "must be in (0, 1)")
+    return out
