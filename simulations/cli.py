@@ -3,16 +3,24 @@
 Each subcommand lives in its own module of this package and registers itself
 with a ``register(subparsers)`` function: ``run`` (one training run),
 ``compare`` (sweeps and reports), ``account`` (privacy accounting), ``audit``
-(empirical privacy audits and attacks).
+(empirical privacy audits and attacks), ``sites`` (per-site files for
+node-local data).
+
+Only the module of the subcommand that runs is imported (some pull in torch,
+pandas or Flower, seconds of start-up). ``fedfdp --help`` reads each
+subcommand's one-line help from its ``add_parser(NAME, help="...")`` call in
+the module's source, without importing it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from fedfdp.config import ConfigError
 
@@ -20,22 +28,61 @@ from fedfdp.config import ConfigError
 SUBCOMMANDS = ("run", "compare", "account", "audit", "sites")
 
 
-def make_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``fedfdp``."""
+def _declared_help(name: str, origin: str | None) -> str | None:
+    """The literal ``help=`` of ``add_parser(name, ...)`` in the module source, if any."""
+    if origin is None:
+        return None
+    try:
+        tree = ast.parse(Path(origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_parser"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == name
+        ):
+            for kw in node.keywords:
+                value = kw.value
+                if kw.arg == "help" and isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    return value.value
+    return None
+
+
+def make_parser(only: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The argument parser of ``fedfdp``.
+
+    By default every subcommand module is imported and registered. With ``lazy``
+    only ``only`` (if given) is; the others get an empty placeholder subparser with
+    their declared help (enough for ``fedfdp --help`` and for choosing the
+    subcommand), or are imported after all when their help is not a literal.
+    """
     parser = argparse.ArgumentParser(prog="fedfdp", description="Federated learning with feature-DP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         module_name = f"simulations.{name}"
-        if importlib.util.find_spec(module_name) is None:
+        spec = importlib.util.find_spec(module_name)
+        if spec is None:
             continue
+        if lazy and name != only:
+            help_text = _declared_help(name, spec.origin)
+            if help_text is not None:
+                sub.add_parser(name, help=help_text)
+                continue
         importlib.import_module(module_name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedfdp`` console script."""
-    parser = make_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = make_parser(chosen, lazy=True).parse_args(argv)
+    if getattr(args, "func", None) is None:  # a placeholder was chosen (e.g. after "--")
+        args = make_parser(args.command, lazy=True).parse_args(argv)
     try:
         return int(args.func(args))
     except (ConfigError, FileNotFoundError) as exc:
