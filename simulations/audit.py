@@ -9,10 +9,13 @@
     Def. 6 with Algorithm 2's simulator; replacement: Def. 5, via Prop. 1).
     ``--break`` switches on one planted bug (:mod:`fedfdp.faults`) in this
     process only; no configuration key reaches it.
-``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--plot PNG]``
+``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--references K] [--plot PNG]``
     The **attribute-inference attack** of Theorem 4 on the model of each run
-    directory (:func:`fedfdp.audit.attribute_attack_run`): success on the
-    training records, the model-free baselines and the bound ``1 − f(Ball)``.
+    directory (:func:`fedfdp.attack.attribute_attack_run`): success on the
+    training and on the held-out records (loss attacks, and the attack
+    calibrated against ``K`` reference models the attacker trains on fresh
+    draws of the generative model), the model-free baselines, ``Ball`` and the
+    bound ``1 − f(Ball)``.
 
 Details, the default configuration and measured results: ``docs/audit.md``.
 The heavy modules are imported when a command runs, so ``fedfdp --help`` and
@@ -56,16 +59,30 @@ def _print_audit(rows: Sequence[dict[str, Any]]) -> None:
         )
 
 
+def _opt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
 def _print_attack(rows: Sequence[dict[str, Any]]) -> None:
     print(
-        f"{'mode':<12}{'epsilon':>8}{'acc':>7}{'loss att.':>10}{'bayes att.':>11}{'held-out':>9}"
-        f"{'prior(marg.)':>13}{'Ball':>7}{'bound':>7}  within"
+        f"{'mode':<12}{'epsilon':>8}{'acc':>7}{'loss':>7}{'bayes':>7}{'calib.':>8}{'held-out':>9}"
+        f"{'z vs Ball':>10}{'marg.':>7}{'Ball':>7}{'bound':>7}  within"
     )
     for r in rows:
+        z = r.get("calibrated_z_vs_ball")
         print(
-            f"{r['mode']:<12}{_fmt(r['epsilon']):>8}{r['accuracy']:>7.3f}{r['success_loss']:>10.3f}"
-            f"{r['success_bayes']:>11.3f}{r['heldout_success_bayes']:>9.3f}{r['prior_marginal']:>13.3f}"
-            f"{r['ball']:>7.3f}{r['bound']:>7.3f}  {'yes' if r['within_bound'] else 'NO'}"
+            f"{r['mode']:<12}{_fmt(r['epsilon']):>8}{r['accuracy']:>7.3f}{r['success_loss']:>7.3f}"
+            f"{r['success_bayes']:>7.3f}{_opt(r['success_calibrated']):>8}"
+            f"{_opt(r['heldout_success_calibrated']):>9}{'-' if z is None else f'{z:.1f}':>10}"
+            f"{r['prior_marginal']:>7.3f}{r['ball']:>7.3f}{r['bound']:>7.3f}  "
+            f"{'yes' if r['within_bound'] else 'NO'}"
+        )
+    if rows:
+        r = rows[0]
+        print(
+            f"(success on {r['targets']} training records, {r['cells']} cells; held-out: the calibrated "
+            f"attack on {r['heldout_targets']} held-out records; calibrated: {r['references']} "
+            f"reference models, weight {r['weight']}; z vs Ball in binomial standard errors)"
         )
 
 
@@ -81,14 +98,17 @@ def plot_attack(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     modes = [r["mode"] for r in rows]
     xs = np.arange(len(rows))
     series = [
-        ("attack (loss)", "success_loss", "#1f77b4"),
-        ("attack (loss + marginal prior)", "success_bayes", "#ff7f0e"),
-        ("prior: marginal mode", "prior_marginal", "#7f7f7f"),
+        ("attack: loss", "success_loss", "#1f77b4"),
+        ("attack: loss + marginal prior", "success_bayes", "#ff7f0e"),
+        ("attack: calibrated (training records)", "success_calibrated", "#9467bd"),
+        ("attack: calibrated (held-out records)", "heldout_success_calibrated", "#c5b0d5"),
         ("Ball (label-conditional mode)", "ball", "#2ca02c"),
     ]
-    width = 0.2
+    series = [s for s in series if all(r[s[1]] is not None for r in rows)]
+    width = 0.8 / len(series)
     for i, (label, key, colour) in enumerate(series):
-        ax.bar(xs + (i - 1.5) * width, [r[key] for r in rows], width, label=label, color=colour)
+        ax.bar(xs + (i - (len(series) - 1) / 2) * width, [r[key] for r in rows], width, label=label,
+               color=colour)
     finite = [r[key] for r in rows for _, key, _ in series] + [r["bound"] for r in rows if r["bound"] < 1]
     top = min(1.02, max(0.25, 1.25 * max(finite)))
     bounds = [min(r["bound"], top) for r in rows]
@@ -102,7 +122,7 @@ def plot_attack(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     ax.set_ylabel(f"success rate ({rows[0]['cells']} cells)")
     ax.set_ylim(0, top)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("Attribute inference on training records")
+    ax.set_title("Attribute inference (Theorem 4)")
     fig.tight_layout()
     fig.savefig(str(path), dpi=130, format="png")
 
@@ -110,11 +130,15 @@ def plot_attack(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedfdp audit``."""
     if args.attack is not None:
-        from fedfdp.audit import attribute_attack_run
+        from fedfdp.attack import attribute_attack_run
 
         if not args.run:
             raise ConfigError("--attack attribute needs --run DIR (one or more)")
-        rows = [attribute_attack_run(d) for d in args.run]
+        if args.references < 0:
+            raise ConfigError(f"--references={args.references}: must be >= 0")
+        if not (args.weight >= 0 and math.isfinite(args.weight)):
+            raise ConfigError(f"--weight={args.weight}: must be finite and >= 0")
+        rows = [attribute_attack_run(d, args.references, args.weight) for d in args.run]
         if args.json:
             print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))
         else:
@@ -175,6 +199,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attack", choices=["attribute"], default=None)
     p.add_argument("--run", action="append", metavar="DIR", help="run directory (repeatable) for --attack")
+    p.add_argument("--references", type=int, default=4, metavar="K",
+                   help="with --attack: reference models for the calibrated attack (default 4; 0: none)")
+    p.add_argument("--weight", type=float, default=1.0, metavar="LAMBDA",
+                   help="with --attack: weight of the calibrated attack's likelihood ratio (default 1)")
     p.add_argument("--plot", metavar="PNG", help="with --attack: write a bar chart")
     p.add_argument("--out", metavar="JSON", help="also write the results to this file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
