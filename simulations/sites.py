@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from fedfdp.config import ConfigError
-from fedfdp.data.tabular import read_table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SITE_FILE = "site-{}.csv"
 HELDOUT_FILE = "heldout.csv"
@@ -48,6 +48,11 @@ def split_sites(table: str | Path, by: str, out: str | Path, test_fraction: floa
         a site left without training rows, or an ``out`` that already holds
         site files (nothing is overwritten).
     """
+    import numpy as np  # imported here: `fedfdp --help` stays fast
+    import pandas as pd
+
+    from fedfdp.data.tabular import read_table
+
     if not 0 <= test_fraction < 1:
         raise ConfigError(f"--test-fraction={test_fraction}: must be in [0, 1)")
     frame = read_table(table, key="TABLE")
