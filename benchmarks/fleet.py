@@ -23,10 +23,9 @@ Before the first block the ServerApp waits until all SuperNodes have
 registered (nodes register lazily; FedAvg would otherwise sample from the few
 registered first). The first FDP block also runs FDPStrategy's registration
 (it queries every node for its device sizes) in batches of ``--query-batch``
-nodes, the change proposed for ``strategies/fdp_strategy.py`` in
-docs/performance.md (``--strategy-registration``: the strategy's own single
-batch, which times out with 1000 nodes here); later FDP blocks reuse that
-registry. A round is timed from one ``configure_train`` to the next
+nodes (``FDPStrategy.register_nodes(grid, batch=...)``, default 100; one
+batch of 1000 timed out here); later FDP blocks reuse that registry. A round
+is timed from one ``configure_train`` to the next
 (the last one to the end of the block), so it includes everything the
 strategy does per round (FDP: budget check, ledger write, noise, accounting,
 server-side evaluation, checkpoint, metrics file). The first ``--warmup``
@@ -202,52 +201,6 @@ def make_client_app(cfg: Any) -> Any:
     return app
 
 
-def register_in_batches(strat: Any, grid: Any, batch: int) -> None:
-    """FDPStrategy.register_nodes with the queries sent ``batch`` nodes at a time.
-
-    The strategy's own ``register_nodes`` sends one query per unregistered node
-    in a single ``send_and_receive(timeout=60)``. With 1000 nodes on a 2-core
-    machine that call needs about 94 s (Flower's in-memory grid slows down with
-    many messages in flight), so it times out, the loop queries every node
-    again and ``node-wait-timeout`` expires: a 1000-device run cannot start.
-    In batches of 100 the same queries take about 43 s (16 s -> 9 s warm).
-    Same messages, same checks; this is the change proposed for
-    ``strategies/fdp_strategy.py`` (see docs/performance.md).
-    """
-    from flwr.app import Message, MessageType, RecordDict
-
-    from fedfdp import protocol as P
-
-    expected = set(range(strat.cfg.data.num_devices))
-    deadline = time.monotonic() + strat.cfg.run.node_wait_timeout
-    owner: dict[int, int] = {}
-    while True:
-        new = [n for n in grid.get_node_ids() if n not in strat.registry]
-        for start in range(0, len(new), batch):
-            msgs = [
-                Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
-                for n in new[start : start + batch]
-            ]
-            timeout = max(1.0, deadline - time.monotonic())
-            for reply in grid.send_and_receive(msgs, timeout=timeout):
-                node = reply.metadata.src_node_id
-                if reply.has_error():
-                    continue
-                info = reply.content[P.METRICS]
-                ids = [int(d) for d in info[P.DEVICE_IDS]]
-                sizes = [int(s) for s in info[P.DEVICE_SIZES]]
-                for d in ids:
-                    if d in owner and owner[d] != node:
-                        raise RuntimeError(f"device {d} claimed by nodes {owner[d]} and {node}")
-                    owner[d] = node
-                strat.registry[node] = (ids, sizes)
-        if expected <= set(owner):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(set(owner) & expected)} of {len(expected)} devices registered")
-        time.sleep(0.2)
-
-
 def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message
     from flwr.serverapp import Grid, ServerApp
@@ -264,10 +217,7 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
             if self.registry:  # reused from the first FDP block
                 return
             t = time.perf_counter()
-            if args.strategy_registration:
-                super().register_nodes(grid)
-            else:
-                register_in_batches(self, grid, args.query_batch)
+            super().register_nodes(grid, batch=args.query_batch)
             log["fdp_registration_s"] += time.perf_counter() - t
 
         def configure_train(
@@ -478,11 +428,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="first rounds of each block left out")
     parser.add_argument("--node-wait", type=float, default=600.0, help="seconds to wait for all nodes")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--strategy-registration",
-        action="store_true",
-        help="use FDPStrategy.register_nodes as it is (one query batch; fails at 1000 nodes here)",
-    )
     parser.add_argument("--query-batch", type=int, default=100, help="nodes per registration query batch")
     parser.add_argument("--overhead", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)

@@ -139,11 +139,11 @@ class FDPStrategy(Strategy):
         """``N``: training records over all registered devices."""
         return sum(sum(sizes) for _, sizes in self.registry.values())
 
-    def register_nodes(self, grid: Grid) -> None:
+    def register_nodes(self, grid: Grid, batch: int = QUERY_BATCH) -> None:
         """Wait until nodes covering every device have registered; learn sizes.
 
         Nodes register lazily; sampling "over all devices" is only honest once
-        all of them are known.
+        all of them are known. Nodes are queried ``batch`` at a time.
         """
         expected = set(range(self.cfg.data.num_devices))
         deadline = time.monotonic() + self.cfg.run.node_wait_timeout
@@ -155,10 +155,10 @@ class FDPStrategy(Strategy):
             # Flower's grid slows down with many messages in flight: one batch of
             # 1000 queries took ~94 s (> the old fixed 60 s timeout, after which
             # every node was queried again); batches of 100 took ~43 s in all.
-            for start in range(0, len(new), QUERY_BATCH):
+            for start in range(0, len(new), batch):
                 msgs = [
                     Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n)
-                    for n in new[start : start + QUERY_BATCH]
+                    for n in new[start : start + batch]
                 ]
                 timeout = max(1.0, deadline - time.monotonic())
                 for reply in grid.send_and_receive(msgs, timeout=timeout):
