@@ -199,7 +199,8 @@ class PublicView:
         elif self.method == "zero":
             view.index_fill_(1, idx, 0.0)
         else:
-            assert self.statistics is not None  # checked in __post_init__
+            if self.statistics is None:  # refused in __post_init__; kept for type narrowing
+                raise RuntimeError("PublicView(method='mean') without public statistics")
             values = torch.tensor(self.statistics.values, dtype=x.dtype, device=x.device)
             view.index_copy_(1, idx, values.expand(x.shape[0], -1).contiguous())
         return view

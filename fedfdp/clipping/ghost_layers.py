@@ -239,7 +239,8 @@ def _weight_norm2(
             else:
                 term = g[s:e].permute(0, 2, 3, 1) @ a[s:e].permute(0, 2, 1, 3)
                 w = term if w is None else w.add_(term)
-        assert w is not None
+        if w is None:  # the loop runs at least once (at least one capture)
+            raise RuntimeError("ghost norms: a layer was captured without activations")
         out[s:e] = torch.linalg.vector_norm(w.reshape(e - s, -1), dim=1).square()
     return out, (w if keep else None), False
 
@@ -308,7 +309,8 @@ def _norm_layer_terms(
             b_i = g.sum(-1).reshape(cap.copies, n, channels).sum(0)
         gw = w_i if gw is None else gw + w_i
         gb = b_i if gb is None else gb + b_i
-    assert gw is not None and gb is not None
+    if gw is None or gb is None:  # the loop runs at least once (at least one capture)
+        raise RuntimeError("ghost norms: a normalisation layer was captured without activations")
     weight, bias = module.weight, module.bias
     parts: list[tuple[nn.Parameter, torch.Tensor]] = []
     if weight is not None and weight.requires_grad:
