@@ -265,6 +265,9 @@ class FDPAccountant:
             raise ValueError(f"max_grid_points={max_grid_points!r}: must be an integer >= 1024")
         self._max_grid_points = int(max_grid_points)
         self._ledger: list[PrivacyEvent] = []
+        # (events, delta, relation) -> bound: a round asks for the same ε up to three
+        # times (budget check of ledger + 1 round, the charge, the metrics row)
+        self._memo: dict[tuple[tuple[PrivacyEvent, ...], float, str], EpsilonBound] = {}
 
     # ------------------------------------------------------------------------- ledger
     @property
@@ -302,6 +305,14 @@ class FDPAccountant:
         relation = _check_relation(relation)
         if not events:
             return EpsilonBound(0.0, 0.0, 0.0, delta, relation)
+        key = (tuple(events), delta, relation)
+        if key not in self._memo:
+            if len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = self._compute_bound(events, delta, relation)
+        return self._memo[key]
+
+    def _compute_bound(self, events: Sequence[PrivacyEvent], delta: float, relation: str) -> EpsilonBound:
         if relation == "replacement":
             return self._replacement(events, delta)
         prof = self._profile_for(events, self._delta_error * delta)
