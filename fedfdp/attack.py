@@ -40,8 +40,10 @@ Attacks
   and randomness; :func:`train_references`). A model that only generalises
   behaves like the references on a target, the correction averages out and the
   attack is the prior's guess (success ``≈ Ball``); only what the model
-  memorised about the target itself can lift it above ``Ball``. ``λ = 1``
-  (the log-odds ratio, unweighted) is fixed in advance, not tuned on targets.
+  memorised about the target itself can lift it above ``Ball``. ``λ`` is
+  chosen without the targets (:func:`choose_weight`): leave-one-out over the
+  reference models, each attacked on its own training records (the attacker
+  generated them, so it knows their private values).
 
 Everything here is independent of Flower.
 """
@@ -67,12 +69,17 @@ from fedfdp.modes import PHASES
 __all__ = [
     "AttackOutcome",
     "AttributeGrid",
+    "Reference",
     "attribute_attack",
     "attribute_attack_run",
+    "calibrated_scores",
     "candidate_losses",
     "candidate_margins",
     "cell_priors",
+    "choose_weight",
+    "excess_over_ball",
     "fleet_grid",
+    "pool_results",
     "read_run",
     "reference_priors",
     "run_accountant",
@@ -420,15 +427,25 @@ def reference_priors(
     return cell_priors(grid, x[:, spec.private_index], y, num_classes)
 
 
-def train_references(cfg: Config, count: int) -> list[nn.Module]:
+@dataclass(frozen=True)
+class Reference:
+    """A reference model and the records it was trained on (the attacker's own draw)."""
+
+    model: nn.Module
+    x: np.ndarray
+    y: np.ndarray
+
+
+def train_references(cfg: Config, count: int) -> list[Reference]:
     """The attacker's reference models: ``count`` runs of the same algorithm
     and configuration (:func:`fedfdp.algorithm.run_centralised`) on fresh draws
     of the generative model, each with its own data seed **and** run seed
     (initialisation, batch sampling and noise are the attacker's own, not the
     run's secret randomness). None of them sees a training record."""
     from fedfdp.algorithm import run_centralised
+    from fedfdp.data import load_dataset
 
-    models = []
+    refs = []
     for k in range(count):
         ref_cfg = load_config(
             {
@@ -439,9 +456,60 @@ def train_references(cfg: Config, count: int) -> list[nn.Module]:
             },
             base=cfg,
         )
-        model, _ = run_centralised(ref_cfg)
-        models.append(model)
-    return models
+        data = load_dataset(ref_cfg.data)
+        model, _ = run_centralised(ref_cfg, data)
+        x = np.concatenate([d.x for d in data.devices])
+        y = np.concatenate([d.y for d in data.devices])
+        refs.append(Reference(model, x, y))
+    return refs
+
+
+#: The weights λ the attacker tries when it chooses one (:func:`choose_weight`).
+WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
+
+
+def choose_weight(
+    references: Sequence[Reference],
+    private_index: Sequence[int],
+    grid: AttributeGrid,
+    conditional: np.ndarray,
+    weights: Sequence[float] = WEIGHTS,
+) -> tuple[float, dict[float, float]]:
+    """Choose the calibrated attack's weight ``λ`` without the targets:
+    leave-one-out over the attacker's own reference models.
+
+    Each reference in turn plays the attacked model, attacked on its own
+    training records (whose private values the attacker generated itself),
+    calibrated by the other references; ``λ`` is the weight with the highest
+    success over all of them (ties: the smaller ``λ``). ``λ = 0`` is always a
+    candidate: it is the prior's guess, so a weight above 0 is chosen only
+    where calibration helped on the attacker's own models. Needs at least two
+    references.
+
+    Returns
+    -------
+    weight, success : float, dict
+        The chosen ``λ`` and the leave-one-out success of every candidate.
+    """
+    if len(references) < 2:
+        raise ValueError(f"choose_weight: need >= 2 references, got {len(references)}")
+    conditional = np.asarray(conditional, dtype=float)
+    cand = grid.candidates()
+    hits = np.zeros(len(weights))
+    total = 0
+    for j, target in enumerate(references):
+        margins = [candidate_margins(r.model, target.x, target.y, private_index, cand) for r in references]
+        truth = grid.cell(target.x[:, list(private_index)])
+        with np.errstate(divide="ignore"):
+            log_prior = np.log(conditional[target.y])
+        others = margins[:j] + margins[j + 1 :]
+        for i, w in enumerate(weights):
+            guess = calibrated_scores(margins[j], others, log_prior, w).argmax(1)
+            hits[i] += int(np.sum(guess == truth))
+        total += len(target.y)
+    success = {float(w): float(h / total) for w, h in zip(weights, hits, strict=True)}
+    best = float(weights[int(np.argmax(hits))])  # argmax: the first (smallest) on ties
+    return best, success
 
 
 def read_run(run_dir: Path) -> Config:
@@ -480,7 +548,9 @@ def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FD
     return acc
 
 
-def attribute_attack_run(run_dir: str | Path, references: int = 4, weight: float = 1.0) -> dict[str, Any]:
+def attribute_attack_run(
+    run_dir: str | Path, references: int = 4, weight: float | None = None
+) -> dict[str, Any]:
     """Attribute inference on the training records of a ``fedfdp run`` directory.
 
     Loads ``DIR/config.toml`` and the final model ``DIR/model.pt`` (a
@@ -488,8 +558,10 @@ def attribute_attack_run(run_dir: str | Path, references: int = 4, weight: float
     centralised reference (:func:`fedfdp.algorithm.run_centralised`, same
     configuration and seed). ``references`` reference models
     (:func:`train_references`) calibrate the attack (0: no calibrated
-    attack). The same attacks run on the held-out records (same devices, not
-    trained on): success there that matches success on training records is
+    attack); its weight ``λ`` is ``weight``, or, if ``None``, chosen by
+    :func:`choose_weight` on the references alone (needs two or more). The
+    same attacks run on the held-out records (same devices, not trained on):
+    success there that matches success on training records is
     population structure, a gap is memorisation.
 
     Theorem 4's bound ``1 − f(Ball)`` comes from the run's ledger
@@ -523,11 +595,22 @@ def attribute_attack_run(run_dir: str | Path, references: int = 4, weight: float
         source = "trained here (centralised reference)"
     marginal, conditional = reference_priors(cfg, grid, data.spec, data.num_classes)
     refs = train_references(cfg, references)
+    weight_success: dict[float, float] = {}
+    if weight is None:
+        if references == 1:
+            raise ValueError("references=1: choosing the weight needs >= 2 references (or give a weight)")
+        if refs:
+            weight, weight_success = choose_weight(refs, data.spec.private_index, grid, conditional)
+        else:
+            weight = 0.0
     x = np.concatenate([d.x for d in data.devices])
     y = np.concatenate([d.y for d in data.devices])
     pi = list(data.spec.private_index)
-    train = attribute_attack(model, x, y, pi, grid, marginal, conditional, refs, weight)
-    held = attribute_attack(model, data.test_x, data.test_y, pi, grid, marginal, conditional, refs, weight)
+    ref_models = [r.model for r in refs]
+    train = attribute_attack(model, x, y, pi, grid, marginal, conditional, ref_models, weight)
+    held = attribute_attack(
+        model, data.test_x, data.test_y, pi, grid, marginal, conditional, ref_models, weight
+    )
     acc = run_accountant(run_dir, cfg, private_rounds)
     if cfg.privacy.mode == "nonprivate":
         bound, epsilon = 1.0, math.inf
@@ -552,6 +635,8 @@ def attribute_attack_run(run_dir: str | Path, references: int = 4, weight: float
         "cells": grid.size,
         "references": references,
         "weight": weight,
+        # leave-one-out success of each candidate weight on the references (when chosen)
+        "weight_success": {str(k): v for k, v in weight_success.items()},
         "success_loss": train.loss_attack,
         "success_bayes": train.bayes_attack,
         "success_calibrated": train.calibrated_attack,
@@ -589,3 +674,62 @@ def _two_proportion_z(p1: float, n1: int, p2: float, n2: int) -> float:
     pooled = (p1 * n1 + p2 * n2) / (n1 + n2)
     se = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / n1 + 1 / n2))
     return (p1 - p2) / se
+
+
+_TRAIN_RATES = ("success_loss", "success_bayes", "success_calibrated", "success", "prior_marginal",
+                "prior_label", "ball", "bound", "train_accuracy")
+_HELD_RATES = ("heldout_success_bayes", "heldout_success_calibrated", "heldout_success", "heldout_ball",
+               "accuracy")
+
+
+def pool_results(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pool :func:`attribute_attack_run` results of runs with the same mode
+    (e.g. the same configuration on several data seeds: independent fleets).
+
+    Rates are averaged with the targets as weights (training rates over the
+    training records, held-out rates over the held-out records), so a pooled
+    rate is the success over all targets together. The pooled bound is the
+    same weighted mean of the runs' bounds: Theorem 4 bounds each run's
+    expected success, so their weighted mean bounds the pooled one. ``ε`` is
+    the largest of the runs'.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["mode"], []).append(r)
+    pooled = []
+    for mode, rs in groups.items():
+        n = sum(r["targets"] for r in rs)
+        m = sum(r["heldout_targets"] for r in rs)
+        out: dict[str, Any] = {
+            "mode": mode,
+            "runs": [r["run"] for r in rs],
+            "epsilon": max(r["epsilon"] for r in rs),
+            "targets": n,
+            "heldout_targets": m,
+            "cells": rs[0]["cells"],
+            "references": rs[0]["references"],
+            "weight": rs[0]["weight"],
+        }
+        for keys, count, total in ((_TRAIN_RATES, "targets", n), (_HELD_RATES, "heldout_targets", m)):
+            for key in keys:
+                vals = [r[key] for r in rs]
+                out[key] = (
+                    None if None in vals else sum(v * r[count] for v, r in zip(vals, rs, strict=True)) / total
+                )
+        out["within_bound"] = out["success"] <= out["bound"]
+        out["advantage_z"] = (out["success"] - out["prior_marginal"]) / math.sqrt(
+            max(out["prior_marginal"] * (1 - out["prior_marginal"]), 1e-12) / n
+        )
+        if out["success_calibrated"] is not None and out["heldout_success_calibrated"] is not None:
+            z, p = excess_over_ball(out["success_calibrated"], out["ball"], n)
+            hz, hp = excess_over_ball(out["heldout_success_calibrated"], out["heldout_ball"], m)
+            out.update(
+                calibrated_z_vs_ball=z,
+                calibrated_p_vs_ball=p,
+                heldout_calibrated_z_vs_ball=hz,
+                heldout_calibrated_p_vs_ball=hp,
+                train_minus_heldout_z=_two_proportion_z(out["success_calibrated"], n,
+                                                        out["heldout_success_calibrated"], m),
+            )
+        pooled.append(out)
+    return pooled

@@ -136,17 +136,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
             raise ConfigError("--attack attribute needs --run DIR (one or more)")
         if args.references < 0:
             raise ConfigError(f"--references={args.references}: must be >= 0")
-        if not (args.weight >= 0 and math.isfinite(args.weight)):
+        if args.weight is not None and not (args.weight >= 0 and math.isfinite(args.weight)):
             raise ConfigError(f"--weight={args.weight}: must be finite and >= 0")
+        if args.weight is None and args.references == 1:
+            raise ConfigError("--references=1: choosing the weight needs >= 2 references (or give --weight)")
         rows = [attribute_attack_run(d, args.references, args.weight) for d in args.run]
+        shown: Any = rows if len(rows) > 1 else rows[0]
+        if args.pool:
+            from fedfdp.attack import pool_results
+
+            pooled = pool_results(rows)
+            shown = {"runs": rows, "pooled": pooled}
         if args.json:
-            print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))
+            print(json.dumps(shown, indent=1))
         else:
             _print_attack(rows)
+            if args.pool:
+                print("pooled by mode:")
+                _print_attack(pooled)
         if args.plot:
-            plot_attack(rows, args.plot)
+            plot_attack(pooled if args.pool else rows, args.plot)
         if args.out:
-            Path(args.out).write_text(json.dumps(rows, indent=1))
+            Path(args.out).write_text(json.dumps(shown if args.pool else rows, indent=1))
         return 0
     from strategies.canary_audit import AuditSetup, run_audit
 
@@ -201,8 +212,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", action="append", metavar="DIR", help="run directory (repeatable) for --attack")
     p.add_argument("--references", type=int, default=4, metavar="K",
                    help="with --attack: reference models for the calibrated attack (default 4; 0: none)")
-    p.add_argument("--weight", type=float, default=1.0, metavar="LAMBDA",
-                   help="with --attack: weight of the calibrated attack's likelihood ratio (default 1)")
+    p.add_argument("--weight", type=float, default=None, metavar="LAMBDA",
+                   help="with --attack: weight of the calibrated attack's likelihood ratio (default: "
+                        "chosen by leave-one-out on the reference models)")
+    p.add_argument("--pool", action="store_true",
+                   help="with --attack: also pool the runs of each mode (e.g. several data seeds)")
     p.add_argument("--plot", metavar="PNG", help="with --attack: write a bar chart")
     p.add_argument("--out", metavar="JSON", help="also write the results to this file")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

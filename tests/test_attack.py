@@ -17,12 +17,15 @@ from torch import nn
 from fedfdp import attack as A
 from fedfdp.attack import (
     AttributeGrid,
+    Reference,
     attribute_attack,
     calibrated_scores,
     candidate_losses,
     candidate_margins,
     cell_priors,
+    choose_weight,
     excess_over_ball,
+    pool_results,
 )
 from fedfdp.config import load_config
 from fedfdp.outputs import write_config
@@ -160,6 +163,24 @@ def test_memorising_lookup_model_beats_ball_and_a_reference_like_model_gives_the
     assert abs(same.calibrated_attack - ball) < 3 * math.sqrt(ball * (1 - ball) / len(y))
 
 
+def test_weight_is_chosen_on_the_references_alone():
+    """Leave-one-out over the attacker's references: lookup models that
+    memorised their own records make calibration pay (λ > 0, success near 1
+    against the prior's 0.4); references that only generalise leave every λ
+    at the prior's success and the smallest, λ = 0, is chosen."""
+    lookups, plain = [], []
+    for seed in range(3):
+        x, y, _ = _toy_targets(200, seed=10 + seed)
+        lookups.append(Reference(_Lookup(x[:, 1], y), x, y))
+        plain.append(Reference(_Generalising(), x, y))
+    w, success = choose_weight(lookups, [1], _TOY_GRID, _TOY_PRIOR)
+    assert w > 0 and success[w] > 0.9 and success[w] > success[0.0] + 0.4
+    w0, success0 = choose_weight(plain, [1], _TOY_GRID, _TOY_PRIOR)
+    assert w0 == 0.0 and len(set(success0.values())) == 1
+    with pytest.raises(ValueError, match="2 references"):
+        choose_weight(lookups[:1], [1], _TOY_GRID, _TOY_PRIOR)
+
+
 def test_calibrated_scores_and_excess_over_ball():
     lp = np.log(np.array([[0.5, 0.3, 0.2]]))
     assert np.allclose(calibrated_scores(np.ones((1, 3)), [], lp), lp)  # no references: the prior
@@ -169,6 +190,30 @@ def test_calibrated_scores_and_excess_over_ball():
     z, p = excess_over_ball(0.2, 0.1, 400)
     assert z == pytest.approx(0.1 / math.sqrt(0.09 / 400))
     assert p == pytest.approx(stats.binomtest(80, 400, 0.1, alternative="greater").pvalue)
+
+
+def _row(mode, n, m, hits, held_hits, ball, bound):
+    keys = ("success_loss", "success_bayes", "success_calibrated", "success")
+    return {"run": f"{mode}-{n}", "mode": mode, "epsilon": 2.0, "targets": n, "heldout_targets": m,
+            "cells": 4, "references": 2, "weight": 1.0, **{k: hits / n for k in keys},
+            "prior_marginal": 0.05, "prior_label": ball, "ball": ball, "bound": bound,
+            "train_accuracy": 1.0, "heldout_success_bayes": held_hits / m,
+            "heldout_success_calibrated": held_hits / m, "heldout_success": held_hits / m,
+            "heldout_ball": ball, "accuracy": 0.5}
+
+
+def test_pooling_counts_every_target_once():
+    rows = [_row("fdp", 100, 50, 12, 5, 0.1, 0.2), _row("fdp", 300, 150, 24, 15, 0.08, 0.3),
+            _row("public", 10, 10, 1, 1, 0.1, 0.1)]
+    fdp, public = pool_results(rows)
+    assert fdp["mode"] == "fdp" and fdp["targets"] == 400 and fdp["heldout_targets"] == 200
+    assert fdp["success_calibrated"] == pytest.approx(36 / 400)
+    assert fdp["heldout_success_calibrated"] == pytest.approx(20 / 200)
+    assert fdp["ball"] == pytest.approx((100 * 0.1 + 300 * 0.08) / 400)
+    assert fdp["bound"] == pytest.approx((100 * 0.2 + 300 * 0.3) / 400) and fdp["within_bound"]
+    z, _ = excess_over_ball(36 / 400, fdp["ball"], 400)
+    assert fdp["calibrated_z_vs_ball"] == pytest.approx(z)
+    assert public["runs"] == ["public-10"] and public["success"] == pytest.approx(0.1)
 
 
 def _fleet_run(tmp_path, mode, **keys):
@@ -214,7 +259,7 @@ def test_fdp_model_stays_under_the_bound_with_plot(tmp_path, capsys):
             _fleet_run(tmp_path, "fdp", **{"target-epsilon": 2.0, **keys})]
     runs = [arg for d in dirs for arg in ("--run", str(d))]
     plot = str(tmp_path / "attack.png")
-    assert main(["audit", "--attack", "attribute", "--json", "--references", "1", *runs, "--plot", plot]) == 0
+    assert main(["audit", "--attack", "attribute", "--json", "--references", "2", *runs, "--plot", plot]) == 0
     public, fdp = json.loads(capsys.readouterr().out)
     assert public["epsilon"] == 0.0 and public["bound"] == pytest.approx(public["ball"])
     assert fdp["epsilon"] <= 2.0 + 1e-9
