@@ -62,13 +62,20 @@ import math
 import shutil
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedfdp.config import MODES, PRIVATE_MODES, Config, ConfigError, load_config, parse_override
+from fedfdp.config import (
+    MODES,
+    PRIVATE_MODES,
+    Config,
+    ConfigError,
+    load_config,
+    load_toml_file,
+    parse_override,
+)
 from simulations.compare_report import PLOT_FILE, SUMMARY_FILE, write_report
 from simulations.compare_results import RESULTS_FILE, append_result, done_runs, read_results
 
@@ -365,16 +372,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             return 1
         write_report(out, title=args.title)
     else:
-        if args.config is None:
-            doc: dict[str, Any] = {}
-        else:
-            path = Path(args.config)
-            if not path.is_file():
-                raise ConfigError(f"config={str(path)!r}: no such file")
-            try:
-                doc = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
+        doc: dict[str, Any] = {} if args.config is None else load_toml_file(args.config)
         sweep = parse_sweep(doc, args.set or [])
         command = "fedfdp compare " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
         run_sweep(sweep, out, engine=args.engine, progress=not args.no_progress, command=command,

@@ -55,6 +55,7 @@ __all__ = [
     "TrainingConfig",
     "config_keys",
     "load_config",
+    "load_toml_file",
     "parse_override",
     "private_rounds",
     "read_toml",
@@ -128,16 +129,22 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read an experiment TOML file: flat keys at the top level, or under
-    ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too)."""
+def load_toml_file(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is a :class:`ConfigError`
+    naming it (``config='...'``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config={str(path)!r}: no such file")
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read an experiment TOML file: flat keys at the top level, or under
+    ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too)."""
+    data = load_toml_file(path)
     app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
     if app is not None:
         return dict(app)
