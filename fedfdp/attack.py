@@ -439,29 +439,36 @@ class Reference:
 def train_references(cfg: Config, count: int) -> list[Reference]:
     """The attacker's reference models: ``count`` runs of the same algorithm
     and configuration (:func:`fedfdp.algorithm.run_centralised`) on fresh draws
-    of the generative model, each with its own data seed **and** run seed
-    (initialisation, batch sampling and noise are the attacker's own, not the
-    run's secret randomness). None of them sees a training record."""
+    of the generative model, with data seeds and run seeds of the attacker's
+    own (``REFERENCE_SEED_OFFSET + k``: initialisation, batch sampling and
+    noise are not the run's secret randomness). None of them sees a training
+    record. They depend on the configuration but not on the run's data seed or
+    seed, so runs that differ only in those share them; they are trained once
+    per process (a data seed equal to a reference's would make that fleet a
+    reference's: avoid seeds from ``REFERENCE_SEED_OFFSET`` on)."""
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
 
-    refs = []
-    for k in range(count):
+    recipe = load_config({"data-seed": 0, "seed": 0, "out-dir": ""}, base=cfg)
+    cached = _REFERENCES.get(recipe, [])
+    for k in range(len(cached), count):
         ref_cfg = load_config(
-            {
-                "data-seed": cfg.data.data_seed + REFERENCE_SEED_OFFSET + k,
-                "seed": cfg.run.seed + REFERENCE_SEED_OFFSET + k,
-                "out-dir": "",
-                "progress": False,
-            },
-            base=cfg,
+            {"data-seed": REFERENCE_SEED_OFFSET + k, "seed": REFERENCE_SEED_OFFSET + k, "progress": False},
+            base=recipe,
         )
         data = load_dataset(ref_cfg.data)
         model, _ = run_centralised(ref_cfg, data)
         x = np.concatenate([d.x for d in data.devices])
         y = np.concatenate([d.y for d in data.devices])
-        refs.append(Reference(model, x, y))
-    return refs
+        cached.append(Reference(model, x, y))
+    _REFERENCES[recipe] = cached
+    return cached[:count]
+
+
+#: Reference models trained in this process, per configuration (data seed and seed zeroed).
+_REFERENCES: dict[Config, list[Reference]] = {}
+#: λ chosen on them, per configuration and number of references.
+_WEIGHTS: dict[tuple[Config, int], tuple[float, dict[float, float]]] = {}
 
 
 #: The weights λ the attacker tries when it chooses one (:func:`choose_weight`).
@@ -600,7 +607,10 @@ def attribute_attack_run(
         if references == 1:
             raise ValueError("references=1: choosing the weight needs >= 2 references (or give a weight)")
         if refs:
-            weight, weight_success = choose_weight(refs, data.spec.private_index, grid, conditional)
+            key = (load_config({"data-seed": 0, "seed": 0, "out-dir": ""}, base=cfg), references)
+            if key not in _WEIGHTS:  # the references are shared by such runs, and so is λ
+                _WEIGHTS[key] = choose_weight(refs, data.spec.private_index, grid, conditional)
+            weight, weight_success = _WEIGHTS[key]
         else:
             weight = 0.0
     x = np.concatenate([d.x for d in data.devices])
