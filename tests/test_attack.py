@@ -216,36 +216,49 @@ def test_pooling_counts_every_target_once():
     assert public["runs"] == ["public-10"] and public["success"] == pytest.approx(0.1)
 
 
-def _fleet_run(tmp_path, mode, **keys):
-    cfg = load_config({"mode": mode, "model": "mlp", "learning-rate": 0.2, "progress": False,
-                       "out-dir": str(tmp_path / mode), **keys})
-    (tmp_path / mode).mkdir()
-    write_config(tmp_path / mode, cfg.to_flat())
-    return tmp_path / mode
+def _fleet_run(tmp_path, name, **keys):
+    cfg = load_config({"mode": name, "model": "mlp", "learning-rate": 0.2, "progress": False,
+                       "out-dir": str(tmp_path / name), **keys})
+    (tmp_path / name).mkdir()
+    write_config(tmp_path / name, cfg.to_flat())
+    return tmp_path / name
 
 
-#: The memorising regime of docs/audit.md, smaller: 60 devices × ~6 records
-#: (half held out), one hidden layer of 1,024 units, full-batch Adam.
+#: The memorising regime of docs/audit.md: 100 devices × ~6 records (half held
+#: out, ~310 training records), one hidden layer of 1,024 units, full-batch Adam.
 MEMORISING = {
-    "model": "mlp", "hidden-sizes": [1024], "optimizer": "adam", "learning-rate": 0.003,
-    "sampling-rate": 1.0, "num-rounds": 300, "num-devices": 120, "records-per-device": 6,
-    "test-fraction": 0.5, "eval-every": 300,
+    "model": "mlp", "hidden-sizes": [1024], "optimizer": "adam", "learning-rate": 0.001,
+    "sampling-rate": 1.0, "num-rounds": 2000, "num-devices": 100, "records-per-device": 6,
+    "test-fraction": 0.5, "eval-every": 2000,
 }
 
 
 @pytest.mark.slow
-def test_memorising_model_beats_ball_on_training_records(tmp_path, capsys):
-    """Fleet, ~360 training records, 180 candidate cells, a model trained
-    without privacy to memorise its records. The calibrated attack (two
-    reference models on fresh draws) beats Ball on the training records with
-    a one-sided binomial p-value below 1e-3 (z > 3), and beats its own success
-    on the held-out records of the same devices (z > 2): it reads what the
-    model memorised, not population structure."""
-    d = _fleet_run(tmp_path, "nonprivate", **MEMORISING)
-    assert main(["audit", "--attack", "attribute", "--json", "--references", "2", "--run", str(d)]) == 0
-    r = json.loads(capsys.readouterr().out)
-    assert r["train_accuracy"] == 1.0 and r["accuracy"] < 0.85  # memorised
-    assert r["calibrated_p_vs_ball"] < 1e-3 and r["calibrated_z_vs_ball"] > 3
+def test_memorising_model_beats_ball_on_training_records(tmp_path):
+    """Four fleets (data seeds 0–3, 1,236 training records), 180 candidate
+    cells, models trained without privacy until they memorise their records;
+    the calibrated attack with 16 shared reference models and λ = 1, the
+    README's measurement (where leave-one-out on the references chose λ = 1;
+    fixed here to save the leave-one-out's time).
+
+    Pooled, its success on the training records exceeds Ball with a one-sided
+    binomial p-value below 0.01 (z > 2.3) and exceeds its success on the
+    held-out records of the same devices (z > 2): it reads what the models
+    memorised, not population structure. Measured: 0.118 against Ball 0.088,
+    z = 3.8, training − held-out z = 4.2 (docs/audit.md); the thresholds leave
+    1.5 standard errors for platform differences in training. With 8
+    references the same fleets give only z ≈ 1.8: the reference average must
+    be good for the calibration to pay."""
+    rows = []
+    for seed in range(4):
+        keys = {"mode": "nonprivate", "data-seed": seed, **MEMORISING}
+        d = _fleet_run(tmp_path, f"nonprivate-{seed}", **keys)
+        rows.append(A.attribute_attack_run(d, references=16, weight=1.0))
+    assert all(r["train_accuracy"] == 1.0 and r["accuracy"] < 0.8 for r in rows)  # memorised
+    (r,) = A.pool_results(rows)
+    assert r["targets"] > 1200
+    assert r["calibrated_p_vs_ball"] < 0.01 and r["calibrated_z_vs_ball"] > 2.3
+    assert r["success_calibrated"] > r["ball"] + 0.015
     assert r["train_minus_heldout_z"] > 2
     assert r["bound"] == 1.0 and r["epsilon"] == float("inf")
 
