@@ -267,7 +267,8 @@ def choose_test(
             t, e = _search(sign * pos, sign * neg, delta, alpha, max_candidates, sizes)
             if best is None or e > best[1]:
                 best = (Test(name, sign, t), e)
-    assert best is not None
+    if best is None:  # unreachable: the loop runs for both signs
+        raise RuntimeError(f"statistic {name!r}: no test chosen")
     return best
 
 

@@ -335,7 +335,8 @@ def one_round(des: CanaryDesign, seed: int, worlds: np.ndarray) -> tuple[np.ndar
     strat.model.load_state_dict(des.state)
     strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in public_view.devices])}
     strat.resolve()
-    assert strat.plan is not None
+    if strat.plan is None:
+        raise RuntimeError("canary audit: the strategy resolved no privacy plan")
     strat.budget = Budget(strat.plan, _CachedAccountant())
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)

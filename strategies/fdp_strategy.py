@@ -187,6 +187,12 @@ class FDPStrategy(Strategy):
                 )
             time.sleep(0.2)
 
+    def _resolved(self) -> Budget:
+        """The budget of the resolved privacy plan; rounds need one."""
+        if self.budget is None or self.plan is None:
+            raise RuntimeError("FDPStrategy: no privacy plan yet; call resolve() (start() does) first")
+        return self.budget
+
     def resolve(self) -> PrivacyPlan:
         """Resolve σ, δ and the budget from the registered ``N``."""
         self.plan = plan_privacy(self.cfg, self.num_records)
@@ -336,9 +342,11 @@ class FDPStrategy(Strategy):
         phase = state.phase
         noise = None
         if phase.noise:
-            assert self.plan is not None and self.plan.noise_multiplier is not None
+            sigma = self._resolved().plan.noise_multiplier
+            if sigma is None:
+                raise RuntimeError(f"round {server_round}: a private round without a noise multiplier")
             noise = RoundNoise(
-                self.plan.noise_multiplier,
+                sigma,
                 self.cfg.privacy.clipping_norm,
                 ServerStreams.for_round(self.cfg.run.seed, server_round, state.attempt).noise,
             )
@@ -358,11 +366,11 @@ class FDPStrategy(Strategy):
             noise=noise,
         )
         apply_gradient(self.params, self.optimizer, grad)
-        assert self.budget is not None
+        budget = self._resolved()
         if phase.noise and self._charged_round != server_round:
             self.charge(server_round)  # direct use without start(): compose now
         self._charged_round = None
-        epsilon = self.budget.epsilon()
+        epsilon = budget.epsilon()
         pub_loss = sum(v.public_loss_sum for v in valid) / public_count if public_count else float("nan")
         self._last = {
             "epsilon": epsilon,
@@ -399,11 +407,11 @@ class FDPStrategy(Strategy):
         """Compose the privacy event of a private round and, with an output
         directory, write the ledger to disk — before the round draws its batches
         and noise (write-ahead; see :mod:`fedfdp.checkpoint`)."""
-        assert self.budget is not None
+        budget = self._resolved()
         attempt = self.ledger.attempts(server_round)
-        self.budget.spend()
+        budget.spend()
         self.ledger.charges.append([server_round, attempt])
-        self.ledger.accountant = self.budget.accountant.state_dict()
+        self.ledger.accountant = budget.accountant.state_dict()
         if self.cfg.run.out_dir:
             write_ledger(self.cfg.run.out_dir, self.ledger)
         self._attempt, self._attempt_round = attempt, server_round
@@ -432,8 +440,7 @@ class FDPStrategy(Strategy):
                     f"{self.num_records}: different data, refusing to resume"
                 )
         if ledger is not None:
-            assert self.budget is not None
-            self.budget.accountant.load_state_dict(ledger.accountant)
+            self._resolved().accountant.load_state_dict(ledger.accountant)
             self.ledger = ledger
         if ckpt is None:
             return 1
@@ -500,7 +507,7 @@ class FDPStrategy(Strategy):
                 phase = phase_for_round(p.mode, p.public_pretrain_rounds, r)
                 if phase.noise:
                     try:
-                        self.budget.check()  # type: ignore[union-attr]
+                        self._resolved().check()
                     except PrivacyBudgetExhausted as exc:
                         self.stop_reason = f"stopped before round {r}: {exc}"
                         log.warning(self.stop_reason)
