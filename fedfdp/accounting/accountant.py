@@ -343,6 +343,15 @@ class FDPAccountant:
         """Certified upper bound on epsilon at ``delta``: the number to print."""
         return self.epsilon_bound(delta, relation).upper
 
+    def _prospect(
+        self, max_epsilon: float, noise_multiplier: float, sampling_rate: float, count: int
+    ) -> tuple[float, list[PrivacyEvent]]:
+        """The validated cap and the ledger as it would be after ``count`` more rounds."""
+        max_epsilon = _check_real("max_epsilon", max_epsilon)
+        if max_epsilon < 0:
+            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
+        return max_epsilon, _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+
     def would_exceed(
         self,
         max_epsilon: float,
@@ -356,10 +365,7 @@ class FDPAccountant:
 
         Does not modify the ledger.
         """
-        max_epsilon = _check_real("max_epsilon", max_epsilon)
-        if max_epsilon < 0:
-            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
-        events = _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+        max_epsilon, events = self._prospect(max_epsilon, noise_multiplier, sampling_rate, count)
         return self._bound(events, delta, relation).upper > max_epsilon
 
     def spend(
@@ -381,10 +387,7 @@ class FDPAccountant:
         PrivacyBudgetExhausted
             Carrying the epsilon already spent; the ledger is left unchanged.
         """
-        max_epsilon = _check_real("max_epsilon", max_epsilon)
-        if max_epsilon < 0:
-            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
-        new_events = _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+        max_epsilon, new_events = self._prospect(max_epsilon, noise_multiplier, sampling_rate, count)
         new_eps = self._bound(new_events, delta, relation).upper
         if new_eps > max_epsilon:
             spent = self._bound(self._ledger, delta, relation).upper

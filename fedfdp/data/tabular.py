@@ -46,6 +46,7 @@ Devices and held-out split
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -185,15 +186,7 @@ def load_site(cfg: DataConfig, path: str) -> FederatedData:
     training records of one device, ``devices[0]``; no held-out part. The node
     config's ``data-path`` names the file. Cached per process."""
     schema, x, y = _declared_table(cfg, path, "data-path")
-    return FederatedData(
-        name=schema.name,
-        spec=schema.spec,
-        devices=(DeviceData(x, y),),
-        test_x=schema.test_x,
-        test_y=schema.test_y,
-        class_names=schema.class_names,
-        public_statistics=schema.public_statistics,
-    )
+    return dataclasses.replace(schema, devices=(DeviceData(x, y),))
 
 
 def load_heldout(cfg: DataConfig) -> FederatedData:
@@ -201,12 +194,4 @@ def load_heldout(cfg: DataConfig) -> FederatedData:
     held-out records of ``test-path``; no training devices (they stay on the
     SuperNodes, which report only their record counts)."""
     schema, x, y = _declared_table(cfg, cfg.test_path, "test-path")
-    return FederatedData(
-        name=schema.name,
-        spec=schema.spec,
-        devices=(),
-        test_x=x,
-        test_y=y,
-        class_names=schema.class_names,
-        public_statistics=schema.public_statistics,
-    )
+    return dataclasses.replace(schema, test_x=x, test_y=y)
