@@ -19,6 +19,15 @@ Expected values come from independent references, never from the code under test
 - Trade-off curve: ``G_mu`` in closed form for ``q = 1`` (1e-9); for ``q < 1``,
   ``max_eps [1 - delta_ref(eps) - e^eps alpha]`` from dp-accounting's hockey-stick
   curve (vdi 1e-3): the accountant's curve must lie below it (+2e-3) and within 0.06.
+- Participation ``p < 1`` (Poisson device sampling, the device draw known to the
+  adversary): with ``K ~ Binomial(T, p)`` touching rounds,
+  ``delta(eps) = sum_k Binom(k; T, p) delta_k(eps)``, ``delta_k`` from dp-accounting's
+  ``k``-fold PLD (both orderings, the larger kept), or the Gaussian closed form for
+  ``q = 1`` (``tests/references.py``).  Tolerances: ``|estimate - ref| <= 0.02``,
+  ``upper >= ref - 1e-6``, ``lower <= ref + 1e-3``.
+- Bounded memory: the pathological inputs run in a subprocess whose address space is
+  capped at 3 GiB and must return valid (checked against references through
+  monotonicity) finite bounds, with a traced peak below the documented limit.
 """
 
 from __future__ import annotations
@@ -52,7 +61,14 @@ from fedfdp.accounting import (
 )
 from fedfdp.accounting.prv import _RDP_ORDERS, _log_moments
 from fedfdp.accounting.prv_reference import _prv_add_ordering
-from tests.references import VDI, dp_ref_eps, gaussian_eps_ref
+from tests.references import (
+    VDI,
+    dp_ref_eps,
+    gaussian_eps_ref,
+    participation_delta_ref,
+    participation_eps_ref,
+    participation_gaussian_eps_ref,
+)
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 dp_accounting = pytest.importorskip("dp_accounting")
@@ -561,3 +577,301 @@ def test_input_validation() -> None:
     with pytest.raises(ValueError, match="ledger"):
         tradeoff_curve(["not an event"])
     assert len(acc.ledger) == 1
+
+
+
+# --------------------------------------------------------------------------- #
+# participation: Poisson device sampling, the device draw known to the adversary
+# --------------------------------------------------------------------------- #
+
+PARTICIPATION = [
+    # (sigma, q, p, rounds, delta, dp-accounting discretisation of the reference)
+    (1.34, 0.05, 0.2, 150, 1.5e-4, VDI),  # the default fleet's sigma with p = 0.2
+    (0.8, 0.1, 0.5, 300, 1e-5, 1e-3),
+    (2.0, 0.01, 0.05, 1000, 1e-6, VDI),
+]
+
+
+@pytest.mark.parametrize(("sigma", "q", "p", "rounds", "delta", "vdi"), PARTICIPATION)
+def test_participation_against_binomial_reference(
+    sigma: float, q: float, p: float, rounds: int, delta: float, vdi: float
+) -> None:
+    ref = participation_eps_ref(sigma, q, p, rounds, delta, vdi)
+    b = epsilon_for(sigma, q, rounds, delta, participation=p)
+    assert b.upper >= ref - 1e-6
+    assert abs(b.estimate - ref) <= 0.02
+    assert b.lower <= ref + 1e-3
+    assert b.upper <= ref + EPS_ERROR + 5e-3
+    # p q treats the device draw as secret: not valid, and strictly below the exact value
+    assert epsilon_for(sigma, q * p, rounds, delta).upper < ref
+    assert b.upper <= epsilon_for(sigma, q, rounds, delta).upper
+
+
+@pytest.mark.parametrize(("sigma", "p", "rounds", "delta"), [(2.0, 0.3, 50, 1.5e-4), (5.0, 0.1, 400, 1e-6)])
+def test_participation_gaussian_rounds(sigma: float, p: float, rounds: int, delta: float) -> None:
+    """q = 1 with p < 1 is a mixture of Gaussian mechanisms, not one: no closed form in
+    the accountant, the binomial mixture of closed forms as the reference."""
+    ref = participation_gaussian_eps_ref(sigma, p, rounds, delta)
+    b = epsilon_for(sigma, 1.0, rounds, delta, participation=p)
+    assert ref - 1e-6 <= b.upper <= ref + EPS_ERROR + 5e-3
+    assert abs(b.estimate - ref) <= 5e-3 and b.lower <= ref
+    assert b.upper < epsilon_for(sigma, 1.0, rounds, delta).upper
+
+
+def test_participation_properties() -> None:
+    sigma, q, rounds, delta = 1.0, 0.05, 200, 1e-5
+    eps_p = [epsilon_for(sigma, q, rounds, delta, participation=p).upper for p in (0.05, 0.2, 0.5, 1.0)]
+    assert all(a < b for a, b in itertools.pairwise(eps_p))
+    for p in (0.05, 0.2, 0.5):
+        mixture = epsilon_for(sigma, q, rounds, delta, participation=p)
+        secret_draw = epsilon_for(sigma, p * q, rounds, delta)  # the mixture without the label
+        assert mixture.estimate >= secret_draw.estimate
+        assert mixture.upper >= secret_draw.upper
+    # participation 1 is the plain event, bit for bit
+    a = FDPAccountant()
+    a.compose(1.0, 0.05, 10, participation=1.0)
+    assert a.ledger == (PrivacyEvent(1.0, 0.05, 10),)
+    assert a.epsilon(1e-5) == epsilon_for(1.0, 0.05, 10, 1e-5).upper
+
+
+def test_participation_ledger_and_state() -> None:
+    acc = FDPAccountant()
+    acc.compose(1.0, 0.05, 3, participation=0.2)
+    acc.compose(1.0, 0.05, 2, participation=0.2)  # merges
+    acc.compose(1.0, 0.05, 1)  # does not
+    assert acc.ledger == (PrivacyEvent(1.0, 0.05, 5, 0.2), PrivacyEvent(1.0, 0.05, 1))
+    state = json.loads(json.dumps(acc.state_dict()))
+    assert state["version"] == 2
+    assert state["ledger"][0] == {
+        "noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 5, "participation": 0.2
+    }
+    other = FDPAccountant()
+    other.load_state_dict(state)
+    assert other.ledger == acc.ledger and other.epsilon(1e-5) == acc.epsilon(1e-5)
+    # a version-1 state (no participation) loads with participation 1
+    old = {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4}]}
+    other.load_state_dict(old)
+    assert other.ledger == (PrivacyEvent(1.0, 0.05, 4, 1.0),)
+    for bad in (
+        {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4,
+                                   "participation": 0.5}]},
+        {"version": 2, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4}]},
+        {"version": 2, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4,
+                                   "participation": 0.0}]},
+        {"version": [2], "ledger": []},
+    ):
+        with pytest.raises(ValueError, match="state"):
+            other.load_state_dict(bad)  # type: ignore[arg-type]
+    # budget checks carry the participation
+    assert acc.would_exceed(100.0, 1e-5, 1.0, 0.05, participation=0.2) is False
+    spent = acc.spend(1.0, 0.05, max_epsilon=100.0, delta=1e-5, participation=0.2)
+    assert acc.ledger[-1] == PrivacyEvent(1.0, 0.05, 1, 0.2) and spent == acc.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), "0.5", True])
+def test_participation_validation(bad: object) -> None:
+    with pytest.raises(ValueError, match="participation="):
+        PrivacyEvent(1.0, 0.1, 1, bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="participation="):
+        FDPAccountant().compose(1.0, 0.1, participation=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="participation="):
+        calibrate_noise_multiplier(1.0, 0.1, 10, 1e-5, participation=bad)  # type: ignore[arg-type]
+
+
+def test_participation_calibration() -> None:
+    sigma = calibrate_noise_multiplier(2.0, 0.05, 150, 1.5e-4, participation=0.2)
+    eps = epsilon_for(sigma, 0.05, 150, 1.5e-4, participation=0.2).upper
+    assert 1.9 <= eps <= 2.0
+    assert epsilon_for(sigma * 0.99, 0.05, 150, 1.5e-4, participation=0.2).upper > 2.0
+    assert participation_eps_ref(sigma, 0.05, 0.2, 150, 1.5e-4) <= 2.0
+    assert sigma < calibrate_noise_multiplier(2.0, 0.05, 150, 1.5e-4)  # p < 1 needs less noise
+
+
+def test_participation_discrete_mean_is_exact() -> None:
+    """The zero-loss atom sits on the grid and one shift serves the mixture: the
+    discrete mean is p times the (independently integrated) mean of the loss, i.e.
+    p KL(Q || P) for remove and p KL(P || Q) for add."""
+    from scipy import integrate
+
+    from fedfdp.accounting.prv import _discretise
+
+    sigma, q, p = 1.0, 0.1, 0.3
+
+    def log_q_over_p(w: float) -> float:
+        return math.log1p(-q + q * math.exp((2 * w - 1) / (2 * sigma**2)))
+
+    def dens(w: float, m: float) -> float:
+        return math.exp(-0.5 * ((w - m) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+
+    kl_qp = integrate.quad(
+        lambda w: ((1 - q) * dens(w, 0) + q * dens(w, 1)) * log_q_over_p(w), -30, 30, limit=200
+    )[0]
+    kl_pq = integrate.quad(lambda w: -dens(w, 0) * log_q_over_p(w), -30, 30, limit=200)[0]
+    for direction, mean in (("remove", p * kl_qp), ("add", p * kl_pq)):
+        k0, pmf, shift = _discretise(sigma, q, direction, 1e-3, 1e-12, p)
+        values = (k0 + np.arange(len(pmf))) * 1e-3 + shift
+        assert abs(float(pmf.sum()) - 1.0) <= 1e-12
+        assert abs(float(np.dot(pmf, values)) - mean) <= 1e-9
+        assert abs(shift) < 0.5e-3
+        assert pmf[-k0] >= 1 - p  # the atom, in the cell of k = 0
+
+
+def test_participation_tradeoff_and_theorem4() -> None:
+    """The trade-off curve of a mixture ledger lies below the curve built from the
+    binomial reference's delta (both orderings), and not far below."""
+    sigma, q, p, rounds = 1.0, 0.05, 0.3, 60
+    dref = participation_delta_ref(sigma, q, p, rounds, vdi=1e-3)
+    eps_grid = np.linspace(-3.0, 8.0, 221)
+    d_ref = np.array([dref(float(e)) for e in eps_grid])
+    alphas = np.concatenate([np.geomspace(1e-4, 1e-2, 10), np.linspace(0.02, 1.0, 30)])
+    f_ref = np.maximum(0.0, (1 - d_ref[None, :] - np.exp(eps_grid)[None, :] * alphas[:, None]).max(axis=1))
+    _, b = tradeoff_curve([PrivacyEvent(sigma, q, rounds, p)], alphas)
+    assert np.all(b <= f_ref + 2e-3)
+    assert np.all(b >= f_ref - 0.06)
+    bound = attribute_inference_bound([PrivacyEvent(sigma, q, rounds, p)], 0.2)
+    assert 0.2 <= bound < attribute_inference_bound([PrivacyEvent(sigma, q, rounds)], 0.2)
+
+
+def test_participation_replacement_and_prv_accountant() -> None:
+    ev = PrivacyEvent(1.34, 0.05, 150, 0.2)
+    acc = FDPAccountant()
+    acc.compose(1.34, 0.05, 150, participation=0.2)
+    rep = acc.epsilon_bound(1.5e-4, "replacement")
+    assert math.isfinite(rep.upper) and rep.upper >= acc.epsilon(1.5e-4)
+    assert rep.upper < epsilon_for(1.34, 0.05, 150, 1.5e-4, "replacement").upper
+    slow = epsilon_prv_accountant([ev], 1.5e-4)
+    fast = acc.epsilon_bound(1.5e-4)
+    assert slow.lower <= fast.estimate <= slow.upper
+    assert abs(slow.estimate - fast.estimate) <= 5e-3
+
+
+def test_participation_renyi_bounds_are_valid() -> None:
+    """The RDP cap and Chernoff window use p A_a + 1 - p; the RDP epsilon must stay
+    above the reference."""
+    from fedfdp.accounting.prv import Group, _rdp_epsilon
+
+    ref = participation_eps_ref(1.34, 0.05, 0.2, 150, 1.5e-4)
+    rdp = _rdp_epsilon((Group(1.34, 0.05, 150, 0.2),), 1.5e-4)
+    assert ref <= rdp <= _rdp_epsilon((Group(1.34, 0.05, 150),), 1.5e-4)
+
+
+def test_participation_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond _MAX_GROUPS distinct (sigma, q, p) the participation is rounded up for
+    the upper bound and down for the lower bound."""
+    monkeypatch.setattr(composition, "_MAX_GROUPS", 2)
+    composition._profile.cache_clear()
+    ps = [0.2 * (1.0 - 3e-4 * k) for k in range(6)]
+    events = [PrivacyEvent(1.34, 0.05, 25, p) for p in ps]
+    b = FDPAccountant().__class__()
+    for ev in events:
+        b.compose(ev.noise_multiplier, ev.sampling_rate, ev.count, participation=ev.participation)
+    bound = b.epsilon_bound(1.5e-4)
+    assert bound.upper >= participation_eps_ref(1.34, 0.05, max(ps), 150, 1.5e-4, 1e-3) - 1e-6
+    assert bound.lower <= participation_eps_ref(1.34, 0.05, min(ps), 150, 1.5e-4, 1e-3) + 1e-3
+    composition._profile.cache_clear()
+
+
+def test_participation_speed() -> None:
+    import time
+
+    composition._profile.cache_clear()
+    t0 = time.perf_counter()
+    epsilon_for(1.34, 0.05, 150, 1.5e-4, participation=0.2)
+    assert time.perf_counter() - t0 < 1.0
+
+
+# --------------------------------------------------------------------------- #
+# bounded memory and time for every input
+# --------------------------------------------------------------------------- #
+
+
+def test_integer_moments_bound_the_quadrature() -> None:
+    """The closed form used for small sigma: exact at integer orders, above the
+    quadrature (convexity) in between."""
+    from fedfdp.accounting.prv import _log_moments_integer
+
+    for sigma, q in [(0.5, 0.1), (0.3, 0.01), (1.0, 0.5)]:
+        quad = _log_moments(sigma, q)
+        closed = _log_moments_integer(sigma, q)
+        integer = np.round(_RDP_ORDERS) == _RDP_ORDERS
+        finite = np.isfinite(quad) & (quad < 1e4)
+        np.testing.assert_allclose(closed[integer & finite], quad[integer & finite], rtol=1e-8, atol=1e-12)
+        assert np.all(closed[finite] >= quad[finite] - 1e-9 * (1 + np.abs(quad[finite])))
+
+
+def test_coarsened_mesh_stays_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger too large for the memory limit is composed on a coarser mesh: a wider
+    interval that still contains the reference."""
+    monkeypatch.setattr(composition, "_MAX_POINTS", 2**14)
+    composition._profile.cache_clear()
+    ref = dp_ref_eps([(0.8, 1 / 16, 1000)], 1e-5)
+    b = epsilon_for(0.8, 1 / 16, 1000, 1e-5)
+    composition._profile.cache_clear()
+    assert b.upper - b.estimate > EPS_ERROR  # coarsened
+    assert b.lower <= ref + 1e-3 <= b.upper + 1e-3 + (b.upper - ref)
+    assert ref - 1e-3 <= b.upper <= ref + 1.0
+
+
+_MEMORY_SCRIPT = r"""
+import json, math, resource, sys, time, tracemalloc
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+tracemalloc.start()
+from fedfdp.accounting import (FDPAccountant, PrivacyEvent, attribute_inference_bound,
+                               calibrate_noise_multiplier, epsilon_for, tradeoff_curve)
+from fedfdp.accounting.composition import MEMORY_LIMIT_BYTES
+out, t0 = {}, time.perf_counter()
+def f(x):
+    return x if math.isfinite(x) else None
+out["tiny_sigma"] = f(epsilon_for(1e-3, 0.05, 150, 1e-5).upper)
+out["tiny_sigma_replacement"] = f(epsilon_for(1e-3, 0.05, 150, 1e-5, "replacement").upper)
+out["huge_target_sigma"] = calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5)
+out["huge_target_sigma_p"] = calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5, participation=0.3)
+out["tiny_delta"] = f(epsilon_for(0.8, 0.05, 150, 1e-300).upper)
+out["tiny_delta_replacement"] = f(epsilon_for(0.8, 0.05, 150, 5e-324, "replacement").upper)
+out["many_rounds"] = f(epsilon_for(1.0, 0.05, 10**15, 1e-5).upper)
+out["tiny_rate"] = f(epsilon_for(1.0, 1e-300, 150, 1e-5).upper)
+out["no_noise_gaussian"] = f(epsilon_for(1e-300, 1.0, 150, 1e-5).upper)
+out["huge_noise"] = f(epsilon_for(1e300, 0.05, 150, 1e-5).upper)
+out["tiny_sigma_ball"] = attribute_inference_bound([PrivacyEvent(1e-3, 0.05, 150)], 0.1)
+out["fine_mesh"] = f(epsilon_for(1.0, 0.05, 150, 1e-5, eps_error=1e-3).upper)
+out["fine_mesh_estimate"] = epsilon_for(1.0, 0.05, 150, 1e-5, eps_error=1e-3).estimate
+big = epsilon_for(0.1, 1e-3, 1000, 1e-5, eps_error=0.004)  # full-length FFT at the limit
+out["big_window"] = [big.lower, big.estimate, big.upper]
+out["seconds"] = time.perf_counter() - t0
+out["peak_bytes"] = tracemalloc.get_traced_memory()[1]
+out["limit_bytes"] = MEMORY_LIMIT_BYTES
+print(json.dumps(out))
+"""
+
+
+def test_pathological_inputs_bounded_memory_and_time() -> None:
+    """Inputs that used to exhaust memory (tiny sigma: >4 GB; an enormous calibration
+    target: ~23 GB) or raise (delta = 1e-300) now answer valid bounds inside a 3 GiB
+    address space, in seconds, with the traced peak below MEMORY_LIMIT_BYTES."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout)
+    assert r["peak_bytes"] <= r["limit_bytes"]
+    assert r["seconds"] < 60
+    # valid: epsilon is monotone (decreasing in sigma and delta, increasing in rounds),
+    # so each answer must be above an independent reference at a milder setting
+    assert r["tiny_sigma"] >= dp_ref_eps([(0.3, 0.05, 150)], 1e-5)
+    assert r["tiny_sigma_replacement"] >= r["tiny_sigma"]
+    assert r["tiny_delta"] >= dp_ref_eps([(0.8, 0.05, 150)], 1e-12, vdi=1e-3)
+    assert r["tiny_delta_replacement"] >= r["tiny_delta"]
+    assert r["many_rounds"] >= dp_ref_eps([(1.0, 0.05, 10_000)], 1e-5, vdi=1e-3)
+    assert r["tiny_rate"] == 0.0  # a record is touched with probability ~1e-298 < delta
+    assert r["no_noise_gaussian"] is None  # sigma^2 underflows: epsilon beyond the float range
+    assert 0.0 <= r["huge_noise"] <= EPS_ERROR
+    assert 0.1 <= r["tiny_sigma_ball"] <= 1.0
+    # the calibrated sigma for an enormous target is the search floor, and meets it
+    assert r["huge_target_sigma"] == r["huge_target_sigma_p"] == 2.0**-10
+    ref = dp_ref_eps([(1.0, 0.05, 150)], 1e-5)
+    assert ref - 1e-6 <= r["fine_mesh"] <= ref + 2e-3
+    assert abs(r["fine_mesh_estimate"] - ref) <= 1e-3
+    lo, est, up = r["big_window"]
+    ref = dp_ref_eps([(0.1, 1e-3, 1000)], 1e-5, vdi=1e-2)
+    assert lo <= ref + 1e-3 and up >= ref - 0.02 and abs(est - ref) <= 0.05

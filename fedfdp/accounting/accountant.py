@@ -34,7 +34,12 @@ from fedfdp.accounting.composition import _DISC_SHARE, _Bounds, _bounds
 from fedfdp.accounting.replacement import replacement_epsilon
 
 RELATIONS = ("add-remove", "replacement")
-_STATE_VERSION = 1
+# version 2 adds each event's participation; version-1 states load with participation 1
+_STATE_VERSION = 2
+_STATE_FIELDS = {
+    1: ("noise_multiplier", "sampling_rate", "count"),
+    2: ("noise_multiplier", "sampling_rate", "count", "participation"),
+}
 
 
 # --------------------------------------------------------------------------------------
@@ -141,19 +146,29 @@ class PrivacyEvent:
     noise_multiplier : float
         ``sigma``: noise std divided by the clip norm (the L2 sensitivity); finite, > 0.
     sampling_rate : float
-        ``q``: probability that a record joins the private batch, in ``(0, 1]``.
+        ``q``: probability that a record joins the private batch given that the round
+        touches it (its device was drawn), in ``(0, 1]``.
     count : int
         Number of identical rounds, ``>= 1``.
+    participation : float
+        ``p``: probability that a round touches the record at all (Poisson device
+        sampling: the record's device is drawn), in ``(0, 1]``; the adversary may know
+        whether it did.  Each round is then the mixture: with probability ``p``
+        Theorem 5's pair at rate ``q``, otherwise the identical pair ``(P, P)``.
+        ``1`` (the default) is the plain subsampled Gaussian.  This is **not** the
+        same as rate ``p q`` (which would treat the device draw as secret).
     """
 
     noise_multiplier: float
     sampling_rate: float
     count: int = 1
+    participation: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier", _check_sigma(self.noise_multiplier))
         object.__setattr__(self, "sampling_rate", _check_rate(self.sampling_rate))
         object.__setattr__(self, "count", _check_count(self.count))
+        object.__setattr__(self, "participation", _check_rate(self.participation, "participation"))
 
 
 @dataclass(frozen=True)
@@ -207,14 +222,18 @@ def _as_events(ledger_or_accountant: Any) -> tuple[PrivacyEvent, ...]:
 
 
 def _appended(ledger: Sequence[PrivacyEvent], event: PrivacyEvent) -> list[PrivacyEvent]:
-    """``ledger + [event]``, merged into the last event when ``(sigma, q)`` agree."""
+    """``ledger + [event]``, merged into the last event when ``(sigma, q, participation)``
+    agree."""
     out = list(ledger)
-    if out and (out[-1].noise_multiplier, out[-1].sampling_rate) == (
+    if out and (out[-1].noise_multiplier, out[-1].sampling_rate, out[-1].participation) == (
         event.noise_multiplier,
         event.sampling_rate,
+        event.participation,
     ):
         last = out[-1]
-        out[-1] = PrivacyEvent(last.noise_multiplier, last.sampling_rate, last.count + event.count)
+        out[-1] = PrivacyEvent(
+            last.noise_multiplier, last.sampling_rate, last.count + event.count, last.participation
+        )
     else:
         out.append(event)
     return out
@@ -242,8 +261,13 @@ class FDPAccountant:
         Relative delta slack, in ``(0, 0.1]``: ``delta_error * delta`` is
         prv-accountant's ``delta_error`` (absolute floor 1e-13).
     max_grid_points : int
-        Largest discretisation window; beyond it (astronomical epsilon) only the
-        Renyi-DP bound, a valid but looser upper bound, is reported.
+        Largest composition window (points).  A window or an FFT that would exceed
+        it, or the memory limit ``composition.MEMORY_LIMIT_BYTES`` (1 GiB), is
+        composed on a coarser mesh (a wider, still certified interval); when even
+        that fails (astronomical epsilon), only the Renyi-DP bound, a valid but
+        looser upper bound, is reported.
+
+    Memory and time are bounded for every input: see :mod:`fedfdp.accounting.composition`.
     """
 
     def __init__(
@@ -282,7 +306,8 @@ class FDPAccountant:
 
     @property
     def ledger(self) -> tuple[PrivacyEvent, ...]:
-        """Immutable events; consecutive events with equal ``(sigma, q)`` are merged."""
+        """Immutable events; consecutive events with equal ``(sigma, q, participation)``
+        are merged."""
         return tuple(self._ledger)
 
     @property
@@ -290,9 +315,18 @@ class FDPAccountant:
         """Total number of composed rounds."""
         return sum(ev.count for ev in self._ledger)
 
-    def compose(self, noise_multiplier: float, sampling_rate: float, count: int = 1) -> None:
-        """Record ``count`` rounds with noise multiplier ``sigma`` and sampling rate ``q``."""
-        event = PrivacyEvent(noise_multiplier, sampling_rate, count)
+    def compose(
+        self,
+        noise_multiplier: float,
+        sampling_rate: float,
+        count: int = 1,
+        *,
+        participation: float = 1.0,
+    ) -> None:
+        """Record ``count`` rounds with noise multiplier ``sigma`` and sampling rate ``q``,
+        each touching the record with probability ``participation`` (see
+        :class:`PrivacyEvent`)."""
+        event = PrivacyEvent(noise_multiplier, sampling_rate, count, participation)
         self._ledger = _appended(self._ledger, event)
 
     # ------------------------------------------------------------------------- epsilon
@@ -344,13 +378,19 @@ class FDPAccountant:
         return self.epsilon_bound(delta, relation).upper
 
     def _prospect(
-        self, max_epsilon: float, noise_multiplier: float, sampling_rate: float, count: int
+        self,
+        max_epsilon: float,
+        noise_multiplier: float,
+        sampling_rate: float,
+        count: int,
+        participation: float,
     ) -> tuple[float, list[PrivacyEvent]]:
         """The validated cap and the ledger as it would be after ``count`` more rounds."""
         max_epsilon = _check_real("max_epsilon", max_epsilon)
         if max_epsilon < 0:
             raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
-        return max_epsilon, _appended(self._ledger, PrivacyEvent(noise_multiplier, sampling_rate, count))
+        event = PrivacyEvent(noise_multiplier, sampling_rate, count, participation)
+        return max_epsilon, _appended(self._ledger, event)
 
     def would_exceed(
         self,
@@ -360,12 +400,16 @@ class FDPAccountant:
         sampling_rate: float,
         count: int = 1,
         relation: str = "add-remove",
+        *,
+        participation: float = 1.0,
     ) -> bool:
         """Whether ``count`` more rounds would take the upper epsilon above ``max_epsilon``.
 
         Does not modify the ledger.
         """
-        max_epsilon, events = self._prospect(max_epsilon, noise_multiplier, sampling_rate, count)
+        max_epsilon, events = self._prospect(
+            max_epsilon, noise_multiplier, sampling_rate, count, participation
+        )
         return self._bound(events, delta, relation).upper > max_epsilon
 
     def spend(
@@ -377,6 +421,7 @@ class FDPAccountant:
         delta: float,
         count: int = 1,
         relation: str = "add-remove",
+        participation: float = 1.0,
     ) -> float:
         """Compose ``count`` rounds if the upper epsilon stays within ``max_epsilon``.
 
@@ -387,7 +432,9 @@ class FDPAccountant:
         PrivacyBudgetExhausted
             Carrying the epsilon already spent; the ledger is left unchanged.
         """
-        max_epsilon, new_events = self._prospect(max_epsilon, noise_multiplier, sampling_rate, count)
+        max_epsilon, new_events = self._prospect(
+            max_epsilon, noise_multiplier, sampling_rate, count, participation
+        )
         new_eps = self._bound(new_events, delta, relation).upper
         if new_eps > max_epsilon:
             spent = self._bound(self._ledger, delta, relation).upper
@@ -397,7 +444,9 @@ class FDPAccountant:
 
     # ------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: format version, precision knobs and the ledger."""
+        """JSON-serialisable state: format version (2), precision knobs and the ledger
+        (each event's ``noise_multiplier``, ``sampling_rate``, ``count``,
+        ``participation``)."""
         return {
             "version": _STATE_VERSION,
             "eps_error": self._eps_error,
@@ -407,6 +456,7 @@ class FDPAccountant:
                     "noise_multiplier": ev.noise_multiplier,
                     "sampling_rate": ev.sampling_rate,
                     "count": ev.count,
+                    "participation": ev.participation,
                 }
                 for ev in self._ledger
             ],
@@ -416,7 +466,8 @@ class FDPAccountant:
         """Replace the ledger by the one in ``state``; nothing changes on error.
 
         The stored precision knobs are validated but the accountant keeps its own:
-        they change how tightly epsilon is reported, not what was spent.
+        they change how tightly epsilon is reported, not what was spent.  Version-1
+        states (no participation) load with participation 1.
 
         Raises
         ------
@@ -431,9 +482,10 @@ class FDPAccountant:
         unknown = set(state) - {"version", "ledger", "eps_error", "delta_error"}
         if unknown:
             raise ValueError(f"state: unknown keys {sorted(unknown)}")
-        if state["version"] != _STATE_VERSION:
+        version = state["version"]
+        if type(version) is not int or version not in _STATE_FIELDS:
             raise ValueError(
-                f"state version={state['version']!r}: unsupported (expected {_STATE_VERSION})"
+                f"state version={version!r}: unsupported (expected one of {sorted(_STATE_FIELDS)})"
             )
         if "eps_error" in state:
             _check_eps_error(state["eps_error"], "state eps_error")
@@ -443,15 +495,14 @@ class FDPAccountant:
         if not isinstance(ledger, list):
             raise ValueError(f"state ledger={type(ledger).__name__}: must be a list")
         events: list[PrivacyEvent] = []
-        fields = {"noise_multiplier", "sampling_rate", "count"}
+        names = _STATE_FIELDS[version]
         for i, item in enumerate(ledger):
-            if not isinstance(item, dict) or set(item) != fields:
+            if not isinstance(item, dict) or set(item) != set(names):
                 raise ValueError(
-                    f"state ledger[{i}]={item!r}: expected a dict with keys "
-                    "noise_multiplier, sampling_rate, count"
+                    f"state ledger[{i}]={item!r}: expected a dict with keys {', '.join(names)}"
                 )
             try:
-                ev = PrivacyEvent(item["noise_multiplier"], item["sampling_rate"], item["count"])
+                ev = PrivacyEvent(*(item[k] for k in names))
             except ValueError as err:
                 raise ValueError(f"state ledger[{i}]: {err}") from None
             events = _appended(events, ev)
@@ -476,8 +527,13 @@ def epsilon_for(
     delta: float,
     relation: str = "add-remove",
     eps_error: float = 0.05,
+    *,
+    participation: float = 1.0,
 ) -> EpsilonBound:
-    """Epsilon bound of ``rounds`` identical rounds (see :class:`FDPAccountant`)."""
+    """Epsilon bound of ``rounds`` identical rounds (see :class:`FDPAccountant`),
+    each touching the record with probability ``participation``."""
     acc = FDPAccountant(eps_error=eps_error)
-    acc.compose(noise_multiplier, sampling_rate, _check_count(rounds, "rounds"))
+    acc.compose(
+        noise_multiplier, sampling_rate, _check_count(rounds, "rounds"), participation=participation
+    )
     return acc.epsilon_bound(delta, relation)

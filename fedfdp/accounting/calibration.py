@@ -4,7 +4,8 @@ Mechanism
 ---------
 ``rounds`` identical rounds of the Poisson-subsampled Gaussian mechanism (clip norm
 ``C`` = add/remove sensitivity, noise ``N(0, sigma^2 C^2 I)``, rate ``q``), each
-dominated by Theorem 5's pair and composed by Theorem 3.
+dominated by Theorem 5's pair (or, with participation ``p < 1``, by the mixture of
+:class:`~fedfdp.accounting.PrivacyEvent`) and composed by Theorem 3.
 
 Neighbouring relation
 ---------------------
@@ -29,7 +30,11 @@ from fedfdp.accounting.accountant import (
     epsilon_for,
 )
 
-__all__ = ["calibrate_noise_multiplier"]
+__all__ = ["MIN_NOISE_MULTIPLIER", "calibrate_noise_multiplier"]
+
+#: The search never goes below this noise multiplier: a target that even this sigma
+#: meets returns it (epsilon <= target still holds; smaller sigma is not explored).
+MIN_NOISE_MULTIPLIER = 2.0**-10
 
 
 def calibrate_noise_multiplier(
@@ -41,15 +46,21 @@ def calibrate_noise_multiplier(
     eps_error: float = 0.05,
     rtol: float = 1e-3,
     max_noise_multiplier: float = 1e4,
+    *,
+    participation: float = 1.0,
 ) -> float:
     """Smallest noise multiplier (to ``rtol``) whose *upper* epsilon is ``<= target``.
 
     Bisection on ``log sigma`` over the certified upper bound of
-    :func:`epsilon_for`: the returned ``sigma`` always satisfies
-    ``epsilon_for(sigma, q, rounds, delta, relation, eps_error).upper <= target_epsilon``
-    (it never overshoots), and ``sigma / (1 + rtol)`` does not (up to the
-    bisection's bracketing).  With the default ``rtol = 1e-3`` the epsilon reached
-    is typically within 0.1% of the target.
+    :func:`epsilon_for` (with ``participation``): the returned ``sigma`` always satisfies
+    ``epsilon_for(sigma, q, rounds, delta, relation, eps_error, participation=p).upper
+    <= target_epsilon`` (it never overshoots), and ``sigma / (1 + rtol)`` does not (up
+    to the bisection's bracketing).  With the default ``rtol = 1e-3`` the epsilon
+    reached is typically within 0.1% of the target.  The search stays in
+    ``[MIN_NOISE_MULTIPLIER, max_noise_multiplier]``: an enormous target that
+    ``MIN_NOISE_MULTIPLIER`` already meets returns it after one evaluation.  Each
+    evaluation has bounded memory and time (:class:`FDPAccountant`), and there are at
+    most about 40 of them.
 
     Raises
     ------
@@ -70,9 +81,10 @@ def calibrate_noise_multiplier(
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"rtol={rtol!r}: must be in (0, 1)")
     max_sigma = _check_sigma(max_noise_multiplier, "max_noise_multiplier")
+    p = _check_rate(participation, "participation")
 
     def eps(sigma: float) -> float:
-        return epsilon_for(sigma, q, n, delta, relation, eps_error).upper
+        return epsilon_for(sigma, q, n, delta, relation, eps_error, participation=p).upper
 
     hi = 1.0
     while eps(hi) > target:
@@ -80,9 +92,11 @@ def calibrate_noise_multiplier(
         if hi > max_sigma:
             raise ValueError(
                 f"target_epsilon={target!r}: unreachable with noise_multiplier <= "
-                f"{max_sigma:g} (sampling_rate={q}, rounds={n}, delta={delta}, "
-                f"eps_error={eps_error})"
+                f"{max_sigma:g} (sampling_rate={q}, participation={p}, rounds={n}, "
+                f"delta={delta}, eps_error={eps_error})"
             )
+    if hi == 1.0 and eps(MIN_NOISE_MULTIPLIER) <= target:
+        return MIN_NOISE_MULTIPLIER
     lo = hi / 2.0
     while lo > 1e-3 and eps(lo) <= target:
         hi, lo = lo, lo / 2.0

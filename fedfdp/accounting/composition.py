@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,13 +74,18 @@ from scipy import fft as _fft
 
 from fedfdp.accounting.curves import _ArrayCurve, _CurveBase, _SpectralCurve
 from fedfdp.accounting.prv import (
+    DiscretisationError,
     Group,
+    _as_group,
     _chernoff_lower,
     _chernoff_upper,
     _discretise,
     _gaussian_delta,
     _gaussian_epsilon,
+    _rdp_delta,
     _rdp_epsilon,
+    _support_length,
+    _tv_bound,
 )
 
 if TYPE_CHECKING:
@@ -101,6 +107,38 @@ _DFT_WORK_LIMIT = 4e7
 # Compositions with at most this many kept frequencies are evaluated spectrally.
 _SPECTRAL_MAX = 128
 
+#: Memory limit of the accountant's numerical arrays, in bytes (1 GiB).  Every array
+#: whose size grows with ``1/sigma``, the number of rounds, ``1/delta``, ``1/eps_error``
+#: or the number of ledger groups is sized against it: the composition window and FFT
+#: length (3/4 of it, ``_BYTES_PER_POINT`` per point), the discretised supports, the
+#: direct DFTs and the cell masses (blocked), the Renyi-moment quadrature (closed
+#: form beyond ``prv._MOMENT_GRID_MAX`` points) and the cache of composed profiles
+#: (1/8 of it).
+#: A ledger that does not fit at the requested precision is composed on a coarser mesh
+#: (a wider but still certified interval) or, failing that, bounded by Renyi DP.
+MEMORY_LIMIT_BYTES = 2**30
+# Peak bytes per point of the FFT length in the full-FFT path (both orderings, the
+# first one's curve kept while the second is composed); measured about 70 with
+# tracemalloc, rounded up.
+_BYTES_PER_POINT = 96
+# Largest FFT length / composition window / summed support (points).
+_MAX_POINTS = (3 * MEMORY_LIMIT_BYTES // 4) // _BYTES_PER_POINT
+# Largest (number of spectra x FFT length) of one composition, a bound on its time
+# (about 2-4 s on two cores).
+_FFT_WORK_LIMIT = 2**27
+# Elements per block of a direct DFT's matrices (memory of ``_dft``).
+_DFT_BLOCK_ELEMENTS = 2**20
+# At most this many coarsening retries before the Renyi-DP bound is used.
+_MAX_COARSEN = 4
+
+
+class _TooLarge(Exception):
+    """The composition needs ``factor`` times more points than the limits allow."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__(factor)
+        self.factor = float(factor)
+
 
 def _pairwise_rows(x: np.ndarray) -> np.ndarray:
     """Sum over the first axis by pairwise addition."""
@@ -118,11 +156,18 @@ def _dft(
 
     Blocked direct DFT (``j = a B + b``, two real matrix products) with exact integer
     reduction of the angles and pairwise sums.  In ``np.longdouble`` the relative
-    accuracy is ~1e-18 (a float64 FFT: ~2e-16).
+    accuracy is ~1e-18 (a float64 FFT: ~2e-16).  Frequencies are processed in blocks
+    so that the matrices stay below ``_DFT_BLOCK_ELEMENTS`` elements each (column by
+    column the result does not depend on the blocking).
     """
     s = len(pmf)
     b = math.ceil(math.sqrt(s))
     a = -(-s // b)
+    block = max(1, _DFT_BLOCK_ELEMENTS // (a + b))
+    if len(freqs) > block:
+        return np.concatenate(
+            [_dft(pmf, k_first, freqs[i : i + block], n, dtype) for i in range(0, len(freqs), block)]
+        )
     p = np.zeros(a * b, dtype=dtype)
     p[:s] = pmf
     p = p.reshape(a, b)
@@ -150,7 +195,7 @@ class _Grid:
 
 
 def _make_grid(groups: Sequence[Group], eps_disc: float, delta_error: float) -> _Grid:
-    n_total = sum(n for _, _, n in groups)
+    n_total = sum(g.count for g in groups)
     h = eps_disc / math.sqrt(n_total / 2.0 * math.log(12.0 / delta_error))
     return _Grid(
         h=h,
@@ -193,7 +238,7 @@ def _candidate_frequencies(parts: Sequence[Part], n_fft: int, h: float) -> np.nd
     hi = np.minimum(np.floor((coarse + 0.5) * n_fft / m), n_fft // 2).astype(np.int64)
     count = int(np.sum(np.maximum(hi - lo + 1, 0)))
     work = count * sum(len(p) for (_, p, _), _ in parts)
-    if count > n_fft // 16 or work > _DFT_WORK_LIMIT:
+    if count > n_fft // 16 or work > _DFT_WORK_LIMIT or count > _MAX_POINTS // 16:
         return None
     if count == 0:
         return np.zeros(1, dtype=np.int64)
@@ -201,7 +246,11 @@ def _candidate_frequencies(parts: Sequence[Part], n_fft: int, h: float) -> np.nd
 
 
 def _compose_direction(
-    groups: Sequence[Group], direction: str, grid: _Grid, noise_budget: float
+    groups: Sequence[Group],
+    direction: str,
+    grid: _Grid,
+    noise_budget: float,
+    max_points: int = _MAX_POINTS,
 ) -> tuple[_CurveBase, float]:
     """Compose one ordering; returns its curve and a bound on float round-off in delta.
 
@@ -216,9 +265,14 @@ def _compose_direction(
     (``u = 4 eps_longdouble``) until the rest fits.  Against a long-double reference (N = 10,000,
     q = 1/16, sigma = 0.8) the actual L1 errors were 1.5e-12 and 1.9e-15, against
     bounds of 3.4e-11 and 3e-14.
+
+    Raises :class:`_TooLarge` before allocating arrays of the FFT length when that
+    length exceeds ``max_points`` or its work exceeds ``_FFT_WORK_LIMIT``.
     """
     h = grid.h
-    parts: list[Part] = [(_discretise(s, q, direction, h, grid.eta), n) for s, q, n in groups]
+    parts: list[Part] = [
+        (_discretise(g.sigma, g.q, direction, h, grid.eta, g.p), g.count) for g in groups
+    ]
     shift = sum(n * s for (_, _, s), n in parts)
     n_total = sum(n for _, n in parts)
     # window in index space; the composed truncated loss lies in [sum n k_first, sum n k_last]
@@ -231,8 +285,17 @@ def _compose_direction(
     longest = max(len(p) for (_, p, _), _ in parts)
     n_fft = _fft.next_fast_len(max(width, longest + 1), real=True)
 
+    n_parts = len(parts)
+
+    def check_full() -> None:  # before any array of length n_fft is allocated
+        factor = max(n_fft / max_points, n_parts * n_fft / _FFT_WORK_LIMIT)
+        if factor > 1.0:
+            raise _TooLarge(factor)
+
     freqs = _candidate_frequencies(parts, n_fft, h)
-    if freqs is None:
+    full = freqs is None
+    if full:
+        check_full()
         freqs = np.arange(n_fft // 2 + 1)
     # log G = sum_i n_i log F_i, accumulated without keeping the spectra
     log_mod = np.zeros(len(freqs))
@@ -242,20 +305,31 @@ def _compose_direction(
             arr = np.zeros(n_fft)
             arr[np.arange(k_first, k_first + len(pmf)) % n_fft] = pmf
             spec = _fft.rfft(arr)
+            del arr
         else:
             spec = _dft(pmf, k_first, freqs, n_fft)
+        tmp = np.abs(spec)
         with np.errstate(divide="ignore"):
-            log_mod += n * np.log(np.abs(spec))
-        phase += n * np.angle(spec)
+            np.log(tmp, out=tmp)
+        tmp *= n
+        log_mod += tmp
+        tmp = np.angle(spec)
+        del spec
+        tmp *= n
+        phase += tmp
+        del tmp
     keep = log_mod > _LOG_F_CUT
     if not keep.any():
         keep[0] = True
+    if not full and int(np.count_nonzero(keep)) > _SPECTRAL_MAX:
+        check_full()  # the masses will need an inverse FFT of length n_fft
     freqs = freqs[keep]
     mod_g = np.exp(log_mod[keep])
     sum_g = float(mod_g.sum())
     eps64 = float(np.finfo(np.float64).eps)
     per_coef = 4.0 * n_total * eps64  # L1 round-off per unit of |G_k| (float64 spectrum)
     g = np.exp(log_mod[keep] + 1j * phase[keep])
+    del log_mod, phase, keep
     noise = per_coef * sum_g
     if noise > noise_budget:
         # recompute the largest coefficients in long double until the rest fits
@@ -274,9 +348,17 @@ def _compose_direction(
     if len(freqs) <= _SPECTRAL_MAX:
         curve = _SpectralCurve(t0, h, width, n_fft, k_lo, freqs, g)
         return curve, noise + 8.0 * eps64 * curve.term_scale
+    del parts, mod_g
     comp = np.zeros(n_fft // 2 + 1, dtype=complex)
     comp[freqs] = g
-    out = np.roll(_fft.irfft(comp, n_fft), -k_lo)[:width]
+    del g, freqs
+    full_pmf = _fft.irfft(comp, n_fft)
+    del comp
+    # np.roll(full_pmf, -k_lo)[:width] without a second array of length n_fft
+    start = k_lo % n_fft
+    out = full_pmf[start : start + width]
+    out = np.concatenate([out, full_pmf[: width - len(out)]]) if len(out) < width else out.copy()
+    del full_pmf
     return _ArrayCurve(t0, h, out), noise + eps64 * sum_g * math.log2(n_fft)
 
 
@@ -286,7 +368,11 @@ class _Profile:
 
     ``delta_slack`` is the additive delta error: ``delta_error``, or more when the
     round-off bound exceeds its share.  With no curves (ledger far too lossy for the
-    mesh) only the Renyi-DP bound is available; ``gaussian_mu`` marks the closed form.
+    mesh or for the memory limit) only the Renyi-DP bound is available;
+    ``gaussian_mu`` marks the closed form.  ``eps_disc`` is the discretisation error
+    actually used (larger than requested when the mesh had to be coarsened).
+    Every upper bound is also capped by the total-variation bound
+    (:func:`~fedfdp.accounting.prv._tv_bound`): ``epsilon = 0`` once ``delta`` exceeds it.
     """
 
     groups: tuple[Group, ...]
@@ -294,6 +380,18 @@ class _Profile:
     eps_disc: float = 0.0
     delta_slack: float = 0.0
     gaussian_mu: float | None = None
+
+    @functools.cached_property
+    def tv(self) -> float:
+        return _tv_bound(self.groups)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the curves' arrays."""
+        return sum(
+            int(getattr(c, "d1", np.empty(0)).nbytes + getattr(c, "d2", np.empty(0)).nbytes)
+            for c in self.curves
+        )
 
     def epsilon_bounds(self, deltas: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(lower, estimate, upper)`` add/remove epsilon at each of ``deltas``.
@@ -304,11 +402,15 @@ class _Profile:
         d = np.atleast_1d(np.asarray(deltas, dtype=float))
         if self.gaussian_mu is not None:  # closed form; +-1e-9 (1 + eps) covers round-off
             e = np.array([_gaussian_epsilon(self.gaussian_mu, float(x)) for x in d])
-            pad = 1e-9 * (1.0 + e)
-            return np.maximum(e - pad, 0.0), e, np.where(e > 0.0, e + pad, 0.0)
+            with np.errstate(invalid="ignore"):
+                pad = 1e-9 * (1.0 + e)
+                lo = np.where(np.isfinite(e), np.maximum(e - pad, 0.0), e)
+            return lo, e, np.where(e > 0.0, e + pad, 0.0)
         rdp = np.array([_rdp_epsilon(self.groups, float(x)) for x in d])
+        free = d >= self.tv  # no round touches the record with probability >= 1 - delta
         if not self.curves:
-            return np.zeros(len(d)), rdp.copy(), rdp
+            up = np.where(free, 0.0, rdp)
+            return np.zeros(len(d)), up.copy(), up
         de, ed = self.delta_slack, self.eps_disc
         lo = np.zeros(len(d))
         est = np.zeros(len(d))
@@ -319,6 +421,8 @@ class _Profile:
             u = np.where(d > de, c.epsilon(np.maximum(d - de, 0.0)) + ed, np.inf)
             up = np.maximum(up, u)
         up = np.minimum(up, rdp)
+        if free.any():
+            up = np.where(free, 0.0, up)
         est = np.minimum(est, up)
         return np.minimum(lo, est), est, up
 
@@ -327,81 +431,180 @@ class _Profile:
         eps = np.asarray(eps, dtype=float)
         if self.gaussian_mu is not None:
             return _gaussian_delta(self.gaussian_mu, eps)
-        out = np.zeros(eps.shape)
-        for c in self.curves:
-            out = np.maximum(out, c.delta(eps - self.eps_disc) + self.delta_slack)
+        if not self.curves:
+            out = _rdp_delta(self.groups, eps)
+        else:
+            out = np.zeros(eps.shape)
+            for c in self.curves:
+                out = np.maximum(out, c.delta(eps - self.eps_disc) + self.delta_slack)
+        out = np.where(eps >= 0.0, np.minimum(out, self.tv), out)
         return np.minimum(out, 1.0)
 
 
 def _groups(events: Iterable[PrivacyEvent]) -> tuple[Group, ...]:
-    """Aggregate counts per distinct ``(sigma, q)`` (composition is commutative)."""
-    acc: dict[tuple[float, float], int] = {}
+    """Aggregate counts per distinct ``(sigma, q, participation)`` (composition is
+    commutative)."""
+    acc: dict[tuple[float, float, float], int] = {}
     for ev in events:
-        key = (ev.noise_multiplier, ev.sampling_rate)
+        key = (ev.noise_multiplier, ev.sampling_rate, ev.participation)
         acc[key] = acc.get(key, 0) + ev.count
-    return tuple((s, q, n) for (s, q), n in sorted(acc.items()))
+    return tuple(Group(s, q, n, p) for (s, q, p), n in sorted(acc.items()))
 
 
 def _merge_gaussians(groups: Sequence[Group]) -> tuple[Group, ...]:
-    """Replace all ``q = 1`` groups by one Gaussian round with ``1/s^2 = sum n_i/s_i^2``."""
-    inv = sum(n / (s * s) for s, q, n in groups if q == 1.0)
-    out = [(s, q, n) for s, q, n in groups if q < 1.0]
+    """Replace all ``q = 1``, ``p = 1`` groups by one Gaussian round with
+    ``1/s^2 = sum n_i/s_i^2`` (a group with participation ``p < 1`` is a mixture, not a
+    Gaussian mechanism, and stays as it is)."""
+    gauss = [g for g in groups if g.q == 1.0 and g.p == 1.0]
+    out = [g for g in groups if not (g.q == 1.0 and g.p == 1.0)]
+    inv = sum(_precision(g) for g in gauss)
     if inv > 0.0:
-        out.append((1.0 / math.sqrt(inv), 1.0, 1))
+        out.append(Group(1.0 / math.sqrt(inv), 1.0, 1))
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=6)
+def _precision(g: Group) -> float:
+    """``count / sigma^2`` of a Gaussian group (``inf`` when ``sigma^2`` underflows)."""
+    s2 = g.sigma * g.sigma
+    return g.count / s2 if s2 > 0.0 else math.inf
+
+
+class _ProfileCache:
+    """LRU cache of composed profiles, bounded in entries and in bytes held.
+
+    A profile holding more than the byte budget is returned but not kept.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._data: OrderedDict[Any, _Profile] = OrderedDict()
+
+    def get(self, key: Any) -> _Profile | None:
+        prof = self._data.get(key)
+        if prof is not None:
+            self._data.move_to_end(key)
+        return prof
+
+    def put(self, key: Any, prof: _Profile) -> None:
+        if prof.nbytes > self.max_bytes:
+            return
+        self._data[key] = prof
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries or (
+            sum(p.nbytes for p in self._data.values()) > self.max_bytes
+        ):
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+_PROFILE_CACHE = _ProfileCache(6, MEMORY_LIMIT_BYTES // 8)
+
+
 def _profile(
+    groups: Sequence[Sequence[float]], eps_disc: float, delta_error: float, max_grid_points: int
+) -> _Profile:
+    """Compose a ledger (aggregated by ``_groups``) into both hockey-stick curves.
+
+    ``groups`` holds :class:`~fedfdp.accounting.prv.Group` or plain ``(sigma, q, count)``
+    tuples (participation 1).  Results are cached (:class:`_ProfileCache`).
+    """
+    key = (tuple(_as_group(g) for g in groups), eps_disc, delta_error, max_grid_points)
+    prof = _PROFILE_CACHE.get(key)
+    if prof is None:
+        prof = _compose_profile(*key)
+        _PROFILE_CACHE.put(key, prof)
+    return prof
+
+
+_profile.cache_clear = _PROFILE_CACHE.clear  # type: ignore[attr-defined]
+
+
+def _compose_profile(
     groups: tuple[Group, ...], eps_disc: float, delta_error: float, max_grid_points: int
 ) -> _Profile:
-    """Compose a ledger (aggregated by ``_groups``) into both hockey-stick curves."""
-    if all(q == 1.0 for _, q, _ in groups):
-        return _Profile(groups, gaussian_mu=math.sqrt(sum(n / (s * s) for s, _, n in groups)))
+    """:func:`_profile` without the cache.
+
+    The mesh follows from ``eps_disc``; when the window, the summed supports or the
+    FFT would exceed ``min(max_grid_points, _MAX_POINTS)`` points (or the FFT work
+    ``_FFT_WORK_LIMIT``), ``eps_disc`` is scaled up by the excess and the ledger is
+    composed again on the coarser mesh (the same certificate with a larger
+    discretisation error), at most ``_MAX_COARSEN`` times; after that, or when the
+    composed loss exceeds 700 (beyond the float range of ``e^eps``), only the
+    Renyi-DP bound is reported.
+    """
+    if all(g.q == 1.0 and g.p == 1.0 for g in groups):
+        return _Profile(groups, gaussian_mu=math.sqrt(sum(_precision(g) for g in groups)))
     merged = _merge_gaussians(groups)
-    grid = _make_grid(merged, eps_disc, delta_error)
-    span = (grid.upper + grid.lower + 2.0 * grid.margin) / grid.h
-    if span > max_grid_points or grid.upper > 700.0:
-        # privacy loss far too large to resolve with this mesh: report the Renyi-DP
-        # bound, valid (if looser) for both orderings
-        return _Profile(groups)
-    budget = 0.25 * (1.0 - _ANALYTIC_SHARE) * delta_error
-    remove, noise_r = _compose_direction(merged, "remove", grid, budget)
-    add, noise_a = _compose_direction(merged, "add", grid, budget)
-    slack = max(delta_error, _ANALYTIC_SHARE * delta_error + max(noise_r, noise_a))
-    return _Profile(groups, (remove, add), eps_disc, slack)
+    limit = min(max_grid_points, _MAX_POINTS)
+    for _ in range(_MAX_COARSEN + 1):
+        grid = _make_grid(merged, eps_disc, delta_error)
+        if not grid.upper <= 700.0:
+            # privacy loss far too large to resolve: report the Renyi-DP bound, valid
+            # (if looser) for both orderings
+            return _Profile(groups)
+        # the window bounds the integer arithmetic of the spectral curves; the
+        # supports and (in _compose_direction) the FFT length bound the memory
+        span = (grid.upper + grid.lower + 2.0 * grid.margin) / grid.h
+        supports = [
+            _support_length(g.sigma, g.q, d, grid.h, grid.eta) for g in merged for d in ("remove", "add")
+        ]
+        factor = max(span / max_grid_points, max(supports) / limit, sum(supports) / (2 * limit))
+        if factor <= 1.0:
+            try:
+                budget = 0.25 * (1.0 - _ANALYTIC_SHARE) * delta_error
+                remove, noise_r = _compose_direction(merged, "remove", grid, budget, limit)
+                add, noise_a = _compose_direction(merged, "add", grid, budget, limit)
+            except _TooLarge as exc:
+                factor = exc.factor
+            except DiscretisationError:
+                return _Profile(groups)
+            else:
+                slack = max(delta_error, _ANALYTIC_SHARE * delta_error + max(noise_r, noise_a))
+                return _Profile(groups, (remove, add), eps_disc, slack)
+        if not math.isfinite(factor):
+            break
+        eps_disc *= 1.05 * factor
+    return _Profile(groups)
 
 
-# Ledgers with more distinct (sigma, q) than this are bucketed (see ``_bucket``).
+# Ledgers with more distinct (sigma, q, participation) than this are bucketed (see ``_bucket``).
 _MAX_GROUPS = 128
 
 
 def _bucket(groups: tuple[Group, ...], conservative: bool) -> tuple[Group, ...]:
-    """Round ``(sigma, q)`` onto a log grid so that at most ``_MAX_GROUPS`` remain.
+    """Round ``(sigma, q, p)`` onto a log grid so that at most ``_MAX_GROUPS`` remain.
 
-    ``conservative``: ``sigma`` down and ``q`` up, a pair that dominates each round
-    (less noise and more sampling are post-processing-worse), so the composition is an
-    upper bound; otherwise the opposite rounding, a lower bound.  The finest relative
-    step among 1e-4 ... 0.3 that gives few enough groups is used; the interval
-    widens accordingly.
+    ``conservative``: ``sigma`` down, ``q`` and the participation ``p`` up, a pair
+    that dominates each round (less noise, more sampling, and a larger chance of
+    touching the record are post-processing-worse: the ``p`` pair is obtained from the
+    ``p' > p`` pair by replacing a touching round's output, with probability
+    ``1 - p/p'``, by a fresh draw of ``P`` labelled "not touched"), so the
+    composition is an upper bound; otherwise the opposite rounding, a lower bound.
+    The finest relative step among 1e-4 ... 0.3 that gives few enough groups is
+    used; the interval widens accordingly.
     """
     if len(groups) <= _MAX_GROUPS:
         return groups
-    out: dict[tuple[float, float], int] = {}
+    out: dict[tuple[float, float, float], int] = {}
     for r in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3):
         out = {}
-        for s, q, n in groups:
-            ls, lq = math.log(s) / r, math.log(q) / r
+        for g in groups:
+            s, q, n, p = _as_group(g)
+            ls, lq, lp = math.log(s) / r, math.log(q) / r, math.log(p) / r
             if conservative:
                 s2 = math.exp(r * math.floor(ls)) * (1.0 - 1e-15)
                 q2 = min(1.0, math.exp(r * math.ceil(lq)) * (1.0 + 1e-15))
+                p2 = min(1.0, math.exp(r * math.ceil(lp)) * (1.0 + 1e-15))
             else:
                 s2 = math.exp(r * math.ceil(ls)) * (1.0 + 1e-15)
                 q2 = min(1.0, math.exp(r * math.floor(lq)) * (1.0 - 1e-15))
-            out[(s2, q2)] = out.get((s2, q2), 0) + n
+                p2 = min(1.0, math.exp(r * math.floor(lp)) * (1.0 - 1e-15))
+            out[(s2, q2, p2)] = out.get((s2, q2, p2), 0) + n
         if len(out) <= _MAX_GROUPS:
             break
-    return tuple((s, q, n) for (s, q), n in sorted(out.items()))
+    return tuple(Group(s, q, n, p) for (s, q, p), n in sorted(out.items()))
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy import integrate, optimize, special
@@ -48,7 +49,24 @@ _RDP_ORDERS = np.concatenate(
     ]
 )
 
-Group = tuple[float, float, int]  # (sigma, q, count)
+# Largest omega grid of the Renyi-moment quadrature; below sigma ~ 0.022 the grid
+# would be longer and the integer-order closed form is used instead (``_log_moments``).
+_MOMENT_GRID_MAX = 2**19
+
+
+class Group(NamedTuple):
+    """``count`` rounds with noise multiplier ``sigma``, sampling rate ``q`` and
+    participation ``p`` (probability that the round touches the record at all)."""
+
+    sigma: float
+    q: float
+    count: int
+    p: float = 1.0
+
+
+def _as_group(g: Sequence[float]) -> Group:
+    """``Group`` from a ``(sigma, q, count)`` or ``(sigma, q, count, p)`` tuple."""
+    return g if isinstance(g, Group) else Group(*g)
 
 
 def _loss(omega: np.ndarray | float, sigma: float, q: float) -> np.ndarray:
@@ -102,11 +120,23 @@ def _omega_of(y: np.ndarray, sigma: float, q: float, direction: str) -> np.ndarr
     return _loss_inv(-np.asarray(y, dtype=float), sigma, q)
 
 
+# Cells per block of ``_cell_masses`` (bounds its temporaries; elementwise, so the
+# blocking does not change the result).
+_CELL_BLOCK = 2**20
+
+
 def _cell_masses(edges: np.ndarray, sigma: float, q: float, direction: str) -> np.ndarray:
     """Probability of the loss of ``direction`` falling in ``(edges[k], edges[k+1]]``.
 
     remove: loss ``log(Q/P)(w)``, ``w ~ Q``; add: loss ``-log(Q/P)(w)``, ``w ~ P``.
     """
+    if len(edges) > _CELL_BLOCK + 1:
+        return np.concatenate(
+            [
+                _cell_masses(edges[i : i + _CELL_BLOCK + 1], sigma, q, direction)
+                for i in range(0, len(edges) - 1, _CELL_BLOCK)
+            ]
+        )
     w = _omega_of(edges, sigma, q, direction)
     if direction == "add":  # omega decreases in the loss: flip to ascending
         w = w[::-1]
@@ -157,9 +187,14 @@ def _log_moments(sigma: float, q: float) -> np.ndarray:
     checks it against prv-accountant's series).  By Mironov, Talwar & Zhang (2019)
     ``D_a(P||Q) <= D_a(Q||P)``, so these moments bound the add ordering as well.
     """
+    if not sigma * sigma > 0.0:  # sigma^2 underflows: no noise to speak of
+        return np.full(len(_RDP_ORDERS), np.inf)
     if q == 1.0:
-        return _RDP_ORDERS * (_RDP_ORDERS - 1.0) / (2.0 * sigma * sigma)
+        with np.errstate(over="ignore"):
+            return _RDP_ORDERS * (_RDP_ORDERS - 1.0) / (2.0 * sigma * sigma)
     step = min(sigma / 4.0, sigma * sigma)
+    if (float(_RDP_ORDERS[-1]) + 1.0 + 28.0 * sigma) / step > _MOMENT_GRID_MAX:
+        return _log_moments_integer(sigma, q)
     omega = np.arange(-14.0 * sigma, float(_RDP_ORDERS[-1]) + 1.0 + 14.0 * sigma, step)
     log_phi = -0.5 * (omega / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi))
     g = _loss(omega, sigma, q)
@@ -171,10 +206,69 @@ def _log_moments(sigma: float, q: float) -> np.ndarray:
     return np.maximum(out, 0.0)
 
 
+def _log_moments_integer(sigma: float, q: float) -> np.ndarray:
+    """Upper bounds on ``log A_a`` at ``_RDP_ORDERS`` without quadrature (small ``sigma``).
+
+    At integer orders the moment is the binomial sum (Mironov, Talwar & Zhang 2019)
+    ``A_k = sum_j C(k, j) (1-q)^(k-j) q^j exp(j (j-1) / (2 sigma^2))``, summed in log
+    space (``+inf`` when it overflows).  ``log A_a`` is the cumulant generating
+    function of the privacy loss under ``P`` at ``a - 1``, hence convex in ``a``, so
+    between consecutive integers it lies below the chord: the fractional orders get
+    the linear interpolation of their integer neighbours (``log A_1 = 0``), an upper
+    bound, which is all the tail bounds and the Renyi-DP cap need.  Memory: a few
+    arrays of ``257 x 258`` numbers, whatever ``sigma``.
+    """
+    k_max = math.ceil(float(_RDP_ORDERS[-1]))
+    ks = np.arange(1, k_max + 1, dtype=float)
+    j = np.arange(k_max + 1, dtype=float)
+    inv = 1.0 / (2.0 * sigma * sigma)  # may be inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        quad = np.where(j >= 2.0, j * (j - 1.0) * inv, 0.0)
+    log_c = special.gammaln(ks[:, None] + 1.0) - special.gammaln(j[None, :] + 1.0)
+    log_c = log_c - special.gammaln(np.maximum(ks[:, None] - j[None, :], 0.0) + 1.0)
+    terms = log_c + (ks[:, None] - j[None, :]) * math.log1p(-q) + j[None, :] * math.log(q)
+    terms = np.where(j[None, :] <= ks[:, None], terms + quad[None, :], -np.inf)
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = terms.max(axis=1)
+        log_a = np.where(
+            np.isfinite(top),
+            top + np.log(np.exp(terms - np.where(np.isfinite(top), top, 0.0)[:, None]).sum(axis=1)),
+            np.inf,
+        )
+    log_a = np.concatenate([[0.0], np.maximum(log_a, 0.0)])  # index k = order k (log A_0 unused)
+    a = _RDP_ORDERS
+    lo = np.floor(a).astype(int)
+    t = a - lo
+    hi = np.minimum(lo + 1, k_max)
+    with np.errstate(invalid="ignore"):
+        frac = (1.0 - t) * log_a[lo] + t * log_a[hi]
+    out = np.where(t == 0.0, log_a[lo], frac)
+    return np.where(np.isnan(out), np.inf, out)
+
+
+def _group_log_moments(g: Group) -> np.ndarray:
+    """``log`` of the Renyi moments of one round of group ``g`` at ``_RDP_ORDERS``.
+
+    With participation ``p`` the round is the mixture (prob. ``p``: Theorem 5's pair,
+    else the identical pair ``(P, P)``, the branch revealed), whose moment generating
+    function is ``p A_a + (1 - p)``; the same holds branch by branch for the add
+    ordering's moments, so the bound by the remove ordering (Mironov et al.) carries
+    over.
+    """
+    lm = _log_moments(g.sigma, g.q)
+    if g.p == 1.0:
+        return lm
+    return np.logaddexp(math.log(g.p) + lm, math.log1p(-g.p))
+
+
 def _total_moments(groups: Sequence[Group]) -> np.ndarray:
     total = np.zeros(len(_RDP_ORDERS))
-    for sigma, q, count in groups:
-        total += count * _log_moments(sigma, q)
+    for g in groups:
+        g = _as_group(g)
+        if g.p == 1.0:
+            total += g.count * _log_moments(g.sigma, g.q)
+        else:
+            total += g.count * _group_log_moments(g)
     return total
 
 
@@ -198,9 +292,48 @@ def _chernoff_lower(groups: Sequence[Group], prob: float) -> float:
 
 def _rdp_epsilon(groups: Sequence[Group], delta: float) -> float:
     """Renyi-DP upper bound on the add/remove epsilon (Balle et al. 2020 conversion)."""
+    return _rdp_epsilon_log(groups, math.log(delta))
+
+
+def _rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
+    """:func:`_rdp_epsilon` at ``delta = exp(log_delta)`` (any ``log_delta``, no underflow).
+
+    ``+inf`` when every moment overflows (a vacuous but valid bound).
+    """
     a = _RDP_ORDERS
-    eps = (_total_moments(groups) - math.log(delta) - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
+    eps = (_total_moments(groups) - log_delta - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
     return max(0.0, float(np.min(eps)))
+
+
+def _rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
+    """Renyi-DP upper bound on either ordering's ``delta(eps)``: the inverse of the
+    conversion in :func:`_rdp_epsilon`, minimised over the orders (capped at 1)."""
+    eps = np.asarray(eps, dtype=float)
+    a = _RDP_ORDERS[:, None]
+    total = _total_moments(groups)[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        log_d = total - np.log(a) - (a - 1.0) * (eps.ravel()[None, :] - np.log1p(-1.0 / a))
+        log_d = np.where(np.isnan(log_d), np.inf, log_d)
+        out = np.exp(np.minimum(np.min(log_d, axis=0), 0.0))
+    return out.reshape(eps.shape)
+
+
+def _tv_bound(groups: Sequence[Group]) -> float:
+    """Upper bound on the total variation between the composed pair's two sides.
+
+    A round touches the record with probability ``p q`` (participation times
+    sampling rate); with probability ``prod_i (1 - p_i q_i)^{n_i}`` no round does and
+    both sides have the same law, so ``delta(eps) <= TV <= 1 - prod_i (1 - p_i q_i)^{n_i}``
+    for every ``eps >= 0`` and both orderings.  Padded by a relative ``1e-9``.
+    """
+    log_none = 0.0  # log Pr[no round touches the record]
+    for g in groups:
+        g = _as_group(g)
+        touch = g.p * g.q
+        if touch >= 1.0:
+            return 1.0
+        log_none += g.count * math.log1p(-touch)
+    return min(1.0, -math.expm1(log_none) * (1.0 + 1e-9))
 
 
 def _gaussian_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
@@ -217,9 +350,13 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
     """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` for ``mu``-GDP, rounded up."""
     if float(_gaussian_delta(mu, 0.0)) <= delta:
         return 0.0
+    if not math.isfinite(mu):
+        return math.inf
     hi = 1.0
     while float(_gaussian_delta(mu, hi)) > delta:
         hi *= 2.0
+        if hi > 1e300:  # epsilon beyond the float range: the bound is +inf
+            return math.inf
 
     def f(e: float) -> float:
         return float(_gaussian_delta(mu, e)) - delta
@@ -232,28 +369,73 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
     return root
 
 
+class DiscretisationError(RuntimeError):
+    """The discretised PRV failed its own sanity check (mass or mean); the caller
+    falls back to the Renyi-DP bound."""
+
+
+def _support_length(sigma: float, q: float, direction: str, h: float, eta: float) -> float:
+    """Number of cells :func:`_discretise` would use (``inf`` if the loss overflows)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        a, b = _truncation(sigma, q, direction, eta)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return (max(b, 0.0) - min(a, 0.0)) / h + 2.0
+
+
 def _discretise(
-    sigma: float, q: float, direction: str, h: float, eta: float
+    sigma: float, q: float, direction: str, h: float, eta: float, p: float = 1.0
 ) -> tuple[int, np.ndarray, float]:
     """Cell-centred, mean-preserving discretisation on the grid ``k h``.
 
     Returns ``(k_first, pmf, shift)``: mass ``pmf[j]`` sits at ``(k_first + j) h + shift``.
+
+    Error analysis (Gopi, Lee & Wutschitz 2021).  Every loss value in the cell
+    ``((k - 1/2) h, (k + 1/2) h]`` is mapped to ``k h + shift``; ``shift`` makes the
+    discrete mean equal to the truncated continuous mean.  This is a coupling in
+    which the error ``discrete - continuous`` lies in ``[shift - h/2, shift + h/2]``
+    (an interval of length ``h``) and has mean exactly 0, which is what the Hoeffding
+    bound of :mod:`fedfdp.accounting.composition` needs.
+
+    Participation ``p < 1``: the round's loss is, with probability ``p``, the
+    subsampled Gaussian's and, with probability ``1 - p``, exactly 0 (the device was
+    not drawn; both sides of the pair are ``P`` and the adversary may know it).  The
+    atom at 0 is the centre of cell ``k = 0``, so before the shift it is represented
+    without error; it is added to that cell (the cell range is widened to contain
+    ``k = 0`` if needed) and one shift is computed for the whole mixture:
+    ``mean_c = p E[L 1{L in window}] / total`` (the atom contributes 0).  After the
+    shift the atom's error is ``shift`` itself, inside ``[shift - h/2, shift + h/2]``
+    like every other error, and the mean error is 0: the coupling keeps range ``h``
+    and mean 0, and the Hoeffding argument holds unchanged.  (Putting the atom on the
+    *shifted* grid of the subsampled part alone, split between its two neighbours,
+    would also keep the mean, but its errors would reach ``shift - h``: a range of
+    ``1.5 h``.)  Mass outside the window is ``p`` times that of the subsampled part,
+    at most ``eta``.  ``p = 1`` is exactly the discretisation of the subsampled
+    Gaussian.
     """
     a, b = _truncation(sigma, q, direction, eta)
     k_a = math.floor(a / h + 0.5)
     k_b = max(math.ceil(b / h - 0.5), k_a)
+    if p != 1.0:
+        k_a, k_b = min(k_a, 0), max(k_b, 0)
     edges = (np.arange(k_a, k_b + 2) - 0.5) * h
     masses = _cell_masses(edges, sigma, q, direction)
+    if p != 1.0:
+        masses = p * masses
+        masses[-k_a] += 1.0 - p
     total = float(masses.sum())
     if not total > 0.0:
-        raise RuntimeError(f"empty discretisation for sigma={sigma}, q={q}")
+        raise DiscretisationError(f"empty discretisation for sigma={sigma}, q={q}")
     pmf = masses / total
-    mean_c = _truncated_mean(sigma, q, direction, float(edges[0]), float(edges[-1])) / total
+    mean_c = _truncated_mean(sigma, q, direction, float(edges[0]), float(edges[-1]))
+    if p != 1.0:
+        mean_c = p * mean_c
+    mean_c = mean_c / total
     mean_d = float(np.sum(np.arange(k_a, k_b + 1) * h * pmf))
     shift = mean_c - mean_d
     if not abs(shift) < h / 2.0:
-        raise RuntimeError(
+        raise DiscretisationError(
             f"discretised mean differs from the continuous mean by {shift:.3g} "
-            f"(mesh {h:.3g}) for sigma={sigma}, q={q}"
+            f"(mesh {h:.3g}) for sigma={sigma}, q={q}, p={p}"
         )
     return int(k_a), pmf, float(shift)

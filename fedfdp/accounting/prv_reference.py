@@ -62,6 +62,30 @@ def _prv_add_ordering(q: float, sigma: float) -> Any:
     return _AddOrdering()
 
 
+def _prv_participation(prv: Any, p: float) -> Any:
+    """prv-accountant ``PrivacyRandomVariable`` of a round that touches the record with
+    probability ``p``: the loss of ``prv`` with probability ``p``, exactly 0 otherwise.
+
+    ``CDF(t) = p CDF_prv(t) + (1 - p) 1{t >= 0}``; its Renyi divergence of order ``a``
+    is ``log(p e^{(a-1) D_a} + 1 - p) / (a - 1)`` (the mixture's moment generating
+    function), from ``prv``'s own ``rdp``.
+    """
+    from prv_accountant.privacy_random_variables import PrivacyRandomVariable
+
+    p = _check_rate(p, "participation")
+
+    class _Participation(PrivacyRandomVariable):  # type: ignore[misc]
+        def cdf(self, t: Any) -> Any:
+            t = np.asarray(t, dtype=float)
+            return p * prv.cdf(t) + (1.0 - p) * (t >= 0.0)
+
+        def rdp(self, alpha: float) -> float:
+            d = float(prv.rdp(alpha))
+            return float(np.logaddexp(np.log(p) + (alpha - 1.0) * d, np.log1p(-p)) / (alpha - 1.0))
+
+    return _Participation()
+
+
 def epsilon_prv_accountant(
     ledger_or_accountant: Any, delta: float, eps_error: float = 0.1
 ) -> EpsilonBound:
@@ -71,7 +95,8 @@ def epsilon_prv_accountant(
     (``GaussianMechanism`` for ``q = 1``); the add ordering is a
     ``PrivacyRandomVariable`` defined here (CDF of ``log(P/Q)`` under ``P``; its Renyi
     moments, used only to size the domain, are the remove ones, an upper bound by
-    Mironov et al.).  Each ordering is composed by ``PRVAccountant`` with
+    Mironov et al.).  Events with participation ``p < 1`` wrap either in the mixture
+    with an atom at 0 (:func:`_prv_participation`).  Each ordering is composed by ``PRVAccountant`` with
     ``delta_error = delta / 1000`` and the larger ``(lower, estimate, upper)`` is
     returned.  Inputs are validated here (prv-accountant accepts ``q = 1.5`` or
     ``sigma = -1`` silently).  Meant for cross-checks: it takes seconds where
@@ -90,17 +115,21 @@ def epsilon_prv_accountant(
     groups = _groups(_as_events(ledger_or_accountant))
     if not groups:
         return EpsilonBound(0.0, 0.0, 0.0, delta, "add-remove")
-    counts = [n for _, _, n in groups]
+    counts = [g.count for g in groups]
     out = np.zeros(3)
     for ordering in ("remove", "add"):
         prvs = []
-        for s, q, _ in groups:
+        for g in groups:
+            s, q = g.sigma, g.q
             if q == 1.0:
-                prvs.append(GaussianMechanism(s))
+                prv = GaussianMechanism(s)
             elif ordering == "remove":
-                prvs.append(PoissonSubsampledGaussianMechanism(q, s))
+                prv = PoissonSubsampledGaussianMechanism(q, s)
             else:
-                prvs.append(_prv_add_ordering(q, s))
+                prv = _prv_add_ordering(q, s)
+            if g.p < 1.0:
+                prv = _prv_participation(prv, g.p)
+            prvs.append(prv)
         if len(prvs) != len(counts):  # prv-accountant raises an empty ValueError
             raise ValueError("internal error: one PRV per ledger group expected")
         with warnings.catch_warnings():

@@ -20,9 +20,12 @@ a true ``(eps_i, delta_i)``-DP_i statement, so its image under Proposition 1 is 
 replacement guarantee at ``delta_i (1 + e^{eps_i}) <= delta_r``, hence at ``delta_r``;
 the best of several true upper bounds is a true upper bound.  The search runs over
 log grids of ``delta_i`` from the fixed point of the Renyi-DP bound (feasible by
-construction, since the upper end is capped by Renyi DP) up to ``delta_r / 2``.  Only
-when even that needs ``delta_i < 1e-300`` (``eps_i`` near 700) is the answer ``inf``
-(vacuous, never wrong).  A tighter numerical ``f o f`` is not attempted.
+construction, since the upper end is capped by Renyi DP) up to ``delta_r / 2``.  When
+that fixed point needs ``delta_i < 1e-300`` (``eps_i`` near 700, or a tiny ``delta_r``),
+where the numerical curves cannot help (their delta slack is at least 1e-13), the
+fixed point is found in log space on the Renyi-DP bound alone; only if even that
+fails is the answer ``inf`` (vacuous, never wrong).  A tighter numerical ``f o f`` is
+not attempted.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedfdp.accounting.composition import _Bounds, _bucket, _groups
-from fedfdp.accounting.prv import _gaussian_epsilon, _rdp_epsilon
+from fedfdp.accounting.composition import _Bounds, _bucket, _groups, _precision
+from fedfdp.accounting.prv import _gaussian_epsilon, _rdp_epsilon, _rdp_epsilon_log, _tv_bound
 
 if TYPE_CHECKING:
     from fedfdp.accounting.accountant import PrivacyEvent
@@ -77,25 +80,36 @@ def replacement_epsilon(
     """
     rel = relative_delta_error
     half = delta_r / 2.0
-    lower = 2.0 * float(profile_for(events, rel * half).epsilon_bounds(half)[0][0])
     groups = _bucket(_groups(events), True)
+    if 2.0 * _tv_bound(groups) <= delta_r:  # (0, tv) add/remove => (0, 2 tv) replacement
+        return 0.0, 0.0, 0.0
+    if half < _TINY:
+        return _rdp_replacement(groups, delta_r)
+    lower = 2.0 * float(profile_for(events, rel * half).epsilon_bounds(half)[0][0])
+    gaussian = all(g.q == 1.0 and g.p == 1.0 for g in groups)
     # Renyi-DP fixed point d = delta_r / (1 + e^{eps_rdp(d)}): a feasible start
     d_lo = half
     for _ in range(200):
-        e = _rdp_epsilon(groups, d_lo) if any(q < 1.0 for _, q, _ in groups) else None
+        e = _rdp_epsilon(groups, d_lo) if not gaussian else None
         if e is None:  # Gaussian: the closed form is exact and cheap
-            e = _gaussian_epsilon(math.sqrt(sum(n / (s * s) for s, _, n in groups)), d_lo)
+            e = _gaussian_epsilon(math.sqrt(sum(_precision(g) for g in groups)), d_lo)
+        if not e < 700.0:  # the pair lies below 1e-300: only Renyi DP in log space helps
+            return _rdp_replacement(groups, delta_r, lower)
         d_new = delta_r / (1.0 + math.exp(min(e, 700.0)))
         if d_new >= d_lo * (1.0 - 1e-12):
             break
         d_lo = d_new
     d_lo = max(min(d_lo, half), 1e-300)
     prof = profile_for(events, rel * d_lo)
-    while d_lo > 1e-300:  # make sure the start is feasible (upper <= Renyi DP)
+    for _ in range(5000):  # make sure the start is feasible (upper <= Renyi DP)
         e_lo = float(prof.epsilon_bounds(d_lo)[2][0])
         if d_lo * (1.0 + math.exp(min(e_lo, 700.0))) <= delta_r:
             break
         d_lo *= 0.99
+        if d_lo <= 1e-300:
+            return _rdp_replacement(groups, delta_r, lower)
+    else:
+        return _rdp_replacement(groups, delta_r, lower)
 
     def best_pair(which: int) -> float:
         grid = np.geomspace(d_lo, half, 96)
@@ -115,3 +129,39 @@ def replacement_epsilon(
     est_r, up_r = 2.0 * best_pair(1), 2.0 * best_pair(2)
     est_r = min(est_r, up_r)
     return min(lower, est_r), est_r, up_r
+
+
+# Below this the numerical curves cannot resolve delta (their slack is >= 1e-13).
+_TINY = 1e-250
+
+
+def _rdp_replacement(
+    groups: Sequence[tuple[float, ...]], delta_r: float, lower: float = 0.0
+) -> tuple[float, float, float]:
+    """Proposition 1 on the Renyi-DP bound alone, in log space (any ``delta_r > 0``).
+
+    Finds ``l = log delta_i`` with ``l + log(1 + e^{eps(l)}) <= log delta_r``,
+    ``eps(l)`` the Renyi-DP epsilon at ``delta_i = e^l`` (valid for both orderings and
+    for the Gaussian closed form's ledgers too), by the fixed-point iteration
+    ``l <- log delta_r - log(1 + e^{eps(l)})`` followed by a check that steps ``l``
+    down until the pair is feasible; returns ``(lower, 2 eps, 2 eps)``, or ``inf``
+    when no feasible pair is found (or every moment overflows).
+    """
+    log_r = math.log(delta_r)
+    ell = log_r - math.log(2.0)
+    for _ in range(500):
+        e = _rdp_epsilon_log(groups, ell)
+        if not math.isfinite(e):
+            return lower, math.inf, math.inf
+        new = log_r - float(np.logaddexp(0.0, e))
+        if new >= ell - 1e-12 * abs(ell):
+            break
+        ell = new
+    step = 1e-9 * max(1.0, abs(ell))
+    for _ in range(200):
+        e = _rdp_epsilon_log(groups, ell)
+        if math.isfinite(e) and ell + float(np.logaddexp(0.0, e)) <= log_r:
+            return min(lower, 2.0 * e), 2.0 * e, 2.0 * e
+        ell -= step
+        step *= 2.0
+    return lower, math.inf, math.inf

@@ -69,8 +69,14 @@ def tradeoff_curve(
     (Dong, Roth & Su 2022, Prop. 2.12), ``delta_up`` being the certified upper bound
     on the larger of the two hockey-stick curves: every term is a line below ``f``,
     so the result is a convex lower bound on ``f`` and ``1 - beta`` is an upper bound
-    on attack success (Theorem 4).  For a ledger of ``q = 1`` rounds the exact
-    ``G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)`` is returned.
+    on attack success (Theorem 4).  For a ledger of ``q = 1`` rounds (all with
+    participation 1) the exact ``G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)`` is
+    returned.  With participation ``p < 1`` the pair of each round is the mixture of
+    :class:`~fedfdp.accounting.PrivacyEvent` and the same construction applies to its
+    certified delta curve.  When the ledger is too lossy (or too large) for the
+    numerical curves, ``delta_up`` is the Renyi-DP bound (and the total-variation
+    bound), still a valid, if looser, curve.  Memory and time are bounded like the
+    accountant's (:data:`fedfdp.accounting.composition.MEMORY_LIMIT_BYTES`).
 
     Parameters
     ----------
@@ -95,14 +101,16 @@ def tradeoff_curve(
         return a, 1.0 - a
     prof = _bounds(events, _DISC_SHARE * eps_error, delta_error, 2**24).upper
     if prof.gaussian_mu is not None:
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             beta = special.ndtr(special.ndtri(1.0 - a) - prof.gaussian_mu)
+        beta = np.nan_to_num(beta, nan=0.0)
         return a, np.clip(beta, 0.0, 1.0 - a)
-    if not prof.curves:
-        raise ValueError("privacy loss too large to resolve a trade-off curve (too many rounds)")
-    t_lo = min(c.t_first for c in prof.curves) + prof.eps_disc
-    t_hi = max(c.t_last for c in prof.curves) + prof.eps_disc
-    eps = np.linspace(max(t_lo, -30.0), t_hi, 6000)
+    if prof.curves:
+        t_lo = min(c.t_first for c in prof.curves) + prof.eps_disc
+        t_hi = max(c.t_last for c in prof.curves) + prof.eps_disc
+        eps = np.linspace(max(t_lo, -30.0), t_hi, 6000)
+    else:  # Renyi-DP (and total-variation) delta curve: lines for eps in [0, 700]
+        eps = np.concatenate([np.linspace(0.0, 30.0, 3000), np.geomspace(30.0, 700.0, 3001)[1:]])
     dup = prof.delta_upper(eps)
     use = dup < 1.0
     eps, dup = eps[use], dup[use]
