@@ -2,6 +2,10 @@
 
 ``fedfdp account --noise-multiplier S --sampling-rate Q --rounds T --delta D [--json]``
     ε of ``T`` rounds of the Poisson-subsampled Gaussian mechanism (Theorem 5).
+    ``--device-sampling-rate P``: each round touches a record only if its device
+    is drawn (probability ``P``, revealed by the record's device-mates); the
+    accountant composes that exact mixture (never rate ``P·Q``, which is not a
+    valid bound).
 ``fedfdp account --target-epsilon E --sampling-rate Q --rounds T --delta D [--json]``
     The smallest σ (to 0.1%) whose ε is at most ``E`` (never above), and that ε.
 ``fedfdp account --run DIR [--delta D] [--json]``
@@ -21,6 +25,11 @@ With any of them:
 ``--num-records N``
     δ = 1/(2N), the default of ``fedfdp run``, instead of ``--delta``.
 
+Memory and time are bounded for every input (the accountant's arrays stay below
+``fedfdp.accounting.composition.MEMORY_LIMIT_BYTES`` = 1 GiB): an input the
+numerical accountant cannot resolve gets a coarser certified interval or the
+Rényi-DP bound, both valid upper bounds.
+
 Every ε is the **upper** end of the accountant's error interval
 (:class:`fedfdp.accounting.EpsilonBound`), for the **add/remove** relation
 (Definition 6) at the stated δ; ``epsilon_replacement`` is the replacement
@@ -28,7 +37,9 @@ relation (Definition 5) at the same δ, obtained by Proposition 1
 (``(ε, δ_i) ⇒ (2ε, δ_i(1 + e^ε))``, see :mod:`fedfdp.accounting`). In
 ``--json`` output an infinite (vacuous) bound is ``null``.
 
-Bad input exits with status 2 and a message naming the flag and its value.
+Bad input exits with status 2 and a message naming the flag and its value;
+any ``ValueError`` from the accountant is reported the same way (one line on
+stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -118,26 +129,32 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if value is None:
             raise ConfigError(f"{flag} is required with --noise-multiplier/--target-epsilon")
     q = _rate("--sampling-rate", args.sampling_rate)
+    p = 1.0
+    if args.device_sampling_rate is not None:
+        p = _rate("--device-sampling-rate", args.device_sampling_rate)
     rounds = _count("--rounds", args.rounds)
     delta = _delta_of(args, None, "or --num-records N for δ = 1/(2N)")
     info: dict[str, Any] = {}
     if args.target_epsilon is not None:
         target = _positive("--target-epsilon", args.target_epsilon)
         try:
-            sigma = calibrate_noise_multiplier(target, q, rounds, delta, eps_error=args.eps_error)
+            sigma = calibrate_noise_multiplier(target, q, rounds, delta, eps_error=args.eps_error,
+                                               participation=p)
         except ValueError:
             hint = (f"; with --eps-error={args.eps_error:g} the upper bound of a subsampled "
-                    f"mechanism stays above about {0.9 * args.eps_error:.3g}" if q < 1 else "")
+                    f"mechanism stays above about {0.9 * args.eps_error:.3g}" if q < 1 or p < 1 else "")
+            dev = f", device sampling rate {p:g}" if p < 1 else ""
             raise ConfigError(
                 f"--target-epsilon={target!r}: unreachable, no noise multiplier <= 1e4 brings the "
-                f"ε upper bound down to it (sampling rate {q:g}, {rounds} rounds, δ = {delta:.3g}){hint}"
+                f"ε upper bound down to it (sampling rate {q:g}{dev}, {rounds} rounds, "
+                f"δ = {delta:.3g}){hint}"
             ) from None
         info["target_epsilon"] = target
     else:
         sigma = _positive("--noise-multiplier", args.noise_multiplier)
     acc = FDPAccountant(eps_error=args.eps_error)
-    acc.compose(sigma, q, rounds)
-    info.update(noise_multiplier=sigma, sampling_rate=q)
+    acc.compose(sigma, q, rounds, participation=p)
+    info.update(noise_multiplier=sigma, sampling_rate=q, device_sampling_rate=p)
     return acc, dict(info, delta=delta)
 
 
@@ -145,7 +162,7 @@ def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """An accountant restored from ``DIR/ledger.json`` (``--run`` mode)."""
     from fedfdp.accounting import FDPAccountant
 
-    for flag in ("noise_multiplier", "target_epsilon", "sampling_rate", "rounds"):
+    for flag in ("noise_multiplier", "target_epsilon", "sampling_rate", "rounds", "device_sampling_rate"):
         if getattr(args, flag) is not None:
             name = "--" + flag.replace("_", "-")
             raise ConfigError(
@@ -200,9 +217,11 @@ def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     events = acc.ledger
     sigmas = {e.noise_multiplier for e in events}
     rates = {e.sampling_rate for e in events}
+    shares = {e.participation for e in events}
     info: dict[str, Any] = {
         "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
         "sampling_rate": rates.pop() if len(rates) == 1 else None,
+        "device_sampling_rate": shares.pop() if len(shares) == 1 else (None if shares else 1.0),
         "delta": delta,
         "run": str(run),
         "mode": doc.get("mode"),
@@ -210,7 +229,8 @@ def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         "charged_rounds": len({r for r, _ in charges}),
         "planned_private_rounds": resolved.get("private-rounds"),
         "ledger": [
-            {"noise_multiplier": e.noise_multiplier, "sampling_rate": e.sampling_rate, "count": e.count}
+            {"noise_multiplier": e.noise_multiplier, "sampling_rate": e.sampling_rate, "count": e.count,
+             "participation": e.participation}
             for e in events
         ],
     }
@@ -240,6 +260,7 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         "delta": delta,
         "noise_multiplier": info.pop("noise_multiplier"),
         "sampling_rate": info.pop("sampling_rate"),
+        "device_sampling_rate": info.pop("device_sampling_rate"),
         "rounds": acc.rounds,
         "relation": "add-remove",
         "eps_error": acc.eps_error,
@@ -276,10 +297,11 @@ def format_report(r: dict[str, Any]) -> str:
         of = f" of {planned} planned" if planned is not None else ""
         rows.append(("run", f"{r['run']} (mode {r.get('mode') or '?'})"))
         rows.append(("rounds charged", f"{r['rounds']}{of}{again}"))
-        if r["noise_multiplier"] is None or r["sampling_rate"] is None:
+        if r["noise_multiplier"] is None or r["sampling_rate"] is None or r["device_sampling_rate"] is None:
             for ev in r["ledger"]:
+                share = f", p = {ev['participation']:.6g}" if ev["participation"] != 1.0 else ""
                 rows.append(("  events", f"{ev['count']} × (σ = {ev['noise_multiplier']:.6g}, "
-                                         f"q = {ev['sampling_rate']:.6g})"))
+                                         f"q = {ev['sampling_rate']:.6g}{share})"))
     else:
         rows.append(("rounds T", str(r["rounds"])))
     if r["noise_multiplier"] is not None:
@@ -288,6 +310,9 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append(("noise multiplier σ", f"{r['noise_multiplier']:.6g}{calibrated}"))
     if r["sampling_rate"] is not None:
         rows.append(("sampling rate q", f"{r['sampling_rate']:.6g}"))
+    if r["device_sampling_rate"] is not None and r["device_sampling_rate"] != 1.0:
+        rows.append(("device sampling p", f"{r['device_sampling_rate']:.6g}  (exact mixture: with prob. p a "
+                                          "q-subsampled round, else none; not rate p·q)"))
     d = f"δ = {r['delta']:.3g}"
     rows.append(("ε add/remove", f"{_fmt(r['epsilon'])}  (upper bound, add/remove, {d}; "
                                  f"estimate {_fmt(r['epsilon_estimate'])}, "
@@ -304,8 +329,17 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def cmd_account(args: argparse.Namespace) -> int:
-    """``fedfdp account``."""
-    report = account(args)
+    """``fedfdp account``.
+
+    A ``ValueError`` from the accountant (input it refuses) becomes a
+    :class:`~fedfdp.config.ConfigError`: one line on stderr, exit status 2.
+    """
+    try:
+        report = account(args)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if args.json:
         print(json.dumps(report, indent=1, allow_nan=False))
     else:
@@ -325,7 +359,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-epsilon", type=float, metavar="E",
                    help="calibrate σ so that ε ends at, never above, E")
     p.add_argument("--sampling-rate", type=float, metavar="Q",
-                   help="accounting rate: q, p·q (device-sampling-rate p) or p (privacy-unit=device)")
+                   help="Poisson rate of the privacy unit in a round that touches it: q (record unit), "
+                        "p (privacy-unit=device)")
+    p.add_argument("--device-sampling-rate", type=float, metavar="P",
+                   help="record unit with Poisson device sampling: a round touches a record only if its "
+                        "device is drawn (probability P, known to the adversary); accounted as the exact "
+                        "mixture, not as rate P·Q (default: every device, P = 1)")
     p.add_argument("--rounds", type=int, metavar="T", help="number of private rounds")
     p.add_argument("--delta", type=float, metavar="D", help="δ of every ε (with --run: default the run's)")
     p.add_argument("--num-records", type=int, metavar="N", help="δ = 1/(2N) instead of --delta")

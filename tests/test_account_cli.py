@@ -13,6 +13,11 @@ References are independent of the code under test:
   truth); the printed ε (upper bound) must satisfy
   ``ref - 1e-3 <= epsilon <= ref + eps_error + 5e-3`` with ``eps_error = 0.05``,
   the tolerance stated in docs/accounting.md.
+- ``--device-sampling-rate P``: the binomial mixture of dp-accounting's k-fold PLDs
+  (``tests/references.py``), ``ref - 1e-6 <= epsilon <= ref + eps_error + 5e-3``.
+- Pathological inputs run the CLI in a subprocess with a 3 GiB address-space cap:
+  a finite valid answer (above an independent reference at a milder setting) or
+  exit status 2 with one line naming the flag and value, in seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from scipy import special
 
 from fedfdp.accounting import FDPAccountant, attribute_inference_bound, epsilon_for
 from simulations.cli import main
-from tests.references import dp_ref_eps, gaussian_eps_ref
+from tests.references import dp_ref_eps, gaussian_eps_ref, participation_eps_ref
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -47,6 +52,7 @@ KEYS = {
     "delta",
     "noise_multiplier",
     "sampling_rate",
+    "device_sampling_rate",
     "rounds",
     "relation",
 }
@@ -411,3 +417,111 @@ def test_console_script() -> None:
     r = json.loads(proc.stdout)
     assert set(r) >= KEYS
     assert_within_reference(r["epsilon"], dp_ref_eps([(1.0, 0.01, 1000)], 1e-5))
+
+
+
+# ------------------------------------------------------------------ --device-sampling-rate
+def test_device_sampling_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = direct(1.34, 0.05, 150, 1.5e-4)
+    r = cli_json([*argv, "--device-sampling-rate", "0.2"], capsys)
+    assert r["device_sampling_rate"] == 0.2 and r["sampling_rate"] == 0.05
+    ref = participation_eps_ref(1.34, 0.05, 0.2, 150, 1.5e-4, vdi=1e-3)
+    assert ref - 1e-6 <= r["epsilon"] <= ref + EPS_ERROR + 5e-3
+    assert r["epsilon"] == epsilon_for(1.34, 0.05, 150, 1.5e-4, participation=0.2).upper
+    plain = cli_json(argv, capsys)
+    assert plain["device_sampling_rate"] == 1.0
+    assert r["epsilon"] < plain["epsilon"]
+    assert r["epsilon"] > epsilon_for(1.34, 0.01, 150, 1.5e-4).upper  # not rate p·q
+    rc, out, _ = cli([*argv, "--device-sampling-rate", "0.2"], capsys)
+    assert rc == 0 and any(ln.startswith("device sampling p") and "0.2" in ln for ln in out.splitlines())
+    rc, out, _ = cli(argv, capsys)
+    assert "device sampling" not in out
+
+
+def test_device_sampling_rate_target(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--target-epsilon", "2", "--sampling-rate", "0.05", "--rounds", "150", "--delta", "1.5e-4",
+            "--device-sampling-rate", "0.2"]
+    r = cli_json(argv, capsys)
+    sigma = r["noise_multiplier"]
+    assert 1.9 <= r["epsilon"] <= 2.0
+    assert participation_eps_ref(sigma, 0.05, 0.2, 150, 1.5e-4, vdi=1e-3) <= 2.0 + 1e-6
+    assert epsilon_for(sigma / 1.01, 0.05, 150, 1.5e-4, participation=0.2).upper > 2.0
+
+
+def test_run_with_participation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    acc = FDPAccountant()
+    for _ in range(30):
+        acc.compose(1.2, 0.05, participation=0.25)
+    acc.compose(1.2, 0.05, 10)
+    run = tmp_path / "run"
+    run.mkdir()
+    charges = [[r, 0] for r in range(1, 41)]
+    (run / "ledger.json").write_text(json.dumps({"accountant": acc.state_dict(), "charges": charges}))
+    r = cli_json(["--run", str(run), "--delta", "1e-5"], capsys)
+    assert r["device_sampling_rate"] is None  # mixed
+    assert [e["participation"] for e in r["ledger"]] == [0.25, 1.0]
+    assert r["epsilon"] == acc.epsilon(1e-5)
+    rc, out, _ = cli(["--run", str(run), "--delta", "1e-5"], capsys)
+    assert rc == 0 and "p = 0.25" in out
+    rc, _, err = cli(["--run", str(run), "--device-sampling-rate", "0.5"], capsys)
+    assert rc == 2 and "--device-sampling-rate=0.5: not with --run" in err
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-0.1", "nan"])
+def test_device_sampling_rate_bad(capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    rc, out, err = cli([*direct(1.0, 0.05, 10, 1e-5), "--device-sampling-rate", bad], capsys)
+    assert rc == 2 and out == "" and f"--device-sampling-rate={float(bad)!r}" in err
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ pathological input
+_CAPPED = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from simulations.cli import main
+sys.exit(main(["account", *sys.argv[1:]]))
+"""
+
+PATHOLOGICAL = [
+    # (argv, lower reference (sigma, q, rounds, delta) or None, expected exit status, needle)
+    (direct(1e-3, 0.05, 150, 1e-5), (0.3, 0.05, 150, 1e-5), 0, None),  # >4 GB before
+    (["--target-epsilon", "1e12", "--sampling-rate", "0.05", "--rounds", "150", "--delta", "1e-5"],
+     None, 0, None),  # ~23 GB before
+    (direct(0.8, 0.05, 150, 1e-300), (0.8, 0.05, 150, 1e-12), 0, None),  # math domain error before
+    ([*direct(0.8, 0.05, 150, 5e-324), "--ball", "0.1"], (0.8, 0.05, 150, 1e-12), 0, None),
+    (direct(1.0, 0.05, 10**15, 1e-5), (1.0, 0.05, 10_000, 1e-5), 0, None),
+    ([*direct(1e-3, 0.05, 150, 1e-5), "--device-sampling-rate", "1e-3"], None, 0, None),
+    (["--target-epsilon", "1e-300", "--sampling-rate", "0.05", "--rounds", "150", "--delta", "1e-5"],
+     None, 2, "--target-epsilon=1e-300: unreachable"),
+    (["--target-epsilon", "5", "--sampling-rate", "0.05", "--rounds", str(10**15), "--delta", "1e-5"],
+     None, 2, "--target-epsilon=5.0: unreachable"),
+    ([*direct(1.0, 0.05, 150, 1e-5), "--device-sampling-rate", "1e-400"], None, 2,
+     "--device-sampling-rate=0.0: must be in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize(("argv", "reference", "status", "needle"), PATHOLOGICAL)
+def test_pathological_input_bounded(argv: list[str], reference, status: int, needle: str | None) -> None:
+    """Each case runs under a 3 GiB address-space cap and answers in seconds: a valid
+    bound (above the reference at a milder setting; epsilon is monotone) or a
+    one-line refusal naming the flag."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _CAPPED, *argv, "--json"], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=root, check=False)
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    if status == 2:
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+        return
+    r = json.loads(proc.stdout)
+    assert r["epsilon"] is not None and r["epsilon_replacement"] is not None
+    assert 0.0 <= r["epsilon"] <= r["epsilon_replacement"]
+    if reference is not None:
+        sigma, q, rounds, delta = reference
+        assert r["epsilon"] >= dp_ref_eps([(sigma, q, rounds)], delta, vdi=1e-3) - 1e-6
+    if "target_epsilon" in r:
+        assert r["epsilon"] <= r["target_epsilon"]
+    if "attribute_inference_bound" in r:
+        assert r["ball"] <= r["attribute_inference_bound"] <= 1.0
