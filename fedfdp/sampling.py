@@ -1,31 +1,26 @@
-"""Samplers on independent, explicitly seeded generator streams.
+"""Samplers, and the public streams that derive from the run seed.
 
-Every random choice in fedfdp comes from a generator derived from one run seed
-with :class:`numpy.random.SeedSequence` (``spawn_key`` paths), never from a
-global RNG. The streams are separate by construction:
+Two kinds of randomness (:mod:`fedfdp.entropy`): *secret* streams (noise,
+device draws of the device unit, Poisson coins, private padding) come from the
+party's :class:`~fedfdp.entropy.SecretSource`; *public* streams derive from the
+run ``seed`` with :class:`numpy.random.SeedSequence` spawn keys and may be known
+to anyone:
 
 =====================  =====================================================
-stream                 used for
+public stream          used for
 =====================  =====================================================
-``private-sampling``   the Poisson private batch of a device in a round
 ``public-sampling``    the uniform public batch of a device in a round
-``private-padding``    Gaussian padding of the views inside ``ℓ_priv``
 ``public-padding``     Gaussian padding of the public batch's views
-``noise``              the server's Gaussian noise
-``server-sampling``    public-batch allocation over devices, client choice
+``server-sampling``    public-batch allocation over devices, node choice,
+                       the device unit's public device sample
 =====================  =====================================================
 
 Prop. 3 of the FDP paper is why the private and public batches must not share
 randomness: if the public batch reveals the Poisson coins, subsampling no
-longer amplifies privacy. Here the two batches are drawn from generators whose
-seeds differ in their spawn key, so they are statistically independent. Padding draws are split the same way:
-if the public views were padded from the stream the private views consumed,
-the released public gradient would depend on the realised private batch size.
-
-The seed is part of the secret state of the mechanism: anyone who knows it can
-recompute the batches and the noise. For deployments use ``seed = -1``
-semantics at the application level (fresh OS entropy) or keep the seed as
-secret as a key.
+longer amplifies privacy. Here they cannot: the coins come from secret entropy
+and the public batch from the seed. Padding draws are split the same way: if
+the public views were padded from the stream the private views consumed, the
+released public gradient would depend on the realised private batch size.
 """
 
 from __future__ import annotations
@@ -35,9 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedfdp.entropy import BitStream, uniforms
+
 _CLIENT, _SERVER = 0, 1
-_PRIVATE, _PUBLIC, _PRIVATE_PADDING, _PUBLIC_PADDING = 0, 1, 2, 3
-_NOISE, _SERVER_SAMPLING = 0, 1
+_PUBLIC, _PUBLIC_PADDING = 1, 3
+_SERVER_SAMPLING = 1
 
 
 def _sequence(seed: int, *path: int) -> np.random.SeedSequence:
@@ -53,63 +50,45 @@ def _torch_generator(seq: np.random.SeedSequence) -> torch.Generator:
 
 
 @dataclass
-class DeviceStreams:
-    """Generators one device uses in one round."""
+class PublicStreams:
+    """Public generators one device uses in one round (derived from the run seed)."""
 
-    private: np.random.Generator
-    public: np.random.Generator
-    private_padding: torch.Generator
-    public_padding: torch.Generator
+    sample: np.random.Generator
+    padding: torch.Generator
 
     @classmethod
-    def for_round(cls, seed: int, round_: int, device: int, attempt: int = 0) -> DeviceStreams:
-        """Streams of ``device`` in round ``round_`` under run seed ``seed``.
-
-        ``attempt > 0`` (a round re-run after a crash) gives fresh, independent
-        streams: batches are never reused across two releases.
-        """
-
-        def seq(kind: int) -> np.random.SeedSequence:
-            extra = (attempt,) if attempt else ()
-            return _sequence(seed, _CLIENT, round_, device, kind, *extra)
-
+    def for_device(cls, seed: int, round_: int, device: int) -> PublicStreams:
+        """Streams of ``device`` in round ``round_`` under run seed ``seed``."""
         return cls(
-            private=np.random.default_rng(seq(_PRIVATE)),
-            public=np.random.default_rng(seq(_PUBLIC)),
-            private_padding=_torch_generator(seq(_PRIVATE_PADDING)),
-            public_padding=_torch_generator(seq(_PUBLIC_PADDING)),
+            sample=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC)),
+            padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING)),
         )
 
 
-@dataclass
-class ServerStreams:
-    """Generators the server uses in one round."""
-
-    noise: torch.Generator
-    sampling: np.random.Generator
-
-    @classmethod
-    def for_round(cls, seed: int, round_: int, attempt: int = 0) -> ServerStreams:
-        """Streams of the server in round ``round_`` (``attempt > 0``: fresh
-        noise for a round re-run after a crash — noise is never reused)."""
-        extra = (attempt,) if attempt else ()
-        return cls(
-            noise=_torch_generator(_sequence(seed, _SERVER, round_, _NOISE, *extra)),
-            sampling=np.random.default_rng(_sequence(seed, _SERVER, round_, _SERVER_SAMPLING, *extra)),
-        )
+def server_public_rng(seed: int, round_: int) -> np.random.Generator:
+    """The server's public stream of a round: public-batch allocation, node
+    choice, the device unit's public device sample."""
+    return np.random.default_rng(_sequence(seed, _SERVER, round_, _SERVER_SAMPLING))
 
 
-def poisson_sample(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
-    """Indices of a Poisson sample: each of ``n`` records joins independently
-    with probability ``rate``. The realised size varies and may be 0.
+def poisson_coins(n: int, rate: float, coins: BitStream) -> np.ndarray:
+    """``n`` independent Bernoulli(``rate``) draws (bool) from a secret stream.
 
-    This is the sampling that Theorem 5 (amplification by subsampling) assumes.
+    This is the sampling that Theorem 5 (amplification by subsampling) assumes;
+    ``rate = 1`` includes everything.
     """
     if n < 0:
         raise ValueError(f"n={n}: must be >= 0")
     if not 0 < rate <= 1:
         raise ValueError(f"sampling-rate={rate}: must be in (0, 1]")
-    return np.flatnonzero(rng.random(n) < rate)
+    return uniforms(coins, n) < rate
+
+
+def poisson_sample(n: int, rate: float, coins: BitStream) -> np.ndarray:
+    """Indices of a Poisson sample: each of ``n`` records joins independently
+    with probability ``rate`` (:func:`poisson_coins`). The realised size varies
+    and may be 0."""
+    return np.flatnonzero(poisson_coins(n, rate, coins))
 
 
 def uniform_sample(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
