@@ -8,8 +8,10 @@ the budget cap (``max-epsilon``, defaulting to the target).
 
 :class:`Budget` wraps the accountant for a run: before each private round it
 asks, without mutating, whether composing that round would exceed the cap,
-and refuses it with :class:`~fedfdp.accounting.PrivacyBudgetExhausted`; after
-the round it composes one Poisson-subsampled Gaussian event (Theorem 5).
+and refuses it with :class:`~fedfdp.accounting.PrivacyBudgetExhausted`; then it
+composes the round's event — the one the sampling plan names
+(:attr:`fedfdp.sampling_plan.SamplingSettings.event`): a Poisson-subsampled
+Gaussian (Theorem 5), touching the privacy unit with the plan's participation.
 Every ε it reports is the **upper** end of the accountant's interval, for the
 **add/remove** relation (Def. 6) at the plan's δ.
 """
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
 from fedfdp.config import Config
+from fedfdp.sampling_plan import AccountedEvent, SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -33,9 +36,8 @@ class PrivacyPlan:
     noise_multiplier : float or None
         σ (None for non-private modes).
     sampling_rate : float
-        Rate used for accounting: ``q`` (record unit, all devices or a
-        fixed-count, data-independent device choice), ``p·q`` (record unit,
-        Poisson device sampling at rate ``p``), ``p`` (device unit).
+        Poisson rate of the accounted event (:mod:`fedfdp.sampling_plan`):
+        ``q`` for the record unit, ``p`` for the device unit.
     delta : float
     private_rounds : int
         Rounds that compose a privacy event.
@@ -45,6 +47,11 @@ class PrivacyPlan:
         Neighbouring relation of every reported ε: ``add-remove``.
     unbounded : bool
         True for ``nonprivate``: private data is used without noise, ε = ∞.
+    unit : str
+        ``record`` or ``device``.
+    participation : float
+        Probability that a round touches the privacy unit at all (record unit
+        with Poisson device sampling at ``p``: ``p``; otherwise 1).
     """
 
     private: bool
@@ -56,51 +63,47 @@ class PrivacyPlan:
     relation: str = "add-remove"
     unbounded: bool = False
     unit: str = "record"
+    participation: float = 1.0
 
 
-def plan_privacy(cfg: Config, num_records: int) -> PrivacyPlan:
-    """Resolve σ, δ and the cap for ``cfg`` over ``num_records`` training records."""
+def sampling_settings(cfg: Config) -> SamplingSettings:
+    """The sampling settings of ``cfg`` (what the sampling plan is built from)."""
+    p = cfg.privacy
+    return SamplingSettings(
+        sampling_rate=p.sampling_rate,
+        device_sampling_rate=p.device_sampling_rate,
+        unit=p.privacy_unit,
+        nodes_per_round=cfg.run.clients_per_round,
+        public_batch_size=p.public_batch_size,
+    )
+
+
+def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = None) -> PrivacyPlan:
+    """Resolve σ, δ and the cap for ``cfg`` over ``num_records`` training records.
+
+    The accounted event per private round comes from the sampling plan
+    (``event``; default: the one :func:`sampling_settings` of ``cfg`` names,
+    :mod:`fedfdp.sampling_plan`); σ is calibrated for that event.
+    """
     if num_records < 1:
         raise ValueError(f"num_records={num_records}: the dataset has no training records")
     p = cfg.privacy
     delta = p.delta if p.delta is not None else 1.0 / (2 * num_records)
     rounds = cfg.training.num_rounds - p.public_pretrain_rounds
-    rate = accounting_rate(cfg)
+    event = event if event is not None else sampling_settings(cfg).event
+    rate, share = event.sampling_rate, event.participation
     if not p.is_private:
         return PrivacyPlan(
-            False, None, rate, delta, 0, None, unbounded=p.mode == "nonprivate", unit=p.privacy_unit
+            False, None, rate, delta, 0, None, unbounded=p.mode == "nonprivate", unit=p.privacy_unit,
+            participation=share,
         )
     sigma = p.noise_multiplier
     if sigma is None:
         if p.target_epsilon is None:
             raise ValueError("a private mode needs noise-multiplier or target-epsilon")
-        sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta)
+        sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta, participation=share)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
-    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit)
-
-
-def accounting_rate(cfg: Config) -> float:
-    """Poisson rate of the privacy unit in one round.
-
-    * record unit, every device (or a fixed count of devices chosen
-      data-independently, as Flower does): ``q`` — the device choice can be
-      assumed public, and within chosen devices each record is included with
-      probability ``q``; an upper bound on the true rate.
-    * record unit, Poisson device sampling at rate ``p``: ``p·q`` — a record is
-      included iff its device is drawn and its own coin comes up; the two draws
-      are independent and the device draw stays secret (the update is
-      normalised by the constant ``p·q·N``, never by the drawn devices' sizes).
-    * device unit: ``p`` — each device's whole clipped contribution is
-      included iff the device is drawn.
-    """
-    p = cfg.privacy
-    if p.privacy_unit == "device":
-        if p.device_sampling_rate is None:
-            raise ValueError("device-sampling-rate is unset: privacy-unit=device needs it")
-        return p.device_sampling_rate
-    if p.device_sampling_rate is not None:
-        return p.device_sampling_rate * p.sampling_rate
-    return p.sampling_rate
+    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit, participation=share)
 
 
 class Budget:
@@ -135,7 +138,8 @@ class Budget:
         if plan.noise_multiplier is None:
             raise ValueError("noise multiplier unresolved: this plan spends no privacy")
         if self.accountant.would_exceed(
-            plan.max_epsilon, plan.delta, plan.noise_multiplier, plan.sampling_rate
+            plan.max_epsilon, plan.delta, plan.noise_multiplier, plan.sampling_rate,
+            participation=plan.participation,
         ):
             spent = self.epsilon()
             raise PrivacyBudgetExhausted(spent, plan.max_epsilon, plan.delta)
@@ -144,5 +148,7 @@ class Budget:
         """Compose one private round; return the new ε."""
         if self.plan.noise_multiplier is None:
             raise ValueError("noise multiplier unresolved: this plan spends no privacy")
-        self.accountant.compose(self.plan.noise_multiplier, self.plan.sampling_rate)
+        self.accountant.compose(
+            self.plan.noise_multiplier, self.plan.sampling_rate, participation=self.plan.participation
+        )
         return self.epsilon()
