@@ -206,8 +206,8 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
 
-    from fedfdp.algorithm import build_model_for
     from fedfdp.data import load_dataset
+    from fedfdp.models import build_model_for
     from strategies.fdp_strategy import FDPStrategy
 
     class TimedFDP(FDPStrategy):
@@ -353,7 +353,8 @@ def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- #
 
 
-STEPS = ("budget-check", "charge", "configure", "aggregate", "evaluate", "checkpoint", "metrics")
+#: ``configure`` includes the budget check and the write-ahead charge of the ledger.
+STEPS = ("configure", "aggregate", "evaluate", "checkpoint", "metrics")
 
 
 def strategy_overhead(
@@ -368,10 +369,10 @@ def strategy_overhead(
 def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> dict[str, Any]:
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from fedfdp.algorithm import evaluate
     from fedfdp.config import load_config
+    from fedfdp.evaluation import evaluate
     from fedfdp.outputs import write_metrics
-    from strategies.inprocess import client_reply, registered_strategy
+    from simulations.auditing.inprocess import client_reply, registered_strategy
 
     cfg = load_config(
         {
@@ -399,16 +400,12 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
 
     rows: list[dict[str, Any]] = []
     for r in range(1, rounds + 1):
-        timed("budget-check", strat.budget.check)  # type: ignore[union-attr]
-        timed("charge", strat.charge, r)
         msgs = timed("configure", configure, r, ArrayRecord(strat.model.state_dict()))
         replies = [client_reply(cfg, m) for m in msgs]
-        timed("aggregate", strat.aggregate_train, r, replies)
+        outcome = timed("aggregate", strat.collect, r, replies)
         acc, loss = timed("evaluate", evaluate, strat.model, strat.data.test_x, strat.data.test_y)
-        timed("checkpoint", strat._checkpoint, r)
-        rows.append(
-            {"round": r, "phase": "fdp", "epsilon": strat._last["epsilon"], "accuracy": acc, "loss": loss}
-        )
+        timed("checkpoint", strat.server.checkpoint, r)
+        rows.append({"round": r, "phase": "fdp", "epsilon": outcome.epsilon, "accuracy": acc, "loss": loss})
         timed("metrics", write_metrics, cfg.run.out_dir, rows)
     med = {k: 1e3 * statistics.median(v[1:]) for k, v in steps.items()}
     return {"devices": devices, "setup_s": setup, "ms": med, "total_ms": sum(med.values())}

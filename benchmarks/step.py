@@ -1,6 +1,6 @@
 """Speed of the FDP client step as the project runs it, relative to a plain step.
 
-The FDP step is :func:`fedfdp.contribution.device_contribution` with phase
+The FDP step is :func:`fedfdp.contribution.node_contribution` with phase
 ``fdp`` and the record privacy unit, exactly what a Flower client runs per
 device and round: Poisson private batch (``q = 1`` by default: all 256 records;
 ``--poisson``: a device of 4096 records at ``q = 1/16``, one fixed draw of
@@ -16,7 +16,7 @@ estimator.
 
 Rows per model (all ÷ the plain step):
 
-- ``fdp-step``: the headline, ``device_contribution`` end to end.
+- ``fdp-step``: the headline, ``node_contribution`` end to end.
 - ``private``: its clipped private sum alone
   (``clipped_grad_sum(model, [x, view], y, ℓ_priv, C)``, views prebuilt).
 - ``public``: its public forward+backward alone (views prebuilt).
@@ -69,12 +69,13 @@ from torch import nn
 
 from benchmarks.timing import Clock, interleaved_samples, malloc_env_set, pick_clock, quartiles
 from fedfdp.clipping import clipped_grad_sum
-from fedfdp.contribution import device_contribution
+from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
+from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec, PublicView
 from fedfdp.losses import LossDecomposition
 from fedfdp.models import build_model
 from fedfdp.modes import PHASES
-from fedfdp.sampling import DeviceStreams, poisson_sample, uniform_sample
+from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
 
 BATCH = 256
 
@@ -190,14 +191,16 @@ def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
     yt = torch.as_tensor(case.y, dtype=torch.long)
     x0, y0 = xt[:BATCH], yt[:BATCH]
 
-    def streams() -> DeviceStreams:
-        return DeviceStreams.for_round(0, 1, 0)  # fixed draw: same batches every call
-
-    s = streams()
-    priv_idx = torch.as_tensor(poisson_sample(len(case.y), case.rate, s.private))
-    pub_idx = torch.as_tensor(uniform_sample(len(case.y), BATCH, s.public))
-    private_inputs = dec.private_inputs(xt[priv_idx], s.private_padding)
-    public_inputs = dec.public_inputs(xt[pub_idx], s.public_padding)
+    # fixed draws (seeded secrets): the same batches every call
+    secrets = SeededEntropy(0)
+    parts = ClientParts(secrets=secrets)
+    settings = RoundSettings(round=1, attempt=0, phase=phase, sampling_rate=case.rate, clipping_norm=max_norm)
+    task = DeviceTask(0, case.x, case.y, True, BATCH)
+    s, pub_s = secrets.device(1, 0, 0), PublicStreams.for_device(0, 1, 0)
+    priv_idx = torch.as_tensor(poisson_sample(len(case.y), case.rate, s.coins))
+    pub_idx = torch.as_tensor(uniform_sample(len(case.y), BATCH, pub_s.sample))
+    private_inputs = dec.private_inputs(xt[priv_idx], s.padding)
+    public_inputs = dec.public_inputs(xt[pub_idx], pub_s.padding)
     y_priv, y_pub = yt[priv_idx], yt[pub_idx]
     x2, y2 = torch.cat(private_inputs), torch.cat([y_priv, y_priv])
     x3, y3 = torch.cat([*private_inputs, *public_inputs]), torch.cat([y_priv, y_priv, y_pub])
@@ -206,17 +209,7 @@ def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
         return torch.autograd.grad(F.cross_entropy(model(x0), y0), params)
 
     def fdp_step() -> object:
-        return device_contribution(
-            model,
-            dec,
-            phase,
-            case.x,
-            case.y,
-            sampling_rate=case.rate,
-            clipping_norm=max_norm,
-            public_count=BATCH,
-            streams=streams(),
-        )
+        return node_contribution(model, dec, settings, [task], parts)
 
     def private() -> object:
         return clipped_grad_sum(model, private_inputs, y_priv, dec.private_loss, max_norm)
@@ -226,8 +219,8 @@ def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
         return torch.autograd.grad(losses.sum(), params)
 
     def views() -> object:
-        st = streams()
-        return dec.private_inputs(x0, st.private_padding), dec.public_inputs(x0, st.public_padding)
+        st, pt = secrets.device(1, 0, 0), PublicStreams.for_device(0, 1, 0)
+        return dec.private_inputs(x0, st.padding), dec.public_inputs(x0, pt.padding)
 
     def plain_2n() -> object:
         return torch.autograd.grad(F.cross_entropy(model(x2), y2, reduction="sum"), params)

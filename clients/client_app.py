@@ -3,12 +3,13 @@
 ``@app.query`` answers the server's one-time question "which devices do you
 hold and how many training records each" (dataset sizes are public in FDP).
 
-``@app.train`` runs the device side of one round of Algorithm 1 for each of
-its devices (:func:`fedfdp.contribution.device_contribution`): the clipped
-private sum over a Poisson batch and the unclipped public sum over an
-independently drawn uniform batch. It replies with both sums and the public
-count and loss — never the realised private batch size or any statistic of
-the private batch.
+``@app.train`` runs the node side of one round of Algorithm 1 for the devices
+the instruction names (:func:`fedfdp.contribution.node_contribution`): the
+clipped private sum over each device's Poisson batch — coins and padding from
+this node's own secret entropy, never from anything it was sent — and the
+unclipped public sum over independently drawn uniform batches. It replies with
+both sums and the public count and loss — never the realised private batch
+size or any statistic of the private batch.
 
 Which records a node serves (:func:`node_records`) depends on the run's
 ``data-location``:
@@ -36,12 +37,13 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedfdp import protocol as P
-from fedfdp.algorithm import build_decomposition, build_model_for
-from fedfdp.config import Config, load_config
-from fedfdp.contribution import add_contributions, device_contribution
+from fedfdp.config import Config, ConfigError, load_config
+from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
+from fedfdp.entropy import run_secrets
+from fedfdp.losses import build_decomposition
+from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.sampling import DeviceStreams
 
 log = logging.getLogger("fedfdp.client")
 
@@ -101,13 +103,15 @@ def node_records(cfg: Config, context: Context) -> NodeRecords:
 
 
 def _config(fixed: Config | None, context: Context) -> Config:
-    return fixed if fixed is not None else load_config(dict(context.run_config))
-
-
-def _num(config: Mapping[str, Any], key: str) -> float:
-    if key not in config:
-        raise ValueError(f"train config misses '{key}'")
-    return float(config[key])
+    if fixed is not None:
+        return fixed
+    cfg = load_config(dict(context.run_config))
+    if cfg.run.reproducible_noise:
+        raise ConfigError(
+            "reproducible-noise=true: refused by a ClientApp reading Flower's run config (flwr run, a "
+            "SuperNode): its Poisson coins would derive from a seed every party can read"
+        )
+    return cfg
 
 
 def handle_query(records: NodeRecords) -> dict[str, list[int]]:
@@ -117,55 +121,37 @@ def handle_query(records: NodeRecords) -> dict[str, list[int]]:
 
 
 def handle_train(
-    cfg: Config, records: NodeRecords, state: dict[str, torch.Tensor], config: Mapping[str, Any]
+    cfg: Config,
+    records: NodeRecords,
+    state: dict[str, torch.Tensor],
+    config: Mapping[str, Any],
+    parts: ClientParts | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The device side of one round on ``records``; returns (private sums, public sums, metrics)."""
+    """The node side of one round on ``records``; returns (private sums, public
+    sums, metrics). ``parts`` defaults to the secret entropy ``cfg`` asks for
+    (:func:`fedfdp.entropy.run_secrets`) and the honest components."""
     torch.set_num_threads(1)
+    order = P.TrainInstruction.from_config(config)
+    if not set(order.device_ids) <= set(records.devices):
+        raise P.InvalidInstruction(f"{P.DEVICE_IDS}={list(order.device_ids)}: not this node's devices")
+    parts = parts if parts is not None else ClientParts(secrets=run_secrets(cfg))
     data = records.data
-    phase_name = str(config.get(P.PHASE, ""))
-    if str(config.get(P.UNIT, "record")) not in ("record", "device"):
-        raise ValueError(f"privacy-unit={config.get(P.UNIT)!r}: unknown")
-    if phase_name not in PHASES:
-        raise ValueError(f"phase={phase_name!r}: unknown")
-    phase = PHASES[phase_name]
-    q = _num(config, P.SAMPLING_RATE)
-    clip = _num(config, P.CLIPPING_NORM)
-    if not (0 < q <= 1) or not clip > 0:
-        raise ValueError(f"sampling-rate={q}, clipping-norm={clip}: out of range")
-    seed = int(_num(config, P.SEED))
-    round_ = int(_num(config, P.ROUND))
-    attempt = int(config.get(P.ATTEMPT, 0))
-    unit = str(config.get(P.UNIT, "record"))
-    mine = set(records.devices)
-    device_ids = [int(d) for d in config.get(P.DEVICE_IDS, [])]
-    counts = [int(c) for c in config.get(P.PUBLIC_COUNTS, [])]
-    flags = [bool(int(f)) for f in config.get(P.PRIVATE_FLAGS, [1] * len(device_ids))]
-    lengths_ok = len(device_ids) == len(counts) == len(flags) > 0
-    if not lengths_ok or not set(device_ids) <= mine:
-        raise ValueError(
-            f"device-ids={device_ids}, public-counts={counts}: not this node's devices"
-        )
-
     model = build_model_for(cfg, data)
     model.load_state_dict(state)
-    decomposition = build_decomposition(cfg, data)
-    parts = [
-        device_contribution(
-            model,
-            decomposition,
-            phase,
-            records.devices[d].x,
-            records.devices[d].y,
-            sampling_rate=q,
-            clipping_norm=clip,
-            public_count=c,
-            streams=DeviceStreams.for_round(seed, round_, d, attempt),
-            private=f,
-            unit=unit,
-        )
-        for d, c, f in zip(device_ids, counts, flags, strict=True)
+    settings = RoundSettings(
+        round=order.round,
+        attempt=order.attempt,
+        phase=PHASES[order.phase],
+        sampling_rate=order.sampling_rate,
+        clipping_norm=order.clipping_norm,
+        unit=order.unit,
+        public_seed=cfg.run.seed,
+    )
+    tasks = [
+        DeviceTask(d, records.devices[d].x, records.devices[d].y, f, c)
+        for d, c, f in zip(order.device_ids, order.public_counts, order.private_flags, strict=True)
     ]
-    total = add_contributions(parts)
+    total = node_contribution(model, build_decomposition(cfg, data), settings, tasks, parts)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     private = dict(zip(names, total.private_sum, strict=True)) if total.private_sum else None
     public = dict(zip(names, total.public_sum, strict=True)) if total.public_sum else None

@@ -1,51 +1,67 @@
-"""A device's contribution to one round of Algorithm 1 (the client-side half).
+"""A node's contribution to one round of Algorithm 1 (the client-side half).
 
-For its own records a device computes
+A node (a Flower SuperNode, or the centralised engine holding every device)
+serves one or more devices. For the devices a round asks of it, it computes
 
-* ``private_sum``: Σ over its Poisson private batch of per-record gradients of
-  the private loss, each clipped to ``C`` (Algorithm 1 steps 3-4, Remark 1).
-  Sensitivity ``C`` per record (add/remove); no noise here — the server adds it
-  once to the sum over devices.
-* ``public_sum``: Σ over a uniform public batch, drawn from an independent
-  stream (Prop. 3), of unclipped gradients of ``ℓ_pub`` on public views
-  (steps 5-6). Public information: it depends on Ψ(x) and public labels only.
+* ``private_sum``: Σ over the devices' Poisson private batches of per-record
+  gradients of the private loss, each clipped to ``C`` (Algorithm 1 steps 3-4,
+  Remark 1); for the device unit, Σ over devices of each device's mean private
+  gradient clipped to ``C`` as one vector. Sensitivity ``C`` per record (per
+  device). No noise here — the server adds it once to the sum over nodes.
+* ``public_sum``: Σ over uniform public batches, drawn from the public stream
+  (never from the coins of the private batch: Prop. 3), of unclipped gradients
+  of ``ℓ_pub`` on public views (steps 5-6). Public information: it depends on
+  Ψ(x) and public labels only.
 
-The realised private batch size and any statistic of the private batch stay on
-the device. The sum over devices equals the same computation on the union of
-their batches (tested against :mod:`fedfdp.algorithm`).
+Every device draws its Poisson coins and private padding from its own secret
+stream (:meth:`fedfdp.entropy.SecretSource.device`); the record-unit private
+sum over all of a node's devices is then **one** clipped sum over the union of
+their batches (the same number as the sum of per-device clipped sums, in one
+call). The realised private batch size and any statistic of the private batch
+stay on the node.
+
+The two steps that decide privacy are components, so an audit can swap one of
+them for a broken variant through the same seam a normal run uses
+(:class:`ClientParts`): the :class:`BatchSampler` that draws a device's two
+batches and the :class:`PrivateAggregator` that turns the drawn private
+batches into the private sum.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedfdp import faults
 from fedfdp.clipping import clipped_grad_sum
+from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
 from fedfdp.losses import LossDecomposition, cross_entropy
 from fedfdp.modes import Phase
-from fedfdp.sampling import DeviceStreams, poisson_sample, uniform_sample
+from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
+
+UNITS = ("record", "device")
 
 
 @dataclass
 class Contribution:
-    """What a device sends for one round.
+    """What a node sends for one round.
 
     Attributes
     ----------
     private_sum : list of Tensor or None
-        Sum of clipped private per-record gradients (None if the phase has no
-        private part). Zeros for an empty Poisson batch — still sent, so the
-        server cannot tell an empty batch from a full one.
+        Sum of clipped private gradients (None if the phase has no private
+        part). Zeros for empty Poisson batches — still sent, so the server
+        cannot tell an empty batch from a full one.
     public_sum : list of Tensor or None
         Sum of unclipped public gradients (None if the phase has no public part).
     public_count : int
-        Records in the public batch.
+        Records in the public batches.
     public_loss_sum : float
-        Sum of ``ℓ_pub`` over the public batch.
+        Sum of ``ℓ_pub`` over the public batches.
     """
 
     private_sum: list[torch.Tensor] | None
@@ -66,149 +82,243 @@ def clip_vector(tensors: list[torch.Tensor], max_norm: float) -> list[torch.Tens
     return [t * factor for t in tensors]
 
 
-def private_batch_sum(
-    model: nn.Module,
-    decomposition: LossDecomposition,
-    phase: Phase,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    clipping_norm: float,
-    padding: torch.Generator,
-    clip_method: str = "auto",
-    per_record_clip: bool = True,
-) -> list[torch.Tensor]:
-    """Σ of per-record private-loss gradients over the batch ``(x, y)``, each
-    clipped to ``clipping_norm`` when the phase clips (and ``per_record_clip``)."""
-    if phase.private_loss == "private":
-        inputs = decomposition.private_inputs(x, padding)
-        loss_fn = decomposition.private_loss
-    elif phase.private_loss == "full":
-        inputs, loss_fn = [x], cross_entropy
-    else:
-        raise ValueError(f"phase {phase.name!r} has no private part")
-    clip = clipping_norm if phase.clip and per_record_clip and not faults.active("no-clip") else None
-    result = clipped_grad_sum(model, inputs, y, loss_fn, clip, method=clip_method)
-    return result.grads
+# --------------------------------------------------------------------------------------
+# the work of one round
+# --------------------------------------------------------------------------------------
 
 
-def public_batch_sum(
-    model: nn.Module,
-    decomposition: LossDecomposition,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    padding: torch.Generator,
-) -> tuple[list[torch.Tensor], float]:
-    """Σ of unclipped public-loss gradients over ``(x, y)`` and the loss sum."""
-    params = trainable(model)
-    if len(y) == 0:
-        return [torch.zeros_like(p) for p in params], 0.0
-    inputs = decomposition.public_inputs(x, padding)
-    losses = decomposition.public_loss([model(inp) for inp in inputs], y)
-    total = losses.sum()
-    grads = torch.autograd.grad(total, params)
-    return [g.detach() for g in grads], float(total.detach())
+@dataclass(frozen=True)
+class DeviceTask:
+    """What a round asks of one device.
 
-
-def device_contribution(
-    model: nn.Module,
-    decomposition: LossDecomposition,
-    phase: Phase,
-    x: np.ndarray,
-    y: np.ndarray,
-    *,
-    sampling_rate: float,
-    clipping_norm: float,
-    public_count: int,
-    streams: DeviceStreams,
-    clip_method: str = "auto",
-    private: bool = True,
-    unit: str = "record",
-) -> Contribution:
-    """One device's contribution to a round (see the module docstring).
-
-    Parameters
+    Attributes
     ----------
+    device : int
+        Global device id.
     x, y : np.ndarray
         The device's training records.
-    sampling_rate : float
-        ``q`` of the Poisson private batch.
-    public_count : int
-        Size of this device's share of the uniform public batch (allocated by
-        the server from public device sizes).
-    streams : DeviceStreams
-        Independent generators for the private sample, the public sample and
-        the two padding draws.
     private : bool
-        Whether the device was drawn for the private part this round (Poisson
-        device sampling); if not, its private part is a zero vector.
-    unit : str
-        ``record``: each record's gradient is clipped to ``C`` (sensitivity
-        ``C`` per record). ``device``: the mean private gradient over the
-        device's Poisson batch is clipped to ``C`` as one vector (sensitivity
-        ``C`` per device — the device's whole private contribution).
+        Whether the device does private work this round (drawn by the server's
+        sampling plan; always True without device sampling).
+    public_count : int
+        The device's share of the uniform public batch.
     """
-    if unit not in ("record", "device"):
-        raise ValueError(f"privacy-unit={unit!r}: must be record or device")
-    n = len(y)
-    xt = torch.as_tensor(x)
-    yt = torch.as_tensor(y, dtype=torch.long)
-    private_sum = public_sum = None
-    public_loss_sum = 0.0
-    private_idx = np.empty(0, dtype=np.int64)
-    if phase.has_private and not private:
-        private_sum = [torch.zeros_like(p) for p in trainable(model)]
-    elif phase.has_private and unit == "device":
-        private_idx = poisson_sample(n, sampling_rate, streams.private)
-        idx = torch.as_tensor(private_idx)
-        unclipped = private_batch_sum(
-            model, decomposition, phase, xt[idx], yt[idx], clipping_norm=clipping_norm,
-            padding=streams.private_padding, clip_method=clip_method, per_record_clip=False,
-        )
-        mean = [g / max(len(private_idx), 1) for g in unclipped]
-        private_sum = clip_vector(mean, clipping_norm) if phase.clip else mean
-    elif phase.has_private:
-        private_idx = poisson_sample(n, sampling_rate, streams.private)
-        idx = torch.as_tensor(private_idx)
-        private_sum = private_batch_sum(
-            model, decomposition, phase, xt[idx], yt[idx],
-            clipping_norm=clipping_norm, padding=streams.private_padding,
-            clip_method=clip_method,
-        )
-        if faults.active("realized-normalization"):
-            # planted bug: the sum is rescaled so that the server's division by
-            # q·n yields the mean over the *realised* batch
-            scale = sampling_rate * n / max(len(private_idx), 1)
-            private_sum = [g * scale for g in private_sum]
+
+    device: int
+    x: np.ndarray
+    y: np.ndarray
+    private: bool
+    public_count: int
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """The round-level settings of a node's work (from the train instruction)."""
+
+    round: int
+    attempt: int
+    phase: Phase
+    sampling_rate: float
+    clipping_norm: float
+    unit: str = "record"
+    public_seed: int = 0
+    clip_method: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.unit not in UNITS:
+            raise ValueError(f"privacy-unit={self.unit!r}: must be record or device")
+        if not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling-rate={self.sampling_rate}: must be in (0, 1]")
+        if not self.clipping_norm > 0:
+            raise ValueError(f"clipping-norm={self.clipping_norm}: must be > 0")
+
+
+@dataclass(frozen=True)
+class PrivateBatch:
+    """A device's drawn private batch with its secret padding generator."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    padding: torch.Generator
+    device_size: int
+
+
+# --------------------------------------------------------------------------------------
+# components (the seams)
+# --------------------------------------------------------------------------------------
+
+
+class BatchSampler(Protocol):
+    """Draws a device's private and public batches for a round."""
+
+    def __call__(
+        self, n: int, rate: float, public_count: int, secrets: DeviceSecrets, public: PublicStreams
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(private indices, public indices)`` into the device's ``n`` records."""
+        ...
+
+
+def independent_batches(
+    n: int, rate: float, public_count: int, secrets: DeviceSecrets, public: PublicStreams
+) -> tuple[np.ndarray, np.ndarray]:
+    """The honest sampler: a Poisson private batch at ``rate`` from the device's
+    secret coins and, independently, a uniform public batch of ``public_count``
+    records from the public stream (Prop. 3)."""
+    return poisson_sample(n, rate, secrets.coins), uniform_sample(n, public_count, public.sample)
+
+
+class PrivateAggregator(Protocol):
+    """Turns the drawn private batches of a node's devices into its private sum."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        decomposition: LossDecomposition,
+        settings: RoundSettings,
+        batches: Sequence[PrivateBatch],
+    ) -> list[torch.Tensor]:
+        ...
+
+
+def _loss_and_inputs(
+    decomposition: LossDecomposition, phase: Phase, batch: PrivateBatch
+) -> tuple[object, list[torch.Tensor]]:
+    if phase.private_loss == "private":
+        return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
+    if phase.private_loss == "full":
+        return cross_entropy, [batch.x]
+    raise ValueError(f"phase {phase.name!r} has no private part")
+
+
+def private_gradient_sum(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    phase: Phase,
+    batches: Sequence[PrivateBatch],
+    clipping_norm: float | None,
+    clip_method: str = "auto",
+) -> list[torch.Tensor]:
+    """Σ over the union of ``batches`` of per-record private-loss gradients, each
+    clipped to ``clipping_norm`` (``None``: unclipped), in one call."""
+    if not batches:
+        return [torch.zeros_like(p) for p in trainable(model)]
+    loss_fn = None
+    parts: list[list[torch.Tensor]] = []
+    for batch in batches:
+        loss_fn, inputs = _loss_and_inputs(decomposition, phase, batch)
+        parts.append(inputs)
+    inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
+    targets = torch.cat([b.y for b in batches])
+    return clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method).grads
+
+
+def clipped_private_sum(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    settings: RoundSettings,
+    batches: Sequence[PrivateBatch],
+) -> list[torch.Tensor]:
+    """The honest aggregator.
+
+    Record unit: one clipped sum over the union of the batches (each record's
+    gradient clipped to ``C`` when the phase clips). Device unit: each device's
+    mean private gradient over its batch, clipped to ``C`` as one vector, summed
+    over devices.
+    """
+    phase = settings.phase
+    clip = settings.clipping_norm if phase.clip else None
+    if settings.unit == "record":
+        return private_gradient_sum(model, decomposition, phase, batches, clip, settings.clip_method)
+    total = [torch.zeros_like(p) for p in trainable(model)]
+    for batch in batches:
+        grads = private_gradient_sum(model, decomposition, phase, [batch], None, settings.clip_method)
+        mean = [g / max(len(batch.y), 1) for g in grads]
+        if clip is not None:
+            mean = clip_vector(mean, clip)
+        total = [t + m for t, m in zip(total, mean, strict=True)]
+    return total
+
+
+@dataclass(frozen=True)
+class ClientParts:
+    """The components a node computes its contribution with.
+
+    Attributes
+    ----------
+    secrets : SecretSource
+        The node's secret entropy (default: the OS CSPRNG).
+    batches : BatchSampler
+        Draws each device's private and public batch.
+    aggregate : PrivateAggregator
+        Turns the private batches into the private sum.
+    """
+
+    secrets: SecretSource = field(default_factory=SystemEntropy)
+    batches: BatchSampler = independent_batches
+    aggregate: PrivateAggregator = clipped_private_sum
+
+
+# --------------------------------------------------------------------------------------
+# a node's contribution
+# --------------------------------------------------------------------------------------
+
+
+def public_gradient_sum(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Generator]],
+) -> tuple[list[torch.Tensor], float, int]:
+    """Σ of unclipped public-loss gradients over the union of ``batches`` (each
+    ``(x, y, padding)``, its views padded from its own public stream), in one
+    forward/backward; returns ``(gradients, loss sum, records)``."""
+    params = trainable(model)
+    batches = [b for b in batches if len(b[1])]
+    if not batches:
+        return [torch.zeros_like(p) for p in params], 0.0, 0
+    views = [decomposition.public_inputs(x, g) for x, _, g in batches]
+    inputs = [torch.cat([v[k] for v in views]) for k in range(len(views[0]))]
+    targets = torch.cat([y for _, y, _ in batches])
+    total = decomposition.public_loss([model(inp) for inp in inputs], targets).sum()
+    grads = torch.autograd.grad(total, params)
+    return [g.detach() for g in grads], float(total.detach()), len(targets)
+
+
+def node_contribution(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    settings: RoundSettings,
+    tasks: Sequence[DeviceTask],
+    parts: ClientParts | None = None,
+) -> Contribution:
+    """The contribution of a node's devices to one round (module docstring).
+
+    Each device draws its batches with ``parts.batches`` from its own secret
+    stream and the public stream; the private batches of all devices asked for
+    private work are aggregated by ``parts.aggregate``; the public batches are
+    summed (unclipped) over all devices.
+    """
+    parts = parts if parts is not None else ClientParts()
+    phase = settings.phase
+    private_batches: list[PrivateBatch] = []
+    public_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Generator]] = []
+    for task in tasks:
+        n = len(task.y)
+        count = task.public_count if phase.public else 0
+        secrets = parts.secrets.device(settings.round, task.device, settings.attempt)
+        public = PublicStreams.for_device(settings.public_seed, settings.round, task.device)
+        private_idx, public_idx = parts.batches(n, settings.sampling_rate, count, secrets, public)
+        x = torch.as_tensor(task.x)
+        y = torch.as_tensor(task.y, dtype=torch.long)
+        if phase.has_private and task.private:
+            idx = torch.as_tensor(private_idx, dtype=torch.long)
+            private_batches.append(PrivateBatch(x[idx], y[idx], secrets.padding, n))
+        if count:
+            idx = torch.as_tensor(public_idx, dtype=torch.long)
+            public_batches.append((x[idx], y[idx], public.padding))
+    private_sum = None
+    if phase.has_private:
+        private_sum = parts.aggregate(model, decomposition, settings, private_batches)
     if not phase.public:
         return Contribution(private_sum, None, 0, 0.0)
-    if faults.active("shared-batch") and phase.has_private:
-        public_idx = private_idx  # planted bug: the public batch reuses the Poisson sample
-    else:
-        public_idx = uniform_sample(n, public_count, streams.public)
-    idx = torch.as_tensor(public_idx)
-    public_sum, public_loss_sum = public_batch_sum(
-        model, decomposition, xt[idx], yt[idx], padding=streams.public_padding
-    )
-    return Contribution(private_sum, public_sum, len(public_idx), public_loss_sum)
-
-
-def add_contributions(parts: list[Contribution]) -> Contribution:
-    """Sum several devices' contributions (what one Flower client sends for all
-    the devices it serves)."""
-    if not parts:
-        raise ValueError("no contributions to add")
-
-    def _sum(tensors: list[list[torch.Tensor] | None]) -> list[torch.Tensor] | None:
-        present = [t for t in tensors if t is not None]
-        if not present:
-            return None
-        return [torch.stack(ts).sum(0) for ts in zip(*present, strict=True)]
-
-    return Contribution(
-        private_sum=_sum([p.private_sum for p in parts]),
-        public_sum=_sum([p.public_sum for p in parts]),
-        public_count=sum(p.public_count for p in parts),
-        public_loss_sum=sum(p.public_loss_sum for p in parts),
-    )
+    public_sum, loss_sum, count = public_gradient_sum(model, decomposition, public_batches)
+    return Contribution(private_sum, public_sum, count, loss_sum)

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fedfdp.features import FeatureSpec, PublicView
+
+if TYPE_CHECKING:
+    from fedfdp.config import Config
+    from fedfdp.data import FederatedData
 
 
 def cross_entropy(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
@@ -120,3 +125,23 @@ class LossDecomposition:
         if self.view is None:
             return label_free_public(outputs, targets)
         return cross_entropy(outputs, targets)
+
+
+def build_decomposition(cfg: Config, data: FederatedData) -> LossDecomposition:
+    """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``.
+
+    ``public-loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
+    the dataset's own split (every input column becomes public, the label
+    private) and ``ℓ_pub = logsumexp(wᵀx)`` (paper, Section 5).
+    """
+    method = cfg.privacy.public_loss
+    if method == "auto":
+        method = data.public_loss
+    if method == "label-free":
+        if cfg.training.model != "logistic":
+            raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")
+        return LossDecomposition.label_dp(data.spec.columns)
+    stats = data.public_statistics if method == "mean" else None
+    if method == "mean" and stats is None:
+        raise ValueError(f"public-loss='mean': dataset {data.name!r} declares no public statistics")
+    return LossDecomposition(PublicView(data.spec, method, stats))

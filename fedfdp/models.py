@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from fedfdp.config import Config
+    from fedfdp.data import FederatedData
 
 
 def _init_(model: nn.Module, generator: torch.Generator) -> nn.Module:
@@ -75,3 +80,16 @@ def build_model(
         raise ValueError(f"model={name!r}: must be logistic or mlp")
     gen = torch.Generator().manual_seed(seed)
     return _init_(model, gen)
+
+
+def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
+    """The configured model for ``data``'s input width and classes (initialised
+    from the public run ``seed``)."""
+    return build_model(
+        cfg.training.model,
+        data.num_features,
+        data.num_classes,
+        hidden_size=cfg.training.hidden_size,
+        seed=cfg.run.seed,
+        hidden_sizes=cfg.training.hidden_sizes,
+    )

@@ -1,7 +1,8 @@
 """Run outputs: ``metrics.csv`` and the resolved ``config.toml``, written atomically.
 
-A file is written to a temporary sibling and moved into place with
-:func:`os.replace`, so an interrupted run never leaves a half-written file.
+A file is written to a temporary sibling, flushed to disk, moved into place
+with :func:`os.replace`, and its directory is flushed too, so an interrupted
+run (or a power cut) never leaves a half-written file or loses a rename.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ METRIC_COLUMNS = (
     "asked",
     "missing",
     "noise_multiplier",
+    "normaliser",
+    "noise_source",
 )
 
 
 def atomic_write(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file + rename)."""
+    """Write ``data`` to ``path`` atomically and durably: temporary file, fsync,
+    rename, fsync of the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -49,6 +53,11 @@ def atomic_write(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_metrics(out_dir: str | Path, rows: Sequence[Mapping[str, Any] | Any]) -> Path:

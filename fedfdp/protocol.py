@@ -4,12 +4,16 @@ Key names and the validation of a client's reply live here so that the Flower
 client (``clients/``) and strategy (``strategies/``) share one definition and
 ``fedfdp`` stays free of Flower imports.
 
-A train instruction carries the global model and a config with the round's
-``phase``, ``sampling-rate`` (q), ``clipping-norm`` (C), ``seed``, the
-``device-ids`` the node must serve and each device's ``public-counts``. A reply
-carries ``private`` (sum of clipped private gradients), ``public`` (sum of
-public gradients) and metrics ``public-count``/``public-loss-sum``. There is
-deliberately no private batch size and no metric of the private batch.
+A train instruction (:class:`TrainInstruction`) carries the global model and a
+config with the round, its ``attempt``, the ``phase``, the ``privacy-unit``,
+``sampling-rate`` (q), ``clipping-norm`` (C), the ``device-ids`` the node must
+serve, each device's ``public-counts`` and ``private-flags``. It carries **no
+seed and no secret**: each node draws its Poisson coins and private padding
+from its own entropy (:mod:`fedfdp.entropy`), and the public streams derive
+from the run seed the node already holds. A reply carries ``private`` (sum of
+clipped private gradients), ``public`` (sum of public gradients) and metrics
+``public-count``/``public-loss-sum``. There is deliberately no private batch
+size and no metric of the private batch.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedfdp import faults
+from fedfdp.modes import PHASES
 
 # Record keys
 ARRAYS = "arrays"
@@ -32,7 +36,6 @@ METRICS = "metrics"
 PHASE = "phase"
 SAMPLING_RATE = "sampling-rate"
 CLIPPING_NORM = "clipping-norm"
-SEED = "seed"
 DEVICE_IDS = "device-ids"
 PUBLIC_COUNTS = "public-counts"
 ROUND = "server-round"
@@ -47,6 +50,123 @@ DEVICE_SIZES = "device-sizes"
 
 class InvalidReply(ValueError):
     """A client reply that must not touch the model or the ledger."""
+
+
+class InvalidInstruction(ValueError):
+    """A train instruction a node must refuse; the message names the key and value."""
+
+
+@dataclass(frozen=True)
+class TrainInstruction:
+    """What the server asks of one node in one round (without the model).
+
+    Attributes
+    ----------
+    round, attempt : int
+        The round (from 1) and how often it was charged before (a re-run after
+        a crash has ``attempt > 0``).
+    phase : str
+        A :data:`fedfdp.modes.PHASES` name.
+    unit : str
+        ``record`` or ``device``.
+    sampling_rate, clipping_norm : float
+        ``q`` in (0, 1] and ``C`` > 0.
+    device_ids : tuple of int
+        The node's devices asked this round.
+    public_counts : tuple of int
+        Each device's share of the public batch.
+    private_flags : tuple of bool
+        Whether each device does private work.
+    """
+
+    round: int
+    attempt: int
+    phase: str
+    unit: str
+    sampling_rate: float
+    clipping_norm: float
+    device_ids: tuple[int, ...]
+    public_counts: tuple[int, ...]
+    private_flags: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        if self.round < 1 or self.attempt < 0:
+            raise InvalidInstruction(f"{ROUND}={self.round}, {ATTEMPT}={self.attempt}: out of range")
+        if self.phase not in PHASES:
+            raise InvalidInstruction(f"{PHASE}={self.phase!r}: unknown (known: {', '.join(PHASES)})")
+        if self.unit not in ("record", "device"):
+            raise InvalidInstruction(f"{UNIT}={self.unit!r}: must be record or device")
+        if not (math.isfinite(self.sampling_rate) and 0 < self.sampling_rate <= 1):
+            raise InvalidInstruction(f"{SAMPLING_RATE}={self.sampling_rate}: must be in (0, 1]")
+        if not (math.isfinite(self.clipping_norm) and self.clipping_norm > 0):
+            raise InvalidInstruction(f"{CLIPPING_NORM}={self.clipping_norm}: must be > 0")
+        n = len(self.device_ids)
+        if n == 0 or len(self.public_counts) != n or len(self.private_flags) != n:
+            raise InvalidInstruction(
+                f"{DEVICE_IDS}={list(self.device_ids)}, {PUBLIC_COUNTS}={list(self.public_counts)}, "
+                f"{PRIVATE_FLAGS}={list(self.private_flags)}: need equal, non-empty lists"
+            )
+        if len(set(self.device_ids)) != n or min(self.public_counts) < 0:
+            raise InvalidInstruction(
+                f"{DEVICE_IDS}={list(self.device_ids)}, {PUBLIC_COUNTS}={list(self.public_counts)}: "
+                "duplicate devices or negative counts"
+            )
+
+    def to_config(self) -> dict[str, int | float | str | list[int]]:
+        """The instruction as a flat config mapping (a Flower ConfigRecord's content)."""
+        return {
+            ROUND: self.round,
+            ATTEMPT: self.attempt,
+            PHASE: self.phase,
+            UNIT: self.unit,
+            SAMPLING_RATE: self.sampling_rate,
+            CLIPPING_NORM: self.clipping_norm,
+            DEVICE_IDS: list(self.device_ids),
+            PUBLIC_COUNTS: list(self.public_counts),
+            PRIVATE_FLAGS: [int(f) for f in self.private_flags],
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, object]) -> TrainInstruction:
+        """Parse and validate an instruction; raise :class:`InvalidInstruction`."""
+        missing = [k for k in _INSTRUCTION_KEYS if k not in config]
+        if missing:
+            raise InvalidInstruction(f"train instruction misses {missing}")
+
+        def ints(key: str) -> tuple[int, ...]:
+            raw = config[key]
+            if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+                raise InvalidInstruction(f"{key}={raw!r}: must be a list of integers")
+            if any(isinstance(v, bool) or not float(v).is_integer() for v in raw):  # type: ignore[arg-type]
+                raise InvalidInstruction(f"{key}={list(raw)}: must be a list of integers")
+            return tuple(int(v) for v in raw)  # type: ignore[call-overload]
+
+        def number(key: str, kind: type) -> float:
+            raw = config[key]
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise InvalidInstruction(f"{key}={raw!r}: must be a number")
+            if kind is int and not float(raw).is_integer():
+                raise InvalidInstruction(f"{key}={raw!r}: must be an integer")
+            return kind(raw)
+
+        flags = ints(PRIVATE_FLAGS)
+        if any(f not in (0, 1) for f in flags):
+            raise InvalidInstruction(f"{PRIVATE_FLAGS}={list(flags)}: must be 0 or 1")
+        return cls(
+            round=int(number(ROUND, int)),
+            attempt=int(number(ATTEMPT, int)),
+            phase=str(config[PHASE]),
+            unit=str(config[UNIT]),
+            sampling_rate=float(number(SAMPLING_RATE, float)),
+            clipping_norm=float(number(CLIPPING_NORM, float)),
+            device_ids=ints(DEVICE_IDS),
+            public_counts=ints(PUBLIC_COUNTS),
+            private_flags=tuple(bool(f) for f in flags),
+        )
+
+
+_INSTRUCTION_KEYS = (ROUND, ATTEMPT, PHASE, UNIT, SAMPLING_RATE, CLIPPING_NORM, DEVICE_IDS, PUBLIC_COUNTS,
+                     PRIVATE_FLAGS)
 
 
 @dataclass(frozen=True)
@@ -115,7 +235,7 @@ def validate_reply(
     pub = _arrays(PUBLIC, public, expected) if want_public else None
     if not want_public and public:
         raise InvalidReply("unexpected 'public' arrays in a round without public part")
-    if priv is not None and clipping_norm is not None and not faults.active("no-clip"):
+    if priv is not None and clipping_norm is not None:
         norm = math.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in priv))
         bound = clipping_norm * max_private_records * (1 + 1e-4) + 1e-6
         if norm > bound:
@@ -133,7 +253,7 @@ def validate_reply(
         raw = metrics[PUBLIC_COUNT]
         if isinstance(raw, bool) or not float(raw).is_integer() or int(raw) < 0:
             raise InvalidReply(f"public-count={raw!r}: not a count")
-        if int(raw) != public_count_asked and not faults.active("shared-batch"):
+        if int(raw) != public_count_asked:
             raise InvalidReply(f"public-count={raw!r}: expected {public_count_asked}")
         count = int(raw)
         loss = float(metrics[PUBLIC_LOSS_SUM])

@@ -4,10 +4,11 @@ Given the devices' contributions, the server
 
 1. sums the private parts and adds ``N(0, σ²C²·I)`` **once** to that sum
    (:class:`fedfdp.mechanisms.GaussianSumMechanism`; sensitivity ``C``,
-   add/remove);
-2. divides it by the **expected** private batch size ``q·N`` — never by the
-   realised size, which is private (dividing by it is a known bug the audit
-   looks for);
+   add/remove), drawn from the server's secret stream;
+2. divides it by the sampling plan's normaliser, the **expected** private
+   batch size (``q·N`` in the plain case, :mod:`fedfdp.sampling_plan`) — never
+   by the realised size, which is private (dividing by it is a known bug the
+   audit looks for);
 3. adds the mean public gradient ``Σ S_pub / Σ n_pub`` (public, unnoised);
 4. weights the private part by ``α`` in ``fdp`` rounds (clipping biases the
    ratio between the two parts, Section 6.2) — other phases use weight 1;
@@ -26,18 +27,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedfdp import faults
+from fedfdp.entropy import BitStream
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase
 
 
 @dataclass(frozen=True)
 class RoundNoise:
-    """Noise parameters of a private round."""
+    """The noise of a private round: the mechanism and the secret stream it draws from."""
 
-    noise_multiplier: float
-    clipping_norm: float
-    generator: torch.Generator
+    mechanism: GaussianSumMechanism
+    stream: BitStream
 
 
 def combine_gradient(
@@ -62,7 +62,7 @@ def combine_gradient(
     shapes
         Parameter shapes (zeros are used when nothing arrived).
     expected_batch_size : float
-        ``q·N`` over the devices asked this round (data-independent).
+        The sampling plan's normaliser (data-independent).
     noise : RoundNoise or None
         Required when ``phase.noise``.
 
@@ -82,9 +82,7 @@ def combine_gradient(
         if phase.noise:
             if noise is None:
                 raise ValueError(f"phase {phase.name!r} needs noise parameters")
-            sigma = noise.noise_multiplier / (2 if faults.active("low-noise") else 1)
-            mech = GaussianSumMechanism(sigma, noise.clipping_norm)
-            total = mech.privatize(total, noise.generator)
+            total = noise.mechanism.privatize(total, noise.stream)
         released = total
         weight = alpha if phase.public else 1.0
         grad = [g + weight * t / expected_batch_size for g, t in zip(grad, total, strict=True)]

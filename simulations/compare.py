@@ -237,9 +237,10 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
     Returns the calibrated σ of each private run (by tag). Raises on bad data
     or an unreachable target ε.
     """
-    from fedfdp.algorithm import build_decomposition, build_model_for
     from fedfdp.budget import plan_privacy
     from fedfdp.data import load_dataset
+    from fedfdp.losses import build_decomposition
+    from fedfdp.models import build_model_for
 
     sigmas: dict[str, float] = {}
     cache: dict[Any, float] = {}
@@ -261,9 +262,9 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
 
 def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     """Execute one run; return its results row."""
-    from fedfdp.algorithm import evaluate, run_centralised
+    from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
-    from fedfdp.outputs import write_config, write_metrics
+    from fedfdp.evaluation import evaluate
 
     cfg = run.cfg
     data = load_dataset(cfg.data)
@@ -273,14 +274,11 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     run_dir.mkdir(parents=True)
     start = time.perf_counter()
     if engine == "centralised":
-        write_config(run_dir, cfg.to_flat())
-        model, records = run_centralised(cfg, data)
-        rows = [dict(r.__dict__, relation="add-remove", noise_multiplier=sigma) for r in records]
-        write_metrics(run_dir, rows)
+        model, rows = run_centralised(cfg, data)
         accuracy, loss = evaluate(model, data.test_x, data.test_y)
-        phases = [r.phase for r in records]
-        epsilon = records[-1].epsilon if records else 0.0
-        delta = records[-1].delta if records else float("nan")
+        phases = [r["phase"] for r in rows]
+        epsilon = rows[-1]["epsilon"] if rows else 0.0
+        delta = rows[-1]["delta"] if rows else float("nan")
     else:
         import pandas as pd
 

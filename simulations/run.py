@@ -16,9 +16,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedfdp.config import Config, ConfigError, load_config, parse_override, read_toml
+from fedfdp.entropy import REPRODUCIBLE_WARNING
+
+if TYPE_CHECKING:
+    from fedfdp.data import FederatedData
 
 
 def build_config(config_path: str | None, overrides: Sequence[str], out: str | None) -> Config:
@@ -61,7 +65,7 @@ def run_simulation_for(cfg: Config, *, verbose: bool = False) -> None:
     )
 
 
-def _summarise(out: Path) -> int:
+def _summarise(out: Path, cfg: Config) -> int:
     import pandas as pd
 
     path = out / "metrics.csv"
@@ -76,31 +80,29 @@ def _summarise(out: Path) -> int:
         f"rounds={int(last['round'])} accuracy={acc:.4f} "
         f"epsilon={last['epsilon']:.4g} ({last['relation']}, delta={last['delta']:.3g}, upper bound)"
     )
+    if cfg.run.reproducible_noise:
+        print(f"warning: {REPRODUCIBLE_WARNING}")
     print(f"wrote {path} and {out / 'config.toml'}")
     return 0
 
 
-def _check_run_dir(out: Path, cfg: Config) -> None:
-    """Refuse to overwrite a run, or to resume one under another configuration,
-    before Flower starts (errors inside the ServerApp thread are only logged)."""
-    from fedfdp.checkpoint import CheckpointMismatch, check_compatible, load_checkpoint, read_ledger
-    ckpt = load_checkpoint(out) if out.is_dir() else None
-    ledger = read_ledger(out) if out.is_dir() else None
-    if not cfg.run.resume and (ckpt is not None or ledger is not None):
-        raise ConfigError(f"out-dir={str(out)!r}: already holds a run; use --resume {out} or another --out")
-    if cfg.run.resume:
-        if ckpt is None and ledger is None:
-            raise ConfigError(f"--resume {out}: no checkpoint or privacy ledger there")
-        if ckpt is not None:
-            try:
-                check_compatible(ckpt["config"], cfg.to_flat())
-            except CheckpointMismatch as exc:
-                raise ConfigError(f"--resume {out}: {exc}") from exc
+def _check_run_dir(cfg: Config, data: FederatedData) -> None:
+    """Refuse an occupied output directory, or a resume whose checkpoint or
+    ledger does not match, before any work starts (errors inside Flower's
+    ServerApp thread are only logged)."""
+    from fedfdp.checkpoint import CheckpointMismatch
+    from fedfdp.server import FDPServer, verify_resume
+
+    server = FDPServer(cfg, data)
+    server.resolve(data.sizes.tolist())
+    try:
+        verify_resume(cfg.run.out_dir, cfg, server)
+    except CheckpointMismatch as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
-    from fedfdp.budget import plan_privacy
     from fedfdp.data import load_dataset
     from fedfdp.outputs import CONFIG_FILE
 
@@ -114,20 +116,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
     data = load_dataset(cfg.data)  # fail on bad data before any work
-    plan_privacy(cfg, data.num_records)  # and on an unreachable target ε
+    _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     out = Path(cfg.run.out_dir)
-    _check_run_dir(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.run.reproducible_noise:
+        print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
     if args.centralised:
         from fedfdp.algorithm import run_centralised
-        from fedfdp.outputs import write_config, write_metrics
 
-        write_config(out, cfg.to_flat())
-        _, records = run_centralised(cfg, data)
-        write_metrics(out, [dict(r.__dict__, relation="add-remove") for r in records])
+        run_centralised(cfg, data)
     else:
         run_simulation_for(cfg, verbose=args.verbose)
-    return _summarise(out)
+    return _summarise(out, cfg)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -285,8 +285,8 @@ def test_fdp_model_stays_under_the_bound_with_plot(tmp_path, capsys):
 @pytest.mark.slow
 def test_attack_reads_model_pt(tmp_path):
     """A run directory with model.pt (written by fedfdp run) is attacked as is."""
-    from fedfdp.algorithm import build_model_for
     from fedfdp.data import load_dataset
+    from fedfdp.models import build_model_for
 
     d = _fleet_run(tmp_path, "public", **{"num-rounds": 3})
     cfg = A.read_run(d)

@@ -146,7 +146,7 @@ def test_purchase100_synthetic_shape_and_paper_model():
     x = _rows(data)
     assert x.shape == (200, 600) and set(np.unique(x)) <= {0.0, 1.0}
     assert len(data.devices) == 4 and data.num_classes == 100
-    from fedfdp.algorithm import build_model_for
+    from fedfdp.models import build_model_for
 
     shapes = [tuple(p.shape) for p in build_model_for(cfg, data).parameters()]
     assert shapes == [(300, 600), (300,), (100, 300), (100,)]  # the paper's 600-300-100 MLP

@@ -1,4 +1,6 @@
-"""Poisson device sampling and the device-level privacy unit."""
+"""Poisson device sampling and the device-level privacy unit through the real
+client and strategy: draw rates, independence of the public device sample,
+the per-device clip, and what the accountant is charged."""
 
 import itertools
 
@@ -8,13 +10,13 @@ from scipy import stats
 
 from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant
-from fedfdp.algorithm import build_decomposition, build_model_for
 from fedfdp.budget import plan_privacy
 from fedfdp.config import load_config
-from fedfdp.contribution import device_contribution
+from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import load_dataset
+from fedfdp.losses import build_decomposition
+from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.sampling import DeviceStreams
 from tests.flower_helpers import InProcessGrid, registered_strategy, train_messages
 
 BASE = {"num-devices": 40, "records-per-device": 12, "noise-multiplier": 1.0, "target-epsilon": 0,
@@ -30,6 +32,7 @@ def _flags(cfg, rounds):
             c = msg.content[P.CONFIG]
             for d, f, k in zip(c[P.DEVICE_IDS], c[P.PRIVATE_FLAGS], c[P.PUBLIC_COUNTS], strict=True):
                 seen[d] = (f, k)
+        strat.server.current = None  # the rounds are only configured here
         priv.append([seen.get(d, (0, 0))[0] for d in range(40)])
         pub.append([int(seen.get(d, (0, 0))[1] > 0) for d in range(40)])
     return np.array(priv), np.array(pub)
@@ -37,17 +40,21 @@ def _flags(cfg, rounds):
 
 def test_poisson_device_sampling_rate_and_accounting():
     """200 rounds x 40 devices at p = 0.3: the number of private draws is
-    Binomial(8000, 0.3); accept within 5 s.d. Accounting uses p·q."""
+    Binomial(8000, 0.3); accept within 5 s.d. The record unit is charged the
+    participation mixture (rate q, participation p) — never rate p·q, which
+    ignores that device-mates reveal the draw."""
     cfg = load_config({**BASE, "device-sampling-rate": 0.3})
     priv, _ = _flags(cfg, 200)
     n = priv.size
     assert abs(priv.sum() - 0.3 * n) < 5 * np.sqrt(n * 0.3 * 0.7)
     plan = plan_privacy(cfg, 480)
-    assert plan.sampling_rate == 0.3 * 0.5
-    amplified, plain = FDPAccountant(), FDPAccountant()
-    amplified.compose(1.0, plan.sampling_rate, 50)
+    assert (plan.sampling_rate, plan.participation) == (0.5, 0.3)
+    mixture, plain, product = FDPAccountant(), FDPAccountant(), FDPAccountant()
+    mixture.compose(1.0, 0.5, 50, participation=0.3)
     plain.compose(1.0, 0.5, 50)
-    assert amplified.epsilon(1e-5) < plain.epsilon(1e-5)  # device sampling amplifies
+    product.compose(1.0, 0.3 * 0.5, 50)
+    # the exact mixture sits between the invalid p·q amplification and no amplification
+    assert product.epsilon(1e-5) < mixture.epsilon(1e-5) < plain.epsilon(1e-5)
 
 
 def test_device_unit_public_sample_independent_of_private_sample():
@@ -59,7 +66,8 @@ def test_device_unit_public_sample_independent_of_private_sample():
     for a, b in zip(priv[:, 0], pub[:, 0], strict=True):
         table[a, b] += 1
     assert stats.chi2_contingency(table)[1] > 1e-4
-    assert plan_privacy(cfg, 480).sampling_rate == 0.5
+    plan = plan_privacy(cfg, 480)
+    assert (plan.sampling_rate, plan.participation) == (0.5, 1.0)
 
 
 def test_device_contribution_is_clipped_as_a_whole():
@@ -67,17 +75,32 @@ def test_device_contribution_is_clipped_as_a_whole():
     data = load_dataset(cfg.data)
     model = build_model_for(cfg, data)
     dec = build_decomposition(cfg, data)
+    dev = data.devices[0]
     for phase in (PHASES["fdp"], PHASES["dp"]):
-        out = device_contribution(model, dec, phase, data.devices[0].x, data.devices[0].y,
-                                  sampling_rate=1.0, clipping_norm=0.01, public_count=0,
-                                  streams=DeviceStreams.for_round(0, 1, 0), unit="device")
+        settings = RoundSettings(1, 0, phase, sampling_rate=1.0, clipping_norm=0.01, unit="device")
+        out = node_contribution(model, dec, settings, [DeviceTask(0, dev.x, dev.y, True, 0)])
         norm = torch.sqrt(sum((g.double() ** 2).sum() for g in out.private_sum))
         assert norm <= 0.01 * (1 + 1e-6)
         assert norm > 0.009  # the device mean gradient is much larger than C: clipped to C
-    skipped = device_contribution(model, dec, PHASES["fdp"], data.devices[0].x, data.devices[0].y,
-                                  sampling_rate=1.0, clipping_norm=0.01, public_count=3,
-                                  streams=DeviceStreams.for_round(0, 1, 0), private=False)
+    settings = RoundSettings(1, 0, PHASES["fdp"], sampling_rate=1.0, clipping_norm=0.01)
+    skipped = node_contribution(model, dec, settings, [DeviceTask(0, dev.x, dev.y, False, 3)])
     assert all((g == 0).all() for g in skipped.private_sum) and skipped.public_count == 3
+
+
+def test_record_unit_node_sum_equals_sum_of_per_device_clipped_sums():
+    """A node's record-unit private sum is one clipped sum over the union of its
+    devices' batches: equal to the per-device sums added (q = 1, so the
+    batches are the whole devices)."""
+    cfg = load_config({**BASE, "num-devices": 3, "records-per-device": 20, "sampling-rate": 1.0})
+    data = load_dataset(cfg.data)
+    model = build_model_for(cfg, data)
+    dec = build_decomposition(cfg, data)
+    settings = RoundSettings(1, 0, PHASES["dp"], sampling_rate=1.0, clipping_norm=0.05)
+    tasks = [DeviceTask(d, dev.x, dev.y, True, 0) for d, dev in enumerate(data.devices)]
+    union = node_contribution(model, dec, settings, tasks).private_sum
+    parts = [node_contribution(model, dec, settings, [t]).private_sum for t in tasks]
+    for u, *ps in zip(union, *parts, strict=True):
+        torch.testing.assert_close(u, sum(ps), rtol=1e-5, atol=1e-6)
 
 
 def test_device_unit_runs_end_to_end():

@@ -1,28 +1,41 @@
-"""One federated round (real client + strategy code) equals one centralised step of
-Algorithm 1 on the union of the devices' batches, with the same noise draw."""
+"""One sampling plan for every engine.
+
+* A federated round (real client + strategy code) equals a step of Algorithm 1
+  built here by hand from the samplers, on the union of the same batches with
+  the same noise draw (reproducible streams).
+* The Flower path and the centralised engine run the same plan in every
+  sampling mode (unit × Poisson devices × a fixed count of nodes): the same
+  models, normalisers, ε and ledgers, round after round.
+"""
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from fedfdp.algorithm import build_decomposition, build_model_for
+from fedfdp.algorithm import run_centralised
 from fedfdp.config import load_config
-from fedfdp.contribution import private_batch_sum, public_batch_sum, trainable
+from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum, trainable
 from fedfdp.data import load_dataset
+from fedfdp.entropy import SeededEntropy
+from fedfdp.losses import build_decomposition
+from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
 from fedfdp.sampling import (
-    DeviceStreams,
-    ServerStreams,
+    PublicStreams,
     allocate_public_batch,
     poisson_sample,
+    server_public_rng,
     uniform_sample,
 )
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
-from tests.flower_helpers import client_reply, registered_strategy, train_messages
+from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
 
 
 @pytest.mark.parametrize("mode", ["fdp", "dp", "public", "nonprivate"])
-def test_federated_round_equals_centralised_step(mode):
+def test_federated_round_equals_hand_built_step(mode):
     cfg = load_config(
         {
             "mode": mode,
@@ -32,10 +45,11 @@ def test_federated_round_equals_centralised_step(mode):
             "target-epsilon": 0,
             "sampling-rate": 0.2,
             "public-batch-size": 40,
-            "public-loss": "zero",
+            "public-loss": "gaussian",
             "clipping-norm": 0.5,
             "alpha": 2.0,
             "seed": 3,
+            "reproducible-noise": True,
             "progress": False,
         }
     )
@@ -45,61 +59,38 @@ def test_federated_round_equals_centralised_step(mode):
     strat.aggregate_train(1, replies)
     federated = [p.detach().clone() for p in strat.params]
 
-    # Centralised reference: the union of the same batches, one step.
+    # By hand: the union of the same batches, one step.
     data = load_dataset(cfg.data)
     phase = PHASES[mode]
     sizes = data.sizes
-    alloc = allocate_public_batch(
-        sizes,
-        min(40, int(sizes.sum())) if phase.public else 0,
-        ServerStreams.for_round(3, 1).sampling,
-    )
-    px, py, ux, uy = [], [], [], []
+    secrets = SeededEntropy(3)
+    m = min(40, int(sizes.sum())) if phase.public else 0
+    alloc = allocate_public_batch(sizes, m, server_public_rng(3, 1))
+    private, public = [], []
     for d, dev in enumerate(data.devices):
-        s = DeviceStreams.for_round(3, 1, d)
-        i = poisson_sample(len(dev), 0.2, s.private)
-        j = uniform_sample(len(dev), int(alloc[d]), s.public)
-        px.append(dev.x[i])
-        py.append(dev.y[i])
-        ux.append(dev.x[j])
-        uy.append(dev.y[j])
+        s, pub = secrets.device(1, d, 0), PublicStreams.for_device(3, 1, d)
+        i = poisson_sample(len(dev), 0.2, s.coins)
+        j = uniform_sample(len(dev), int(alloc[d]), pub.sample)
+        xi, yi = torch.as_tensor(dev.x[i]), torch.as_tensor(dev.y[i])
+        private.append(PrivateBatch(xi, yi, s.padding, len(dev)))
+        public.append((torch.as_tensor(dev.x[j]), torch.as_tensor(dev.y[j]), pub.padding))
     model = build_model_for(cfg, data)
     params = trainable(model)
     for p, b in zip(params, before, strict=True):
         assert torch.equal(p.detach(), b)
     dec = build_decomposition(cfg, data)
-    gen = torch.Generator()
-    priv = pub = None
+    priv = pub_sum = None
     if phase.has_private:
-        priv = private_batch_sum(
-            model,
-            dec,
-            phase,
-            torch.as_tensor(np.concatenate(px)),
-            torch.as_tensor(np.concatenate(py)),
-            clipping_norm=0.5,
-            padding=gen,
-            clip_method="loop",
-        )
+        clip = 0.5 if phase.clip else None
+        priv = private_gradient_sum(model, dec, phase, private, clip, clip_method="loop")
     n_pub = 0
     if phase.public:
-        pub, _ = public_batch_sum(
-            model,
-            dec,
-            torch.as_tensor(np.concatenate(ux)),
-            torch.as_tensor(np.concatenate(uy)),
-            padding=gen,
-        )
-        n_pub = int(alloc.sum())
-    noise = (
-        RoundNoise(strat.plan.noise_multiplier, 0.5, ServerStreams.for_round(3, 1).noise)
-        if phase.noise
-        else None
-    )
+        pub_sum, _, n_pub = public_gradient_sum(model, dec, public)
+    noise = RoundNoise(GaussianSumMechanism(1.5, 0.5), secrets.noise(1, 0)) if phase.noise else None
     grad, _ = combine_gradient(
         phase,
         [priv] if priv else [],
-        [pub] if pub else [],
+        [pub_sum] if pub_sum else [],
         n_pub,
         shapes=[p.shape for p in params],
         expected_batch_size=0.2 * data.num_records,
@@ -111,3 +102,42 @@ def test_federated_round_equals_centralised_step(mode):
     for f, c, b in zip(federated, params, before, strict=True):
         assert not torch.equal(f, b)  # the round did move the model
         torch.testing.assert_close(f, c.detach(), rtol=1e-4, atol=1e-5)
+
+
+MODES = {
+    "record, every device": {},
+    "record, 2 of 5 nodes": {"clients-per-round": 2},
+    "record, Poisson devices": {"device-sampling-rate": 0.5},
+    "device unit, Poisson devices": {"privacy-unit": "device", "device-sampling-rate": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", list(MODES))
+@pytest.mark.parametrize("mode", ["fdp", "fdp-dpsgd"])
+def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_path):
+    """5 devices, 4 rounds (1 public pre-training round for fdp-dpsgd): both
+    engines write the same ledger.json charges, the same normaliser and ε per
+    round, and end at the same model."""
+    cfg_map = {
+        "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
+        "target-epsilon": 0, "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4,
+        "public-pretrain-rounds": 1 if mode == "fdp-dpsgd" else 0, "seed": 7, "reproducible-noise": True,
+        "progress": False, "hidden-size": 8, **MODES[name],
+    }
+    flower_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "flower")})
+    strat = registered_strategy(flower_cfg)
+    strat.registry = {}
+    flower_rows = strat.start(InProcessGrid(flower_cfg))
+    central_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "central")})
+    model, central_rows = run_centralised(central_cfg)
+    assert len(flower_rows) == len(central_rows) == 4
+    for f, c in zip(flower_rows, central_rows, strict=True):
+        assert f["phase"] == c["phase"]
+        assert f["epsilon"] == c["epsilon"]
+        np.testing.assert_allclose(f["normaliser"], c["normaliser"], rtol=1e-12)
+    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("flower", "central")]
+    assert ledgers[0]["charges"] == ledgers[1]["charges"]
+    assert ledgers[0]["accountant"] == ledgers[1]["accountant"]
+    assert len(ledgers[0]["charges"]) == (3 if mode == "fdp-dpsgd" else 4)
+    for a, b in zip(strat.params, trainable(model), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)

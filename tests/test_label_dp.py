@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedfdp.algorithm import build_decomposition, run_centralised
+from fedfdp.algorithm import run_centralised
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.features import FeatureSpec, PublicView
-from fedfdp.losses import LossDecomposition, cross_entropy
+from fedfdp.losses import LossDecomposition, build_decomposition, cross_entropy
 from fedfdp.models import build_model
 
 
@@ -97,5 +97,5 @@ def test_label_dp_run_ends_at_target():
          "records-per-device": 60, "num-rounds": 4, "target-epsilon": 1.0, "progress": False}
     )
     _, records = run_centralised(cfg)
-    assert len(records) == 4 and all(r.phase == "fdp" for r in records)
-    assert 0.9 < records[-1].epsilon <= 1.0
+    assert len(records) == 4 and all(r["phase"] == "fdp" for r in records)
+    assert 0.9 < records[-1]["epsilon"] <= 1.0

@@ -1,5 +1,7 @@
-"""Budgets across restarts: write-ahead ledger, atomic checkpoints, resume, refusal."""
+"""Budgets across restarts: write-ahead ledger, durable checkpoints, resume, and
+refusal of every ledger that was lost, zeroed, rolled back or edited."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -9,8 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
+from fedfdp.algorithm import run_centralised
 from fedfdp.checkpoint import CheckpointMismatch, read_ledger
 from fedfdp.config import load_config
+from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, registered_strategy
 
 BASE = {
@@ -24,6 +28,8 @@ BASE = {
     "seed": 5,
     "progress": False,
     "hidden-size": 8,
+    # comparisons with an uninterrupted run need the same secret streams: the explicit opt-in
+    "reproducible-noise": True,
 }
 
 
@@ -35,14 +41,14 @@ def _run(cfg, crash_round=None, where="mid"):
     strat = registered_strategy(cfg)
     strat.registry = {}
     if crash_round is not None and where == "boundary":
-        original = strat.charge
+        original = strat.server.charge
 
         def charge(r):
             if r == crash_round:
                 raise Crash(f"before charging round {r}")
-            original(r)
+            return original(r)
 
-        strat.charge = charge
+        strat.server.charge = charge
 
     def tamper(node, msg, reply):
         train = msg.metadata.message_type == "train"
@@ -78,9 +84,10 @@ def test_crash_inside_a_round_is_charged_and_rerun_with_fresh_randomness(tmp_pat
     with pytest.raises(Crash):
         _run(load_config({**BASE, "out-dir": out}), crash_round=4, where="mid")
     ledger = read_ledger(out)
-    assert ledger.charges[-1] == [4, 0]  # written before the round drew its noise
+    assert (ledger.charges[-1].round, ledger.charges[-1].attempt) == (4, 0)  # before the round drew noise
     resumed = _run(load_config({**BASE, "out-dir": out, "resume": True}))
-    assert resumed.ledger.charges == [[1, 0], [2, 0], [3, 0], [4, 0], [4, 1], [5, 0], [6, 0]]
+    rounds = [(c.round, c.attempt) for c in resumed.ledger.charges]
+    assert rounds == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (5, 0), (6, 0)]
     assert resumed.budget.epsilon() > ref.budget.epsilon()  # never below the true cost
     assert any(not torch.equal(a, b) for a, b in zip(_params(ref), _params(resumed), strict=True))
 
@@ -102,7 +109,8 @@ def test_refusals(tmp_path):
     _run(load_config({**BASE, "num-rounds": 2, "out-dir": out}))
     with pytest.raises(CheckpointMismatch, match="already holds a run"):
         _run(load_config({**BASE, "num-rounds": 2, "out-dir": out}))
-    with pytest.raises(CheckpointMismatch, match=r"sampling-rate: checkpoint 0.2 vs now 0.3"):
+    mismatch = r"checkpoint.pt: .*sampling-rate: checkpoint 0.2 vs now 0.3"
+    with pytest.raises(CheckpointMismatch, match=mismatch):
         _run(load_config({**BASE, "num-rounds": 2, "out-dir": out, "resume": True, "sampling-rate": 0.3}))
     with pytest.raises(CheckpointMismatch, match="holds no checkpoint"):
         _run(load_config({**BASE, "out-dir": str(tmp_path / "empty"), "resume": True}))
@@ -110,6 +118,154 @@ def test_refusals(tmp_path):
     (tmp_path / "bad" / "ledger.json").write_text("{not json")
     with pytest.raises(CheckpointMismatch, match="malformed privacy ledger"):
         _run(load_config({**BASE, "out-dir": str(tmp_path / "bad"), "resume": True}))
+
+
+# --------------------------------------------------------------------------------------
+# a ledger that cannot be lost
+# --------------------------------------------------------------------------------------
+
+
+def _finished(tmp_path, rounds=4):
+    """A run that stopped after ``rounds`` of 6 (its checkpoint and ledger on disk)."""
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        _run(load_config({**BASE, "out-dir": str(out)}), crash_round=rounds + 1, where="boundary")
+    return out
+
+
+def _edit(path, fn):
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _zero(doc):
+    doc["charges"] = []
+    doc["accountant"]["ledger"] = []
+
+
+def _roll_back(doc):
+    doc["charges"] = doc["charges"][:2]
+    doc["accountant"]["ledger"][0]["count"] = 2
+
+
+def _sigma_everywhere(doc):
+    for c in doc["charges"]:
+        c[2] = 50.0
+    doc["accountant"]["ledger"][0]["noise_multiplier"] = 50.0
+
+
+def _sigma_in_accountant(doc):
+    doc["accountant"]["ledger"][0]["noise_multiplier"] = 50.0
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda p: p.unlink(), "missing, but .*checkpoint.pt records 4 privacy charges"),
+        (lambda p: p.write_text(""), "malformed privacy ledger"),
+        (lambda p: p.write_bytes(b"\xff\xfe{"), "malformed privacy ledger"),
+        (lambda p: _edit(p, _zero), "0 charges, the checkpoint records 4: .*zeroed or rolled back"),
+        (lambda p: _edit(p, _roll_back), "2 charges, the checkpoint records 4"),
+        (lambda p: _edit(p, _sigma_everywhere), "digest mismatch"),
+        (lambda p: _edit(p, _sigma_in_accountant), "accountant state does not match"),
+    ],
+    ids=["deleted", "empty", "not-utf8", "zeroed", "rolled-back", "sigma-edited", "accountant-edited"],
+)
+def test_resume_refuses_a_lost_or_edited_ledger(tmp_path, damage, match):
+    out = _finished(tmp_path)
+    damage(out / "ledger.json")
+    with pytest.raises(CheckpointMismatch, match=match) as err:
+        _run(load_config({**BASE, "out-dir": str(out), "resume": True}))
+    assert "ledger.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_resume_refuses_a_ledger_charged_under_another_plan(tmp_path):
+    """A ledger written without a checkpoint (crash in round 1), then σ edited
+    consistently (charges and accountant): no digest to compare, but the charges
+    disagree with the resolved plan's σ."""
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        _run(load_config({**BASE, "out-dir": str(out)}), crash_round=1, where="mid")
+    assert not (out / "checkpoint.pt").exists()
+    _edit(out / "ledger.json", _sigma_everywhere)
+    plan = r"charged with sigma=50.0, .*; the resolved plan has sigma=1.0"
+    with pytest.raises(CheckpointMismatch, match=plan):
+        _run(load_config({**BASE, "out-dir": str(out), "resume": True}))
+
+
+def test_resume_refuses_a_corrupted_checkpoint_naming_it(tmp_path):
+    out = _finished(tmp_path)
+    (out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointMismatch, match=r"checkpoint.pt: unreadable checkpoint"):
+        _run(load_config({**BASE, "out-dir": str(out), "resume": True}))
+
+
+def test_resume_with_the_ledger_intact_continues_from_its_epsilon(tmp_path):
+    ref = _run(load_config({**BASE, "out-dir": str(tmp_path / "ref")}))
+    out = _finished(tmp_path)
+    resumed = _run(load_config({**BASE, "out-dir": str(out), "resume": True}))
+    assert resumed.budget.epsilon() == ref.budget.epsilon()
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda out: (out / "ledger.json").unlink(), "ledger.json: missing"),
+        (lambda out: (out / "checkpoint.pt").write_bytes(b"\x00" * 10), "checkpoint.pt: unreadable"),
+    ],
+)
+def test_cli_refusals_are_one_line_with_status_2(tmp_path, capsys, damage, match):
+    out = _finished(tmp_path)
+    damage(out)
+    assert main(["run", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and match in err and "\n" not in err and "Traceback" not in err
+
+
+def test_centralised_engine_writes_the_same_ledger_and_refuses_an_occupied_directory(tmp_path, capsys):
+    out = tmp_path / "central"
+    cfg = load_config({**BASE, "out-dir": str(out)})
+    _, rows = run_centralised(cfg)
+    for name in ("config.toml", "metrics.csv", "ledger.json", "checkpoint.pt", "model.pt"):
+        assert (out / name).is_file(), name
+    assert len(read_ledger(out).charges) == 6 == len(rows)
+    metrics = (out / "metrics.csv").read_text()
+    with pytest.raises(CheckpointMismatch, match="already holds a run"):
+        run_centralised(cfg)
+    assert (out / "metrics.csv").read_text() == metrics  # nothing overwritten
+    assert main(["run", "--centralised", "--out", str(out), "--set", "num-rounds=6"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (out / "metrics.csv").read_text() == metrics
+    # an interrupted centralised run resumes through the same ledger
+    cut = tmp_path / "cut"
+    with pytest.raises(PrivacyBudgetStop):
+        run_centralised(load_config({**BASE, "out-dir": str(cut), "num-rounds": 6}),
+                        server_parts=_stopping_parts(3))
+    resumed_cfg = load_config({**BASE, "out-dir": str(cut), "resume": True})
+    _, resumed = run_centralised(resumed_cfg)
+    assert [r["round"] for r in resumed] == list(range(1, 7))
+    assert [(c.round, c.attempt) for c in read_ledger(cut).charges][:3] == [(1, 0), (2, 0), (3, 0)]
+
+
+class PrivacyBudgetStop(RuntimeError):
+    pass
+
+
+def _stopping_parts(after):
+    """Server parts whose mechanism raises once ``after`` rounds were released."""
+    from fedfdp.mechanisms import GaussianSumMechanism
+    from fedfdp.server import ServerParts
+
+    calls = {"n": 0}
+
+    def mechanism(sigma, clip):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise PrivacyBudgetStop("interrupted")
+        return GaussianSumMechanism(sigma, clip)
+
+    return ServerParts(mechanism=mechanism)
 
 
 @pytest.mark.slow
@@ -163,8 +319,8 @@ def test_kill_real_subprocess_and_resume(tmp_path):
     done = subprocess.run([*cli, "--resume", str(run)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     a, b = read_ledger(ref), read_ledger(run)
-    extra = [c for c in b.charges if c[1] > 0]
-    assert [c for c in b.charges if c[1] == 0] == a.charges
+    extra = [c for c in b.charges if c.attempt > 0]
+    assert [c for c in b.charges if c.attempt == 0] == a.charges
     assert len(extra) <= 1
     ref_m, run_m = pd.read_csv(ref / "metrics.csv"), pd.read_csv(run / "metrics.csv")
     assert list(run_m["round"]) == list(range(1, 21))

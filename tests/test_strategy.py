@@ -62,7 +62,7 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
     strat.aggregate_train(2, replies)
     qN = 0.1 * strat.num_records
     z = []
-    for name, p, b in zip(strat.names, strat.params, before, strict=True):
+    for name, p, b in zip(strat.server.names, strat.params, before, strict=True):
         g = (b - p.detach()).double().numpy()
         z.append(((g - pub_total[name] / count) * qN / 3.0 - priv_total[name]).ravel())
     z = np.concatenate(z)
@@ -120,7 +120,8 @@ def _tamper_factory(kind):
 def test_bad_reply_is_rejected_and_changes_nothing(kind):
     """A run with one corrupted reply per round equals a run where that node's reply
     never arrived: model and ledger identical, the noise still added."""
-    cfg = load_config({**BASE, "num-rounds": 2})
+    # same secret streams in both runs: the reproducible mode (an explicit opt-in)
+    cfg = load_config({**BASE, "num-rounds": 2, "reproducible-noise": True})
     bad = registered_strategy(cfg)
     bad.registry = {}
     bad.start(InProcessGrid(cfg, tamper=_tamper_factory(kind)))

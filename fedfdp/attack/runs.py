@@ -225,8 +225,10 @@ def attribute_attack_run(
     ``public`` (ε = 0).
     """
     from fedfdp.accounting import attribute_inference_bound
-    from fedfdp.algorithm import build_model_for, evaluate, run_centralised
+    from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
+    from fedfdp.evaluation import evaluate
+    from fedfdp.models import build_model_for
 
     if references < 0:
         raise ValueError(f"references={references}: must be >= 0")
@@ -245,8 +247,8 @@ def attribute_attack_run(
         model.load_state_dict(torch.load(model_path, map_location="cpu", weights_only=True))
         source = "model.pt"
     else:
-        model, records = run_centralised(cfg, data)
-        private_rounds = sum(1 for r in records if PHASES[r.phase].noise)
+        model, rows = run_centralised(load_config({"out-dir": "", "resume": False}, base=cfg), data)
+        private_rounds = sum(1 for r in rows if PHASES[r["phase"]].noise)
         source = "trained here (centralised reference)"
     marginal, conditional = reference_priors(cfg, grid, data.spec, data.num_classes)
     refs = train_references(cfg, references)

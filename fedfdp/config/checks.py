@@ -33,6 +33,11 @@ def _check_combination(cfg: Config) -> None:
         raise ConfigError(
             f"clients-per-round={cfg.run.clients_per_round}: give it or device-sampling-rate, not both"
         )
+    if cfg.run.reproducible_noise and cfg.data.data_location == "node":
+        raise ConfigError(
+            "reproducible-noise=true: refused with data-location='node' (a deployment); secret "
+            "randomness there comes only from each party's own entropy"
+        )
     if cfg.data.num_devices > 100_000:
         raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")
     if p.public_loss == "label-free" and t.model != "logistic":

@@ -175,7 +175,20 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Orchestration: seeds, outputs, Flower client sampling."""
+    """Orchestration: seeds, outputs, Flower client sampling.
+
+    Attributes
+    ----------
+    seed : int
+        Seed of the **public** randomness only: model initialisation, public
+        batches and their allocation, node choice.
+    reproducible_noise : bool
+        False (default): the noise, the device draws, the Poisson coins and the
+        private padding come from the OS CSPRNG of the party that draws them.
+        True: they derive from ``seed`` too, so a run can be repeated exactly;
+        the guarantee then holds only against parties who do not know the
+        seed, every output says so, and deployments refuse it.
+    """
 
     seed: int = 0
     clients_per_round: int = 0
@@ -186,6 +199,7 @@ class RunConfig:
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     progress: bool = True
+    reproducible_noise: bool = False
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
     "round-timeout": ("run", "round_timeout", "float+"),
     "progress": ("run", "progress", "bool"),
+    "reproducible-noise": ("run", "reproducible_noise", "bool"),
 }
 
 _CHOICES: dict[str, tuple[str, ...]] = {
