@@ -1,14 +1,15 @@
 """``fedfdp audit``: empirical privacy, through the real client and strategy code.
 
 ``fedfdp audit [--relation add-remove|replacement|both] [--break BUG | --all-bugs] [--json]``
-    A white-box **canary audit** (:mod:`strategies.canary_audit`): a 95% lower
+    A white-box **canary audit** (:mod:`simulations.auditing.canaries`): a 95% lower
     bound on the ε of what the server releases in one round, from many
     independent trials of the real :func:`clients.client_app.handle_train` and
     :class:`strategies.fdp_strategy.FDPStrategy`, against the ε the accountant
     claims for the same ``q``, ``σ`` and one round (add/remove: Theorem 5 /
     Def. 6 with Algorithm 2's simulator; replacement: Def. 5, via Prop. 1).
-    ``--break`` switches on one planted bug (:mod:`fedfdp.faults`) in this
-    process only; no configuration key reaches it.
+    ``--break`` audits one planted bug (:mod:`simulations.auditing.bugs`): a
+    broken component passed through the same seam a normal run uses; no
+    configuration key reaches one.
 ``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--references K] [--plot PNG]``
     The **attribute-inference attack** of Theorem 4 on the model of each run
     directory (:func:`fedfdp.attack.attribute_attack_run`): success on the
@@ -31,8 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedfdp import faults
 from fedfdp.config import ConfigError
+
+#: Planted bugs (names only: the components live in simulations.auditing.bugs,
+#: imported when an audit runs).
+BUG_NAMES = ("shared-batch", "no-clip", "realized-normalization", "low-noise", "predictable-noise",
+             "pq-accounting")
 
 # --------------------------------------------------------------------------------------
 # command line
@@ -162,19 +167,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(shown if args.pool else rows, indent=1))
         return 0
-    from strategies.canary_audit import AuditSetup, run_audit
+    from simulations.auditing.canaries import recommended_setup, run_audit
 
     relations = ["add-remove", "replacement"] if args.relation == "both" else [args.relation]
-    defaults = AuditSetup()
-    setup = AuditSetup(
-        sampling_rate=args.sampling_rate or defaults.sampling_rate,
-        noise_multiplier=args.noise_multiplier or defaults.noise_multiplier,
-        delta=args.delta or defaults.delta,
-        rounds=args.rounds or defaults.rounds,
-        seed=args.seed,
-    )
+    given = {
+        "sampling_rate": args.sampling_rate,
+        "noise_multiplier": args.noise_multiplier,
+        "delta": args.delta,
+        "rounds": args.rounds,
+    }
     rows = []
     for bug in _bugs(args):
+        setup = recommended_setup(bug, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
         rows += run_audit(setup, relations, bug)
     if args.json:
         print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))
@@ -186,7 +190,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _bugs(args: argparse.Namespace) -> list[str | None]:
-    return [None, *faults.BUGS] if args.all_bugs else [args.break_]
+    return [None, *BUG_NAMES] if args.all_bugs else [args.break_]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -201,15 +205,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--relation", choices=["add-remove", "replacement", "both"], default="add-remove")
-    p.add_argument("--break", dest="break_", choices=list(faults.BUGS), default=None,
-                   help="switch on one planted bug for this audit (testing the audit only)")
+    p.add_argument("--break", dest="break_", choices=list(BUG_NAMES), default=None,
+                   help="audit one planted bug (a broken component; testing the audit only)")
     p.add_argument("--all-bugs", action="store_true",
                    help="audit the correct mechanism and every planted bug")
-    p.add_argument("--rounds", type=int, default=0,
-                   help="rounds of the real code (default 400)")
-    p.add_argument("--sampling-rate", type=float, default=0.0, help="q (default 0.07)")
-    p.add_argument("--noise-multiplier", type=float, default=0.0, help="sigma (default 0.5)")
-    p.add_argument("--delta", type=float, default=0.0, help="delta (default 0.01)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the real code, >= 3 (default 400)")
+    p.add_argument("--sampling-rate", type=float, default=None, help="q (default 0.07)")
+    p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (default 0.5)")
+    p.add_argument("--delta", type=float, default=None, help="delta (default 0.01)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attack", choices=["attribute"], default=None)
     p.add_argument("--run", action="append", metavar="DIR", help="run directory (repeatable) for --attack")

@@ -1,11 +1,11 @@
 """Drive the real ClientApp/strategy code paths without a Flower runtime.
 
-The helpers live in :mod:`strategies.inprocess` (the privacy audit uses them
+The helpers live in :mod:`simulations.auditing.inprocess` (the privacy audit uses them
 too); this module re-exports them for the tests.
 """
 
 from clients.client_app import reply_message
-from strategies.inprocess import (
+from simulations.auditing.inprocess import (
     InProcessGrid,
     client_reply,
     node_context,

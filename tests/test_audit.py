@@ -1,6 +1,7 @@
 """Privacy audit: Clopper–Pearson against references, the ε lower bound, the test
 choice, and the canary audit through the real client and strategy — it passes
-the correct mechanism and fails every planted bug (fedfdp.faults)."""
+the correct mechanism and fails every planted bug (a broken component,
+simulations.auditing.bugs)."""
 
 import json
 import math
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfdp import faults
 from fedfdp.accounting import epsilon_for
 from fedfdp.audit import (
     choose_test,
@@ -18,8 +18,10 @@ from fedfdp.audit import (
     epsilon_lower_bound,
     evaluate_test,
 )
+from simulations.audit import BUG_NAMES
+from simulations.auditing import canaries as A
+from simulations.auditing.bugs import BUGS
 from simulations.cli import main
-from strategies import canary_audit as A
 
 # --------------------------------------------------------------------------------------
 # Clopper–Pearson: closed forms and an independent implementation
@@ -125,17 +127,22 @@ def test_gaussian_mechanism_audit_is_below_truth_and_informative():
 
 
 def test_design_canaries_are_orthogonal_and_clip_to_c():
-    des = A.design(A.AuditSetup(alone=3, twins=2, twin_count=5, rounds=3))
+    des = A.design(A.AuditSetup(alone=3, twins=1, crowd=1, mates=1, twin_count=5, crowd_size=4, mate_count=2,
+                                device_sampling_rate=0.5, rounds=3))
     # _check_design (run by design) verified each canary's clipped gradient is +C on its
-    # own coordinate through fedfdp.contribution.private_batch_sum; the markers are the
+    # own coordinate through fedfdp.contribution.private_gradient_sum; the markers are the
     # canaries' public gradients on their own hidden unit
-    assert des.num_canaries == 5 and np.all(des.marker > 0)
-    data = des.devices(np.array([A.WORLD1, A.ADD_REMOVE, A.REPLACEMENT, A.WORLD1, A.ADD_REMOVE]), "private")
-    assert [len(d) for d in data.devices] == [1, 0, 1, 6, 5]
+    assert des.num_canaries == 6 and np.all(des.marker > 0)
+    worlds = np.array([A.WORLD1, A.ADD_REMOVE, A.REPLACEMENT, A.WORLD1, A.ADD_REMOVE, A.WORLD1])
+    data = des.devices(worlds, "private")
+    assert [len(d) for d in data.devices] == [1, 0, 1, 6, 4, 3]
     assert data.devices[2].x[-1, -1] == -des.setup.amplitude  # replacement: same Ψ, private −a
     assert np.array_equal(data.devices[2].x[-1, :-1], des.canary_x[2, :-1])
-    public = des.devices(np.full(5, A.ADD_REMOVE), "public")  # Algorithm 2: Ψ still there
-    assert [len(d) for d in public.devices] == [1, 1, 1, 6, 6]
+    assert np.array_equal(data.devices[4].x, np.zeros((4, 13)))  # crowd: fillers only
+    assert np.array_equal(data.devices[5].x[:2], des.mate_x[[5, 5]])  # mates, then the canary
+    public = des.devices(np.full(6, A.ADD_REMOVE), "public")  # Algorithm 2: Ψ still there
+    assert [len(d) for d in public.devices] == [1, 1, 1, 6, 5, 3]
+    assert np.array_equal(public.devices[4].x[0], des.canary_x[4])  # crowd: the canary first
 
 
 def test_one_round_recovers_the_released_private_sum():
@@ -148,50 +155,82 @@ def test_one_round_recovers_the_released_private_sum():
     worlds = np.array([A.WORLD1] * 3 + [A.ADD_REMOVE] * 3)
     seen = []
     for seed in range(6):
-        proj, _ = A.one_round(des, seed, worlds)
-        scaled = proj * setup.noise_multiplier  # units of C
+        trial = A.one_round(des, seed, worlds)
+        scaled = trial.projection * setup.noise_multiplier  # units of C
+        assert trial.rejected == 0
         assert np.allclose(scaled[3:], 0, atol=0.1)
         assert np.all(np.isclose(scaled[:3], 0, atol=0.1) | np.isclose(scaled[:3], 1, atol=0.1))
         seen += list(np.round(scaled[:3]))
     assert 0 < np.mean(seen) < 1  # Poisson-sampled
 
 
-def _audit(bug, rounds, **kw):
-    setup = A.AuditSetup(rounds=rounds, seed=11, **kw)
+def test_mates_reveal_whether_the_device_was_drawn():
+    """Poisson devices at p = 0.5, σ = 0.02: the mates' coordinate is ≈ (mates
+    sampled)·C when the device was drawn and 0 otherwise; a canary is only ever
+    seen on a drawn device."""
+    setup = A.AuditSetup(alone=0, twins=0, mates=8, mate_count=20, device_sampling_rate=0.5, rounds=3,
+                         sampling_rate=0.5, noise_multiplier=0.02)
+    des = A.design(setup)
+    A.set_identity()
+    drawn_seen = []
+    for seed in range(4):
+        trial = A.one_round(des, seed, np.full(8, A.WORLD1))
+        mates = trial.mates * setup.noise_multiplier
+        drawn = mates > 0.5
+        assert np.allclose(mates[~drawn], 0, atol=0.1)
+        assert np.allclose(trial.projection[~drawn] * setup.noise_multiplier, 0, atol=0.1)
+        drawn_seen += list(drawn)
+    assert 0 < np.mean(drawn_seen) < 1
+
+
+def _audit(bug, rounds=150, **kw):
+    """A repeatable audit: seeded secret streams (``secret_seed``), which the
+    auditor's predictions never use; real audits draw from the OS CSPRNG."""
+    setup = A.recommended_setup(bug, **{"seed": 11, "secret_seed": 5, "rounds": rounds, **kw})
     (res,) = A.run_audit(setup, ["add-remove"], bug)
     return res
 
 
 @pytest.mark.slow
-def test_audit_passes_the_correct_mechanism():
-    res = _audit(None, 150)
-    assert res["epsilon_claimed"] == pytest.approx(1.12, abs=0.01)
-    assert not res["violated"] and res["epsilon_lower"] < res["epsilon_claimed"] - 0.3
+@pytest.mark.parametrize(
+    ("setup", "claim"), [(None, 1.12), ("shared-batch", 1.12), ("realized-normalization", 1.12),
+                         ("pq-accounting", 2.28)]
+)
+def test_audit_passes_the_correct_mechanism(setup, claim):
+    """The honest components pass on every canary configuration the bugs are
+    audited with; on the Poisson device-sampling canaries the claim is the
+    participation mixture (rate q = 0.5, p = 0.1: 2.28, where rate p·q would
+    claim 0.65)."""
+    res = _audit(None, **({} if setup is None else A.RECOMMENDED[setup]))
+    if claim is not None:
+        assert res["epsilon_claimed"] == pytest.approx(claim, abs=0.01)
+    assert not res["violated"] and res["rejected_replies"] == 0, res
+    assert res["epsilon_lower"] < res["epsilon_claimed"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("bug", "rounds", "canaries"),
+    ("bug", "rounds"),
     [
-        ("no-clip", 60, {}),
-        ("low-noise", 100, {}),
-        ("shared-batch", 400, {"alone": 72, "twins": 0}),
-        ("realized-normalization", 200, {"alone": 0, "twins": 48}),
+        ("no-clip", 60),
+        ("low-noise", 100),
+        ("shared-batch", 300),
+        ("realized-normalization", 200),
+        ("predictable-noise", 100),
+        ("pq-accounting", 600),
     ],
 )
-def test_audit_fails_every_planted_bug(bug, rounds, canaries):
-    res = _audit(bug, rounds, **canaries)
+def test_audit_fails_every_planted_bug(bug, rounds):
+    res = _audit(bug, rounds)
     assert res["violated"], res
-    assert res["epsilon_lower"] > res["epsilon_claimed"] + 0.2
 
 
-def test_planted_bugs_are_off_outside_the_block():
-    assert not any(faults.active(b) for b in faults.BUGS)
-    with faults.planted_bug("low-noise"):
-        assert faults.active("low-noise") and not faults.active("no-clip")
-    assert not faults.active("low-noise")
+def test_planted_bugs_are_components_and_unknown_ones_refused():
+    for name, bug in BUGS.items():
+        assert bug.name == name and bug.component
     with pytest.raises(ValueError, match="unknown"):
         A.run_audit(A.AuditSetup(rounds=3), ["add-remove"], "bogus")
+    assert set(BUG_NAMES) == set(BUGS)
 
 
 def test_cli_json_and_errors(capsys):
@@ -206,10 +245,12 @@ def test_cli_json_and_errors(capsys):
         main(["audit", "--break", "bogus"])
     assert main(["audit", "--attack", "attribute"]) == 2  # needs --run
     assert "--run" in capsys.readouterr().err
+    assert main(["audit", "--rounds", "0"]) == 2  # refused, not the default 400
+    assert "rounds=0" in capsys.readouterr().err
 
 
 def test_inprocess_helpers_are_reexported_for_tests():
-    import strategies.inprocess as inprocess
+    import simulations.auditing.inprocess as inprocess
     import tests.flower_helpers as helpers
 
     for name in ("InProcessGrid", "client_reply", "registered_strategy", "train_messages", "node_context"):

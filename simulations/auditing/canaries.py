@@ -1,7 +1,7 @@
 """The canary audit's harness: one round of the real client and strategy per trial.
 
 Used by ``fedfdp audit`` (:mod:`simulations.audit`); the statistics live in
-:mod:`fedfdp.audit`.
+:mod:`fedfdp.audit`, the planted bugs in :mod:`simulations.auditing.bugs`.
 
 Neighbouring worlds, per canary record ``x``:
 
@@ -15,47 +15,60 @@ Neighbouring worlds, per canary record ``x``:
   worlds (``N`` is public).
 
 One *trial* is one round of the real code (:func:`one_round`): the strategy
-(:class:`~strategies.fdp_strategy.FDPStrategy`) configures the round, the
-client (:func:`clients.client_app.handle_train`) computes its reply, the
-strategy aggregates (noise once, divides by ``q·N``, steps the model). The
-auditor sees what the server releases: the model update ``w_t − w_{t+1}`` and
-the public sums and counts of the replies (disclosed by design). From them it
-recovers the noisy private sum ``S = (Δw/η − Σ S_pub/Σ n_pub)·q·N/α`` (exact
-for plain SGD's first step) and tests.
+(:class:`~strategies.fdp_strategy.FDPStrategy`) configures the round (its
+sampling plan, its write-ahead charge), the client
+(:func:`clients.client_app.handle_train`) computes its reply, the strategy
+aggregates (noise once from its secret source, divides by the plan's
+normaliser, steps the model). Broken variants enter only as components
+(:class:`~simulations.auditing.bugs.PlantedBug`). The auditor sees what the
+server releases: the model update and the public sums and counts of the
+replies (disclosed by design), and — as the threat model allows — everything a
+client receives, including the run configuration and its seed. From them it
+recovers the noisy private sum ``S = (Δw/η − Σ S_pub/Σ n_pub)·normaliser/α``
+(exact for plain SGD's first step) and tests.
 
 White-box canaries
 ------------------
 The model at the audited round is crafted (the guarantee holds for every
-``w_t``): one hidden layer whose unit ``j`` is active only for canary ``j``
-(public column ``j`` set to 1), with zero weights on the private column. With
-zero-masking public loss (``ℓ_pub`` = loss on the record with its private
-column zeroed) canary ``j``'s private gradient is exactly ``δ_j · a`` on the
-single weight ``W1[j, private]`` and zero elsewhere; with ``|a| = 1000`` it is
-far above ``C``, so clipped it is ``+C`` on that coordinate (checked through
-the real per-record code when the design is built). Canaries are orthogonal;
-with independent per-record Poisson coins and isotropic noise, the per-canary
-observations of one round are independent trials, so each round yields one
-trial per canary. Each canary lives on its own device so that per-device
-steps (the normalisation bug) cannot couple canaries.
-
-Two canary groups:
+``w_t``): one hidden layer of ``2K`` units for ``K`` canaries, unit ``j``
+active only for canary ``j`` (public column ``j`` = 1), unit ``K + j`` only for
+canary ``j``'s device-mates (public column ``K + j``), with zero weights on the
+private column. With the zero-masking public loss canary ``j``'s private
+gradient is exactly ``δ_j · a`` on the single weight ``W1[j, private]``; with
+``|a| = 1000`` it is far above ``C``, so clipped it is ``+C`` on that coordinate
+(checked through the real per-record code when the design is built). Canaries
+are orthogonal; with independent per-record Poisson coins and isotropic noise
+the per-canary observations of one round are independent trials. Each canary
+lives on its own device. Groups (what else is on the canary's device):
 
 ``alone``
-    the canary is its device's only record. Statistics: the projection
-    ``T = S·u/(σC)`` (``u``: the canary's coordinate), and ``T`` when the
-    canary's public gradient shows up in the public sum (``−inf`` otherwise):
-    the white-box view of a public batch that reveals the Poisson coins.
+    nothing. Statistics: the projection ``T = S·u/(σC)`` on the canary's
+    coordinate; ``T`` when the canary's public gradient shows up in the public
+    sum (``−inf`` otherwise); and ``T`` minus the noise an adversary would
+    predict from the run seed (catches noise derived from the configuration).
 ``twins``
-    the canary shares its device with ``twin-count`` records of the same Ψ
-    whose private value is ``−a`` (private gradients ``−C u``): a
-    normalisation by the realised device batch shows up as a scale on a large,
-    known sum.
+    ``twin-count`` records of the same Ψ with private value ``−a`` (clipped
+    gradients ``−C u``): a normalisation by the realised device batch shows up
+    as a scale on a large, known sum.
+``crowd``
+    ``crowd-size`` fillers (all-zero records: no private gradient, no marker),
+    the canary first: the device's share of the public batch is about one
+    record, so the canary's presence in it says whether the public batch was
+    drawn from the private coins (Prop. 3).
+``mates``
+    with Poisson device sampling (``device-sampling-rate = p``): ``mates``
+    records on the mates' own unit, private value ``+a``. Their summed clipped
+    gradients on ``W1[K+j, private]`` (``≈ q·mates·C``) tell the auditor
+    whether the device was drawn; ``T`` if drawn (``−inf`` otherwise) then
+    faces the claim for a round that touches the canary with probability
+    ``p``.
 
 Every canary draws its world independently per round. The statistic, its
 direction, its threshold and the group are chosen on the first third of the
 rounds (:func:`fedfdp.audit.choose_test`); the bound is computed on the other
 rounds (:func:`fedfdp.audit.evaluate_test`: Clopper–Pearson, ``α/2`` per error
-rate).
+rate). A reply the server rejects is a protocol violation an honest node never
+commits: the audit reports it and fails.
 """
 
 from __future__ import annotations
@@ -72,26 +85,29 @@ from flwr.app import ConfigRecord
 
 import clients.client_app as client_app
 from clients.client_app import NodeRecords, reply_message
-from fedfdp import faults
 from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant
-from fedfdp.algorithm import build_decomposition
 from fedfdp.audit import ALPHA, AuditResult, choose_test, evaluate_test
-from fedfdp.budget import Budget
+from fedfdp.budget import PrivacyPlan
 from fedfdp.config import Config, ConfigError, load_config
-from fedfdp.contribution import private_batch_sum, public_batch_sum
+from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum
 from fedfdp.data import DeviceData, FederatedData
+from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec
+from fedfdp.losses import build_decomposition
+from fedfdp.mechanisms import gaussian_noise
+from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from simulations.auditing.bugs import PlantedBug, planted
+from simulations.auditing.inprocess import set_identity, train_messages
 from strategies.fdp_strategy import FDPStrategy
-from strategies.inprocess import set_identity, train_messages
 
 #: A canary's world in one trial.
 WORLD1, ADD_REMOVE, REPLACEMENT = 1, 2, 3
 RELATION_WORLDS = {"add-remove": ADD_REMOVE, "replacement": REPLACEMENT}
 #: Canary groups.
-ALONE, TWINS = 0, 1
-GROUP_NAMES = {ALONE: "alone", TWINS: "twins"}
+ALONE, TWINS, CROWD, MATES = 0, 1, 2, 3
+GROUP_NAMES = {ALONE: "alone", TWINS: "twins", CROWD: "crowd", MATES: "mates"}
 
 
 @dataclass(frozen=True)
@@ -106,20 +122,29 @@ class AuditSetup:
         δ of the claimed and of the measured ε.
     rounds : int
         Rounds of the real code; each yields one trial per canary.
-    alone, twins : int
-        Canaries of each group (one device each).
-    twin_count : int
-        Records beside each ``twins`` canary on its device.
+    alone, twins, crowd, mates : int
+        Canaries of each group (one device each). ``mates`` needs
+        ``device_sampling_rate``.
+    twin_count, crowd_size, mate_count : int
+        Records beside each canary of those groups.
     amplitude : float
         ``|a|``, the canary's private value (its raw gradient is ≫ ``C``).
     public_batch_size : int
         ``m'`` of the round.
+    device_sampling_rate : float or None
+        ``p``: Poisson device sampling (record unit).
     calibration : float
         Share of the rounds used to choose the test.
     alpha : float
         1 − confidence of the bound.
     seed : int
-        Seed of the trials (world assignment and every round's run seed).
+        Seed of the trials (world assignment and every round's public run seed).
+    secret_seed : int or None
+        None (default, a real audit): the client and server draw their secret
+        randomness from the OS CSPRNG, so every audit is a fresh experiment.
+        An integer makes the audit repeatable (tests): secret streams derive
+        from ``(secret_seed, trial)``, a seed the auditor never uses for its
+        predictions. A planted bug that replaces a secret source keeps its own.
     """
 
     sampling_rate: float = 0.07
@@ -129,12 +154,18 @@ class AuditSetup:
     rounds: int = 400
     alone: int = 48
     twins: int = 24
+    crowd: int = 0
+    mates: int = 0
     twin_count: int = 100
+    crowd_size: int = 19
+    mate_count: int = 100
     amplitude: float = 1000.0
     public_batch_size: int = 1
+    device_sampling_rate: float | None = None
     calibration: float = 1.0 / 3.0
     alpha: float = ALPHA
     seed: int = 0
+    secret_seed: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.sampling_rate < 1:
@@ -146,32 +177,46 @@ class AuditSetup:
             raise ConfigError(f"delta={self.delta}: must be in (0, 1)")
         if self.rounds < 3:
             raise ConfigError(f"rounds={self.rounds}: need at least 3 (calibration and test)")
-        if self.alone < 0 or self.twins < 0 or self.alone + self.twins < 1:
-            raise ConfigError(f"alone={self.alone}, twins={self.twins}: need at least one canary")
+        counts = (self.alone, self.twins, self.crowd, self.mates)
+        if min(counts) < 0 or sum(counts) < 1:
+            raise ConfigError(f"alone, twins, crowd, mates={counts}: need at least one canary")
+        if self.mates and self.device_sampling_rate is None:
+            raise ConfigError("mates canaries need device-sampling-rate (Poisson device sampling)")
+        p = self.device_sampling_rate
+        if p is not None and not 0 < p <= 1:
+            raise ConfigError(f"device-sampling-rate={p}: must be in (0, 1]")
         if not 0 < self.calibration < 1:
             raise ConfigError(f"calibration={self.calibration}: must be in (0, 1)")
 
 
-def claimed_epsilon(setup: AuditSetup, relation: str) -> float:
-    """ε the project's accountant claims for one round of ``(q, σ)`` at ``δ``
-    (add/remove: Theorem 5; replacement: the accountant's Prop. 1 bound)."""
+#: Canary groups each planted bug is audited with (``fedfdp audit --all-bugs``).
+RECOMMENDED: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "no-clip": {},
+    "low-noise": {},
+    "predictable-noise": {},
+    "shared-batch": {"alone": 0, "twins": 0, "crowd": 48, "public_batch_size": 144},
+    "realized-normalization": {"alone": 0, "twins": 48},
+    "pq-accounting": {"alone": 0, "twins": 0, "mates": 48, "mate_count": 30, "device_sampling_rate": 0.1,
+                      "sampling_rate": 0.5, "rounds": 600},
+}
+
+
+def recommended_setup(bug: str | None, **overrides: Any) -> AuditSetup:
+    """The audit configuration for ``bug`` (:data:`RECOMMENDED`) with ``overrides``."""
+    if bug not in RECOMMENDED:
+        planted(bug)  # raises naming the known bugs
+    return AuditSetup(**{**RECOMMENDED[bug], **overrides})
+
+
+def claimed_epsilon(plan: PrivacyPlan, relation: str) -> float:
+    """ε the run's accountant claims for one round of its plan at ``plan.delta``
+    (add/remove: Theorem 5, with the plan's participation; replacement: Prop. 1)."""
+    if plan.noise_multiplier is None:
+        raise RuntimeError("the audited plan adds no noise")
     acc = FDPAccountant()
-    acc.compose(setup.noise_multiplier, setup.sampling_rate)
-    return acc.epsilon(setup.delta, relation)
-
-
-class _CachedAccountant(FDPAccountant):
-    """The strategy's running ε is not part of what the server releases; every
-    trial builds a fresh one-round strategy, so the ε of that one ledger is
-    computed once per process."""
-
-    _cache: dict[Any, Any] = {}  # noqa: RUF012 (shared on purpose)
-
-    def epsilon_bound(self, delta: float, relation: str = "add-remove"):  # type: ignore[override]
-        key = (self.ledger, float(delta), relation, self.eps_error, self.delta_error)
-        if key not in self._cache:
-            self._cache[key] = super().epsilon_bound(delta, relation)
-        return self._cache[key]
+    acc.compose(plan.noise_multiplier, plan.sampling_rate, participation=plan.participation)
+    return acc.epsilon(plan.delta, relation)
 
 
 # --------------------------------------------------------------------------------------
@@ -190,6 +235,7 @@ class CanaryDesign:
     canary_x: np.ndarray
     canary_y: np.ndarray
     twin_x: np.ndarray
+    mate_x: np.ndarray
     state: dict[str, torch.Tensor]
     private_weight: str = "0.weight"
     public_marker: str = "0.bias"
@@ -201,19 +247,21 @@ class CanaryDesign:
         return len(self.groups)
 
     def devices(self, worlds: np.ndarray, view: str) -> FederatedData:
-        """The devices of one trial. Device ``j`` holds canary ``j`` (last) after
-        its twins. ``view="private"``: an add/remove world-2 canary is absent, a
-        replacement world-2 canary has private value ``−a``. ``view="public"``:
-        every canary as in world 1 (the public part only reads Ψ)."""
+        """The devices of one trial. ``view="private"``: an add/remove world-2
+        canary is absent, a replacement world-2 canary has private value ``−a``.
+        ``view="public"``: every canary as in world 1 (the public part only
+        reads Ψ). Crowd canaries come first on their device, the others last."""
+        s = self.setup
         d = self.canary_x.shape[1]
+        filler = np.zeros(d, dtype=np.float32)
         devs = []
         for j in range(self.num_canaries):
-            rows = [self.twin_x[j]] * (self.setup.twin_count if self.groups[j] == TWINS else 0)
+            g = self.groups[j]
+            mates = {TWINS: [self.twin_x[j]] * s.twin_count, CROWD: [filler] * s.crowd_size,
+                     MATES: [self.mate_x[j]] * s.mate_count}.get(g, [])
             w = WORLD1 if view == "public" else worlds[j]
-            if w == WORLD1:
-                rows.append(self.canary_x[j])
-            elif w == REPLACEMENT:
-                rows.append(self.twin_x[j])
+            canary = {WORLD1: [self.canary_x[j]], REPLACEMENT: [self.twin_x[j]]}.get(w, [])
+            rows = canary + mates if g == CROWD else mates + canary
             x = np.array(rows, dtype=np.float32).reshape(len(rows), d)
             devs.append(DeviceData(x, np.full(len(rows), self.canary_y[j], dtype=np.int64)))
         return FederatedData(
@@ -230,32 +278,38 @@ class CanaryDesign:
 def design(setup: AuditSetup) -> CanaryDesign:
     """Build canaries, devices' records and the crafted model (module docstring).
 
-    Checks, through the real per-record code (:func:`fedfdp.contribution.private_batch_sum`
-    and :func:`~fedfdp.contribution.public_batch_sum`), that canary ``j``'s
+    Checks, through the real per-record code
+    (:func:`fedfdp.contribution.private_gradient_sum` and
+    :func:`~fedfdp.contribution.public_gradient_sum`), that canary ``j``'s
     clipped private gradient is ``+C`` on ``W1[j, private]`` and zero elsewhere,
     and reads off its public-gradient marker on ``b1[j]``.
     """
-    k = setup.alone + setup.twins
-    pub = tuple(f"unit_{j:03d}" for j in range(k))
+    counts = {ALONE: setup.alone, TWINS: setup.twins, CROWD: setup.crowd, MATES: setup.mates}
+    groups = np.concatenate([np.full(n, g) for g, n in counts.items()]).astype(np.int64)
+    k = len(groups)
+    pub = tuple(f"unit_{j:03d}" for j in range(2 * k))
     spec = FeatureSpec(columns=(*pub, "secret"), public=pub, private=("secret",))
-    groups = np.array([ALONE] * setup.alone + [TWINS] * setup.twins)
-    canary_x = np.zeros((k, k + 1), dtype=np.float32)
+    canary_x = np.zeros((k, 2 * k + 1), dtype=np.float32)
     canary_x[np.arange(k), np.arange(k)] = 1.0
-    canary_x[:, k] = setup.amplitude
+    canary_x[:, 2 * k] = setup.amplitude
     twin_x = canary_x.copy()
-    twin_x[:, k] = -setup.amplitude
+    twin_x[:, 2 * k] = -setup.amplitude
+    mate_x = np.zeros_like(canary_x)
+    mate_x[np.arange(k), k + np.arange(k)] = 1.0
+    mate_x[:, 2 * k] = setup.amplitude
     canary_y = np.ones(k, dtype=np.int64)
     cfg = load_config(
         {
             "mode": "fdp",
             "model": "mlp",
-            "hidden-sizes": [k],
+            "hidden-sizes": [2 * k],
             "public-loss": "zero",
             "noise-multiplier": setup.noise_multiplier,
             "target-epsilon": 0,
             "sampling-rate": setup.sampling_rate,
             "clipping-norm": setup.clipping_norm,
             "public-batch-size": setup.public_batch_size,
+            "device-sampling-rate": setup.device_sampling_rate or 0.0,
             "delta": setup.delta,
             "num-rounds": 1,
             "num-devices": k,
@@ -266,15 +320,16 @@ def design(setup: AuditSetup) -> CanaryDesign:
             "progress": False,
         }
     )
-    w1 = torch.zeros(k, k + 1)
-    w1[:, :k] = torch.eye(k)
+    w1 = torch.zeros(2 * k, 2 * k + 1)
+    w1[:, : 2 * k] = torch.eye(2 * k)
     state = {
         "0.weight": w1,
-        "0.bias": torch.full((k,), -0.5),
-        "2.weight": torch.stack([torch.ones(k), torch.zeros(k)]),
+        "0.bias": torch.full((2 * k,), -0.5),
+        "2.weight": torch.stack([torch.ones(2 * k), torch.zeros(2 * k)]),
         "2.bias": torch.zeros(2),
     }
-    des = CanaryDesign(setup, cfg, spec, groups, canary_x, canary_y, twin_x, state, private_column=k)
+    des = CanaryDesign(setup, cfg, spec, groups, canary_x, canary_y, twin_x, mate_x, state,
+                       private_column=2 * k)
     des.marker = _check_design(des)
     return des
 
@@ -282,8 +337,6 @@ def design(setup: AuditSetup) -> CanaryDesign:
 def _check_design(des: CanaryDesign) -> np.ndarray:
     """White-box check of the canaries' gradients; returns each canary's
     public-gradient marker (its public gradient on ``b1[j]``)."""
-    from fedfdp.algorithm import build_model_for
-
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
     model = build_model_for(des.cfg, data)
     model.load_state_dict(des.state)
@@ -295,15 +348,13 @@ def _check_design(des: CanaryDesign) -> np.ndarray:
     for j in range(des.num_canaries):
         x = torch.as_tensor(des.canary_x[j : j + 1])
         y = torch.as_tensor(des.canary_y[j : j + 1])
-        grads = dict(
-            zip(names, private_batch_sum(model, dec, PHASES["fdp"], x, y, clipping_norm=c, padding=gen),
-                strict=True)
-        )
+        batch = PrivateBatch(x, y, gen, 1)
+        grads = dict(zip(names, private_gradient_sum(model, dec, PHASES["fdp"], [batch], c), strict=True))
         expect = {n: torch.zeros_like(g) for n, g in grads.items()}
         expect[des.private_weight][j, des.private_column] = c
         if not all(torch.allclose(grads[n], expect[n], atol=1e-5 * c) for n in names):
             raise RuntimeError(f"canary {j}: clipped private gradient is not +C on its coordinate")
-        pub, _ = public_batch_sum(model, dec, x, y, padding=gen)
+        pub, _, _ = public_gradient_sum(model, dec, [(x, y, gen)])
         markers[j] = float(dict(zip(names, pub, strict=True))[des.public_marker][j])
     if not np.all(markers > 0):
         raise RuntimeError("a canary's public gradient has no marker")
@@ -315,124 +366,162 @@ def _check_design(des: CanaryDesign) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Trial:
+    """Per-canary observations of one round (projections in units of ``σC``)."""
+
+    projection: np.ndarray  # released private sum on the canary's coordinate
+    public: np.ndarray  # records with the canary's Ψ in the public batch
+    predicted: np.ndarray  # the noise an adversary predicts from the run seed
+    mates: np.ndarray  # released private sum on the mates' coordinate
+    rejected: int  # replies the server rejected
+
+
 def _sum_arrays(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None):
     if a is None or b is None:
         return a if b is None else b
     return {k: a[k] + b[k] for k in a}
 
 
-def one_round(des: CanaryDesign, seed: int, worlds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One round of the real strategy and client with the canaries in ``worlds``.
-
-    Returns per-canary projections of the released private sum on the canary's
-    coordinate (units of ``σC``) and the number of records with the canary's Ψ
-    in the public batch (read from the public sum).
-    """
+def one_round(
+    des: CanaryDesign, seed: int, worlds: np.ndarray, bug: PlantedBug | None = None, trial: int = 0
+) -> Trial:
+    """One round of the real strategy and client with the canaries in ``worlds``
+    and the components of ``bug`` (None: the honest ones); ``seed`` is the
+    round's public run seed, ``trial`` names the round for ``secret_seed``."""
+    bug = bug if bug is not None else planted(None)
     cfg = dataclasses.replace(des.cfg, run=dataclasses.replace(des.cfg.run, seed=seed))
     public_view = des.devices(worlds, "public")
     private_view = des.devices(worlds, "private")
-    strat = FDPStrategy(cfg, public_view)
+    server_parts, client = bug.server(seed), bug.client()
+    if des.setup.secret_seed is not None:
+        key = np.random.SeedSequence([des.setup.secret_seed, trial]).generate_state(1)[0]
+        secrets = SeededEntropy(int(key))
+        client = dataclasses.replace(client, secrets=secrets)
+        if server_parts.secrets is None:
+            server_parts = dataclasses.replace(server_parts, secrets=secrets)
+    strat = FDPStrategy(cfg, public_view, server_parts)
     strat.model.load_state_dict(des.state)
     strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in public_view.devices])}
     strat.resolve()
-    if strat.plan is None:
-        raise RuntimeError("canary audit: the strategy resolved no privacy plan")
-    strat.budget = Budget(strat.plan, _CachedAccountant())
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)
+    round_state = strat.server.current
+    if round_state is None:
+        raise RuntimeError("canary audit: no round in flight")
+    normaliser, attempt = round_state.plan.normaliser, round_state.attempt
     state = msg.content[P.ARRAYS].to_torch_state_dict()
     private_records = NodeRecords.partition_of(private_view, 0, 1)
     conf = msg.content[P.CONFIG]
-    absent = np.flatnonzero(worlds == ADD_REMOVE)
-    if len(absent) == 0:
-        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, conf)
+    absent = set(np.flatnonzero(worlds == ADD_REMOVE).tolist())
+    order = P.TrainInstruction.from_config(conf)
+    pos = [i for i, d in enumerate(order.device_ids) if d in absent]
+    if not pos:
+        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, conf, client)
     else:
         # Algorithm 2: the private part without the absent canaries; the public
         # part of their devices over all their records (their Ψ included).
-        ids = [int(d) for d in conf[P.DEVICE_IDS]]  # device j holds canary j
-        counts = list(conf[P.PUBLIC_COUNTS])
-        pos = [i for i, d in enumerate(ids) if d in set(absent.tolist())]
         first = ConfigRecord(dict(conf))
-        first[P.PUBLIC_COUNTS] = [0 if i in pos else c for i, c in enumerate(counts)]
+        first[P.PUBLIC_COUNTS] = [0 if i in pos else c for i, c in enumerate(order.public_counts)]
         second = ConfigRecord(dict(conf))
-        second[P.DEVICE_IDS] = [ids[i] for i in pos]
-        second[P.PUBLIC_COUNTS] = [counts[i] for i in pos]
-        if P.PRIVATE_FLAGS in conf:
-            flags = list(conf[P.PRIVATE_FLAGS])
-            second[P.PRIVATE_FLAGS] = [flags[i] for i in pos]
-        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, first)
+        second[P.DEVICE_IDS] = [order.device_ids[i] for i in pos]
+        second[P.PUBLIC_COUNTS] = [order.public_counts[i] for i in pos]
+        second[P.PRIVATE_FLAGS] = [0 for _ in pos]
+        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, first, client)
         public_records = NodeRecords.partition_of(public_view, 0, 1)
-        _, pub2, metrics2 = client_app.handle_train(cfg, public_records, state, second)
+        _, pub2, metrics2 = client_app.handle_train(cfg, public_records, state, second, client)
         pub = _sum_arrays(pub, pub2)
         metrics = {key: metrics[key] + metrics2[key] for key in metrics}
-    strat.aggregate_train(1, [reply_message(msg, priv, pub, metrics)])
+    outcome = strat.collect(1, [reply_message(msg, priv, pub, metrics)])
     after = strat.model.state_dict()[des.private_weight]
     t = cfg.training
     grad = (before - after).double() / t.learning_rate
     count = metrics[P.PUBLIC_COUNT]
-    pub_w = pub[des.private_weight].double() if pub is not None else torch.zeros_like(grad)
-    g_pub = pub_w / count if count else torch.zeros_like(grad)
-    released = (grad - g_pub) * cfg.privacy.sampling_rate * strat.num_records / t.alpha
+    rejected = outcome.stats.rejected
+    pub_w = pub[des.private_weight].double() if pub is not None and not rejected else torch.zeros_like(grad)
+    g_pub = pub_w / count if count and not rejected else torch.zeros_like(grad)
+    released = (grad - g_pub) * normaliser / t.alpha
     scale = cfg.privacy.noise_multiplier * cfg.privacy.clipping_norm
-    proj = released[:, des.private_column].numpy() / scale
-    marks = pub[des.public_marker].double().numpy() if pub is not None else np.zeros(des.num_canaries)
-    return proj, np.rint(marks / des.marker)
+    column = released[:, des.private_column].numpy() / scale
+    k = des.num_canaries
+    # what an adversary holding the run configuration predicts if the noise derived from its seed
+    shapes = [torch.Size(s) for s in strat.shapes.values()]
+    guess = gaussian_noise(shapes, scale, SeededEntropy(seed).noise(1, attempt))
+    guessed = dict(zip(strat.shapes, guess, strict=True))[des.private_weight][:, des.private_column]
+    marks = pub[des.public_marker].double().numpy() if pub is not None else np.zeros(2 * k)
+    return Trial(
+        projection=column[:k],
+        public=np.rint(marks[:k] / des.marker),
+        predicted=guessed.numpy()[:k] / scale,
+        mates=column[k:],
+        rejected=rejected,
+    )
 
 
 @dataclass
 class Observations:
-    """Per-canary trials: ``world``, ``group``, ``round`` index, ``projection``
-    (``T``) and ``public`` (records with the canary's Ψ in the public batch)."""
+    """Per-canary trials: ``world``, ``group``, ``round`` index and the
+    :class:`Trial` fields, flattened; ``rejected`` counts rejected replies."""
 
     world: np.ndarray
     group: np.ndarray
     round: np.ndarray
     projection: np.ndarray
     public: np.ndarray
+    predicted: np.ndarray
+    mates: np.ndarray
+    rejected: int = 0
 
 
 def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None) -> Observations:
     """Run ``setup.rounds`` rounds; each canary draws its world uniformly from
     world 1 and the world 2 of each relation, independently per round."""
     setup = des.setup
+    component = planted(bug)
     rng = np.random.default_rng(np.random.SeedSequence(setup.seed, spawn_key=(0xA0D17,)))
     choices = np.array([WORLD1, *(RELATION_WORLDS[r] for r in relations)])
     k = des.num_canaries
     world = np.empty((setup.rounds, k), dtype=np.int64)
-    proj = np.empty((setup.rounds, k))
-    pub = np.empty((setup.rounds, k))
+    fields = {name: np.empty((setup.rounds, k)) for name in ("projection", "public", "predicted", "mates")}
+    rejected = 0
     set_identity()
-    with faults.planted_bug(bug):
-        for r in range(setup.rounds):
-            world[r] = rng.choice(choices, size=k)
-            proj[r], pub[r] = one_round(des, int(rng.integers(2**31 - 1)), world[r])
+    for r in range(setup.rounds):
+        world[r] = rng.choice(choices, size=k)
+        trial = one_round(des, int(rng.integers(2**31 - 1)), world[r], component, r)
+        for name, arr in fields.items():
+            arr[r] = getattr(trial, name)
+        rejected += trial.rejected
     return Observations(
         world=world.ravel(),
         group=np.tile(des.groups, setup.rounds),
         round=np.repeat(np.arange(setup.rounds), k),
-        projection=proj.ravel(),
-        public=pub.ravel(),
+        rejected=rejected,
+        **{name: arr.ravel() for name, arr in fields.items()},
     )
 
 
-def _statistics(obs: Observations, mask: np.ndarray, group: int) -> dict[str, np.ndarray]:
+def _statistics(obs: Observations, mask: np.ndarray, group: int, drawn: float) -> dict[str, np.ndarray]:
     m = mask & (obs.group == group)
     t = obs.projection[m]
-    out = {"projection": t}
-    if group == ALONE:
+    out = {"projection": t, "projection-minus-seeded-noise": t - obs.predicted[m]}
+    if group in (ALONE, CROWD):
         out["projection-if-public"] = np.where(obs.public[m] >= 1, t, -np.inf)
+    if group == MATES:
+        out["projection-if-drawn"] = np.where(obs.mates[m] > drawn, t, -np.inf)
     return out
 
 
-def analyse(obs: Observations, setup: AuditSetup, relation: str, rounds_run: int) -> AuditResult:
+def analyse(obs: Observations, setup: AuditSetup, plan: PrivacyPlan, relation: str) -> AuditResult:
     """Choose the test on the calibration rounds, bound ε on the others."""
     w2 = RELATION_WORLDS[relation]
-    cal = obs.round < max(1, round(setup.calibration * rounds_run))
+    cal = obs.round < max(1, round(setup.calibration * setup.rounds))
+    # a drawn device's mates add ≈ q·mates·C on their coordinate: half of it, in units of σC
+    drawn = 0.5 * setup.sampling_rate * setup.mate_count / setup.noise_multiplier
     best = None
-    for group in (ALONE, TWINS):
+    for group in GROUP_NAMES:
         if not np.any(obs.group == group):
             continue
-        stats_ = _statistics(obs, cal, group)
+        stats_ = _statistics(obs, cal, group, drawn)
         w = obs.world[cal & (obs.group == group)]
         if not np.any(w == WORLD1) or not np.any(w == w2):
             continue
@@ -453,7 +542,7 @@ def analyse(obs: Observations, setup: AuditSetup, relation: str, rounds_run: int
         raise RuntimeError("no calibration trials in both worlds: increase rounds")
     group, test, cal_eps = best
     held = ~cal
-    stats_ = _statistics(obs, held, group)
+    stats_ = _statistics(obs, held, group, drawn)
     w = obs.world[held & (obs.group == group)]
     bound = evaluate_test(
         test, stats_[test.statistic][w == WORLD1], stats_[test.statistic][w == w2], setup.delta,
@@ -462,7 +551,7 @@ def analyse(obs: Observations, setup: AuditSetup, relation: str, rounds_run: int
     test = dataclasses.replace(test, statistic=f"{GROUP_NAMES[group]}/{test.statistic}")
     return AuditResult(
         epsilon_lower=bound.epsilon,
-        epsilon_claimed=claimed_epsilon(setup, relation),
+        epsilon_claimed=claimed_epsilon(plan, relation),
         relation=relation,
         delta=setup.delta,
         trials=bound.positives + bound.negatives,
@@ -470,6 +559,15 @@ def analyse(obs: Observations, setup: AuditSetup, relation: str, rounds_run: int
         bound=bound,
         calibration_epsilon=cal_eps,
     )
+
+
+def audited_plan(des: CanaryDesign, bug: str | None) -> PrivacyPlan:
+    """The privacy plan the (possibly broken) server resolves for the canaries:
+    its event is what the run claims."""
+    strat = FDPStrategy(des.cfg, des.devices(np.full(des.num_canaries, WORLD1), "public"),
+                        planted(bug).server(des.setup.seed))
+    strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in strat.data.devices])}
+    return strat.resolve()
 
 
 def run_audit(
@@ -482,18 +580,28 @@ def run_audit(
     for r in relations:
         if r not in RELATION_WORLDS:
             raise ValueError(f"relation={r!r}: must be add-remove or replacement")
-    if bug is not None and bug not in faults.BUGS:
-        raise ValueError(f"--break {bug!r}: unknown (known: {', '.join(faults.BUGS)})")
+    planted(bug)
     start = time.perf_counter()
     des = design(setup)
+    plan = audited_plan(des, bug)
     obs = collect(des, relations, bug)
     seconds = time.perf_counter() - start
-    return [result_dict(analyse(obs, setup, r, setup.rounds), setup, bug, seconds) for r in relations]
+    return [result_dict(analyse(obs, setup, plan, r), setup, bug, seconds, obs.rejected) for r in relations]
 
 
-def result_dict(res: AuditResult, setup: AuditSetup, bug: str | None, seconds: float) -> dict[str, Any]:
-    """The JSON record of one audit."""
+def result_dict(
+    res: AuditResult, setup: AuditSetup, bug: str | None, seconds: float, rejected: int = 0
+) -> dict[str, Any]:
+    """The JSON record of one audit. ``violated``: the lower bound exceeds the
+    claim, or the server rejected replies (an honest node never sends one)."""
     b = res.bound
+    violated = res.violated or rejected > 0
+    if res.violated:
+        verdict = "FAIL: lower bound above the claim"
+    elif rejected:
+        verdict = f"FAIL: the server rejected {rejected} replies"
+    else:
+        verdict = "pass"
     return {
         "epsilon_lower": round(res.epsilon_lower, 4),
         "epsilon_claimed": round(res.epsilon_claimed, 4),
@@ -501,8 +609,9 @@ def result_dict(res: AuditResult, setup: AuditSetup, bug: str | None, seconds: f
         "delta": res.delta,
         "trials": res.trials,
         "bug": bug,
-        "violated": res.violated,
-        "verdict": "FAIL: lower bound above the claim" if res.violated else "pass",
+        "violated": violated,
+        "verdict": verdict,
+        "rejected_replies": rejected,
         "positives": b.positives,
         "negatives": b.negatives,
         "false_positive_rate": b.fpr,
@@ -514,10 +623,14 @@ def result_dict(res: AuditResult, setup: AuditSetup, bug: str | None, seconds: f
         "test": {"statistic": res.test.statistic, "sign": res.test.sign, "threshold": res.test.threshold},
         "calibration_epsilon": round(res.calibration_epsilon, 4),
         "rounds": setup.rounds,
-        "canaries": {"alone": setup.alone, "twins": setup.twins, "twin_count": setup.twin_count},
+        "canaries": {"alone": setup.alone, "twins": setup.twins, "crowd": setup.crowd, "mates": setup.mates,
+                     "twin_count": setup.twin_count, "crowd_size": setup.crowd_size,
+                     "mate_count": setup.mate_count},
         "sampling_rate": setup.sampling_rate,
+        "device_sampling_rate": setup.device_sampling_rate,
         "noise_multiplier": setup.noise_multiplier,
         "clipping_norm": setup.clipping_norm,
         "seed": setup.seed,
+        "secrets": "os-csprng" if setup.secret_seed is None else f"seeded ({setup.secret_seed})",
         "seconds": round(seconds, 1),
     }

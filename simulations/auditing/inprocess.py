@@ -26,7 +26,9 @@ from flwr.supercore.task_identity import TaskIdentity
 import clients.client_app as client_app
 from fedfdp import protocol as P
 from fedfdp.config import Config
+from fedfdp.contribution import ClientParts
 from fedfdp.data import FederatedData, load_dataset
+from fedfdp.server import ServerParts
 from strategies.fdp_strategy import FDPStrategy
 
 Tamper = Callable[[int, Message, Message], Message | None]
@@ -71,23 +73,30 @@ def node_records_for(
     return client_app.node_records(cfg, node_context(cfg, node, num_partitions, node_config))
 
 
-def registered_strategy(cfg: Config, data: FederatedData | None = None) -> FDPStrategy:
+def registered_strategy(
+    cfg: Config, data: FederatedData | None = None, parts: ServerParts | None = None
+) -> FDPStrategy:
     """A resolved strategy whose registry holds one node per device (node id = device id)."""
     set_identity()
     data = load_dataset(cfg.data) if data is None else data
-    strat = FDPStrategy(cfg, data)
+    strat = FDPStrategy(cfg, data, parts)
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}
     strat.resolve()
     return strat
 
 
 def client_reply(
-    cfg: Config, msg: Message, *, num_partitions: int | None = None, data: FederatedData | None = None
+    cfg: Config,
+    msg: Message,
+    *,
+    num_partitions: int | None = None,
+    data: FederatedData | None = None,
+    parts: ClientParts | None = None,
 ) -> Message:
     """The real client computation for one train message."""
     records = node_records_for(cfg, msg.metadata.dst_node_id, data, num_partitions)
     state = msg.content[P.ARRAYS].to_torch_state_dict()
-    private, public, metrics = client_app.handle_train(cfg, records, state, msg.content[P.CONFIG])
+    private, public, metrics = client_app.handle_train(cfg, records, state, msg.content[P.CONFIG], parts)
     return client_app.reply_message(msg, private, public, metrics)
 
 
@@ -109,6 +118,8 @@ class InProcessGrid:
         Serve these records instead of the configured dataset.
     node_configs : mapping of node -> node config, optional
         Extra node-config keys per node (e.g. each SuperNode's ``data-path``).
+    parts : ClientParts, optional
+        The nodes' components (default: as the configuration says).
     """
 
     def __init__(
@@ -117,12 +128,14 @@ class InProcessGrid:
         tamper: Tamper | None = None,
         data: FederatedData | None = None,
         node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+        parts: ClientParts | None = None,
     ) -> None:
         set_identity()
         self.cfg = cfg
         self.tamper = tamper
         self.data = data
         self.node_configs = dict(node_configs or {})
+        self.parts = parts
 
     def records(self, node: int) -> client_app.NodeRecords:
         """The records node ``node`` serves."""
@@ -141,7 +154,7 @@ class InProcessGrid:
                 reply = Message(RecordDict({P.METRICS: MetricRecord(info)}), reply_to=msg)
             else:
                 state = msg.content[P.ARRAYS].to_torch_state_dict()
-                result = client_app.handle_train(self.cfg, records, state, msg.content[P.CONFIG])
+                result = client_app.handle_train(self.cfg, records, state, msg.content[P.CONFIG], self.parts)
                 reply = client_app.reply_message(msg, *result)
             if self.tamper is not None:
                 reply = self.tamper(node, msg, reply)

@@ -1,0 +1,157 @@
+"""Planted bugs: broken components for the audit to catch.
+
+A privacy audit is only trustworthy if it demonstrably catches broken
+mechanisms. Each bug here is **one** broken component, passed to the real
+client and server code through the same seams a normal run uses
+(:class:`fedfdp.contribution.ClientParts`, :class:`fedfdp.server.ServerParts`);
+nothing in the library reads a flag, and a normal run (``fedfdp run``,
+``flwr run``) can never reach one.
+
+=========================  =============  ==============================================
+bug                        component      what breaks
+=========================  =============  ==============================================
+``shared-batch``           batch sampler  the public batch is filled from the private
+                                          Poisson sample first (Prop. 3: the public
+                                          gradient reveals the coins)
+``no-clip``                aggregator     private per-record gradients are not clipped
+``realized-normalization`` aggregator     each device rescales its private sum so that
+                                          the server's division by ``q·n`` yields the
+                                          mean over the *realised* batch
+``low-noise``              mechanism      the server adds noise with ``σ/2`` (accounted
+                                          as ``σ``)
+``predictable-noise``      secret source  the server's noise derives from the run seed,
+                                          which every client and reader of the
+                                          configuration knows
+``pq-accounting``          sampling plan  Poisson device sampling (record unit) is
+                                          charged at rate ``p·q`` (device-mates reveal
+                                          whether a device was drawn: not a bound)
+=========================  =============  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedfdp.contribution import (
+    ClientParts,
+    PrivateBatch,
+    RoundSettings,
+    clipped_private_sum,
+    private_gradient_sum,
+)
+from fedfdp.entropy import DeviceSecrets, SecretSource, SeededEntropy
+from fedfdp.losses import LossDecomposition
+from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.sampling import PublicStreams, poisson_sample
+from fedfdp.sampling_plan import AccountedEvent, SamplingPlan
+from fedfdp.server import ServerParts
+
+
+def shared_batch_sampler(
+    n: int, rate: float, public_count: int, secrets: DeviceSecrets, public: PublicStreams
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bug: the public batch (of the asked size) takes the private sample first,
+    then other records in public-stream order."""
+    private = poisson_sample(n, rate, secrets.coins)
+    rest = public.sample.permutation(np.setdiff1d(np.arange(n), private))
+    return private, np.sort(np.concatenate([private, rest])[:public_count])
+
+
+def unclipped_private_sum(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    settings: RoundSettings,
+    batches: Sequence[PrivateBatch],
+) -> list[torch.Tensor]:
+    """Bug: the private sum without clipping."""
+    return private_gradient_sum(model, decomposition, settings.phase, batches, None, settings.clip_method)
+
+
+def realised_normalisation_sum(
+    model: nn.Module,
+    decomposition: LossDecomposition,
+    settings: RoundSettings,
+    batches: Sequence[PrivateBatch],
+) -> list[torch.Tensor]:
+    """Bug: each device's clipped sum scaled by ``q·n/|B|`` (the server then
+    divides by ``q·n``: the mean over the realised batch)."""
+    total: list[torch.Tensor] | None = None
+    for batch in batches:
+        part = clipped_private_sum(model, decomposition, settings, [batch])
+        scale = settings.sampling_rate * batch.device_size / max(len(batch.y), 1)
+        part = [g * scale for g in part]
+        total = part if total is None else [t + g for t, g in zip(total, part, strict=True)]
+    return total if total is not None else clipped_private_sum(model, decomposition, settings, [])
+
+
+class HalfNoise(GaussianSumMechanism):
+    """Bug: noise with ``σ/2`` while the accountant is charged ``σ``."""
+
+    @property
+    def std(self) -> float:
+        return 0.5 * self.noise_multiplier * self.clipping_norm
+
+
+class ProductPlan(SamplingPlan):
+    """Bug: Poisson device sampling at the record level charged at rate ``p·q``."""
+
+    @property
+    def event(self) -> AccountedEvent:
+        s = self.settings
+        if s.unit == "record" and s.device_sampling_rate is not None:
+            return AccountedEvent(s.device_sampling_rate * s.sampling_rate)
+        return super().event
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    """One broken component: the client and server parts that carry it.
+
+    ``server(seed)`` and ``client(seed)`` build the parts for a run with public
+    seed ``seed`` (the predictable-noise bug derives its noise from it).
+    """
+
+    name: str
+    component: str
+    server: Callable[[int], ServerParts] = field(default=lambda seed: ServerParts())
+    client: Callable[[], ClientParts] = field(default=ClientParts)
+
+
+def _seeded_server(seed: int) -> ServerParts:
+    secrets: SecretSource = SeededEntropy(seed)
+    return ServerParts(secrets=secrets)
+
+
+BUGS: dict[str, PlantedBug] = {
+    b.name: b
+    for b in (
+        PlantedBug("shared-batch", "batch sampler", client=lambda: ClientParts(batches=shared_batch_sampler)),
+        PlantedBug("no-clip", "aggregator", client=lambda: ClientParts(aggregate=unclipped_private_sum)),
+        PlantedBug(
+            "realized-normalization", "aggregator",
+            client=lambda: ClientParts(aggregate=realised_normalisation_sum),
+        ),
+        PlantedBug("low-noise", "mechanism", server=lambda seed: ServerParts(mechanism=HalfNoise)),
+        PlantedBug("predictable-noise", "secret source", server=_seeded_server),
+        PlantedBug(
+            "pq-accounting", "sampling plan", server=lambda seed: ServerParts(sampling_plan=ProductPlan)
+        ),
+    )
+}
+
+#: The honest components.
+CORRECT = PlantedBug("none", "none")
+
+
+def planted(name: str | None) -> PlantedBug:
+    """The bug called ``name`` (``None``: the honest components)."""
+    if name is None:
+        return CORRECT
+    if name not in BUGS:
+        raise ValueError(f"--break {name!r}: unknown (known: {', '.join(BUGS)})")
+    return BUGS[name]
