@@ -8,7 +8,10 @@ module's caches cleared) is reported next to it.  The reference is Google's
 dp-accounting PLD accountant (``value_discretization_interval = 1e-4``), timed the
 same way; ``--with-prv`` also times prv-accountant 0.2.0 itself (slow).
 
-Other rows: a few ledgers, replacement, calibration and the trade-off curve::
+Other rows: a few ledgers (one with participation ``p < 1``, referenced by the
+binomial mixture of dp-accounting's k-fold PLDs from ``tests/references.py``),
+replacement, calibration, the trade-off curve, and the formerly pathological
+inputs (bounded memory and time)::
 
     python benchmarks/accounting.py            # table
     python benchmarks/accounting.py --json     # machine-readable
@@ -40,12 +43,13 @@ def _clear_caches() -> None:
 
 
 def _fresh_bound(
-    events: list[tuple[float, float, int]], delta: float, relation: str = "add-remove"
+    events: list[tuple[float, ...]], delta: float, relation: str = "add-remove"
 ) -> tuple[Any, float]:
+    """``events``: ``(sigma, q, count)`` or ``(sigma, q, count, participation)``."""
     t0 = time.perf_counter()
     acc = FDPAccountant()
-    for sigma, q, n in events:
-        acc.compose(sigma, q, n)
+    for sigma, q, n, *p in events:
+        acc.compose(sigma, q, n, participation=p[0] if p else 1.0)
     bound = acc.epsilon_bound(delta, relation)
     return bound, time.perf_counter() - t0
 
@@ -56,9 +60,21 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def _dp_accounting(events: list[tuple[float, float, int]], delta: float, vdi: float) -> float:
+def _dp_accounting(events: list[tuple[float, ...]], delta: float, vdi: float) -> float:
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
+
+    if any(len(ev) > 3 and ev[3] < 1.0 for ev in events):  # participation: binomial mixture
+        import sys
+        from pathlib import Path
+
+        root = str(Path(__file__).resolve().parents[1])
+        sys.path.insert(0, root)  # first: an unrelated installed "tests" package may shadow ours
+        sys.modules.pop("tests", None)
+        from tests.references import participation_eps_ref
+
+        ((sigma, q, n, p),) = events
+        return participation_eps_ref(sigma, q, p, n, delta, vdi)
 
     acc = pld_privacy_accountant.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
@@ -125,6 +141,8 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
             [(1.0, 0.01, 500), (0.8, 0.02, 300), (2.0, 0.05, 200), (1.5, 1.0, 3)],
             1e-5,
         ),
+        ("q=0.05 s=1.34 p=0.2 T=150 d=1.5e-4", [(1.34, 0.05, 150, 0.2)], 1.5e-4),
+        ("q=0.1 s=0.8 p=0.5 T=300 d=1e-5", [(0.8, 0.1, 300, 0.5)], 1e-5),
     ]
     for name, evs, delta in cases:
         _clear_caches()
@@ -153,6 +171,20 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
     (_, beta), t = _timed(lambda: acc_mod.tradeoff_curve([acc_mod.PrivacyEvent(1.0, 0.01, 1000)]))
     what = "trade-off curve (600 alphas), q=0.01 s=1.0 T=1k: min beta"
     extra.append({"what": what, "value": float(np.min(beta)), "seconds": t})
+    # formerly pathological inputs: bounded memory and time
+    for what, fn in (
+        ("sigma=1e-3 q=0.05 T=150 d=1e-5 (was >4 GB)",
+         lambda: acc_mod.epsilon_for(1e-3, 0.05, 150, 1e-5).upper),
+        ("calibrate target eps=1e12 q=0.05 T=150 (was ~23 GB)",
+         lambda: acc_mod.calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5)),
+        ("sigma=0.8 q=0.05 T=150 d=1e-300 (was math domain error)",
+         lambda: acc_mod.epsilon_for(0.8, 0.05, 150, 1e-300).upper),
+        ("sigma=0.1 q=1e-3 T=1k eps_error=0.004 (full FFT at the limit)",
+         lambda: acc_mod.epsilon_for(0.1, 1e-3, 1000, 1e-5, eps_error=0.004).upper),
+    ):
+        _clear_caches()
+        v, t = _timed(fn)
+        extra.append({"what": what, "value": v, "seconds": t})
     out["extra"] = extra
     out["machine"] = {
         "python": platform.python_version(),
