@@ -762,7 +762,7 @@ def test_participation_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) 
     composition._profile.cache_clear()
     ps = [0.2 * (1.0 - 3e-4 * k) for k in range(6)]
     events = [PrivacyEvent(1.34, 0.05, 25, p) for p in ps]
-    b = FDPAccountant().__class__()
+    b = FDPAccountant()
     for ev in events:
         b.compose(ev.noise_multiplier, ev.sampling_rate, ev.count, participation=ev.participation)
     bound = b.epsilon_bound(1.5e-4)

@@ -16,6 +16,16 @@ by the pair (in units of ``C``)
 and rounds compose adaptively (Theorem 3): a run is ``f-DP_i^Psi`` with
 ``f = T(P_1 x ... x P_T, Q_1 x ... x Q_T)``, each round with its own ``(sigma, q)``.
 
+Participation
+-------------
+With Poisson device sampling (record unit) a round touches a record only if its
+device is drawn, with probability ``p`` (``PrivacyEvent.participation``).  Whether
+it was drawn is not secret (the record's device-mates reveal it), so the round is
+dominated by the mixture ``p (delta_1 x Q) + (1 - p) (delta_0 x P)`` versus
+``p (delta_1 x P) + (1 - p) (delta_0 x P)``: its privacy loss is the subsampled
+Gaussian's with probability ``p`` and exactly 0 otherwise, in both orderings.
+Rate ``p q`` (the same mixture with the label hidden) is *not* a valid bound.
+
 Neighbouring relations
 ----------------------
 ``"add-remove"`` (Definition 6, simulation-based; the headline number).  Definition 6
@@ -59,6 +69,11 @@ Modules
 :mod:`~fedfdp.accounting.prv_reference`
     The same epsilon through prv-accountant itself (slow cross-check).
 
+Memory and time are bounded for every input
+(:data:`~fedfdp.accounting.composition.MEMORY_LIMIT_BYTES` = 1 GiB for the numerical
+arrays): what the numerical accountant cannot resolve gets a coarser certified
+interval or the Renyi-DP bound, never an exhausted machine.
+
 Nothing here draws random numbers.
 """
 
@@ -70,7 +85,8 @@ from fedfdp.accounting.accountant import (
     PrivacyEvent,
     epsilon_for,
 )
-from fedfdp.accounting.calibration import calibrate_noise_multiplier
+from fedfdp.accounting.calibration import MIN_NOISE_MULTIPLIER, calibrate_noise_multiplier
+from fedfdp.accounting.composition import MEMORY_LIMIT_BYTES
 from fedfdp.accounting.prv_reference import epsilon_prv_accountant
 from fedfdp.accounting.tradeoff import (
     attribute_inference_bound,
@@ -80,6 +96,8 @@ from fedfdp.accounting.tradeoff import (
 )
 
 __all__ = [
+    "MEMORY_LIMIT_BYTES",
+    "MIN_NOISE_MULTIPLIER",
     "RELATIONS",
     "EpsilonBound",
     "FDPAccountant",

@@ -8,6 +8,9 @@ sensitivity ``C``), a Poisson batch of rate ``q``, noise ``N(0, sigma^2 C^2 I)``
 Public work depends on ``Psi(S)`` only and is not recorded (Remark 2).  By
 **Theorem 5** each round is ``T(P, Q)``-DP_i^Psi with ``P = N(0, sigma^2)``,
 ``Q = (1 - q) N(0, sigma^2) + q N(1, sigma^2)``, and rounds compose (Theorem 3).
+An event's ``participation`` ``p`` is the probability that a round touches the record
+at all (Poisson device sampling, the draw known to the adversary): the round is
+then the mixture of that pair (probability ``p``) and ``(P, P)``.
 
 Neighbouring relations
 ----------------------

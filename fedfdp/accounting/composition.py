@@ -6,14 +6,17 @@ A ledger of Poisson-subsampled Gaussian rounds, each dominated by Theorem 5's pa
 ``P = N(0, s^2)``, ``Q = (1-q) N(0, s^2) + q N(1, s^2)`` (sensitivity: the clip norm),
 composes adaptively (Theorem 3) to ``T(P_1 x ... x P_T, Q_1 x ... x Q_T)``.  Both
 orderings of the add/remove relation (Definition 6) are composed; the larger
-epsilon is reported.
+epsilon is reported.  A round with participation ``p < 1`` (Poisson device
+sampling, the draw known to the adversary) is the mixture ``p (Q, P) + (1-p) (P, P)``
+with the branch revealed: its privacy loss is the subsampled Gaussian's with
+probability ``p`` and 0 otherwise (:func:`~fedfdp.accounting.prv._discretise`).
 
 Numerical method: privacy random variables (Gopi, Lee & Wutschitz, NeurIPS 2021)
 --------------------------------------------------------------------------------
 This follows prv-accountant 0.2.0 (same PRV, mesh rule, error theorem), re-implemented
 for speed and extended with the add direction:
 
-1. For each direction and distinct ``(sigma, q)`` the PRV is truncated to an interval
+1. For each direction and distinct ``(sigma, q, p)`` the PRV is truncated to an interval
    holding all but ``eta = delta_error / (8 N)`` of its mass (normal quantiles) and
    discretised cell-centred on the mesh ``h = eps_disc / sqrt(N/2 log(12/delta_error))``
    (prv-accountant's rule; ``N`` = total rounds).  Cell masses are differences of
@@ -52,10 +55,15 @@ the (small) effect of ``delta_error``: 0.045-0.048 at the default ``eps_error = 
 the exact interval is in the returned :class:`EpsilonBound`.  10,000 rounds at
 ``q = 1/16``, ``sigma = 0.8``, ``delta = 1e-5`` take about 0.06-0.2 s on two cores
 (``benchmarks/accounting.py``, ``docs/accounting.md``).  Ledgers with more than 128
-distinct ``(sigma, q)`` are rounded onto a log grid (``sigma`` down and ``q`` up for
-the upper bound, the reverse for the lower), which keeps both bounds valid.
+distinct ``(sigma, q, p)`` are rounded onto a log grid (``sigma`` down, ``q`` and ``p`` up
+for the upper bound, the reverse for the lower), which keeps both bounds valid.
 
-A ledger of ``q = 1`` rounds only is the Gaussian mechanism with
+Bounded memory and time: see :data:`MEMORY_LIMIT_BYTES`.  Every size is checked
+before it is allocated; a ledger that does not fit is composed on a coarser mesh
+(larger ``eps_disc``, the same certificate) or bounded by Renyi DP, and
+``delta >= 1 - prod (1 - p_i q_i)^{n_i}`` (total variation) gives ``epsilon = 0``.
+
+A ledger of ``q = 1``, ``p = 1`` rounds only is the Gaussian mechanism with
 ``mu = sqrt(sum_i n_i / sigma_i^2)``, solved in closed form:
 ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
 """
@@ -130,6 +138,9 @@ _FFT_WORK_LIMIT = 2**27
 _DFT_BLOCK_ELEMENTS = 2**20
 # At most this many coarsening retries before the Renyi-DP bound is used.
 _MAX_COARSEN = 4
+# Largest window whatever max_grid_points says: keeps the exact integer angle
+# reductions (index x frequency < n^2 / 2) inside int64.
+_MAX_SPAN = 2**30
 
 
 class _TooLarge(Exception):
@@ -538,6 +549,7 @@ def _compose_profile(
         return _Profile(groups, gaussian_mu=math.sqrt(sum(_precision(g) for g in groups)))
     merged = _merge_gaussians(groups)
     limit = min(max_grid_points, _MAX_POINTS)
+    span_limit = min(max_grid_points, _MAX_SPAN)
     for _ in range(_MAX_COARSEN + 1):
         grid = _make_grid(merged, eps_disc, delta_error)
         if not grid.upper <= 700.0:
@@ -550,7 +562,7 @@ def _compose_profile(
         supports = [
             _support_length(g.sigma, g.q, d, grid.h, grid.eta) for g in merged for d in ("remove", "add")
         ]
-        factor = max(span / max_grid_points, max(supports) / limit, sum(supports) / (2 * limit))
+        factor = max(span / span_limit, max(supports) / limit, sum(supports) / (2 * limit))
         if factor <= 1.0:
             try:
                 budget = 0.25 * (1.0 - _ANALYTIC_SHARE) * delta_error

@@ -9,6 +9,11 @@ One private round releases the sum of per-record gradients clipped to L2 norm ``
     P = N(0, sigma^2)                            the simulator: the record is absent,
     Q = (1 - q) N(0, sigma^2) + q N(1, sigma^2)  the record is present.
 
+With participation ``p < 1`` (Poisson device sampling, the draw known to the
+adversary) a round is, with probability ``p``, this pair and otherwise ``(P, P)``;
+its privacy loss has an extra atom at 0 of mass ``1 - p`` (:func:`_discretise`) and
+its Renyi moments are ``p A_a + 1 - p`` (:func:`_group_log_moments`).
+
 Neighbouring relation
 ---------------------
 Add/remove (Definition 6), both orderings: **remove** is the privacy loss
