@@ -96,9 +96,10 @@ def _attack(cfg, parts=None):
 
 def test_subtraction_attack_residual_is_of_the_size_of_the_noise():
     """Default (OS CSPRNG): Ŝ − S = Z − Ẑ with Z, Ẑ independent, so
-    ‖Ŝ − S‖ ≈ √2·σC√d; accept within [1.2, 1.6]·σC√d (d ≈ 170 coordinates:
-    the relative s.d. of the norm is ≈ 1/√(2d) ≈ 0.05). With the noise derived
-    from the seed (the predictable-noise bug) the residual is ≈ 0."""
+    ‖Ŝ − S‖ ≈ √2·σC√d; accept within [1.2, 1.6]·σC√d (d = 589 coordinates;
+    over 30 runs the ratio ranged 1.31–1.51, mean 1.39). With the noise derived
+    from the seed (the predictable-noise bug) the residual is ≈ 0 (the old
+    code's seed-derived noise gave 3.4e-6 against a noise norm of 24.3)."""
     cfg = load_config({**BASE, "num-rounds": 1, "learning-rate": 1.0, "momentum": 0.0})
     residual, noise = _attack(cfg)
     assert 1.2 * noise < residual < 1.6 * noise, (residual, noise)
