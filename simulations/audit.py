@@ -48,19 +48,26 @@ def _fmt(v: float) -> str:
     return "inf" if math.isinf(v) else f"{v:.3f}"
 
 
+def _canaries(r: dict[str, Any]) -> str:
+    c = r["canaries"]
+    text = ", ".join(f"{c[g]} {g}" for g in ("alone", "twins", "crowd", "mates") if c[g])
+    if r["device_sampling_rate"] is not None:
+        text += f", p={r['device_sampling_rate']}"
+    return f"{text}; q={r['sampling_rate']}, sigma={r['noise_multiplier']}, delta={r['delta']}"
+
+
 def _print_audit(rows: Sequence[dict[str, Any]]) -> None:
     print(f"{'bug':<24}{'relation':<13}{'eps_lower':>10}{'eps_claimed':>12}  {'trials':>7}  verdict")
     for r in rows:
         print(
             f"{r['bug'] or 'none (correct)':<24}{r['relation']:<13}{_fmt(r['epsilon_lower']):>10}"
-            f"{_fmt(r['epsilon_claimed']):>12}  {r['trials']:>7}  {r['verdict']}"
+            f"{_fmt(r['epsilon_claimed']):>12}  {r['trials']:>7}  {r['verdict']}   [{_canaries(r)}]"
         )
     if rows:
         r = rows[0]
         print(
-            f"(one round, q={r['sampling_rate']}, sigma={r['noise_multiplier']}, C={r['clipping_norm']}, "
-            f"delta={r['delta']}; 95% Clopper-Pearson lower bound, alpha/2 per error rate; "
-            f"{r['rounds']} rounds)"
+            f"(one round; 95% Clopper-Pearson lower bound, alpha/2 per error rate; C={r['clipping_norm']}; "
+            f"secret randomness: {r['secrets']})"
         )
 
 
@@ -177,8 +184,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "rounds": args.rounds,
     }
     rows = []
+    audited: set[Any] = set()
     for bug in _bugs(args):
         setup = recommended_setup(bug, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+        if args.all_bugs and bug is not None and setup not in audited:
+            rows += run_audit(setup, relations, None)  # the correct mechanism on the same canaries
+        audited.add(setup)
         rows += run_audit(setup, relations, bug)
     if args.json:
         print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))

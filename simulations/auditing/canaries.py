@@ -74,6 +74,7 @@ commits: the audit reports it and fails.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -195,10 +196,10 @@ RECOMMENDED: dict[str | None, dict[str, Any]] = {
     "no-clip": {},
     "low-noise": {},
     "predictable-noise": {},
-    "shared-batch": {"alone": 0, "twins": 0, "crowd": 48, "public_batch_size": 144},
+    "shared-batch": {"alone": 0, "twins": 0, "crowd": 48, "crowd_size": 99, "public_batch_size": 144},
     "realized-normalization": {"alone": 0, "twins": 48},
     "pq-accounting": {"alone": 0, "twins": 0, "mates": 48, "mate_count": 30, "device_sampling_rate": 0.1,
-                      "sampling_rate": 0.5, "rounds": 600},
+                      "sampling_rate": 0.5, "rounds": 1000},
 }
 
 
@@ -485,12 +486,18 @@ def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None)
     fields = {name: np.empty((setup.rounds, k)) for name in ("projection", "public", "predicted", "mates")}
     rejected = 0
     set_identity()
-    for r in range(setup.rounds):
-        world[r] = rng.choice(choices, size=k)
-        trial = one_round(des, int(rng.integers(2**31 - 1)), world[r], component, r)
-        for name, arr in fields.items():
-            arr[r] = getattr(trial, name)
-        rejected += trial.rejected
+    server_log = logging.getLogger("fedfdp.server")
+    level = server_log.level
+    server_log.setLevel(logging.ERROR)  # rejected replies are counted, not logged per trial
+    try:
+        for r in range(setup.rounds):
+            world[r] = rng.choice(choices, size=k)
+            trial = one_round(des, int(rng.integers(2**31 - 1)), world[r], component, r)
+            for name, arr in fields.items():
+                arr[r] = getattr(trial, name)
+            rejected += trial.rejected
+    finally:
+        server_log.setLevel(level)
     return Observations(
         world=world.ravel(),
         group=np.tile(des.groups, setup.rounds),
