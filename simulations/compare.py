@@ -264,6 +264,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     """Execute one run; return its results row."""
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
+    from fedfdp.entropy import noise_source
     from fedfdp.evaluation import evaluate
 
     cfg = run.cfg
@@ -312,6 +313,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         "num_records": data.num_records,
         "engine": engine,
         "seconds": round(time.perf_counter() - start, 2),
+        "noise_source": noise_source(cfg),
         "config_hash": run.config_hash,
     }
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fedfdp.config import MODES, PRIVATE_MODES
+from fedfdp.entropy import NOISE_SOURCE_SECRET, REPRODUCIBLE_WARNING
 from simulations.compare_results import read_results
 
 PLOT_FILE = "privacy_utility.png"
@@ -77,6 +78,9 @@ def write_summary(
             f"Engine: {', '.join(sorted(rows['engine'].astype(str).unique()))}; "
             f"seeds: {sorted(rows['seed'].astype(int).unique().tolist())}."
         )
+        if "noise_source" in rows and (rows["noise_source"].astype(str) != NOISE_SOURCE_SECRET).any():
+            lines.append("")
+            lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
         lines.append("")
         lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
         lines.append("|---|" + "---|" * len(targets))

@@ -36,6 +36,7 @@ RESULT_COLUMNS = (
     "num_records",
     "engine",
     "seconds",
+    "noise_source",
     "config_hash",
 )
 REQUIRED_COLUMNS = ("dataset", "mode", "target_epsilon", "epsilon", "seed", "accuracy", "config_hash")
