@@ -106,7 +106,7 @@ def _config(fixed: Config | None, context: Context) -> Config:
     if fixed is not None:
         return fixed
     cfg = load_config(dict(context.run_config))
-    if cfg.run.reproducible_noise:
+    if cfg.privacy.reproducible_noise:
         raise ConfigError(
             "reproducible-noise=true: refused by a ClientApp reading Flower's run config (flwr run, a "
             "SuperNode): its Poisson coins would derive from a seed every party can read"
@@ -145,7 +145,7 @@ def handle_train(
         sampling_rate=order.sampling_rate,
         clipping_norm=order.clipping_norm,
         unit=order.unit,
-        public_seed=cfg.run.seed,
+        public_seed=cfg.training.seed,
     )
     tasks = [
         DeviceTask(d, records.devices[d].x, records.devices[d].y, f, c)

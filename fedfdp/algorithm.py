@@ -63,7 +63,7 @@ def run_centralised(
             sampling_rate=p.sampling_rate,
             clipping_norm=p.clipping_norm,
             unit=p.privacy_unit,
-            public_seed=cfg.run.seed,
+            public_seed=cfg.training.seed,
         )
         plan = state.plan
         tasks = [

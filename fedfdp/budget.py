@@ -73,7 +73,7 @@ def sampling_settings(cfg: Config) -> SamplingSettings:
         sampling_rate=p.sampling_rate,
         device_sampling_rate=p.device_sampling_rate,
         unit=p.privacy_unit,
-        nodes_per_round=cfg.run.clients_per_round,
+        nodes_per_round=cfg.privacy.clients_per_round,
         public_batch_size=p.public_batch_size,
     )
 
@@ -89,7 +89,7 @@ def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = N
         raise ValueError(f"num_records={num_records}: the dataset has no training records")
     p = cfg.privacy
     delta = p.delta if p.delta is not None else 1.0 / (2 * num_records)
-    rounds = cfg.training.num_rounds - p.public_pretrain_rounds
+    rounds = cfg.privacy.num_rounds - p.public_pretrain_rounds
     event = event if event is not None else sampling_settings(cfg).event
     rate, share = event.sampling_rate, event.participation
     if not p.is_private:

@@ -46,18 +46,16 @@ from typing import Any
 
 import torch
 
-from fedfdp.config import ConfigError
+from fedfdp.config import ORCHESTRATION_KEYS, ConfigError
 from fedfdp.outputs import atomic_write
 
 LEDGER_FILE = "ledger.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 _LEDGER_VERSION = 2
 
-#: Keys that may differ between the run that wrote a checkpoint and the resuming one.
-RESUMABLE_KEYS = frozenset({
-    "out-dir", "progress", "eval-every", "node-wait-timeout", "round-timeout",
-    "checkpoint-every", "resume",
-})
+#: Keys that may differ between the run that wrote a checkpoint and the resuming one:
+#: the configuration's orchestration section.
+RESUMABLE_KEYS = ORCHESTRATION_KEYS
 
 
 class CheckpointMismatch(ConfigError):

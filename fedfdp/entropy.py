@@ -196,9 +196,9 @@ def secret_source(reproducible_seed: int | None) -> SecretSource:
 def run_secrets(cfg: Config) -> SecretSource:
     """The secret entropy ``cfg`` asks for: the OS CSPRNG, or the run seed when
     ``reproducible-noise = true``."""
-    return secret_source(cfg.run.seed if cfg.run.reproducible_noise else None)
+    return secret_source(cfg.training.seed if cfg.privacy.reproducible_noise else None)
 
 
 def noise_source(cfg: Config) -> str:
     """What the run's secret randomness derives from, as every output prints it."""
-    return NOISE_SOURCE_SEEDED if cfg.run.reproducible_noise else NOISE_SOURCE_SECRET
+    return NOISE_SOURCE_SEEDED if cfg.privacy.reproducible_noise else NOISE_SOURCE_SECRET

@@ -90,6 +90,6 @@ def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
         data.num_features,
         data.num_classes,
         hidden_size=cfg.training.hidden_size,
-        seed=cfg.run.seed,
+        seed=cfg.training.seed,
         hidden_sizes=cfg.training.hidden_sizes,
     )

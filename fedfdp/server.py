@@ -224,9 +224,8 @@ class FDPServer:
         if phase.noise:
             budget.check()
             attempt = self.charge(round_)
-        plan = sampling.round(
-            phase, server_public_rng(self.cfg.run.seed, round_), self.secrets.device_draw(round_, attempt)
-        )
+        public_rng = server_public_rng(self.cfg.training.seed, round_)
+        plan = sampling.round(phase, public_rng, self.secrets.device_draw(round_, attempt))
         self.current = RoundState(round_, phase, attempt, plan)
         return self.current
 
@@ -318,7 +317,7 @@ class FDPServer:
             "accounted-participation": plan.participation,
             "noise-source": noise_source(self.cfg),
         }
-        if self.cfg.run.reproducible_noise:
+        if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
         return {**values, **(extra or {})}
 
@@ -333,11 +332,11 @@ class FDPServer:
         _, plan, _ = self._ready()
         out = cfg.run.out_dir
         first = self.resume()
-        if cfg.run.reproducible_noise:
+        if cfg.privacy.reproducible_noise:
             log.warning(REPRODUCIBLE_WARNING)
         if out and first == 1:
             write_config(out, cfg.to_flat(), self.resolved_values(resolved))
-        total = cfg.training.num_rounds
+        total = cfg.privacy.num_rounds
         bar = tqdm(total=total, initial=first - 1, desc=f"fedfdp {cfg.privacy.mode}", unit="round",
                    disable=not cfg.run.progress, leave=True)
         try:

@@ -69,6 +69,7 @@ from typing import Any
 
 from fedfdp.config import (
     MODES,
+    ORCHESTRATION_KEYS,
     PRIVATE_MODES,
     Config,
     ConfigError,
@@ -84,9 +85,9 @@ SWEEP_FILE = "sweep.toml"
 ENGINES = ("centralised", "flower")
 #: Keys fixed per run by the sweep itself.
 _PER_RUN = ("mode", "seed", "target-epsilon", "noise-multiplier", "out-dir", "progress")
-#: Keys that do not change what a run computes (left out of the configuration hash).
-_NOT_HASHED = ("out-dir", "progress", "eval-every", "node-wait-timeout", "round-timeout",
-               "checkpoint-every", "resume")
+#: Keys that do not change what a run computes (left out of the configuration hash):
+#: the configuration's ``run`` section.
+_NOT_HASHED = ORCHESTRATION_KEYS
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
         build_decomposition(run.cfg, data)
         build_model_for(run.cfg, data)
         if run.cfg.privacy.is_private:
-            key = (run.cfg.privacy, run.cfg.training.num_rounds, data.num_records)
+            key = (run.cfg.privacy, run.cfg.privacy.num_rounds, data.num_records)
             if key not in cache:
                 plan = plan_privacy(run.cfg, data.num_records)
                 cache[key] = float(plan.noise_multiplier)  # type: ignore[arg-type]

@@ -80,7 +80,7 @@ def _summarise(out: Path, cfg: Config) -> int:
         f"rounds={int(last['round'])} accuracy={acc:.4f} "
         f"epsilon={last['epsilon']:.4g} ({last['relation']}, delta={last['delta']:.3g}, upper bound)"
     )
-    if cfg.run.reproducible_noise:
+    if cfg.privacy.reproducible_noise:
         print(f"warning: {REPRODUCIBLE_WARNING}")
     print(f"wrote {path} and {out / 'config.toml'}")
     return 0
@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.run.reproducible_noise:
+    if cfg.privacy.reproducible_noise:
         print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
     if args.centralised:
         from fedfdp.algorithm import run_centralised

@@ -32,7 +32,7 @@ def make_server_app(cfg: Config | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         run_cfg = cfg if cfg is not None else load_config(dict(context.run_config))
-        if cfg is None and run_cfg.run.reproducible_noise:
+        if cfg is None and run_cfg.privacy.reproducible_noise:
             raise ConfigError(
                 "reproducible-noise=true: refused under flwr run (a SuperLink): the noise would derive "
                 "from a seed every party can read; use fedfdp run for reproducible research runs"

@@ -94,3 +94,57 @@ def test_read_toml_errors(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text('mode = "dp"\nnoise-multiplier = 1.0\ntarget-epsilon = 0\n')
     assert load_config(read_toml(good)).privacy.noise_multiplier == 1.0
+
+
+# ----------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize(
+    ("section", "kwargs", "message"),
+    [
+        ("privacy", {"noise_multiplier": -1.0, "target_epsilon": None}, "noise-multiplier=-1.0: must be > 0"),
+        ("privacy", {"sampling_rate": 7.0}, "sampling-rate=7.0: must be in (0, 1]"),
+        ("privacy", {"num_rounds": 0}, "num-rounds=0: must be >= 1"),
+        ("privacy", {"mode": "fdp", "noise_multiplier": 1.0}, "give one of them"),
+        ("privacy", {"privacy_unit": "device"}, "needs device-sampling-rate"),
+        ("training", {"learning_rate": float("nan")}, "learning-rate=nan: must be finite"),
+        ("data", {"test_fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),
+        ("run", {"eval_every": 0}, "eval-every=0: must be >= 1"),
+    ],
+)
+def test_direct_construction_is_validated_like_the_toml_path(section, kwargs, message):
+    """Each section validates on construction with the parser of the field's key:
+    the same one-line message as the TOML path."""
+    from fedfdp.config import DataConfig, PrivacyConfig, RunConfig, TrainingConfig
+
+    classes = {"privacy": PrivacyConfig, "training": TrainingConfig, "data": DataConfig, "run": RunConfig}
+    cls = classes[section]
+    with pytest.raises(ConfigError) as direct:
+        cls(**kwargs)
+    assert message in str(direct.value)
+    key = message.split("=")[0]
+    if key in config_keys() and len(kwargs) == 1:
+        (value,) = kwargs.values()
+        with pytest.raises(ConfigError) as via_toml:
+            load_config({key: value})
+        assert str(via_toml.value) == str(direct.value)
+
+
+def test_cross_section_checks_run_on_construction():
+    from fedfdp.config import Config, PrivacyConfig, TrainingConfig
+
+    with pytest.raises(ConfigError, match="public-loss='label-free': needs model='logistic'"):
+        Config(privacy=PrivacyConfig(public_loss="label-free"), training=TrainingConfig(model="mlp"))
+
+
+def test_the_orchestration_section_is_what_may_change_on_resume_and_is_not_hashed():
+    from fedfdp.checkpoint import RESUMABLE_KEYS
+    from fedfdp.config import ORCHESTRATION_KEYS, PrivacyConfig, RunConfig
+    from simulations.compare import _NOT_HASHED
+
+    def keys_of(cls):
+        return {k for k in config_keys() if k.replace("-", "_") in cls.__dataclass_fields__}
+
+    assert ORCHESTRATION_KEYS == keys_of(RunConfig) == RESUMABLE_KEYS == set(_NOT_HASHED)
+    assert "seed" not in ORCHESTRATION_KEYS and "num-rounds" not in ORCHESTRATION_KEYS
+    assert {"num-rounds", "clients-per-round", "reproducible-noise"} <= keys_of(PrivacyConfig)

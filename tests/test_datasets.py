@@ -76,8 +76,9 @@ def test_new_keys_round_trip_through_flat_form():
 
 
 def test_unknown_dataset_and_missing_extra():
-    with pytest.raises(DataError, match="dataset='nope': unknown"):
-        load_dataset(DataConfig(dataset="nope"))
+    # refused on construction, with the message the TOML path gives
+    with pytest.raises(ConfigError, match="dataset='nope': must be one of fleet"):
+        DataConfig(dataset="nope")
     with pytest.raises(MissingExtraError, match=r"pip install 'fedfdp\[datasets\]'"):
         require("fedfdp_no_such_package", "watch")
 

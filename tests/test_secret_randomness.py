@@ -87,7 +87,7 @@ def _attack(cfg, parts=None):
                 for a, b, u in zip(strat.params, before, pub_sum, strict=True)]
     std = strat.plan.noise_multiplier * p.clipping_norm
     guess = gaussian_noise([torch.Size(s) for s in strat.shapes.values()], std,
-                           SeededEntropy(cfg.run.seed).noise(1, 0))
+                           SeededEntropy(cfg.training.seed).noise(1, 0))
     estimate = [r - g for r, g in zip(released, guess, strict=True)]
     residual = math.sqrt(sum(float(((e - t) ** 2).sum()) for e, t in zip(estimate, true_sum, strict=True)))
     d = sum(math.prod(s) for s in strat.shapes.values())
@@ -103,7 +103,7 @@ def test_subtraction_attack_residual_is_of_the_size_of_the_noise():
     cfg = load_config({**BASE, "num-rounds": 1, "learning-rate": 1.0, "momentum": 0.0})
     residual, noise = _attack(cfg)
     assert 1.2 * noise < residual < 1.6 * noise, (residual, noise)
-    bug = ServerParts(secrets=SeededEntropy(cfg.run.seed))
+    bug = ServerParts(secrets=SeededEntropy(cfg.training.seed))
     residual, noise = _attack(cfg, bug)
     assert residual < 1e-3 * noise, (residual, noise)
 

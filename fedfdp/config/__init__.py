@@ -21,8 +21,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fedfdp.config.checks import _check_combination
-from fedfdp.config.schema import Config, DataConfig, PrivacyConfig, RunConfig, TrainingConfig
+from fedfdp.config.schema import (
+    ORCHESTRATION_KEYS,
+    Config,
+    DataConfig,
+    PrivacyConfig,
+    RunConfig,
+    TrainingConfig,
+)
 from fedfdp.config.values import (
     _IGNORED,
     _KEYS,
@@ -44,6 +50,7 @@ __all__ = [
     "MODELS",
     "MODES",
     "OPTIMIZERS",
+    "ORCHESTRATION_KEYS",
     "PRIVACY_UNITS",
     "PRIVATE_MODES",
     "PUBLIC_LOSSES",
@@ -57,7 +64,6 @@ __all__ = [
     "load_config",
     "load_toml_file",
     "parse_override",
-    "private_rounds",
     "read_toml",
 ]
 
@@ -98,21 +104,12 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
             raise ConfigError(f"{key}={value!r}: unknown configuration key{hint}")
         section, attr, kind = _KEYS[key]
         sections[section][attr] = _parse(key, kind, value)
-    cfg = Config(
+    return Config(
         privacy=PrivacyConfig(**sections["privacy"]),
         training=TrainingConfig(**sections["training"]),
         data=DataConfig(**sections["data"]),
         run=RunConfig(**sections["run"]),
     )
-    _check_combination(cfg)
-    return cfg
-
-
-def private_rounds(cfg: Config) -> int:
-    """Rounds that touch private data (and spend ε)."""
-    if not cfg.privacy.is_private and cfg.privacy.mode != "nonprivate":
-        return 0
-    return cfg.training.num_rounds - cfg.privacy.public_pretrain_rounds
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from fedfdp.config.schema import Config, DataConfig
+from typing import TYPE_CHECKING
+
 from fedfdp.config.values import ConfigError
 
+if TYPE_CHECKING:
+    from fedfdp.config.schema import Config, DataConfig, PrivacyConfig
 
-def _check_combination(cfg: Config) -> None:
-    p, t = cfg.privacy, cfg.training
+
+def check_privacy(p: PrivacyConfig) -> None:
+    """Privacy settings that only make sense together."""
     if p.is_private:
         if p.noise_multiplier is not None and p.target_epsilon is not None:
             raise ConfigError(
@@ -20,20 +24,25 @@ def _check_combination(cfg: Config) -> None:
             raise ConfigError(f"max-epsilon={p.max_epsilon}: below target-epsilon={p.target_epsilon}")
     if p.mode == "fdp-dpsgd" and p.public_pretrain_rounds == 0:
         raise ConfigError("public-pretrain-rounds=0: mode 'fdp-dpsgd' needs public pre-training")
-    if p.public_pretrain_rounds >= t.num_rounds and p.is_private:
+    if p.public_pretrain_rounds >= p.num_rounds and p.is_private:
         raise ConfigError(
             f"public-pretrain-rounds={p.public_pretrain_rounds}: must be below "
-            f"num-rounds={t.num_rounds} so that private rounds remain"
+            f"num-rounds={p.num_rounds} so that private rounds remain"
         )
     if p.privacy_unit == "device" and p.device_sampling_rate is None:
         raise ConfigError(
             "privacy-unit='device': needs device-sampling-rate in (0, 1] (devices are Poisson-sampled)"
         )
-    if p.device_sampling_rate is not None and cfg.run.clients_per_round:
+    if p.device_sampling_rate is not None and p.clients_per_round:
         raise ConfigError(
-            f"clients-per-round={cfg.run.clients_per_round}: give it or device-sampling-rate, not both"
+            f"clients-per-round={p.clients_per_round}: give it or device-sampling-rate, not both"
         )
-    if cfg.run.reproducible_noise and cfg.data.data_location == "node":
+
+
+def check_config(cfg: Config) -> None:
+    """Settings of different sections that only make sense together."""
+    p, t = cfg.privacy, cfg.training
+    if p.reproducible_noise and cfg.data.data_location == "node":
         raise ConfigError(
             "reproducible-noise=true: refused with data-location='node' (a deployment); secret "
             "randomness there comes only from each party's own entropy"
@@ -45,10 +54,9 @@ def _check_combination(cfg: Config) -> None:
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
             "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
         )
-    _check_data(cfg.data)
 
 
-def _check_data(d: DataConfig) -> None:
+def check_data(d: DataConfig) -> None:
     """Data keys that only make sense together (the loaders check the file itself)."""
     overlap = sorted(set(d.public_columns) & set(d.private_columns))
     if overlap:

@@ -1,12 +1,39 @@
-"""The frozen configuration dataclasses: privacy-defining settings apart from
-performance-only ones (DESIGN.md §6)."""
+"""The frozen configuration dataclasses, cut along the guarantee (DESIGN.md §6).
+
+=================  =====================================================================
+section            what it holds
+=================  =====================================================================
+``privacy``        everything that defines the guarantee: mode, noise or target ε, δ,
+                   clipping, sampling (records, devices, nodes), the public view, the
+                   rounds, the privacy unit, and whether secret randomness is secret
+``training``       optimisation and the public seed: what the model becomes, not what
+                   the guarantee is
+``data``           which records, split how
+``run``            orchestration and performance only: outputs, progress, timeouts,
+                   checkpoints — the keys that may change on resume and are left out of
+                   a sweep's configuration hash (:data:`ORCHESTRATION_KEYS`)
+=================  =====================================================================
+
+Every dataclass validates its fields **on construction**, with the parser of
+the field's configuration key — so ``PrivacyConfig(noise_multiplier=-1)``
+fails with the same one-line message as ``noise-multiplier = -1`` in a TOML
+file — and checks the settings that only make sense together
+(:mod:`fedfdp.config.checks`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from fedfdp.config.values import _KEYS, PRIVATE_MODES, _flat
+from fedfdp.config.checks import check_config, check_data, check_privacy
+from fedfdp.config.values import _KEYS, PRIVATE_MODES, _flat, _validated
+
+
+def _validate_fields(obj: Any, section: str) -> None:
+    """Check and normalise every field of a frozen section dataclass in place."""
+    for f in fields(obj):
+        object.__setattr__(obj, f.name, _validated(section, f.name, getattr(obj, f.name)))
 
 
 @dataclass(frozen=True)
@@ -51,9 +78,21 @@ class PrivacyConfig:
         ``device_sampling_rate``).
     device_sampling_rate : float or None
         ``p``: each device takes part in a round independently with
-        probability ``p`` (Poisson client sampling). Record-level accounting
-        then uses rate ``p·q``; device-level uses ``p``. ``None``: every
-        device (or a fixed count, ``clients-per-round``) takes part.
+        probability ``p`` (Poisson device sampling). Record-level accounting
+        charges the participation mixture (rate ``q``, participation ``p``);
+        device-level charges rate ``p``. ``None``: every device (or a fixed
+        count of nodes, ``clients_per_round``) takes part.
+    num_rounds : int
+        Rounds, one step of Algorithm 1 each (public pre-training included).
+    clients_per_round : int
+        ``k`` > 0: that many nodes per round, chosen uniformly from the public
+        stream (accounted at rate ``q``); 0: every node.
+    reproducible_noise : bool
+        False (default): the noise, the device draws, the Poisson coins and the
+        private padding come from the OS CSPRNG of the party that draws them.
+        True: they derive from the training ``seed`` too, so a run can be
+        repeated exactly; the guarantee then holds only against parties who do
+        not know the seed, every output says so, and deployments refuse it.
     """
 
     mode: str = "fdp"
@@ -68,18 +107,35 @@ class PrivacyConfig:
     public_pretrain_rounds: int = 0
     privacy_unit: str = "record"
     device_sampling_rate: float | None = None
+    num_rounds: int = 150
+    clients_per_round: int = 0
+    reproducible_noise: bool = False
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "privacy")
+        check_privacy(self)
 
     @property
     def is_private(self) -> bool:
         """Whether the mode adds noise and spends ε."""
         return self.mode in PRIVATE_MODES
 
+    @property
+    def private_rounds(self) -> int:
+        """Rounds that touch private data (and spend ε unless ``nonprivate``)."""
+        if self.mode == "public":
+            return 0
+        return self.num_rounds - self.public_pretrain_rounds
+
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Optimisation settings (performance only; they do not change ε)."""
+    """Optimisation settings and the public seed (they do not change ε).
 
-    num_rounds: int = 150
+    ``seed`` drives the **public** randomness only: model initialisation, the
+    public batches and their allocation, the choice of nodes.
+    """
+
     alpha: float = 1.0
     learning_rate: float = 0.1
     momentum: float = 0.9
@@ -88,6 +144,10 @@ class TrainingConfig:
     hidden_size: int = 64
     #: Widths of the MLP's hidden layers; empty: two layers of ``hidden_size``.
     hidden_sizes: tuple[int, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "training")
 
 
 @dataclass(frozen=True)
@@ -172,26 +232,16 @@ class DataConfig:
     num_public_features: int = 100
     hash_buckets: int = 256
 
+    def __post_init__(self) -> None:
+        _validate_fields(self, "data")
+        check_data(self)
+
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Orchestration: seeds, outputs, Flower client sampling.
+    """Orchestration and performance only: nothing here changes what a run
+    computes or what it guarantees (:data:`ORCHESTRATION_KEYS`)."""
 
-    Attributes
-    ----------
-    seed : int
-        Seed of the **public** randomness only: model initialisation, public
-        batches and their allocation, node choice.
-    reproducible_noise : bool
-        False (default): the noise, the device draws, the Poisson coins and the
-        private padding come from the OS CSPRNG of the party that draws them.
-        True: they derive from ``seed`` too, so a run can be repeated exactly;
-        the guarantee then holds only against parties who do not know the
-        seed, every output says so, and deployments refuse it.
-    """
-
-    seed: int = 0
-    clients_per_round: int = 0
     eval_every: int = 1
     out_dir: str = ""
     checkpoint_every: int = 1
@@ -199,7 +249,9 @@ class RunConfig:
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     progress: bool = True
-    reproducible_noise: bool = False
+
+    def __post_init__(self) -> None:
+        _validate_fields(self, "run")
 
 
 @dataclass(frozen=True)
@@ -211,6 +263,9 @@ class Config:
     data: DataConfig = DataConfig()
     run: RunConfig = RunConfig()
 
+    def __post_init__(self) -> None:
+        check_config(self)
+
     def to_flat(self) -> dict[str, Any]:
         """Flat kebab-case mapping (``None`` written as ``0``), the inverse of
         :func:`load_config`; suitable for TOML and Flower's run config."""
@@ -219,3 +274,8 @@ class Config:
             value = getattr(getattr(self, section), attr)
             out[key] = 0.0 if value is None else _flat(kind, value)
         return out
+
+
+#: Keys of the ``run`` section: they may differ on resume and are left out of
+#: a sweep's configuration hash.
+ORCHESTRATION_KEYS: frozenset[str] = frozenset(k for k, (sec, _, _) in _KEYS.items() if sec == "run")

@@ -43,7 +43,9 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "public-pretrain-rounds": ("privacy", "public_pretrain_rounds", "int0"),
     "privacy-unit": ("privacy", "privacy_unit", "choice"),
     "device-sampling-rate": ("privacy", "device_sampling_rate", "optprob"),
-    "num-rounds": ("training", "num_rounds", "int+"),
+    "num-rounds": ("privacy", "num_rounds", "int+"),
+    "clients-per-round": ("privacy", "clients_per_round", "int0"),
+    "reproducible-noise": ("privacy", "reproducible_noise", "bool"),
     "alpha": ("training", "alpha", "float+"),
     "learning-rate": ("training", "learning_rate", "float+"),
     "momentum": ("training", "momentum", "float01"),
@@ -73,8 +75,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "max-records": ("data", "max_records", "int0"),
     "num-public-features": ("data", "num_public_features", "int+"),
     "hash-buckets": ("data", "hash_buckets", "int+"),
-    "seed": ("run", "seed", "int0"),
-    "clients-per-round": ("run", "clients_per_round", "int0"),
+    "seed": ("training", "seed", "int0"),
     "eval-every": ("run", "eval_every", "int+"),
     "out-dir": ("run", "out_dir", "str"),
     "checkpoint-every": ("run", "checkpoint_every", "int0"),
@@ -82,8 +83,10 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
     "round-timeout": ("run", "round_timeout", "float+"),
     "progress": ("run", "progress", "bool"),
-    "reproducible-noise": ("run", "reproducible_noise", "bool"),
 }
+
+#: (section, attribute) -> key
+_KEY_OF: dict[tuple[str, str], str] = {(sec, attr): key for key, (sec, attr, _) in _KEYS.items()}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "mode": MODES,
@@ -232,6 +235,18 @@ def _flat(kind: str, value: Any) -> Any:
     if kind == "categories":
         return ",".join(f"{n}={'|'.join(c)}" for n, c in value)
     return value
+
+
+def _validated(section: str, attr: str, value: Any) -> Any:
+    """A typed field value checked as its key's parser would check it (the same
+    message as the TOML path), normalised; ``None`` stays unset for optional keys."""
+    key = _KEY_OF[(section, attr)]
+    kind = _KEYS[key][2]
+    if value is None and kind.startswith("opt"):
+        return None
+    if value is None:
+        raise _fail(key, value, "must be set")
+    return _parse(key, kind, _flat(kind, value))
 
 
 def _parse(key: str, kind: str, value: Any) -> Any:

@@ -391,7 +391,7 @@ def one_round(
     and the components of ``bug`` (None: the honest ones); ``seed`` is the
     round's public run seed, ``trial`` names the round for ``secret_seed``."""
     bug = bug if bug is not None else planted(None)
-    cfg = dataclasses.replace(des.cfg, run=dataclasses.replace(des.cfg.run, seed=seed))
+    cfg = dataclasses.replace(des.cfg, training=dataclasses.replace(des.cfg.training, seed=seed))
     public_view = des.devices(worlds, "public")
     private_view = des.devices(worlds, "private")
     server_parts, client = bug.server(seed), bug.client()
