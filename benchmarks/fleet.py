@@ -208,6 +208,7 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
 
     from fedfdp.data import load_dataset
     from fedfdp.models import build_model_for
+    from fedfdp.server import held_out_evaluation
     from strategies.fdp_strategy import FDPStrategy
 
     class TimedFDP(FDPStrategy):
@@ -254,11 +255,14 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
                 start = time.perf_counter()
                 if kind == "fdp":
                     cfg = _fleet_config(args, tempfile.mkdtemp(prefix="fleet-bench-"))
-                    strat = TimedFDP(cfg, load_dataset(cfg.data))
+                    data = load_dataset(cfg.data)
+                    model = build_model_for(cfg, data)
+                    strat = TimedFDP(model, cfg)
+                    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
                     strat.marks = []
                     if registry is not None:
                         strat.registry = dict(registry)
-                    strat.start(grid)
+                    strat.start(grid, ArrayRecord(model.state_dict()))
                     registry = strat.registry
                     log["fdp_rows"] = len(strat.rows)
                 else:
@@ -370,6 +374,7 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
     from flwr.app import ArrayRecord, ConfigRecord
 
     from fedfdp.config import load_config
+    from fedfdp.data import load_dataset
     from fedfdp.evaluation import evaluate
     from fedfdp.outputs import write_metrics
     from simulations.auditing.inprocess import client_reply, registered_strategy
@@ -385,7 +390,8 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         }
     )
     t = time.perf_counter()
-    strat = registered_strategy(cfg)
+    data = load_dataset(cfg.data)
+    strat = registered_strategy(cfg, data)
     setup = time.perf_counter() - t
     steps: dict[str, list[float]] = {k: [] for k in STEPS}
 
@@ -403,7 +409,7 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         msgs = timed("configure", configure, r, ArrayRecord(strat.model.state_dict()))
         replies = [client_reply(cfg, m) for m in msgs]
         outcome = timed("aggregate", strat.collect, r, replies)
-        acc, loss = timed("evaluate", evaluate, strat.model, strat.data.test_x, strat.data.test_y)
+        acc, loss = timed("evaluate", evaluate, strat.model, data.test_x, data.test_y)
         timed("checkpoint", strat.server.checkpoint, r)
         rows.append({"round": r, "phase": "fdp", "epsilon": outcome.epsilon, "accuracy": acc, "loss": loss})
         timed("metrics", write_metrics, cfg.run.out_dir, rows)

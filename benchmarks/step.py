@@ -72,7 +72,7 @@ from fedfdp.clipping import clipped_grad_sum
 from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
 from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec, PublicView
-from fedfdp.losses import LossDecomposition
+from fedfdp.losses import FeatureMap
 from fedfdp.models import build_model
 from fedfdp.modes import PHASES
 from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
@@ -84,7 +84,7 @@ BATCH = 256
 class Case:
     name: str
     model: nn.Module
-    decomposition: LossDecomposition
+    decomposition: FeatureMap
     x: np.ndarray  # the device's records (float32)
     y: np.ndarray
     rate: float  # Poisson rate of the private batch
@@ -106,14 +106,14 @@ def make_cases(records: int, rate: float, seed: int, names: list[str]) -> list[C
         x = (rng.random((records, 600)) < 0.15).astype(np.float32)
         spec = _spec(600, rng.choice(600, 100, replace=False))
         model = build_model("mlp", 600, 100, hidden_sizes=(300,), seed=seed)
-        dec = LossDecomposition(PublicView(spec, "gaussian"))
+        dec = FeatureMap(PublicView(spec, "gaussian"))
         cases.append(Case("mlp-600-300-100", model, dec, x, rng.integers(0, 100, records), rate))
     if "logistic" in names:
         # the synthetic fleet's shape: 55 public readings, 3 private, 5 classes
         x = rng.normal(size=(records, 58)).astype(np.float32)
         spec = _spec(58, np.arange(55))
         model = build_model("logistic", 58, 5, seed=seed)
-        dec = LossDecomposition(PublicView(spec, "zero"))
+        dec = FeatureMap(PublicView(spec, "zero"))
         cases.append(Case("logistic-58-5", model, dec, x, rng.integers(0, 5, records), rate))
     if "cnn" in names:
         # 6 sensor channels x 100 steps, flattened channel-major; channels 3-5 private
@@ -134,7 +134,7 @@ def make_cases(records: int, rate: float, seed: int, names: list[str]) -> list[C
         with torch.no_grad():
             for p in model.parameters():
                 p.uniform_(-0.1, 0.1, generator=gen)
-        dec = LossDecomposition(PublicView(spec, "gaussian"))
+        dec = FeatureMap(PublicView(spec, "gaussian"))
         cases.append(Case("cnn1d-6x100", model, dec, x, rng.integers(0, 6, records), rate))
     return cases
 

@@ -38,12 +38,11 @@ from flwr.clientapp import ClientApp
 
 from fedfdp import protocol as P
 from fedfdp.config import Config, ConfigError, load_config
-from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
+from fedfdp.contribution import ClientParts, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
 from fedfdp.entropy import run_secrets
-from fedfdp.losses import build_decomposition
+from fedfdp.losses import FeatureMap, build_decomposition
 from fedfdp.models import build_model_for
-from fedfdp.modes import PHASES
 
 log = logging.getLogger("fedfdp.client")
 
@@ -116,8 +115,24 @@ def _config(fixed: Config | None, context: Context) -> Config:
 
 def handle_query(records: NodeRecords) -> dict[str, list[int]]:
     """Devices this node serves and their (public) training-record counts."""
-    ids = sorted(records.devices)
-    return {P.DEVICE_IDS: ids, P.DEVICE_SIZES: [len(records.devices[d]) for d in ids]}
+    return device_sizes(records.devices)
+
+
+def device_sizes(devices: Mapping[int, DeviceData]) -> dict[str, list[int]]:
+    """The query answer for ``devices``: their ids and (public) record counts."""
+    ids = sorted(devices)
+    return {P.DEVICE_IDS: ids, P.DEVICE_SIZES: [len(devices[d]) for d in ids]}
+
+
+def contribution_arrays(
+    model: torch.nn.Module, total: Contribution
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
+    """A contribution as named arrays and metrics: (private sums, public sums, metrics)."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    private = dict(zip(names, total.private_sum, strict=True)) if total.private_sum else None
+    public = dict(zip(names, total.public_sum, strict=True)) if total.public_sum else None
+    metrics = {P.PUBLIC_COUNT: total.public_count, P.PUBLIC_LOSS_SUM: total.public_loss_sum}
+    return private, public, metrics
 
 
 def handle_train(
@@ -127,36 +142,61 @@ def handle_train(
     config: Mapping[str, Any],
     parts: ClientParts | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
-    """The node side of one round on ``records``; returns (private sums, public
-    sums, metrics). ``parts`` defaults to the secret entropy ``cfg`` asks for
+    """The node side of one round on ``records`` with the configured model and
+    public view; returns (private sums, public sums, metrics). ``parts``
+    defaults to the secret entropy ``cfg`` asks for
     (:func:`fedfdp.entropy.run_secrets`) and the honest components."""
     torch.set_num_threads(1)
     order = P.TrainInstruction.from_config(config)
     if not set(order.device_ids) <= set(records.devices):
         raise P.InvalidInstruction(f"{P.DEVICE_IDS}={list(order.device_ids)}: not this node's devices")
     parts = parts if parts is not None else ClientParts(secrets=run_secrets(cfg))
-    data = records.data
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg, records.data)
     model.load_state_dict(state)
-    settings = RoundSettings(
-        round=order.round,
-        attempt=order.attempt,
-        phase=PHASES[order.phase],
-        sampling_rate=order.sampling_rate,
-        clipping_norm=order.clipping_norm,
-        unit=order.unit,
-        public_seed=cfg.training.seed,
-    )
-    tasks = [
-        DeviceTask(d, records.devices[d].x, records.devices[d].y, f, c)
-        for d, c, f in zip(order.device_ids, order.public_counts, order.private_flags, strict=True)
-    ]
-    total = node_contribution(model, build_decomposition(cfg, data), settings, tasks, parts)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    private = dict(zip(names, total.private_sum, strict=True)) if total.private_sum else None
-    public = dict(zip(names, total.public_sum, strict=True)) if total.public_sum else None
-    metrics = {P.PUBLIC_COUNT: total.public_count, P.PUBLIC_LOSS_SUM: total.public_loss_sum}
-    return private, public, metrics
+    fmap = build_decomposition(cfg, records.data)
+    total = client_update(model, fmap, records.devices, order, public_seed=cfg.training.seed, parts=parts)
+    return contribution_arrays(model, total)
+
+
+# --------------------------------------------------------------------------------------
+# your own ClientApp: two handlers
+# --------------------------------------------------------------------------------------
+
+
+def fdp_query(msg: Message, devices: Mapping[int, DeviceData]) -> Message:
+    """Answer the strategy's registration query: this node's device ids and
+    record counts (public in FDP). Call it from your ``@app.query()``.
+
+    ``devices`` maps each device's global id (``0 .. num_devices − 1`` over the
+    whole federation) to its records (:class:`fedfdp.DeviceData`).
+    """
+    return Message(RecordDict({P.METRICS: MetricRecord(device_sizes(devices))}), reply_to=msg)
+
+
+def fdp_train(
+    msg: Message,
+    model: torch.nn.Module,
+    feature_map: FeatureMap,
+    devices: Mapping[int, DeviceData],
+    *,
+    public_seed: int = 0,
+    parts: ClientParts | None = None,
+) -> Message:
+    """Answer one train instruction of :class:`strategies.FDPStrategy` with
+    your own model and data. Call it from your ``@app.train()``.
+
+    Loads the message's global weights into ``model``, computes the clipped
+    private sum over each asked device's Poisson batch (coins and padding from
+    this process's OS CSPRNG) and the unclipped public sum over its public batch
+    (:func:`fedfdp.client_update`), and replies with both sums and the public
+    count — never the private batch size. ``public_seed`` must be the seed the
+    server uses for public randomness (the run config's ``seed``).
+    """
+    torch.set_num_threads(1)
+    order = P.TrainInstruction.from_config(msg.content[P.CONFIG])
+    model.load_state_dict(msg.content[P.ARRAYS].to_torch_state_dict())
+    total = client_update(model, feature_map, devices, order, public_seed=public_seed, parts=parts)
+    return reply_message(msg, *contribution_arrays(model, total))
 
 
 def reply_message(
@@ -181,8 +221,7 @@ def make_client_app(cfg: Config | None = None) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        info = handle_query(node_records(_config(cfg, context), context))
-        return Message(RecordDict({P.METRICS: MetricRecord(info)}), reply_to=msg)
+        return fdp_query(msg, node_records(_config(cfg, context), context).devices)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

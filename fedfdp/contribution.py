@@ -29,9 +29,9 @@ batches into the private sum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -39,9 +39,13 @@ from torch import nn
 
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
-from fedfdp.losses import LossDecomposition, cross_entropy
-from fedfdp.modes import Phase
+from fedfdp.losses import FeatureMap, cross_entropy
+from fedfdp.modes import PHASES, Phase
 from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
+
+if TYPE_CHECKING:
+    from fedfdp.data import DeviceData
+    from fedfdp.protocol import TrainInstruction
 
 UNITS = ("record", "device")
 
@@ -173,7 +177,7 @@ class PrivateAggregator(Protocol):
     def __call__(
         self,
         model: nn.Module,
-        decomposition: LossDecomposition,
+        decomposition: FeatureMap,
         settings: RoundSettings,
         batches: Sequence[PrivateBatch],
     ) -> list[torch.Tensor]:
@@ -181,7 +185,7 @@ class PrivateAggregator(Protocol):
 
 
 def _loss_and_inputs(
-    decomposition: LossDecomposition, phase: Phase, batch: PrivateBatch
+    decomposition: FeatureMap, phase: Phase, batch: PrivateBatch
 ) -> tuple[object, list[torch.Tensor]]:
     if phase.private_loss == "private":
         return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
@@ -192,7 +196,7 @@ def _loss_and_inputs(
 
 def private_gradient_sum(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     phase: Phase,
     batches: Sequence[PrivateBatch],
     clipping_norm: float | None,
@@ -214,7 +218,7 @@ def private_gradient_sum(
 
 def clipped_private_sum(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
 ) -> list[torch.Tensor]:
@@ -265,7 +269,7 @@ class ClientParts:
 
 def public_gradient_sum(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Generator]],
 ) -> tuple[list[torch.Tensor], float, int]:
     """Σ of unclipped public-loss gradients over the union of ``batches`` (each
@@ -285,7 +289,7 @@ def public_gradient_sum(
 
 def node_contribution(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     settings: RoundSettings,
     tasks: Sequence[DeviceTask],
     parts: ClientParts | None = None,
@@ -322,3 +326,61 @@ def node_contribution(
         return Contribution(private_sum, None, 0, 0.0)
     public_sum, loss_sum, count = public_gradient_sum(model, decomposition, public_batches)
     return Contribution(private_sum, public_sum, count, loss_sum)
+
+
+def client_update(
+    model: nn.Module,
+    feature_map: FeatureMap,
+    devices: Mapping[int, DeviceData],
+    instruction: TrainInstruction,
+    *,
+    public_seed: int = 0,
+    parts: ClientParts | None = None,
+) -> Contribution:
+    """A node's reply to one train instruction, for your own model and data.
+
+    ``model`` holds the round's global weights; ``devices`` maps the global id
+    of every device this node serves to its records (the data protocol: arrays
+    per device); the instruction names the devices asked this round. Each
+    device's Poisson coins and private padding come from ``parts.secrets``
+    (default: the OS CSPRNG, fresh for every draw); the public batches from
+    the public stream of ``public_seed`` (the run's seed). The private sum's
+    sensitivity is ``C`` per record (per device for the device unit) under
+    add/remove (Def. 6); nothing about the private batch leaves the node but
+    that sum.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> from fedfdp import DeviceData, FeatureMap, TrainInstruction, client_update
+    >>> rng = np.random.default_rng(0)
+    >>> dev = DeviceData(rng.normal(size=(50, 4)).astype(np.float32), rng.integers(0, 2, 50))
+    >>> order = TrainInstruction(round=1, attempt=0, phase="fdp", unit="record",
+    ...                          sampling_rate=0.2, clipping_norm=1.0, device_ids=(7,),
+    ...                          public_counts=(8,), private_flags=(True,))
+    >>> fmap = FeatureMap.columns(["a", "b", "c", "d"], private=["d"], view="zero")
+    >>> out = client_update(torch.nn.Linear(4, 2), fmap, {7: dev}, order)
+    >>> out.public_count, float(torch.cat([g.ravel() for g in out.private_sum]).norm()) <= 50.0
+    (8, True)
+    """
+    missing = [d for d in instruction.device_ids if d not in devices]
+    if missing:
+        raise ValueError(f"device-ids={list(instruction.device_ids)}: devices {missing} are not this node's")
+    if devices:
+        first = next(iter(devices.values()))
+        feature_map.check(torch.as_tensor(first.x[:1]))
+    settings = RoundSettings(
+        round=instruction.round,
+        attempt=instruction.attempt,
+        phase=PHASES[instruction.phase],
+        sampling_rate=instruction.sampling_rate,
+        clipping_norm=instruction.clipping_norm,
+        unit=instruction.unit,
+        public_seed=public_seed,
+    )
+    tasks = [
+        DeviceTask(d, devices[d].x, devices[d].y, f, c)
+        for d, c, f in zip(instruction.device_ids, instruction.public_counts, instruction.private_flags,
+                           strict=True)
+    ]
+    return node_contribution(model, feature_map, settings, tasks, parts)

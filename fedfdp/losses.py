@@ -16,14 +16,14 @@ with ``outputs[k] = model(inputs[k])``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from fedfdp.features import FeatureSpec, PublicView
+from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
 
 if TYPE_CHECKING:
     from fedfdp.config import Config
@@ -60,26 +60,60 @@ def label_free_public(outputs: Sequence[torch.Tensor], targets: torch.Tensor) ->
     return torch.logsumexp(outputs[0], dim=1)
 
 
+#: A public view: ``view(x, generator) -> x'``, same shape as ``x``, depending on
+#: ``Ψ(x)`` only (and on data-independent randomness from ``generator``).
+PublicViewFn = Callable[[torch.Tensor, "torch.Generator | None"], torch.Tensor]
+
+
 @dataclass(frozen=True)
-class LossDecomposition:
-    """The pair (ℓ_priv, ℓ_pub) for one public-feature map.
+class FeatureMap:
+    """The public feature map Ψ and the loss split ``ℓ = ℓ_priv + ℓ_pub`` it induces.
+
+    FDP protects only what Ψ does not disclose. The public loss is the model's
+    loss on a *public view* of each record — a full input that depends on
+    ``Ψ(x)`` only — and the private loss is the difference, so that
+    ``ℓ(w; x) = ℓ_priv(w; x) + ℓ_pub(w; Ψ(x))`` holds record by record
+    (Section 5 of the FDP paper). Only ``ℓ_priv`` is clipped and noised
+    (Algorithm 1); each record's clipped private gradient has norm ≤ ``C``
+    (the add/remove sensitivity, Def. 6).
 
     Parameters
     ----------
-    view : PublicView or None
-        Builds the public-view input; ``None`` selects the label-free
-        decomposition (label private, features public).
+    view : callable or None
+        ``view(x, generator) -> x'``: the public view of a batch ``x`` (rows are
+        records), same shape, depending only on ``Ψ(x)`` and on the explicit
+        generator (e.g. Gaussian padding). A :class:`~fedfdp.features.PublicView`
+        for tables, a blur for images, or any user callable. ``None`` selects
+        label-DP: ``Ψ(x, y) = x``, ``ℓ_pub = logsumexp(model(x))``.
     spec : FeatureSpec, optional
-        The label-only spec of the label-free decomposition (what Ψ discloses),
-        for reporting; the view carries the spec otherwise.
+        The column split, for tables (the view's own spec when ``view`` is a
+        :class:`~fedfdp.features.PublicView`; the label-only spec for label-DP).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fedfdp import FeatureMap
+    >>> fmap = FeatureMap.columns(["speed", "heading", "lat", "lon"], private=["lat", "lon"], view="zero")
+    >>> fmap.public_inputs(torch.ones(2, 4), None)[0]
+    tensor([[1., 1., 0., 0.],
+            [1., 1., 0., 0.]])
+    >>> blur = FeatureMap(view=lambda x, g: x.mean(dim=1, keepdim=True).expand_as(x))  # a user Ψ
+    >>> blur.public_inputs(torch.tensor([[1.0, 3.0]]), None)[0]
+    tensor([[2., 2.]])
     """
 
-    view: PublicView | None
+    view: PublicViewFn | None
     spec: FeatureSpec | None = None
 
     def __post_init__(self) -> None:
-        if self.view is not None and self.spec is not None and self.spec != self.view.spec:
-            raise ValueError("LossDecomposition: spec differs from the view's spec")
+        if self.view is not None and not callable(self.view):
+            raise ValueError(f"view={self.view!r}: must be a callable view(x, generator) or None")
+        own = getattr(self.view, "spec", None)
+        if isinstance(self.view, PublicView):
+            if self.spec is None:
+                object.__setattr__(self, "spec", own)
+            elif self.spec != own:
+                raise ValueError("FeatureMap: spec differs from the view's spec")
         if self.view is None and self.spec is not None and not self.spec.is_label_only:
             raise ValueError(
                 f"label-free decomposition with spec private={list(self.spec.private)}: the "
@@ -87,7 +121,31 @@ class LossDecomposition:
             )
 
     @classmethod
-    def label_dp(cls, columns: Sequence[str]) -> LossDecomposition:
+    def columns(
+        cls,
+        columns: Sequence[str],
+        private: Sequence[str],
+        *,
+        view: str = "gaussian",
+        statistics: Sequence[float] | None = None,
+    ) -> FeatureMap:
+        """Tables: ``private`` columns are protected, the others are Ψ (public).
+
+        ``view``: ``gaussian`` (private columns replaced by N(0, 1) draws),
+        ``zero`` (masked) or ``mean`` (replaced by ``statistics``, one public
+        constant per private column — never computed from the private data).
+        """
+        columns = tuple(columns)
+        private = tuple(private)
+        unknown = [c for c in private if c not in columns]
+        if unknown:
+            raise ValueError(f"private={list(private)}: unknown column(s) {unknown}")
+        spec = FeatureSpec(columns, tuple(c for c in columns if c not in private), private)
+        stats = PublicStatistics.from_public(spec, statistics) if statistics is not None else None
+        return cls(PublicView(spec, view, stats))
+
+    @classmethod
+    def label_dp(cls, columns: Sequence[str]) -> FeatureMap:
         """Label-DP (``Ψ(x, y) = x``): ``ℓ_pub = logsumexp(z)``, ``ℓ_priv = −z_y``.
 
         Every input column is disclosed; only the label is protected. For
@@ -96,6 +154,18 @@ class LossDecomposition:
         up to ``√2·‖x‖`` for the full cross-entropy used by DP-SGD.
         """
         return cls(None, FeatureSpec.label_only(columns))
+
+    def check(self, x: torch.Tensor) -> None:
+        """Refuse a view that changes the batch's shape or dtype (one line naming both)."""
+        if self.view is None or len(x) == 0:
+            return
+        out = self.view(x[:1], torch.Generator().manual_seed(0))
+        if not isinstance(out, torch.Tensor) or out.shape != x[:1].shape or out.dtype != x.dtype:
+            got = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(
+                f"feature map view: returned {got} for input {(tuple(x[:1].shape), x.dtype)}; a public "
+                "view must keep the batch's shape and dtype"
+            )
 
     @property
     def label_free(self) -> bool:
@@ -127,7 +197,7 @@ class LossDecomposition:
         return cross_entropy(outputs, targets)
 
 
-def build_decomposition(cfg: Config, data: FederatedData) -> LossDecomposition:
+def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
     """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``.
 
     ``public-loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
@@ -140,8 +210,8 @@ def build_decomposition(cfg: Config, data: FederatedData) -> LossDecomposition:
     if method == "label-free":
         if cfg.training.model != "logistic":
             raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")
-        return LossDecomposition.label_dp(data.spec.columns)
+        return FeatureMap.label_dp(data.spec.columns)
     stats = data.public_statistics if method == "mean" else None
     if method == "mean" and stats is None:
         raise ValueError(f"public-loss='mean': dataset {data.name!r} declares no public statistics")
-    return LossDecomposition(PublicView(data.spec, method, stats))
+    return FeatureMap(PublicView(data.spec, method, stats))

@@ -77,6 +77,15 @@ class TrainInstruction:
         Each device's share of the public batch.
     private_flags : tuple of bool
         Whether each device does private work.
+
+    Examples
+    --------
+    >>> from fedfdp import TrainInstruction
+    >>> order = TrainInstruction(round=3, attempt=0, phase="fdp", unit="record", sampling_rate=0.05,
+    ...                          clipping_norm=1.0, device_ids=(0, 4), public_counts=(12, 9),
+    ...                          private_flags=(True, True))
+    >>> TrainInstruction.from_config(order.to_config()) == order
+    True
     """
 
     round: int

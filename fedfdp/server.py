@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
@@ -57,11 +58,9 @@ from fedfdp.checkpoint import (
 )
 from fedfdp.config import Config
 from fedfdp.contribution import trainable
-from fedfdp.data import FederatedData
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
 from fedfdp.evaluation import evaluate
 from fedfdp.mechanisms import GaussianSumMechanism
-from fedfdp.models import build_model_for
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
 from fedfdp.sampling import server_public_rng
@@ -134,24 +133,71 @@ def occupied(out: str | Path) -> list[str]:
     return [f for f in RUN_FILES if (Path(out) / f).exists()]
 
 
+#: ``evaluate_fn(round, model) -> metrics``: server-side evaluation on held-out
+#: data (``accuracy`` and ``loss`` fill those columns of ``metrics.csv``; other
+#: keys become columns too). Never on private training data.
+EvaluateFn = Callable[[int, nn.Module], Mapping[str, float] | None]
+
+
+def held_out_evaluation(x: Any, y: Any) -> EvaluateFn:
+    """An ``evaluate_fn`` reporting accuracy and cross-entropy on ``(x, y)``."""
+
+    def evaluate_fn(round_: int, model: nn.Module) -> dict[str, float]:
+        acc, loss = evaluate(model, x, y)
+        return {"accuracy": acc, "loss": loss}
+
+    return evaluate_fn
+
+
 class FDPServer:
-    """The server half of a run (module docstring).
+    """The server half of a run, for any ``torch.nn.Module`` (module docstring).
+
+    Adds ``N(0, σ²C²I)`` once per private round to the sum of the nodes'
+    clipped private sums (sensitivity ``C`` per record under add/remove,
+    Def. 6), divides by the sampling plan's data-independent normaliser and
+    charges the plan's event (Theorem 5; the participation mixture under
+    Poisson device sampling) — written to the ledger before the round draws
+    anything.
 
     Parameters
     ----------
     cfg : Config
-    data : FederatedData
-        The schema (model shape) and the held-out split; training records stay
-        with the nodes.
+        The validated configuration (its ``privacy`` section defines the guarantee).
+    model : torch.nn.Module
+        The global model (any module the clipping engine supports; its
+        trainable parameters are what a round updates).
+    evaluate_fn : callable, optional
+        ``evaluate_fn(round, model) -> {"accuracy": ..., "loss": ..., ...}`` on
+        held-out data, every ``eval-every`` rounds and after the last.
     parts : ServerParts, optional
+        The privacy-deciding components (defaults: a normal run).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from fedfdp import Config, FDPServer, PrivacyConfig
+    >>> cfg = Config(privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None, num_rounds=5))
+    >>> server = FDPServer(cfg, torch.nn.Linear(4, 2))
+    >>> plan = server.resolve([100, 80, 120])   # public device sizes
+    >>> round(plan.noise_multiplier, 2), plan.sampling_rate
+    (1.0, 0.05)
     """
 
-    def __init__(self, cfg: Config, data: FederatedData, parts: ServerParts | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        model: nn.Module,
+        *,
+        evaluate_fn: EvaluateFn | None = None,
+        parts: ServerParts | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model={type(model).__name__}: must be a torch.nn.Module")
         self.cfg = cfg
-        self.data = data
+        self.evaluate_fn = evaluate_fn
         self.parts = parts if parts is not None else ServerParts()
         self.secrets = self.parts.secrets if self.parts.secrets is not None else run_secrets(cfg)
-        self.model = build_model_for(cfg, data)
+        self.model = model
         self.params = trainable(self.model)
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.shapes = {n: tuple(p.shape) for n, p in zip(self.names, self.params, strict=True)}
@@ -348,9 +394,11 @@ class FDPServer:
                     log.warning(self.stop_reason)
                     bar.write(self.stop_reason)
                     break
-                acc = loss = float("nan")
-                if r % cfg.run.eval_every == 0 or r == total:
-                    acc, loss = evaluate(self.model, self.data.test_x, self.data.test_y)
+                metrics: dict[str, float] = {}
+                if self.evaluate_fn is not None and (r % cfg.run.eval_every == 0 or r == total):
+                    metrics = {k: float(v) for k, v in (self.evaluate_fn(r, self.model) or {}).items()}
+                acc = metrics.pop("accuracy", float("nan"))
+                loss = metrics.pop("loss", float("nan"))
                 phase = phase_for_round(cfg.privacy.mode, cfg.privacy.public_pretrain_rounds, r)
                 s = outcome.stats
                 row = {
@@ -369,6 +417,7 @@ class FDPServer:
                     "noise_multiplier": plan.noise_multiplier if phase.noise else 0.0,
                     "normaliser": outcome.normaliser if phase.has_private else float("nan"),
                     "noise_source": noise_source(cfg),
+                    **metrics,
                 }
                 self.rows.append(row)
                 if out:

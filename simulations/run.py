@@ -91,9 +91,10 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
     ledger does not match, before any work starts (errors inside Flower's
     ServerApp thread are only logged)."""
     from fedfdp.checkpoint import CheckpointMismatch
+    from fedfdp.models import build_model_for
     from fedfdp.server import FDPServer, verify_resume
 
-    server = FDPServer(cfg, data)
+    server = FDPServer(cfg, build_model_for(cfg, data))
     server.resolve(data.sizes.tolist())
     try:
         verify_resume(cfg.run.out_dir, cfg, server)

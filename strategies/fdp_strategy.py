@@ -26,20 +26,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedfdp import protocol as P
 from fedfdp.budget import Budget, PrivacyPlan
 from fedfdp.checkpoint import Ledger
-from fedfdp.config import Config
-from fedfdp.data import FederatedData
+from fedfdp.config import Config, ConfigError
 from fedfdp.server import FDPServer, RoundOutcome, RoundStats, ServerParts
 
 log = logging.getLogger("fedfdp.server")
@@ -53,23 +52,53 @@ QUERY_RETRY_SECONDS = 5.0
 
 
 class FDPStrategy(Strategy):
-    """Feature-DP FedSGD: noise once on the aggregate, PRV accounting per round.
+    """Feature-DP FedSGD on Flower: noise once on the aggregate, PRV accounting per round.
+
+    Each round is one step of Algorithm 1 over the union of the nodes' devices:
+    the nodes send sums of per-record private gradients clipped to ``C``
+    (sensitivity ``C`` per record, add/remove, Def. 6) and unclipped public
+    sums; the server adds ``N(0, σ²C²I)`` once from its own CSPRNG and charges
+    the sampling plan's event (Theorem 5). The privacy-deciding work is
+    :class:`fedfdp.server.FDPServer`'s.
 
     Parameters
     ----------
+    model : torch.nn.Module
+        Your global model; ``start``'s ``initial_arrays`` are loaded into it.
     cfg : Config
-        The validated run configuration.
-    data : FederatedData
-        Used for the model's shape and the held-out test split only; training
-        records stay with the clients.
+        The validated configuration: its ``privacy`` section defines the
+        guarantee (``num-rounds`` included), ``training`` the optimiser.
+    num_devices : int, optional
+        Devices the nodes serve, numbered ``0 .. num_devices − 1`` (default
+        ``cfg.data.num_devices``); the strategy waits until all registered.
     parts : ServerParts, optional
         The server's privacy-deciding components (defaults: a normal run).
+
+    Examples
+    --------
+    In a ServerApp (see ``examples/fdp-app/``)::
+
+        strategy = FDPStrategy(Net(), Config(privacy=PrivacyConfig(target_epsilon=2.0, num_rounds=20)),
+                               num_devices=3)
+        result = strategy.start(grid, ArrayRecord(Net().state_dict()), num_rounds=20,
+                                evaluate_fn=central_evaluation)
     """
 
-    def __init__(self, cfg: Config, data: FederatedData, parts: ServerParts | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: Config,
+        *,
+        num_devices: int | None = None,
+        parts: ServerParts | None = None,
+    ) -> None:
+        if not isinstance(cfg, Config):
+            raise TypeError(f"cfg={type(cfg).__name__}: must be a fedfdp Config (load_config or Config(...))")
         self.cfg = cfg
-        self.data = data
-        self.server = FDPServer(cfg, data, parts)
+        self.num_devices = cfg.data.num_devices if num_devices is None else int(num_devices)
+        if self.num_devices < 1:
+            raise ValueError(f"num_devices={num_devices}: must be >= 1")
+        self.server = FDPServer(cfg, model, parts=parts)
         self.registry: dict[int, tuple[list[int], list[int]]] = {}
         self._asked: dict[int, tuple[list[int], int, int]] = {}  # node -> (devices, bound, public count)
         self._round: int | None = None
@@ -119,7 +148,7 @@ class FDPStrategy(Strategy):
         Nodes register lazily; sampling "over all devices" is only honest once
         all of them are known. Nodes are queried ``batch`` at a time.
         """
-        expected = set(range(self.cfg.data.num_devices))
+        expected = set(range(self.num_devices))
         deadline = time.monotonic() + self.cfg.run.node_wait_timeout
         owner: dict[int, int] = {d: n for n, (ids, _) in self.registry.items() for d in ids}
         retry_at: dict[int, float] = {}  # a node whose query failed is asked again after a pause
@@ -315,18 +344,83 @@ class FDPStrategy(Strategy):
         return None
 
     # ---------------------------------------------------------------- loop
-    def start(  # type: ignore[override]
-        self, grid: Grid, timeout: float | None = None
-    ) -> list[dict[str, Any]]:
-        """Run all rounds; return the per-round records (also in ``metrics.csv``)."""
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run every round (Flower's ``Strategy.start`` contract).
+
+        Waits until nodes covering every device have registered (learning the
+        public device sizes and ``N``), resolves σ and δ, then hands the rounds
+        to :meth:`FDPServer.run` (budget stop, ``metrics.csv``, checkpoints).
+
+        Parameters
+        ----------
+        initial_arrays
+            Loaded into the model before round 1 (ignored on resume: the
+            checkpoint's model is restored instead).
+        num_rounds
+            Must equal the privacy plan's ``num-rounds`` (a privacy-defining
+            setting); default: that value.
+        timeout
+            Seconds to wait for each round's replies (default ``round-timeout``).
+        train_config
+            Extra keys sent with every train instruction.
+        evaluate_config
+            Unused: there is no client-side evaluation (metrics on private
+            training data are outside the guarantee).
+        evaluate_fn
+            ``evaluate_fn(round, arrays) -> MetricRecord``: server-side
+            evaluation on held-out data after every ``eval-every`` rounds;
+            ``accuracy`` and ``loss`` fill those columns of ``metrics.csv``.
+
+        Returns
+        -------
+        Result
+            The final arrays, ε and reply counts per round
+            (``train_metrics_clientapp``) and the server-side evaluations.
+        """
+        p = self.cfg.privacy
+        if num_rounds is not None and num_rounds != p.num_rounds:
+            raise ConfigError(
+                f"num_rounds={num_rounds}: the privacy plan has num-rounds={p.num_rounds} (a "
+                "privacy-defining setting); pass the same number or change the configuration"
+            )
+        if initial_arrays is not None:
+            self.model.load_state_dict(initial_arrays.to_torch_state_dict())
         timeout = self.cfg.run.round_timeout if timeout is None else timeout
+        if evaluate_fn is not None:
+            def evaluate(r: int, model: torch.nn.Module) -> dict[str, float] | None:
+                res = evaluate_fn(r, ArrayRecord(model.state_dict()))
+                return None if res is None else {k: float(v) for k, v in res.items()}
+
+            self.server.evaluate_fn = evaluate
         self.register_nodes(grid)
         self.resolve()
         self.summary()
+        result = Result()
 
         def step(r: int) -> RoundOutcome:
             arrays = ArrayRecord(self.model.state_dict())
-            messages = self.configure_train(r, arrays, ConfigRecord(), grid)
-            return self.collect(r, grid.send_and_receive(messages, timeout=timeout))
+            messages = self.configure_train(r, arrays, train_config or ConfigRecord(), grid)
+            outcome = self.collect(r, grid.send_and_receive(messages, timeout=timeout))
+            s = outcome.stats
+            result.train_metrics_clientapp[r] = MetricRecord(
+                {"epsilon": outcome.epsilon, "replies": s.replies, "rejected": s.rejected}
+            )
+            return outcome
 
-        return self.server.run(step, resolved={"num-nodes": len(self.registry)})
+        rows = self.server.run(step, resolved={"num-nodes": len(self.registry)})
+        for row in rows:
+            values = {k: float(v) for k, v in row.items()
+                      if k in ("accuracy", "loss") and v == v}  # evaluated rounds only
+            if values:
+                result.evaluate_metrics_serverapp[int(row["round"])] = MetricRecord(values)
+        result.arrays = ArrayRecord(self.model.state_dict())
+        return result

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import os
 
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_server_data
+from fedfdp.models import build_model_for
+from fedfdp.server import held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 
 
 def run_server(grid: Grid, cfg: Config) -> FDPStrategy:
-    """Run all rounds of ``cfg`` on ``grid``; return the finished strategy."""
-    strategy = FDPStrategy(cfg, load_server_data(cfg.data))
-    strategy.start(grid)
+    """Run all rounds of ``cfg`` on ``grid`` through the public API (the
+    configured model, :class:`FDPStrategy`, Flower's ``start`` contract,
+    server-side evaluation on the held-out split); return the finished strategy."""
+    data = load_server_data(cfg.data)
+    model = build_model_for(cfg, data)
+    strategy = FDPStrategy(model, cfg)
+    strategy.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)
     return strategy
 
 

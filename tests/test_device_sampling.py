@@ -108,7 +108,8 @@ def test_device_unit_runs_end_to_end():
                        "num-rounds": 4})
     strat = registered_strategy(cfg)
     strat.registry = {}
-    rows = strat.start(InProcessGrid(cfg))
+    strat.start(InProcessGrid(cfg))
+    rows = strat.rows
     eps = [r["epsilon"] for r in rows]
     assert len(rows) == 4 and all(b > a for a, b in itertools.pairwise(eps))
     assert all(r["rejected"] == 0 for r in rows)

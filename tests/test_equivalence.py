@@ -127,7 +127,8 @@ def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_pa
     flower_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "flower")})
     strat = registered_strategy(flower_cfg)
     strat.registry = {}
-    flower_rows = strat.start(InProcessGrid(flower_cfg))
+    strat.start(InProcessGrid(flower_cfg))
+    flower_rows = strat.rows
     central_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "central")})
     model, central_rows = run_centralised(central_cfg)
     assert len(flower_rows) == len(central_rows) == 4

@@ -6,7 +6,7 @@ import torch
 
 from fedfdp.data import make_fleet
 from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
-from fedfdp.losses import LossDecomposition, cross_entropy
+from fedfdp.losses import FeatureMap, cross_entropy
 from fedfdp.models import build_model
 
 COLS = ("a", "b", "c", "d")
@@ -75,7 +75,7 @@ def test_private_plus_public_equals_full_loss(method):
     """ℓ_priv + ℓ_pub == ℓ record by record, with the same view draw."""
     fleet = make_fleet(2, 40, seed=3)
     spec = fleet.spec
-    dec = LossDecomposition(PublicView(spec, method))
+    dec = FeatureMap(PublicView(spec, method))
     model = build_model("mlp", len(spec.columns), 5, hidden_size=8).double()
     x = torch.as_tensor(fleet.devices[0].x, dtype=torch.float64)
     y = torch.as_tensor(fleet.devices[0].y)
@@ -89,7 +89,7 @@ def test_private_plus_public_equals_full_loss(method):
 
 def test_label_free_decomposition_gradient():
     """Label-DP: ∇ℓ_priv = −x yᵀ for softmax regression (paper, Section 5)."""
-    dec = LossDecomposition(None)
+    dec = FeatureMap(None)
     model = torch.nn.Linear(3, 4, bias=False).double()
     x = torch.randn(1, 3, dtype=torch.float64)
     y = torch.tensor([2])

@@ -9,7 +9,7 @@ from fedfdp.clipping import clipped_grad_sum
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.features import FeatureSpec, PublicView
-from fedfdp.losses import LossDecomposition, build_decomposition, cross_entropy
+from fedfdp.losses import FeatureMap, build_decomposition, cross_entropy
 from fedfdp.models import build_model
 
 
@@ -22,7 +22,7 @@ def test_label_only_spec():
     with pytest.raises(ValueError, match="label-free public loss"):
         PublicView(spec, "zero")
     with pytest.raises(ValueError, match="no column can stay private"):
-        LossDecomposition(None, FeatureSpec(("a", "b"), ("a",), ("b",)))
+        FeatureMap(None, FeatureSpec(("a", "b"), ("a",), ("b",)))
 
 
 def _per_record_grads(model, dec, x, y):
@@ -38,7 +38,7 @@ def test_private_gradient_is_minus_y_x_transpose():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(6, 5, generator=gen, dtype=torch.float64)
     y = torch.tensor([0, 2, 1, 3, 2, 0])
-    dec = LossDecomposition.label_dp([f"c{i}" for i in range(5)])
+    dec = FeatureMap.label_dp([f"c{i}" for i in range(5)])
     for seed in (0, 1):
         model = build_model("logistic", 5, 4, seed=seed).double()
         with torch.no_grad():  # far from the initialisation: the gradient must not change
@@ -57,7 +57,7 @@ def test_decomposition_is_exact_and_public_part_is_label_free():
     x = torch.randn(8, 3, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 4, (8,), generator=gen)
     model = build_model("logistic", 3, 4, seed=2).double()
-    dec = LossDecomposition.label_dp(["a", "b", "c"])
+    dec = FeatureMap.label_dp(["a", "b", "c"])
     out = [model(x)]
     torch.testing.assert_close(dec.private_loss(out, y) + dec.public_loss(out, y), cross_entropy(out, y))
     # ℓ_pub does not read the label
@@ -71,7 +71,7 @@ def test_clipped_private_sum_matches_closed_form():
     x = x / x.norm(dim=1, keepdim=True)  # |x| = 1: every private gradient has norm sqrt(2)
     y = torch.randint(0, 3, (20,), generator=gen)
     model = build_model("logistic", 4, 3, seed=0)
-    dec = LossDecomposition.label_dp(["a", "b", "c", "d"])
+    dec = FeatureMap.label_dp(["a", "b", "c", "d"])
     got = clipped_grad_sum(model, [x], y, dec.private_loss, 1.5).grads
     onehot = torch.nn.functional.one_hot(y, 3).float()
     torch.testing.assert_close(got[0], -onehot.T @ x, rtol=1e-5, atol=1e-5)

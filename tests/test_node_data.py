@@ -19,6 +19,8 @@ from fedfdp import protocol as P
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import DataError, load_dataset, load_server_data
 from fedfdp.data.tabular import load_site
+from fedfdp.models import build_model_for
+from fedfdp.server import held_out_evaluation
 from simulations.cli import main
 from simulations.sites import split_sites
 from strategies.fdp_strategy import FDPStrategy
@@ -191,10 +193,13 @@ def test_run_on_site_files_in_process(sites):
     and the real strategy evaluating on test-path: N is the sites' row count."""
     folder, _ = sites
     cfg = node_cfg(folder)
-    strat = FDPStrategy(cfg, load_server_data(cfg.data))
+    data = load_server_data(cfg.data)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg)
+    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
     files = {k: {"data-path": str(folder / f"site-{k}.csv")} for k in range(3)}
     grid = InProcessGrid(cfg, node_configs=files)
-    rows = strat.start(grid)
+    strat.start(grid)
+    rows = strat.rows
     index = pd.read_csv(folder / "sites.csv")
     assert strat.num_records == int(index["train_rows"].sum()) == 180
     assert [r["round"] for r in rows] == [1, 2, 3]
@@ -250,7 +255,7 @@ def test_a_site_with_a_bad_file_never_joins_and_the_run_does_not_start(sites, ca
     bad.to_csv(folder / "bad.csv", index=False)
     files = {0: folder / "site-0.csv", 1: folder / "bad.csv", 2: folder / "site-2.csv"}
     grid = _ErrorRepliesGrid(cfg, node_configs={k: {"data-path": str(p)} for k, p in files.items()})
-    strat = FDPStrategy(cfg, load_server_data(cfg.data))
+    strat = FDPStrategy(build_model_for(cfg, load_server_data(cfg.data)), cfg)
     with caplog.at_level("WARNING"), pytest.raises(RuntimeError, match="only 2 of 3 devices registered"):
         strat.start(grid)
     assert "swim" in caplog.text and "bad.csv" in caplog.text

@@ -78,7 +78,8 @@ def test_budget_refusal_stops_cleanly(tmp_path):
     cfg = load_config({**BASE, "num-rounds": 50, "max-epsilon": 2.0, "out-dir": str(tmp_path)})
     strat = registered_strategy(cfg)
     strat.registry = {}
-    rows = strat.start(InProcessGrid(cfg))
+    strat.start(InProcessGrid(cfg))
+    rows = strat.rows
     assert 0 < len(rows) < 50
     assert rows[-1]["epsilon"] <= 2.0
     assert strat.stop_reason is not None and "2" in strat.stop_reason

@@ -63,6 +63,17 @@ class PrivacyBudgetExhausted(RuntimeError):
         The delta at which both are stated.
     epsilon_requested : float or None
         Upper-bound epsilon the refused step would have reached, when known.
+
+    Examples
+    --------
+    >>> from fedfdp import FDPAccountant, PrivacyBudgetExhausted
+    >>> acc = FDPAccountant()
+    >>> acc.compose(1.0, 0.05, 100)
+    >>> try:
+    ...     acc.spend(1.0, 0.05, max_epsilon=1.0, delta=1e-5)
+    ... except PrivacyBudgetExhausted as err:
+    ...     print(round(err.epsilon_spent, 2), err.max_epsilon)
+    3.55 1.0
     """
 
     def __init__(
@@ -271,6 +282,17 @@ class FDPAccountant:
         looser upper bound, is reported.
 
     Memory and time are bounded for every input: see :mod:`fedfdp.accounting.composition`.
+
+    Examples
+    --------
+    >>> from fedfdp import FDPAccountant
+    >>> acc = FDPAccountant()
+    >>> acc.compose(1.0, 0.05, 100)          # 100 rounds, sigma = 1, q = 0.05
+    >>> round(acc.epsilon(1e-5), 2)          # upper bound, add/remove, delta = 1e-5
+    3.55
+    >>> acc.compose(1.0, 0.05, 100, participation=0.2)   # Poisson devices at p = 0.2
+    >>> acc.rounds
+    200
     """
 
     def __init__(

@@ -68,6 +68,12 @@ def calibrate_noise_multiplier(
         On invalid input, or when no ``sigma <= max_noise_multiplier`` reaches the
         target (for ``q < 1`` the upper bound never drops below about
         ``0.9 eps_error``).
+
+    Examples
+    --------
+    >>> from fedfdp import calibrate_noise_multiplier
+    >>> round(calibrate_noise_multiplier(2.0, 0.05, 150, 1e-5), 3)   # target ε, q, rounds, δ
+    1.54
     """
     target = _check_real("target_epsilon", target_epsilon)
     if not (target > 0 and math.isfinite(target)):

@@ -89,6 +89,13 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
     ConfigError
         Unknown key (with a suggestion), wrong type, out-of-range value, or an
         inconsistent combination; the message names the key and the value.
+
+    Examples
+    --------
+    >>> from fedfdp import load_config
+    >>> cfg = load_config({"mode": "dp", "target-epsilon": 1.0, "num-rounds": 20})
+    >>> cfg.privacy.mode, cfg.privacy.num_rounds
+    ('dp', 20)
     """
     base = base or Config()
     sections: dict[str, dict[str, Any]] = {

@@ -93,6 +93,17 @@ class PrivacyConfig:
         True: they derive from the training ``seed`` too, so a run can be
         repeated exactly; the guarantee then holds only against parties who do
         not know the seed, every output says so, and deployments refuse it.
+
+    Examples
+    --------
+    >>> from fedfdp import PrivacyConfig
+    >>> p = PrivacyConfig(mode="fdp", target_epsilon=1.0, sampling_rate=0.1, num_rounds=50)
+    >>> p.is_private, p.private_rounds
+    (True, 50)
+    >>> PrivacyConfig(sampling_rate=7.0)
+    Traceback (most recent call last):
+    ...
+    fedfdp.config.values.ConfigError: sampling-rate=7.0: must be in (0, 1]
     """
 
     mode: str = "fdp"
@@ -133,7 +144,15 @@ class TrainingConfig:
     """Optimisation settings and the public seed (they do not change ε).
 
     ``seed`` drives the **public** randomness only: model initialisation, the
-    public batches and their allocation, the choice of nodes.
+    public batches and their allocation, the choice of nodes. ``model`` is
+    ``logistic``, ``mlp`` or an import path ``"package.module:build"`` to your
+    own ``build(num_features, num_classes) -> nn.Module``.
+
+    Examples
+    --------
+    >>> from fedfdp import TrainingConfig
+    >>> TrainingConfig(learning_rate=0.3, momentum=0.0, seed=7).optimizer
+    'sgd'
     """
 
     alpha: float = 1.0
@@ -240,7 +259,14 @@ class DataConfig:
 @dataclass(frozen=True)
 class RunConfig:
     """Orchestration and performance only: nothing here changes what a run
-    computes or what it guarantees (:data:`ORCHESTRATION_KEYS`)."""
+    computes or what it guarantees (:data:`ORCHESTRATION_KEYS`).
+
+    Examples
+    --------
+    >>> from fedfdp import RunConfig
+    >>> RunConfig(out_dir="/tmp/run", progress=False).checkpoint_every
+    1
+    """
 
     eval_every: int = 1
     out_dir: str = ""
@@ -256,7 +282,15 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Config:
-    """The whole resolved configuration of one run."""
+    """The whole resolved configuration of one run.
+
+    Examples
+    --------
+    >>> from fedfdp import Config, PrivacyConfig, TrainingConfig
+    >>> cfg = Config(privacy=PrivacyConfig(target_epsilon=4.0), training=TrainingConfig(alpha=2.0))
+    >>> cfg.to_flat()["target-epsilon"], cfg.to_flat()["alpha"]
+    (4.0, 2.0)
+    """
 
     privacy: PrivacyConfig = PrivacyConfig()
     training: TrainingConfig = TrainingConfig()

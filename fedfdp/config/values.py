@@ -26,7 +26,19 @@ DATA_LOCATIONS = ("central", "node")
 
 
 class ConfigError(ValueError):
-    """A configuration key has a bad value; the message names key and value."""
+    """A configuration key has a bad value; the message names key and value.
+
+    The command line prints it as one line, ``error: ...``, with exit status 2.
+
+    Examples
+    --------
+    >>> from fedfdp import ConfigError, load_config
+    >>> try:
+    ...     load_config({"noise-multiplier": -1.0})
+    ... except ConfigError as err:
+    ...     print(err)
+    noise-multiplier=-1.0: must be > 0 (or 0 for unset)
+    """
 
 
 # key -> (section, attribute, kind). kind: "float+", "float01", "int+", "int0", "str:<choices>"

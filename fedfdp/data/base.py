@@ -11,14 +11,32 @@ from fedfdp.features import FeatureSpec, PublicStatistics
 
 @dataclass(frozen=True)
 class DeviceData:
-    """Training records of one device: ``x`` (n, d) float32, ``y`` (n,) int64."""
+    """Training records of one device — the data protocol.
+
+    ``x``: ``(n, ...)`` float32 inputs, one row per record (a feature vector,
+    or an image ``(C, H, W)``); ``y``: ``(n,)`` int64 class labels. Your loader
+    returns one per device; the feature map says which part of ``x`` is public.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfdp import DeviceData
+    >>> dev = DeviceData(np.zeros((3, 5), dtype=np.float32), np.array([0, 1, 1]))
+    >>> len(dev), dev.y.dtype
+    (3, dtype('int64'))
+    """
 
     x: np.ndarray
     y: np.ndarray
 
     def __post_init__(self) -> None:
-        if self.x.ndim != 2 or self.y.ndim != 1 or len(self.x) != len(self.y):
-            raise ValueError(f"device data shapes x={self.x.shape}, y={self.y.shape}: need (n, d) and (n,)")
+        x, y = np.asarray(self.x), np.asarray(self.y)
+        if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(f"device data shapes x={x.shape}, y={y.shape}: need (n, ...) and (n,)")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise ValueError(f"device labels dtype {y.dtype}: must be integer class indices")
+        object.__setattr__(self, "x", x.astype(np.float32, copy=False))
+        object.__setattr__(self, "y", y.astype(np.int64, copy=False))
 
     def __len__(self) -> int:
         return len(self.y)
@@ -44,6 +62,24 @@ class FederatedData:
         The public-loss construction used when the configuration says
         ``public-loss = "auto"``: Gaussian padding (the paper's Purchase100
         choice) unless the dataset declares a better one.
+
+    Your own data plugs in as one of these (no change to ``fedfdp/data``): in
+    Python, pass it to :func:`fedfdp.run_centralised`; in a configuration, name
+    a loader ``dataset = "package.module:load"`` with
+    ``load(cfg: DataConfig) -> FederatedData`` (``docs/datasets.md``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfdp import DeviceData, FederatedData
+    >>> from fedfdp.features import FeatureSpec
+    >>> rng = np.random.default_rng(0)
+    >>> devices = tuple(DeviceData(rng.normal(size=(20, 3)), rng.integers(0, 2, 20)) for _ in range(4))
+    >>> data = FederatedData("mine", FeatureSpec(("a", "b", "c"), ("a", "b"), ("c",)), devices,
+    ...                      rng.normal(size=(10, 3)).astype(np.float32), rng.integers(0, 2, 10),
+    ...                      class_names=("no", "yes"))
+    >>> data.num_records, data.num_features, data.num_classes
+    (80, 3, 2)
     """
 
     name: str

@@ -45,7 +45,7 @@ from fedfdp.contribution import (
     private_gradient_sum,
 )
 from fedfdp.entropy import DeviceSecrets, SecretSource, SeededEntropy
-from fedfdp.losses import LossDecomposition
+from fedfdp.losses import FeatureMap
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.sampling import PublicStreams, poisson_sample
 from fedfdp.sampling_plan import AccountedEvent, SamplingPlan
@@ -64,7 +64,7 @@ def shared_batch_sampler(
 
 def unclipped_private_sum(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
 ) -> list[torch.Tensor]:
@@ -74,7 +74,7 @@ def unclipped_private_sum(
 
 def realised_normalisation_sum(
     model: nn.Module,
-    decomposition: LossDecomposition,
+    decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
 ) -> list[torch.Tensor]:

@@ -401,7 +401,7 @@ def one_round(
         client = dataclasses.replace(client, secrets=secrets)
         if server_parts.secrets is None:
             server_parts = dataclasses.replace(server_parts, secrets=secrets)
-    strat = FDPStrategy(cfg, public_view, server_parts)
+    strat = FDPStrategy(build_model_for(cfg, public_view), cfg, parts=server_parts)
     strat.model.load_state_dict(des.state)
     strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in public_view.devices])}
     strat.resolve()
@@ -571,9 +571,9 @@ def analyse(obs: Observations, setup: AuditSetup, plan: PrivacyPlan, relation: s
 def audited_plan(des: CanaryDesign, bug: str | None) -> PrivacyPlan:
     """The privacy plan the (possibly broken) server resolves for the canaries:
     its event is what the run claims."""
-    strat = FDPStrategy(des.cfg, des.devices(np.full(des.num_canaries, WORLD1), "public"),
-                        planted(bug).server(des.setup.seed))
-    strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in strat.data.devices])}
+    data = des.devices(np.full(des.num_canaries, WORLD1), "public")
+    strat = FDPStrategy(build_model_for(des.cfg, data), des.cfg, parts=planted(bug).server(des.setup.seed))
+    strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in data.devices])}
     return strat.resolve()
 
 

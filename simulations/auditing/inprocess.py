@@ -28,7 +28,8 @@ from fedfdp import protocol as P
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts
 from fedfdp.data import FederatedData, load_dataset
-from fedfdp.server import ServerParts
+from fedfdp.models import build_model_for
+from fedfdp.server import ServerParts, held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 
 Tamper = Callable[[int, Message, Message], Message | None]
@@ -79,7 +80,8 @@ def registered_strategy(
     """A resolved strategy whose registry holds one node per device (node id = device id)."""
     set_identity()
     data = load_dataset(cfg.data) if data is None else data
-    strat = FDPStrategy(cfg, data, parts)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts)
+    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}
     strat.resolve()
     return strat
