@@ -24,6 +24,7 @@ The optional packages (mlxtend, scikit-learn) are in the ``images`` extra; a
 missing one raises an error naming it. fedfdp never imports flwr.
 """
 
+from fedfdp.images.blur import GaussianBlur, PublicMap, UserPublicMap, check_public_map, gaussian_kernel1d
 from fedfdp.images.data import (
     DeviceImages,
     FederatedImages,
@@ -37,13 +38,21 @@ from fedfdp.images.data import (
     load_png_folder,
     split_images,
 )
+from fedfdp.images.models import DigitCNN, build_classifier
 
 __all__ = [
     "DeviceImages",
+    "DigitCNN",
     "FederatedImages",
+    "GaussianBlur",
     "ImageDataError",
     "ImageSet",
     "ImageShape",
+    "PublicMap",
+    "UserPublicMap",
+    "build_classifier",
+    "check_public_map",
+    "gaussian_kernel1d",
     "load_digits8",
     "load_image_dataset",
     "load_mnist5k",
