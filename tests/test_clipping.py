@@ -178,6 +178,30 @@ def make_model(name: str) -> tuple[nn.Module, Callable[[torch.Generator], torch.
         def gen(g: torch.Generator) -> torch.Tensor:
             return torch.randn(N, 2, 7, 7, generator=g, dtype=torch.float64)
 
+    elif name == "conv_groupnorm":
+        # GroupNorm on (n, C, H, W) activations with 1 < groups < C, groups = C
+        # (instance-norm-like), groups = 1 (layer-norm-like) and without affine
+        # parameters; bias-free, dilated, strided and 1×1 convolutions.
+        model = nn.Sequential(
+            nn.Conv2d(2, 6, 3, padding=1),
+            nn.GroupNorm(3, 6),
+            nn.SiLU(),
+            nn.Conv2d(6, 8, 3, stride=2, padding=1, bias=False),
+            nn.GroupNorm(8, 8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=2, dilation=2),
+            nn.GroupNorm(1, 8),
+            nn.GELU(),
+            nn.Conv2d(8, 4, 1),
+            nn.GroupNorm(2, 4, affine=False),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16, CLASSES),
+        )
+
+        def gen(g: torch.Generator) -> torch.Tensor:
+            return torch.randn(N, 2, 9, 8, generator=g, dtype=torch.float64)
+
     elif name == "embedding":
         model = EmbedBag()
 
@@ -209,7 +233,16 @@ def make_model(name: str) -> tuple[nn.Module, Callable[[torch.Generator], torch.
     return model.double().eval(), gen
 
 
-SUPPORTED_MODELS = ["mlp", "conv1d", "conv2d", "embedding", "layernorm", "sequence", "shared"]
+SUPPORTED_MODELS = [
+    "mlp",
+    "conv1d",
+    "conv2d",
+    "conv_groupnorm",
+    "embedding",
+    "layernorm",
+    "sequence",
+    "shared",
+]
 
 
 def batch(gen: Callable[[torch.Generator], torch.Tensor], k: int, seed: int = 1):
@@ -252,7 +285,7 @@ def test_engines_match_reference(name: str, k: int) -> None:
             assert_matches(result, ref, RTOL64)
 
 
-@pytest.mark.parametrize("name", ["mlp", "conv1d"])
+@pytest.mark.parametrize("name", ["mlp", "conv1d", "conv_groupnorm"])
 def test_float32_tolerance(name: str) -> None:
     model, gen = make_model(name)
     model = model.float()
@@ -389,6 +422,27 @@ def test_dropout_in_training_mode_still_bounded(method: str) -> None:
     assert total <= N * c * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("frozen", ["norm-weight", "norm-bias", "conv-weight", "conv-bias"])
+def test_conv_groupnorm_with_frozen_parameters(frozen: str) -> None:
+    """Conv2d and GroupNorm with part of their parameters frozen: the ghost
+    engine's per-layer norms and sums skip exactly the frozen ones."""
+    model, gen = make_model("conv_groupnorm")
+    conv, norm = model[0], model[1]
+    {
+        "norm-weight": norm.weight,
+        "norm-bias": norm.bias,
+        "conv-weight": conv.weight,
+        "conv-bias": conv.bias,
+    }[frozen].requires_grad_(False)
+    inputs, y = batch(gen, 2, seed=11)
+    _, norms = reference(model, inputs, y, fdp_loss, None)
+    c = float(norms.median())
+    ref = reference(model, inputs, y, fdp_loss, c)
+    result = clipped_grad_sum(model, inputs, y, fdp_loss, c, "auto")
+    assert result.method == "ghost"
+    assert_matches(result, ref, RTOL64)
+
+
 # --------------------------------------------------------------------------- #
 # fallback to vmap
 # --------------------------------------------------------------------------- #
@@ -488,7 +542,7 @@ def test_batch_first_required_by_ghost() -> None:
 
 def test_supported_layers() -> None:
     layers = supported_layers()
-    for cls in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm):
+    for cls in (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.GroupNorm):
         assert cls in layers
     assert nn.BatchNorm1d not in layers and nn.GRU not in layers
 
@@ -603,4 +657,3 @@ def test_invalid_inputs() -> None:
     for method in ("ghost", "vmap", "loop"):
         with pytest.raises(ValueError, match="reduction='none'"):
             clipped_grad_sum(model, [x], y, mean_loss, 1.0, method)
-
