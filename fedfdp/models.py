@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fedfdp.config import ConfigError
+
 if TYPE_CHECKING:
     from fedfdp.config import Config
     from fedfdp.data import FederatedData
@@ -62,7 +64,11 @@ def build_model(
     Parameters
     ----------
     name : str
-        ``logistic`` (softmax regression) or ``mlp`` (hidden ReLU layers).
+        ``logistic`` (softmax regression), ``mlp`` (hidden ReLU layers), or an
+        import path ``"package.module:build"`` to your own
+        ``build(in_features, num_classes) -> nn.Module`` (initialised by you;
+        the clipping engine covers Linear, Conv, Embedding and norm layers and
+        falls back to exact per-record gradients for the others).
     in_features, num_classes, hidden_size : int
         ``hidden_size``: width of the two hidden layers when ``hidden_sizes`` is empty.
     seed : int
@@ -77,7 +83,12 @@ def build_model(
     elif name == "mlp":
         model = mlp(in_features, tuple(hidden_sizes) or (hidden_size, hidden_size), num_classes)
     else:
-        raise ValueError(f"model={name!r}: must be logistic or mlp")
+        from fedfdp.user_code import call
+
+        built = call("model", name, in_features, num_classes)
+        if not isinstance(built, nn.Module):
+            raise ConfigError(f"model={name!r}: returned {type(built).__name__}, not a torch.nn.Module")
+        return built
     gen = torch.Generator().manual_seed(seed)
     return _init_(model, gen)
 

@@ -31,6 +31,7 @@ from fedfdp.config.schema import (
 )
 from fedfdp.config.values import (
     _IGNORED,
+    _IMPORT_PATH,
     _KEYS,
     DATA_LOCATIONS,
     DATASETS,
@@ -61,11 +62,18 @@ __all__ = [
     "RunConfig",
     "TrainingConfig",
     "config_keys",
+    "is_import_path",
     "load_config",
     "load_toml_file",
     "parse_override",
     "read_toml",
 ]
+
+
+def is_import_path(value: str) -> bool:
+    """Whether ``value`` has the form ``package.module:name`` (a user's model
+    builder or dataset loader, :mod:`fedfdp.user_code`)."""
+    return bool(_IMPORT_PATH.match(value))
 
 
 def config_keys() -> tuple[str, ...]:

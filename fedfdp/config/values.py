@@ -9,8 +9,12 @@ frozen dataclasses (:mod:`fedfdp.config.schema`), or raise a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
+
+#: ``package.module:attribute``: a user's model builder or dataset loader.
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
 PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
@@ -62,10 +66,10 @@ _KEYS: dict[str, tuple[str, str, str]] = {
     "learning-rate": ("training", "learning_rate", "float+"),
     "momentum": ("training", "momentum", "float01"),
     "optimizer": ("training", "optimizer", "choice"),
-    "model": ("training", "model", "choice"),
+    "model": ("training", "model", "choice-or-path"),
     "hidden-size": ("training", "hidden_size", "int+"),
     "hidden-sizes": ("training", "hidden_sizes", "intlist"),
-    "dataset": ("data", "dataset", "choice"),
+    "dataset": ("data", "dataset", "choice-or-path"),
     "num-devices": ("data", "num_devices", "int+"),
     "records-per-device": ("data", "records_per_device", "int+"),
     "test-fraction": ("data", "test_fraction", "float01open"),
@@ -284,11 +288,13 @@ def _parse(key: str, kind: str, value: Any) -> Any:
         return _parse_ranges(key, value)
     if kind == "categories":
         return _parse_categories(key, value)
-    if kind == "choice":
+    if kind in ("choice", "choice-or-path"):
         choices = _CHOICES[key]
-        if not isinstance(value, str) or value not in choices:
-            raise _fail(key, value, f"must be one of {', '.join(choices)}")
-        return value
+        path = kind == "choice-or-path" and isinstance(value, str) and _IMPORT_PATH.match(value)
+        if isinstance(value, str) and (value in choices or path):
+            return value
+        extra = " or an import path 'package.module:name' to your own" if kind == "choice-or-path" else ""
+        raise _fail(key, value, f"must be one of {', '.join(choices)}{extra}")
     if kind == "str":
         if not isinstance(value, str):
             raise _fail(key, value, "must be a string")

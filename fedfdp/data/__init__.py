@@ -70,7 +70,28 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
         from fedfdp.data.tabular import load_csv
 
         return load_csv
+    from fedfdp.config import is_import_path
+
+    if is_import_path(name):
+        return _user_loader(name)
     raise DataError(f"dataset={name!r}: unknown (available: {', '.join(DATASETS)})")
+
+
+def _user_loader(path: str) -> Callable[[DataConfig], FederatedData]:
+    """Your ``load(cfg: DataConfig) -> FederatedData`` (``dataset = "package.module:load"``)."""
+    from fedfdp.user_code import call
+
+    def checked(cfg: DataConfig) -> FederatedData:
+        data = call("dataset", path, cfg)
+        if not isinstance(data, FederatedData):
+            raise DataError(f"dataset={path!r}: returned {type(data).__name__}, not a FederatedData")
+        if len(data.devices) != cfg.num_devices:
+            raise DataError(
+                f"dataset={path!r}: returned {len(data.devices)} devices, num-devices={cfg.num_devices}"
+            )
+        return data
+
+    return checked
 
 
 def load_server_data(cfg: DataConfig) -> FederatedData:

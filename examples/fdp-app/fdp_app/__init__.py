@@ -1,0 +1,1 @@
+"""fdp-app: feature-DP added to a standard PyTorch Flower app."""
