@@ -38,25 +38,41 @@ from fedfdp.images.data import (
     load_png_folder,
     split_images,
 )
+from fedfdp.images.diffusion import DiffusionDraw, DiffusionLoss, NoiseSchedule, draw_noise, pack, sample
+from fedfdp.images.fid import FIDReport, fid_report, frechet_distance, save_grid, train_feature_classifier
 from fedfdp.images.models import DigitCNN, build_classifier
+from fedfdp.images.unet import UNet, build_unet
 
 __all__ = [
     "DeviceImages",
+    "DiffusionDraw",
+    "DiffusionLoss",
     "DigitCNN",
+    "FIDReport",
     "FederatedImages",
     "GaussianBlur",
     "ImageDataError",
     "ImageSet",
     "ImageShape",
+    "NoiseSchedule",
     "PublicMap",
+    "UNet",
     "UserPublicMap",
     "build_classifier",
+    "build_unet",
     "check_public_map",
+    "draw_noise",
+    "fid_report",
+    "frechet_distance",
     "gaussian_kernel1d",
     "load_digits8",
     "load_image_dataset",
     "load_mnist5k",
     "load_npz",
     "load_png_folder",
+    "pack",
+    "sample",
+    "save_grid",
     "split_images",
+    "train_feature_classifier",
 ]
