@@ -41,12 +41,16 @@ from fedfdp.images.data import (
 from fedfdp.images.diffusion import DiffusionDraw, DiffusionLoss, NoiseSchedule, draw_noise, pack, sample
 from fedfdp.images.fid import FIDReport, fid_report, frechet_distance, save_grid, train_feature_classifier
 from fedfdp.images.models import DigitCNN, build_classifier
+from fedfdp.images.train import METHODS, ClassificationTask, DiffusionTask, TrainResult, TrainSettings, train
 from fedfdp.images.unet import UNet, build_unet
 
 __all__ = [
+    "METHODS",
+    "ClassificationTask",
     "DeviceImages",
     "DiffusionDraw",
     "DiffusionLoss",
+    "DiffusionTask",
     "DigitCNN",
     "FIDReport",
     "FederatedImages",
@@ -56,6 +60,8 @@ __all__ = [
     "ImageShape",
     "NoiseSchedule",
     "PublicMap",
+    "TrainResult",
+    "TrainSettings",
     "UNet",
     "UserPublicMap",
     "build_classifier",
@@ -74,5 +80,6 @@ __all__ = [
     "sample",
     "save_grid",
     "split_images",
+    "train",
     "train_feature_classifier",
 ]

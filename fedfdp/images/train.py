@@ -1,0 +1,446 @@
+"""A non-federated reference trainer for images: the five methods of §6.3, on one machine.
+
+This is a **measuring** tool: it runs the methods of Section 6.3 of the FDP
+paper on an :class:`~fedfdp.images.data.ImageSet` held in one place, with the
+project's pieces for everything privacy-deciding (Poisson coins:
+:func:`fedfdp.sampling.poisson_sample`; per-record clipping:
+:func:`fedfdp.clipping.clipped_grad_sum`; noise:
+:class:`fedfdp.mechanisms.GaussianSumMechanism`; calibration and ε:
+:func:`fedfdp.accounting.calibrate_noise_multiplier`,
+:func:`fedfdp.accounting.epsilon_for`). Phase 2 runs the same through the
+federated engines; this module writes no ledger and has no budget guard.
+
+Methods (``N`` training records, rate ``q``, clipping norm ``C``, noise
+multiplier ``σ``, public batch ``m'``):
+
+==============  ==========================================================  ==========
+method          one step                                                    ε
+==============  ==========================================================  ==========
+``nonprivate``  mean ∇ℓ over a Poisson batch (rate ``q``)                   ∞
+``public``      mean ∇ℓ_pub over a uniform batch of ``m'`` (blurred only)   0 (FDP)
+``dp``          (Σ_i clip_C(∇ℓ_i) + N(0, σ²C²I)) / (qN)  (DP-SGD)          DP ⇒ FDP
+``fdp-dpsgd``   ``pretrain_steps`` public steps, then ``dp`` steps          as ``dp``
+``fdp``         ``pretrain_steps`` public steps, then Algorithm 1:          FDP
+                mean ∇ℓ_pub over a uniform batch of ``m'`` drawn
+                independently of the coins (Prop. 3) +
+                α·(Σ_i clip_C(∇ℓ_priv,i) + N(0, σ²C²I)) / (qN)
+==============  ==========================================================  ==========
+
+Privacy of the private steps (``dp``, the DP phase of ``fdp-dpsgd``, the
+Algorithm 1 phase of ``fdp``): each is a Poisson-subsampled Gaussian mechanism
+with rate ``q``, sensitivity ``C`` under add/remove (Def. 6) and noise
+multiplier ``σ`` (Theorem 5; ``dp`` by Prop. 2 as well); ``steps`` of them are
+composed by the PRV accountant, and ``σ`` is calibrated so that the **upper**
+ε is at most ``target_epsilon`` at ``delta`` (default ``1/(2N)``). The divisor
+is the expected batch size ``qN``, never the realised one. Public steps,
+public pre-training (Remark 2) and everything computed from Ψ cost nothing.
+The Poisson coins and the noise come from ``secrets`` (default the OS
+CSPRNG); the model initialisation, the public batches, Ψ's generator and the
+diffusion draws ``(t, ε)`` are public randomness from ``settings.seed``.
+Evaluation uses held-out data only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedfdp.accounting import calibrate_noise_multiplier, epsilon_for
+from fedfdp.clipping import METHODS as CLIP_METHODS
+from fedfdp.clipping import clipped_grad_sum
+from fedfdp.entropy import BitStream, OSBits, SeededBits
+from fedfdp.images.blur import PublicMap
+from fedfdp.images.data import ImageSet, ImageShape
+from fedfdp.images.diffusion import DiffusionLoss, draw_noise
+from fedfdp.losses import cross_entropy, private_cross_entropy
+from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.sampling import poisson_sample, uniform_sample
+
+__all__ = [
+    "METHODS",
+    "ClassificationTask",
+    "DiffusionTask",
+    "ImageTask",
+    "TrainResult",
+    "TrainSettings",
+    "evaluate_classifier",
+    "train",
+]
+
+#: The five methods of Section 6.3.
+METHODS: tuple[str, ...] = ("nonprivate", "public", "dp", "fdp-dpsgd", "fdp")
+
+_PARTS = ("full", "private", "public")
+LossFn = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class ImageTask(Protocol):
+    """What the trainer needs from a task: the inputs, targets and per-record
+    loss of one part (``full`` ℓ, ``private`` ℓ_priv, ``public`` ℓ_pub) on a batch."""
+
+    def parts(
+        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+    ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]: ...
+
+
+@dataclass(frozen=True)
+class ClassificationTask:
+    """Cross-entropy with Ψ as the public view: ``ℓ_pub = CE(model(Ψ(x)), y)``,
+    ``ℓ_priv = CE(model(x), y) − CE(model(Ψ(x)), y)`` (:mod:`fedfdp.losses`)."""
+
+    psi: PublicMap
+
+    def parts(
+        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+    ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]:
+        if part == "full":
+            return [x], y, cross_entropy
+        if part == "private":
+            return [x, self.psi(x, generator)], y, private_cross_entropy
+        if part == "public":
+            return [self.psi(x, generator)], y, cross_entropy
+        raise ValueError(f"part={part!r}: must be one of {_PARTS}")
+
+
+@dataclass(frozen=True)
+class DiffusionTask:
+    """The DDPM loss and its split (:class:`~fedfdp.images.diffusion.DiffusionLoss`);
+    one fresh draw ``(t, ε)`` per record and step from the public generator."""
+
+    loss: DiffusionLoss
+
+    def parts(
+        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+    ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]:
+        draw = draw_noise(len(x), ImageShape(*x.shape[1:]), self.loss.schedule, generator, x.dtype)
+        if part == "full":
+            return self.loss.full_inputs(x, y, draw), draw.noise, self.loss.full_loss
+        if part == "private":
+            return self.loss.private_inputs(x, y, draw, generator), draw.noise, self.loss.private_loss
+        if part == "public":
+            return self.loss.public_inputs(x, y, draw, generator), draw.noise, self.loss.public_loss
+        raise ValueError(f"part={part!r}: must be one of {_PARTS}")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Settings of one reference training run (privacy-defining ones first).
+
+    Parameters
+    ----------
+    method : str
+        One of :data:`METHODS`.
+    steps : int
+        Main steps ``T >= 1``: the accounted private steps of ``dp``,
+        ``fdp-dpsgd`` and ``fdp``; the plain steps of ``nonprivate`` and ``public``.
+    sampling_rate : float
+        Poisson rate ``q`` in (0, 1] (private batches; ``nonprivate`` batches).
+    clipping_norm : float
+        ``C > 0``.
+    target_epsilon : float
+        Calibration target (upper ε, add/remove) when ``noise_multiplier`` is None.
+    noise_multiplier : float or None
+        A fixed ``σ > 0`` instead of calibration.
+    delta : float or None
+        δ; default ``1/(2N)``.
+    public_batch_size : int
+        ``m'`` (``public`` steps, pre-training, Algorithm 1's public batch).
+    pretrain_steps : int
+        Public steps before the private phase of ``fdp-dpsgd`` and ``fdp``
+        (0: the caller passes an already pre-trained model).
+    alpha : float
+        Weight of the private part in ``fdp`` steps.
+    learning_rate, pretrain_learning_rate : float
+        Step sizes of the main phase and of public pre-training (default: the same).
+    optimizer : {"sgd", "adam"}
+    momentum : float
+        SGD momentum.
+    clip_method : str
+        Engine of :func:`fedfdp.clipping.clipped_grad_sum`.
+    chunk_size : int
+        Records per clipping call (memory only; the clipped sum is the same).
+    seed : int
+        Public randomness (public batches, nonprivate batches, Ψ and diffusion draws).
+    eval_every : int
+        Call ``evaluate`` every this many steps (0: only at the end).
+    """
+
+    method: str
+    steps: int
+    sampling_rate: float
+    clipping_norm: float = 1.0
+    target_epsilon: float = 8.0
+    noise_multiplier: float | None = None
+    delta: float | None = None
+    public_batch_size: int = 256
+    pretrain_steps: int = 0
+    alpha: float = 1.0
+    learning_rate: float = 0.1
+    pretrain_learning_rate: float | None = None
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    clip_method: str = "auto"
+    chunk_size: int = 128
+    seed: int = 0
+    eval_every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"mode={self.method!r}: must be one of {METHODS}")
+        for name in ("steps", "public_batch_size", "chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        for name in ("pretrain_steps", "eval_every", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+        if not 0 < self.sampling_rate <= 1:
+            raise ValueError(f"sampling-rate={self.sampling_rate!r}: must be in (0, 1]")
+        for name in ("clipping_norm", "target_epsilon", "learning_rate", "alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value!r}: must be finite and > 0")
+        if self.noise_multiplier is not None and not (
+            math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0
+        ):
+            raise ValueError(f"noise-multiplier={self.noise_multiplier!r}: must be finite and > 0 or None")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ValueError(f"delta={self.delta!r}: must be in (0, 1) or None (1/(2N))")
+        if self.pretrain_learning_rate is not None and not (
+            math.isfinite(self.pretrain_learning_rate) and self.pretrain_learning_rate > 0
+        ):
+            raise ValueError(f"pretrain_learning_rate={self.pretrain_learning_rate!r}: must be > 0 or None")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer={self.optimizer!r}: must be sgd or adam")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum={self.momentum!r}: must be in [0, 1)")
+        if self.clip_method not in CLIP_METHODS:
+            raise ValueError(f"clip_method={self.clip_method!r}: must be one of {CLIP_METHODS}")
+
+    @property
+    def private(self) -> bool:
+        """Whether the main phase is a private (noised, accounted) one."""
+        return self.method in ("dp", "fdp-dpsgd", "fdp")
+
+
+@dataclass
+class TrainResult:
+    """What a run did: the trained model, the privacy it spent, its timings.
+
+    ``epsilon`` is the accountant's **upper** bound (add/remove, at ``delta``)
+    for the private phase; ``inf`` for ``nonprivate``, 0 for ``public``.
+    ``history`` holds one dict per evaluation (``step``, ``phase`` and whatever
+    ``evaluate`` returned). ``reproducible_secrets`` is True when the coins and
+    noise came from a seeded stream (tests only: then the guarantee does not hold
+    against anyone who knows the seed).
+    """
+
+    model: nn.Module
+    settings: TrainSettings
+    num_records: int
+    noise_multiplier: float | None
+    epsilon: float
+    delta: float
+    wall_seconds: float
+    pretrain_seconds: float
+    reproducible_secrets: bool
+    history: list[dict[str, float | int | str]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, object]:
+        """Plain values for JSON (no model)."""
+        return {
+            "settings": asdict(self.settings),
+            "num_records": self.num_records,
+            "noise_multiplier": self.noise_multiplier,
+            "epsilon": self.epsilon,
+            "epsilon_relation": "add-remove (upper bound)",
+            "delta": self.delta,
+            "wall_seconds": self.wall_seconds,
+            "pretrain_seconds": self.pretrain_seconds,
+            "reproducible_secrets": self.reproducible_secrets,
+            "history": self.history,
+        }
+
+
+def _sum_grads(
+    model: nn.Module,
+    task: ImageTask,
+    part: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    index: np.ndarray,
+    max_norm: float | None,
+    settings: TrainSettings,
+    generator: torch.Generator,
+    params: list[nn.Parameter],
+) -> list[torch.Tensor]:
+    """``Σ_{i ∈ index}`` of the (clipped, when ``max_norm``) per-record gradients of ``part``."""
+    total = [torch.zeros_like(p) for p in params]
+    for s in range(0, len(index), settings.chunk_size):
+        idx = torch.as_tensor(index[s : s + settings.chunk_size], dtype=torch.long)
+        inputs, targets, loss_fn = task.parts(part, x[idx], y[idx], generator)
+        result = clipped_grad_sum(model, inputs, targets, loss_fn, max_norm, settings.clip_method)
+        total = [t + g for t, g in zip(total, result.grads, strict=True)]
+    return total
+
+
+def _optimizer(params: list[nn.Parameter], settings: TrainSettings, lr: float) -> torch.optim.Optimizer:
+    if settings.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=settings.momentum)
+
+
+def _step(params: list[nn.Parameter], opt: torch.optim.Optimizer, grad: list[torch.Tensor]) -> None:
+    for p, g in zip(params, grad, strict=True):
+        p.grad = g.detach().to(p.dtype).clone()
+    opt.step()
+    for p in params:
+        p.grad = None
+
+
+def train(
+    model: nn.Module,
+    task: ImageTask,
+    data: ImageSet,
+    settings: TrainSettings,
+    *,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    secrets: BitStream | None = None,
+    log: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` (in place) on ``data`` by ``settings.method``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Initialised by the caller (public randomness); for the private phase it
+        must not mix records (no BatchNorm; refused by the clipping engine).
+    task : ImageTask
+        :class:`ClassificationTask` or :class:`DiffusionTask`.
+    data : ImageSet
+        The training records (``N = len(data)``, public).
+    evaluate : callable, optional
+        ``evaluate(model) -> metrics`` on **held-out** data.
+    secrets : BitStream, optional
+        Source of the Poisson coins and the noise; default
+        :class:`~fedfdp.entropy.OSBits` (the OS CSPRNG). A seeded stream makes
+        the run reproducible and is flagged in the result.
+    log : callable, optional
+        Receives one line per evaluation.
+
+    Returns
+    -------
+    TrainResult
+    """
+    n = len(data)
+    q = settings.sampling_rate
+    delta = settings.delta if settings.delta is not None else 1.0 / (2 * n)
+    secret_stream: BitStream = secrets if secrets is not None else OSBits()
+    reproducible = secrets is not None and not isinstance(secrets, OSBits)
+    seq = np.random.SeedSequence(entropy=settings.seed, spawn_key=(7,))
+    batch_rng = np.random.default_rng(seq.spawn(1)[0])
+    public_coins = SeededBits(seq.spawn(1)[0])
+    gen = torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+    params = [p for p in model.parameters() if p.requires_grad]
+    x, y = data.tensors()
+    history: list[dict[str, float | int | str]] = []
+
+    def record(step: int, phase: str) -> None:
+        if evaluate is None:
+            return
+        metrics = evaluate(model)
+        row: dict[str, float | int | str] = {"step": step, "phase": phase, **metrics}
+        history.append(row)
+        if log is not None:
+            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+    sigma: float | None = None
+    epsilon = math.inf if settings.method == "nonprivate" else 0.0
+    if settings.private:
+        sigma = settings.noise_multiplier
+        if sigma is None:
+            sigma = calibrate_noise_multiplier(settings.target_epsilon, q, settings.steps, delta)
+        epsilon = float(epsilon_for(sigma, q, settings.steps, delta).upper)
+    m_pub = min(settings.public_batch_size, n)
+
+    def public_step(opt: torch.optim.Optimizer) -> None:
+        idx = uniform_sample(n, m_pub, batch_rng)
+        total = _sum_grads(model, task, "public", x, y, idx, None, settings, gen, params)
+        _step(params, opt, [t / m_pub for t in total])
+
+    start = time.perf_counter()
+    pretrain_seconds = 0.0
+    if settings.method in ("fdp-dpsgd", "fdp") and settings.pretrain_steps:
+        lr = settings.pretrain_learning_rate or settings.learning_rate
+        opt = _optimizer(params, settings, lr)
+        for s in range(settings.pretrain_steps):
+            public_step(opt)
+            if settings.eval_every and (s + 1) % settings.eval_every == 0:
+                record(s + 1, "pretrain")
+        pretrain_seconds = time.perf_counter() - start
+
+    opt = _optimizer(params, settings, settings.learning_rate)
+    mechanism = GaussianSumMechanism(sigma, settings.clipping_norm) if sigma is not None else None
+    for s in range(settings.steps):
+        if settings.method == "public":
+            public_step(opt)
+        elif settings.method == "nonprivate":
+            idx = poisson_sample(n, q, public_coins)
+            if len(idx):
+                total = _sum_grads(model, task, "full", x, y, idx, None, settings, gen, params)
+                _step(params, opt, [t / len(idx) for t in total])
+        else:
+            if mechanism is None:  # set whenever settings.private
+                raise RuntimeError("private phase without a mechanism")
+            part = "private" if settings.method == "fdp" else "full"
+            idx = poisson_sample(n, q, secret_stream)
+            clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, gen, params)
+            noisy = mechanism.privatize(clipped, secret_stream)
+            weight = settings.alpha if settings.method == "fdp" else 1.0
+            grad = [weight * t / (q * n) for t in noisy]
+            if settings.method == "fdp":
+                pub_idx = uniform_sample(n, m_pub, batch_rng)  # independent of the coins (Prop. 3)
+                pub = _sum_grads(model, task, "public", x, y, pub_idx, None, settings, gen, params)
+                grad = [g + t / m_pub for g, t in zip(grad, pub, strict=True)]
+            _step(params, opt, grad)
+        if settings.eval_every and (s + 1) % settings.eval_every == 0 and s + 1 < settings.steps:
+            record(settings.pretrain_steps + s + 1, "main")
+    wall = time.perf_counter() - start
+    record(settings.pretrain_steps + settings.steps, "final")
+    return TrainResult(
+        model=model,
+        settings=settings,
+        num_records=n,
+        noise_multiplier=sigma,
+        epsilon=epsilon,
+        delta=delta,
+        wall_seconds=wall,
+        pretrain_seconds=pretrain_seconds,
+        reproducible_secrets=reproducible,
+        history=history,
+    )
+
+
+@torch.no_grad()
+def evaluate_classifier(model: nn.Module, data: ImageSet, batch_size: int = 1000) -> dict[str, float]:
+    """Accuracy and mean cross-entropy on ``data`` (held-out), model in eval mode."""
+    was_training = model.training
+    model.eval()
+    x, y = data.tensors()
+    correct, loss = 0.0, 0.0
+    try:
+        for s in range(0, len(y), batch_size):
+            logits = model(x[s : s + batch_size])
+            correct += float((logits.argmax(1) == y[s : s + batch_size]).sum())
+            loss += float(torch.nn.functional.cross_entropy(logits, y[s : s + batch_size], reduction="sum"))
+    finally:
+        model.train(was_training)
+    return {"accuracy": correct / len(y), "loss": loss / len(y)}
