@@ -60,6 +60,41 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False) -> Path:
+    """Create the output directory ``path`` (and its parents) or refuse it with a
+    one-line :class:`~fedfdp.config.ConfigError` naming ``flag`` and the value:
+    a path that is a file, too long, not writable, or (``empty``) not empty."""
+    from fedfdp.config import ConfigError
+
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag}={str(path)!r}: is a file, not a directory")
+        if empty and path.is_dir() and any(path.iterdir()):
+            raise ConfigError(f"{flag}={str(path)!r}: not empty; choose an empty or new directory")
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test.", delete=True):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag}={str(path)!r}: cannot write there ({exc.strerror or exc})") from exc
+    return path
+
+
+def prepare_output_file(path: str | Path, flag: str) -> Path:
+    """Check, before any work, that ``path`` can be written as a file; refuse it
+    with a one-line :class:`~fedfdp.config.ConfigError` naming ``flag``: a
+    directory, a parent that is a file, too long, or not writable."""
+    from fedfdp.config import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag}={str(path)!r}: is a directory, not a file")
+    prepare_output_dir(path.parent if str(path.parent) else Path("."), flag)
+    if len(path.name.encode()) > 255:
+        raise ConfigError(f"{flag}={str(path)!r}: file name too long")
+    return path
+
+
 def write_metrics(out_dir: str | Path, rows: Sequence[Mapping[str, Any] | Any]) -> Path:
     """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv``."""
     records = [asdict(r) if is_dataclass(r) else dict(r) for r in rows]

@@ -144,6 +144,12 @@ def plot_attack(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     """``fedfdp audit``."""
+    from fedfdp.outputs import atomic_write, prepare_output_file
+
+    if args.out:
+        prepare_output_file(args.out, "--out")  # before the (long) audit
+    if args.plot:
+        prepare_output_file(args.plot, "--plot")
     if args.attack is not None:
         from fedfdp.attack import attribute_attack_run
 
@@ -172,7 +178,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.plot:
             plot_attack(pooled if args.pool else rows, args.plot)
         if args.out:
-            Path(args.out).write_text(json.dumps(shown if args.pool else rows, indent=1))
+            atomic_write(args.out, json.dumps(shown if args.pool else rows, indent=1).encode())
         return 0
     from simulations.auditing.canaries import recommended_setup, run_audit
 
@@ -196,7 +202,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         _print_audit(rows)
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
+        atomic_write(args.out, json.dumps(rows, indent=1).encode())
     return 0
 
 

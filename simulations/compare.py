@@ -335,16 +335,15 @@ def run_sweep(
     import tomli_w
     from tqdm.auto import tqdm
 
-    from fedfdp.outputs import atomic_write
+    from fedfdp.outputs import atomic_write, prepare_output_dir
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine={engine!r}: must be one of {', '.join(ENGINES)}")
-    out = out.resolve()
+    out = prepare_output_dir(out.resolve(), "--out")
     runs = plan_runs(sweep, out)
     frame = read_results(out)  # malformed: error before any work
     done = done_runs(frame, runs)
     sigmas = validate_runs(runs)  # bad data / unreachable ε: error before any run
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / SWEEP_FILE, tomli_w.dumps(sweep.as_toml()).encode())
     todo = [r for r in runs if r.key not in done]
     with tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,

@@ -105,7 +105,7 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
     from fedfdp.data import load_dataset
-    from fedfdp.outputs import CONFIG_FILE
+    from fedfdp.outputs import CONFIG_FILE, prepare_output_dir
 
     if args.resume:
         if args.out or args.config:
@@ -116,10 +116,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
+    out = prepare_output_dir(cfg.run.out_dir, "--out")  # a file, too long, read-only: refused
     data = load_dataset(cfg.data)  # fail on bad data before any work
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
-    out = Path(cfg.run.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if cfg.privacy.reproducible_noise:
         print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
     if args.centralised:

@@ -45,13 +45,14 @@ def split_sites(table: str | Path, by: str, out: str | Path, test_fraction: floa
     ------
     ConfigError
         Unknown column, missing site values, a test fraction outside [0, 1),
-        a site left without training rows, or an ``out`` that already holds
-        site files (nothing is overwritten).
+        a site left without training rows, or an ``out`` that is not an empty
+        (or new) directory (nothing is overwritten).
     """
     import numpy as np  # imported here: `fedfdp --help` stays fast
     import pandas as pd
 
     from fedfdp.data.tabular import read_table
+    from fedfdp.outputs import prepare_output_dir
 
     if not 0 <= test_fraction < 1:
         raise ConfigError(f"--test-fraction={test_fraction}: must be in [0, 1)")
@@ -62,13 +63,7 @@ def split_sites(table: str | Path, by: str, out: str | Path, test_fraction: floa
         )
     if frame[by].isna().any():
         raise ConfigError(f"--by={by!r}: {int(frame[by].isna().sum())} row(s) have no site")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    existing = sorted(p.name for p in out.glob("site-*.csv")) + [
-        n for n in (HELDOUT_FILE, INDEX_FILE) if (out / n).exists()
-    ]
-    if existing:
-        raise ConfigError(f"--out={str(out)!r}: already holds {existing[:5]}; choose an empty folder")
+    out = prepare_output_dir(out, "--out", empty=True)
     rng = np.random.default_rng(seed)
     values = frame[by].astype(str)
     rows, heldout = [], []

@@ -148,3 +148,59 @@ def test_the_orchestration_section_is_what_may_change_on_resume_and_is_not_hashe
     assert ORCHESTRATION_KEYS == keys_of(RunConfig) == RESUMABLE_KEYS == set(_NOT_HASHED)
     assert "seed" not in ORCHESTRATION_KEYS and "num-rounds" not in ORCHESTRATION_KEYS
     assert {"num-rounds", "clients-per-round", "reproducible-noise"} <= keys_of(PrivacyConfig)
+
+
+# ----------------------------------------------------------------- the CLI edge
+
+
+def _one_line(capsys):
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_cli_refuses_bad_paths_in_one_line(tmp_path, capsys):
+    from simulations.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"mode = \xff\xfe")
+    assert main(["run", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "not UTF-8 text" in _one_line(capsys)
+    assert main(["run", "--config", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "is a directory, not a TOML file" in _one_line(capsys)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    small = ["--set", "num-rounds=1", "--set", "num-devices=2", "--set", "records-per-device=20",
+             "--set", "progress=false"]
+    assert main(["run", "--centralised", "--out", str(a_file), *small]) == 2
+    assert "is a file, not a directory" in _one_line(capsys)
+    assert main(["run", "--centralised", "--out", str(tmp_path / ("x" * 300)), *small]) == 2
+    assert "cannot write there" in _one_line(capsys)
+    assert main(["compare", "--out", str(a_file)]) == 2
+    assert "is a file, not a directory" in _one_line(capsys)
+    assert main(["audit", "--rounds", "3", "--out", str(tmp_path)]) == 2
+    assert "is a directory, not a file" in _one_line(capsys)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() == 0, reason="root writes to read-only directories")
+def test_cli_refuses_a_read_only_output_directory(tmp_path, capsys):
+    from simulations.cli import main
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    assert main(["run", "--centralised", "--out", str(ro / "run"), "--set", "num-rounds=1"]) == 2
+    assert "cannot write there" in _one_line(capsys)
+
+
+def test_sites_refuses_a_non_empty_directory(tmp_path, capsys):
+    from simulations.cli import main
+
+    table = tmp_path / "t.csv"
+    table.write_text("site,a,b,y\n" + "\n".join(f"{i % 2},{i},{i * 2},{i % 3}" for i in range(20)))
+    out = tmp_path / "finished-run"
+    out.mkdir()
+    (out / "metrics.csv").write_text("round\n1\n")
+    assert main(["sites", str(table), "--by", "site", "--out", str(out)]) == 2
+    assert "not empty" in _one_line(capsys)
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv"]  # nothing written

@@ -145,10 +145,20 @@ def load_toml_file(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a :class:`ConfigError`
     naming it (``config='...'``)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config={str(path)!r}: is a directory, not a TOML file")
     if not path.is_file():
         raise ConfigError(f"config={str(path)!r}: no such file")
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config={str(path)!r}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8"
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"config={str(path)!r}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config={str(path)!r}: not valid TOML ({exc})") from exc
 
