@@ -60,10 +60,11 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False) -> Path:
+def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False, create: bool = True) -> Path:
     """Create the output directory ``path`` (and its parents) or refuse it with a
     one-line :class:`~fedfdp.config.ConfigError` naming ``flag`` and the value:
-    a path that is a file, too long, not writable, or (``empty``) not empty."""
+    a path that is a file, too long, not writable, or (``empty``) not empty.
+    ``create=False`` checks without creating anything (before other validation)."""
     from fedfdp.config import ConfigError
 
     path = Path(path)
@@ -71,7 +72,20 @@ def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False) -> P
         if path.exists() and not path.is_dir():
             raise ConfigError(f"{flag}={str(path)!r}: is a file, not a directory")
         if empty and path.is_dir() and any(path.iterdir()):
-            raise ConfigError(f"{flag}={str(path)!r}: not empty; choose an empty or new directory")
+            names = sorted(p.name for p in path.iterdir())[:5]
+            raise ConfigError(
+                f"{flag}={str(path)!r}: not empty, already holds {names}; choose an empty or new directory"
+            )
+        if not create:
+            too_long = any(len(part.encode()) > 255 for part in path.parts) or len(str(path)) > 4095
+            if too_long:
+                raise ConfigError(f"{flag}={str(path)!r}: cannot write there (File name too long)")
+            base = path.absolute()
+            while not base.exists():
+                base = base.parent
+            if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+                raise ConfigError(f"{flag}={str(path)!r}: cannot write there ({base} is not writable)")
+            return path
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test.", delete=True):
             pass

@@ -116,9 +116,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
-    out = prepare_output_dir(cfg.run.out_dir, "--out")  # a file, too long, read-only: refused
+    prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
     data = load_dataset(cfg.data)  # fail on bad data before any work
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
+    out = prepare_output_dir(cfg.run.out_dir, "--out")
     if cfg.privacy.reproducible_noise:
         print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
     if args.centralised:

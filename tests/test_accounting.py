@@ -693,7 +693,7 @@ def test_participation_discrete_mean_is_exact() -> None:
     p KL(Q || P) for remove and p KL(P || Q) for add."""
     from scipy import integrate
 
-    from fedfdp.accounting.prv import _discretise
+    from fedfdp.accounting.prv import discretise
 
     sigma, q, p = 1.0, 0.1, 0.3
 
@@ -708,7 +708,7 @@ def test_participation_discrete_mean_is_exact() -> None:
     )[0]
     kl_pq = integrate.quad(lambda w: -dens(w, 0) * log_q_over_p(w), -30, 30, limit=200)[0]
     for direction, mean in (("remove", p * kl_qp), ("add", p * kl_pq)):
-        k0, pmf, shift = _discretise(sigma, q, direction, 1e-3, 1e-12, p)
+        k0, pmf, shift = discretise(sigma, q, direction, 1e-3, 1e-12, p)
         values = (k0 + np.arange(len(pmf))) * 1e-3 + shift
         assert abs(float(pmf.sum()) - 1.0) <= 1e-12
         assert abs(float(np.dot(pmf, values)) - mean) <= 1e-9
@@ -748,11 +748,11 @@ def test_participation_replacement_and_prv_accountant() -> None:
 def test_participation_renyi_bounds_are_valid() -> None:
     """The RDP cap and Chernoff window use p A_a + 1 - p; the RDP epsilon must stay
     above the reference."""
-    from fedfdp.accounting.prv import Group, _rdp_epsilon
+    from fedfdp.accounting.prv import Group, rdp_epsilon
 
     ref = participation_eps_ref(1.34, 0.05, 0.2, 150, 1.5e-4)
-    rdp = _rdp_epsilon((Group(1.34, 0.05, 150, 0.2),), 1.5e-4)
-    assert ref <= rdp <= _rdp_epsilon((Group(1.34, 0.05, 150),), 1.5e-4)
+    rdp = rdp_epsilon((Group(1.34, 0.05, 150, 0.2),), 1.5e-4)
+    assert ref <= rdp <= rdp_epsilon((Group(1.34, 0.05, 150),), 1.5e-4)
 
 
 def test_participation_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.accounting.composition import _DISC_SHARE, _Bounds, _bounds
+from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
 from fedfdp.accounting.replacement import replacement_epsilon
 
 RELATIONS = ("add-remove", "replacement")
@@ -100,7 +100,7 @@ class PrivacyBudgetExhausted(RuntimeError):
         return (type(self), args)
 
 
-def _check_real(name: str, value: Any) -> float:
+def check_real(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name}={value!r}: must be a real number")
     v = float(value)
@@ -109,8 +109,8 @@ def _check_real(name: str, value: Any) -> float:
     return v
 
 
-def _check_sigma(value: Any, name: str = "noise_multiplier") -> float:
-    v = _check_real(name, value)
+def check_sigma(value: Any, name: str = "noise_multiplier") -> float:
+    v = check_real(name, value)
     if not math.isfinite(v):
         raise ValueError(f"{name}={value!r}: must be finite")
     if v <= 0:
@@ -118,34 +118,34 @@ def _check_sigma(value: Any, name: str = "noise_multiplier") -> float:
     return v
 
 
-def _check_rate(value: Any, name: str = "sampling_rate") -> float:
-    v = _check_real(name, value)
+def check_rate(value: Any, name: str = "sampling_rate") -> float:
+    v = check_real(name, value)
     if not 0.0 < v <= 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1]")
     return v
 
 
-def _check_count(value: Any, name: str = "count") -> int:
+def check_count(value: Any, name: str = "count") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name}={value!r}: must be an integer >= 1")
     return int(value)
 
 
-def _check_delta(value: Any, name: str = "delta") -> float:
-    v = _check_real(name, value)
+def check_delta(value: Any, name: str = "delta") -> float:
+    v = check_real(name, value)
     if not 0.0 < v < 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1)")
     return v
 
 
-def _check_relation(relation: Any) -> str:
+def check_relation(relation: Any) -> str:
     if relation not in RELATIONS:
         raise ValueError(f"relation={relation!r}: unknown, expected one of {RELATIONS}")
     return str(relation)
 
 
-def _check_eps_error(value: Any, name: str = "eps_error") -> float:
-    v = _check_real(name, value)
+def check_eps_error(value: Any, name: str = "eps_error") -> float:
+    v = check_real(name, value)
     if not 0.0 < v <= 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1]")
     return v
@@ -179,10 +179,10 @@ class PrivacyEvent:
     participation: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", _check_sigma(self.noise_multiplier))
-        object.__setattr__(self, "sampling_rate", _check_rate(self.sampling_rate))
-        object.__setattr__(self, "count", _check_count(self.count))
-        object.__setattr__(self, "participation", _check_rate(self.participation, "participation"))
+        object.__setattr__(self, "noise_multiplier", check_sigma(self.noise_multiplier))
+        object.__setattr__(self, "sampling_rate", check_rate(self.sampling_rate))
+        object.__setattr__(self, "count", check_count(self.count))
+        object.__setattr__(self, "participation", check_rate(self.participation, "participation"))
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,7 @@ class EpsilonBound:
 # --------------------------------------------------------------------------------------
 
 
-def _as_events(ledger_or_accountant: Any) -> tuple[PrivacyEvent, ...]:
+def as_events(ledger_or_accountant: Any) -> tuple[PrivacyEvent, ...]:
     if isinstance(ledger_or_accountant, FDPAccountant):
         return ledger_or_accountant.ledger
     if isinstance(ledger_or_accountant, PrivacyEvent):
@@ -301,8 +301,8 @@ class FDPAccountant:
         delta_error: float = 1e-3,
         max_grid_points: int = 2**24,
     ) -> None:
-        self._eps_error = _check_eps_error(eps_error)
-        delta_error = _check_real("delta_error", delta_error)
+        self._eps_error = check_eps_error(eps_error)
+        delta_error = check_real("delta_error", delta_error)
         if not 0.0 < delta_error <= 0.1:
             raise ValueError(f"delta_error={delta_error!r}: must be in (0, 0.1]")
         self._delta_error = delta_error
@@ -355,13 +355,13 @@ class FDPAccountant:
         self._ledger = _appended(self._ledger, event)
 
     # ------------------------------------------------------------------------- epsilon
-    def _profile_for(self, events: Sequence[PrivacyEvent], delta_abs_error: float) -> _Bounds:
-        eps_disc = _DISC_SHARE * self._eps_error
-        return _bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
+    def _profile_for(self, events: Sequence[PrivacyEvent], delta_abs_error: float) -> Bounds:
+        eps_disc = DISC_SHARE * self._eps_error
+        return compose_bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
 
     def _bound(self, events: Sequence[PrivacyEvent], delta: float, relation: str) -> EpsilonBound:
-        delta = _check_delta(delta)
-        relation = _check_relation(relation)
+        delta = check_delta(delta)
+        relation = check_relation(relation)
         if not events:
             return EpsilonBound(0.0, 0.0, 0.0, delta, relation)
         key = (tuple(events), delta, relation)
@@ -411,7 +411,7 @@ class FDPAccountant:
         participation: float,
     ) -> tuple[float, list[PrivacyEvent]]:
         """The validated cap and the ledger as it would be after ``count`` more rounds."""
-        max_epsilon = _check_real("max_epsilon", max_epsilon)
+        max_epsilon = check_real("max_epsilon", max_epsilon)
         if max_epsilon < 0:
             raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
         event = PrivacyEvent(noise_multiplier, sampling_rate, count, participation)
@@ -513,9 +513,9 @@ class FDPAccountant:
                 f"state version={version!r}: unsupported (expected one of {sorted(_STATE_FIELDS)})"
             )
         if "eps_error" in state:
-            _check_eps_error(state["eps_error"], "state eps_error")
+            check_eps_error(state["eps_error"], "state eps_error")
         if "delta_error" in state:
-            _check_real("state delta_error", state["delta_error"])
+            check_real("state delta_error", state["delta_error"])
         ledger = state["ledger"]
         if not isinstance(ledger, list):
             raise ValueError(f"state ledger={type(ledger).__name__}: must be a list")
@@ -559,6 +559,6 @@ def epsilon_for(
     each touching the record with probability ``participation``."""
     acc = FDPAccountant(eps_error=eps_error)
     acc.compose(
-        noise_multiplier, sampling_rate, _check_count(rounds, "rounds"), participation=participation
+        noise_multiplier, sampling_rate, check_count(rounds, "rounds"), participation=participation
     )
     return acc.epsilon_bound(delta, relation)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 
 from fedfdp.accounting.accountant import (
-    _check_count,
-    _check_delta,
-    _check_eps_error,
-    _check_rate,
-    _check_real,
-    _check_relation,
-    _check_sigma,
+    check_count,
+    check_delta,
+    check_eps_error,
+    check_rate,
+    check_real,
+    check_relation,
+    check_sigma,
     epsilon_for,
 )
 
@@ -75,19 +75,19 @@ def calibrate_noise_multiplier(
     >>> round(calibrate_noise_multiplier(2.0, 0.05, 150, 1e-5), 3)   # target ε, q, rounds, δ
     1.54
     """
-    target = _check_real("target_epsilon", target_epsilon)
+    target = check_real("target_epsilon", target_epsilon)
     if not (target > 0 and math.isfinite(target)):
         raise ValueError(f"target_epsilon={target_epsilon!r}: must be finite and > 0")
-    q = _check_rate(sampling_rate)
-    n = _check_count(rounds, "rounds")
-    delta = _check_delta(delta)
-    relation = _check_relation(relation)
-    eps_error = _check_eps_error(eps_error)
-    rtol = _check_real("rtol", rtol)
+    q = check_rate(sampling_rate)
+    n = check_count(rounds, "rounds")
+    delta = check_delta(delta)
+    relation = check_relation(relation)
+    eps_error = check_eps_error(eps_error)
+    rtol = check_real("rtol", rtol)
     if not 0.0 < rtol < 1.0:
         raise ValueError(f"rtol={rtol!r}: must be in (0, 1)")
-    max_sigma = _check_sigma(max_noise_multiplier, "max_noise_multiplier")
-    p = _check_rate(participation, "participation")
+    max_sigma = check_sigma(max_noise_multiplier, "max_noise_multiplier")
+    p = check_rate(participation, "participation")
 
     def eps(sigma: float) -> float:
         return epsilon_for(sigma, q, n, delta, relation, eps_error, participation=p).upper

@@ -9,7 +9,7 @@ orderings of the add/remove relation (Definition 6) are composed; the larger
 epsilon is reported.  A round with participation ``p < 1`` (Poisson device
 sampling, the draw known to the adversary) is the mixture ``p (Q, P) + (1-p) (P, P)``
 with the branch revealed: its privacy loss is the subsampled Gaussian's with
-probability ``p`` and 0 otherwise (:func:`~fedfdp.accounting.prv._discretise`).
+probability ``p`` and 0 otherwise (:func:`~fedfdp.accounting.prv.discretise`).
 
 Numerical method: privacy random variables (Gopi, Lee & Wutschitz, NeurIPS 2021)
 --------------------------------------------------------------------------------
@@ -80,20 +80,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import fft as _fft
 
-from fedfdp.accounting.curves import _ArrayCurve, _CurveBase, _SpectralCurve
+from fedfdp.accounting.curves import ArrayCurve, CurveBase, SpectralCurve
 from fedfdp.accounting.prv import (
     DiscretisationError,
     Group,
     _as_group,
-    _chernoff_lower,
-    _chernoff_upper,
-    _discretise,
-    _gaussian_delta,
-    _gaussian_epsilon,
     _rdp_delta,
-    _rdp_epsilon,
     _support_length,
-    _tv_bound,
+    chernoff_lower,
+    chernoff_upper,
+    discretise,
+    gaussian_delta,
+    gaussian_epsilon,
+    rdp_epsilon,
+    tv_bound,
 )
 
 if TYPE_CHECKING:
@@ -101,9 +101,9 @@ if TYPE_CHECKING:
 
 # Share of ``eps_error`` given to the discretisation; the rest absorbs the effect of
 # ``delta_error`` on the interval.
-_DISC_SHARE = 0.9
+DISC_SHARE = 0.9
 # Smallest absolute delta_error used (keeps the mesh finite for tiny deltas).
-_DELTA_ERROR_FLOOR = 1e-13
+DELTA_ERROR_FLOOR = 1e-13
 # Share of delta_error used by the analytic terms: Hoeffding 1/6 (in the coupling and
 # once more for mass it may push out of the window), per-round truncation 1/8,
 # composed upper tail 1/4, lower-tail aliasing 1/16.  The rest is for round-off.
@@ -211,8 +211,8 @@ def _make_grid(groups: Sequence[Group], eps_disc: float, delta_error: float) -> 
     return _Grid(
         h=h,
         eta=delta_error / (8.0 * n_total),
-        upper=_chernoff_upper(groups, delta_error / 4.0),
-        lower=_chernoff_lower(groups, delta_error / 16.0),
+        upper=chernoff_upper(groups, delta_error / 4.0),
+        lower=chernoff_lower(groups, delta_error / 16.0),
         margin=eps_disc + 1.0,
     )
 
@@ -262,7 +262,7 @@ def _compose_direction(
     grid: _Grid,
     noise_budget: float,
     max_points: int = _MAX_POINTS,
-) -> tuple[_CurveBase, float]:
+) -> tuple[CurveBase, float]:
     """Compose one ordering; returns its curve and a bound on float round-off in delta.
 
     The spectra ``F_i`` are needed only where ``G = prod F_i^{n_i}`` is not negligible:
@@ -282,7 +282,7 @@ def _compose_direction(
     """
     h = grid.h
     parts: list[Part] = [
-        (_discretise(g.sigma, g.q, direction, h, grid.eta, g.p), g.count) for g in groups
+        (discretise(g.sigma, g.q, direction, h, grid.eta, g.p), g.count) for g in groups
     ]
     shift = sum(n * s for (_, _, s), n in parts)
     n_total = sum(n for _, n in parts)
@@ -357,7 +357,7 @@ def _compose_direction(
             noise += 8.0 * n_total * eps_ld * float(mod_g[fix].sum()) + eps64 * sum_g
     t0 = k_lo * h + shift
     if len(freqs) <= _SPECTRAL_MAX:
-        curve = _SpectralCurve(t0, h, width, n_fft, k_lo, freqs, g)
+        curve = SpectralCurve(t0, h, width, n_fft, k_lo, freqs, g)
         return curve, noise + 8.0 * eps64 * curve.term_scale
     del parts, mod_g
     comp = np.zeros(n_fft // 2 + 1, dtype=complex)
@@ -370,7 +370,7 @@ def _compose_direction(
     out = full_pmf[start : start + width]
     out = np.concatenate([out, full_pmf[: width - len(out)]]) if len(out) < width else out.copy()
     del full_pmf
-    return _ArrayCurve(t0, h, out), noise + eps64 * sum_g * math.log2(n_fft)
+    return ArrayCurve(t0, h, out), noise + eps64 * sum_g * math.log2(n_fft)
 
 
 @dataclass(frozen=True)
@@ -383,18 +383,18 @@ class _Profile:
     ``gaussian_mu`` marks the closed form.  ``eps_disc`` is the discretisation error
     actually used (larger than requested when the mesh had to be coarsened).
     Every upper bound is also capped by the total-variation bound
-    (:func:`~fedfdp.accounting.prv._tv_bound`): ``epsilon = 0`` once ``delta`` exceeds it.
+    (:func:`~fedfdp.accounting.prv.tv_bound`): ``epsilon = 0`` once ``delta`` exceeds it.
     """
 
     groups: tuple[Group, ...]
-    curves: tuple[_CurveBase, ...] = ()
+    curves: tuple[CurveBase, ...] = ()
     eps_disc: float = 0.0
     delta_slack: float = 0.0
     gaussian_mu: float | None = None
 
     @functools.cached_property
     def tv(self) -> float:
-        return _tv_bound(self.groups)
+        return tv_bound(self.groups)
 
     @property
     def nbytes(self) -> int:
@@ -412,12 +412,12 @@ class _Profile:
         """
         d = np.atleast_1d(np.asarray(deltas, dtype=float))
         if self.gaussian_mu is not None:  # closed form; +-1e-9 (1 + eps) covers round-off
-            e = np.array([_gaussian_epsilon(self.gaussian_mu, float(x)) for x in d])
+            e = np.array([gaussian_epsilon(self.gaussian_mu, float(x)) for x in d])
             with np.errstate(invalid="ignore"):
                 pad = 1e-9 * (1.0 + e)
                 lo = np.where(np.isfinite(e), np.maximum(e - pad, 0.0), e)
             return lo, e, np.where(e > 0.0, e + pad, 0.0)
-        rdp = np.array([_rdp_epsilon(self.groups, float(x)) for x in d])
+        rdp = np.array([rdp_epsilon(self.groups, float(x)) for x in d])
         free = d >= self.tv  # no round touches the record with probability >= 1 - delta
         if not self.curves:
             up = np.where(free, 0.0, rdp)
@@ -441,7 +441,7 @@ class _Profile:
         """Certified upper bound on the larger of the two ``delta(eps)`` curves."""
         eps = np.asarray(eps, dtype=float)
         if self.gaussian_mu is not None:
-            return _gaussian_delta(self.gaussian_mu, eps)
+            return gaussian_delta(self.gaussian_mu, eps)
         if not self.curves:
             out = _rdp_delta(self.groups, eps)
         else:
@@ -452,7 +452,7 @@ class _Profile:
         return np.minimum(out, 1.0)
 
 
-def _groups(events: Iterable[PrivacyEvent]) -> tuple[Group, ...]:
+def ledger_groups(events: Iterable[PrivacyEvent]) -> tuple[Group, ...]:
     """Aggregate counts per distinct ``(sigma, q, participation)`` (composition is
     commutative)."""
     acc: dict[tuple[float, float, float], int] = {}
@@ -468,13 +468,13 @@ def _merge_gaussians(groups: Sequence[Group]) -> tuple[Group, ...]:
     Gaussian mechanism, and stays as it is)."""
     gauss = [g for g in groups if g.q == 1.0 and g.p == 1.0]
     out = [g for g in groups if not (g.q == 1.0 and g.p == 1.0)]
-    inv = sum(_precision(g) for g in gauss)
+    inv = sum(group_precision(g) for g in gauss)
     if inv > 0.0:
         out.append(Group(1.0 / math.sqrt(inv), 1.0, 1))
     return tuple(out)
 
 
-def _precision(g: Group) -> float:
+def group_precision(g: Group) -> float:
     """``count / sigma^2`` of a Gaussian group (``inf`` when ``sigma^2`` underflows)."""
     s2 = g.sigma * g.sigma
     return g.count / s2 if s2 > 0.0 else math.inf
@@ -516,7 +516,7 @@ _PROFILE_CACHE = _ProfileCache(6, MEMORY_LIMIT_BYTES // 8)
 def _profile(
     groups: Sequence[Sequence[float]], eps_disc: float, delta_error: float, max_grid_points: int
 ) -> _Profile:
-    """Compose a ledger (aggregated by ``_groups``) into both hockey-stick curves.
+    """Compose a ledger (aggregated by ``ledger_groups``) into both hockey-stick curves.
 
     ``groups`` holds :class:`~fedfdp.accounting.prv.Group` or plain ``(sigma, q, count)``
     tuples (participation 1).  Results are cached (:class:`_ProfileCache`).
@@ -546,7 +546,7 @@ def _compose_profile(
     Renyi-DP bound is reported.
     """
     if all(g.q == 1.0 and g.p == 1.0 for g in groups):
-        return _Profile(groups, gaussian_mu=math.sqrt(sum(_precision(g) for g in groups)))
+        return _Profile(groups, gaussian_mu=math.sqrt(sum(group_precision(g) for g in groups)))
     merged = _merge_gaussians(groups)
     limit = min(max_grid_points, _MAX_POINTS)
     span_limit = min(max_grid_points, _MAX_SPAN)
@@ -581,11 +581,11 @@ def _compose_profile(
     return _Profile(groups)
 
 
-# Ledgers with more distinct (sigma, q, participation) than this are bucketed (see ``_bucket``).
+# Ledgers with more distinct (sigma, q, participation) than this are bucketed (see ``bucket_groups``).
 _MAX_GROUPS = 128
 
 
-def _bucket(groups: tuple[Group, ...], conservative: bool) -> tuple[Group, ...]:
+def bucket_groups(groups: tuple[Group, ...], conservative: bool) -> tuple[Group, ...]:
     """Round ``(sigma, q, p)`` onto a log grid so that at most ``_MAX_GROUPS`` remain.
 
     ``conservative``: ``sigma`` down, ``q`` and the participation ``p`` up, a pair
@@ -620,7 +620,7 @@ def _bucket(groups: tuple[Group, ...], conservative: bool) -> tuple[Group, ...]:
 
 
 @dataclass(frozen=True)
-class _Bounds:
+class Bounds:
     """Upper-bound and lower-bound profiles (the same object unless bucketed)."""
 
     upper: _Profile
@@ -635,13 +635,13 @@ class _Bounds:
         return np.minimum(lo, est), est, up
 
 
-def _bounds(
+def compose_bounds(
     events: Sequence[PrivacyEvent], eps_disc: float, delta_error: float, max_grid_points: int
-) -> _Bounds:
-    groups = _groups(events)
-    delta_error = max(delta_error, _DELTA_ERROR_FLOOR)
-    up = _profile(_bucket(groups, True), eps_disc, delta_error, max_grid_points)
+) -> Bounds:
+    groups = ledger_groups(events)
+    delta_error = max(delta_error, DELTA_ERROR_FLOOR)
+    up = _profile(bucket_groups(groups, True), eps_disc, delta_error, max_grid_points)
     if len(groups) <= _MAX_GROUPS:
-        return _Bounds(up, up)
-    lo = _profile(_bucket(groups, False), eps_disc, delta_error, max_grid_points)
-    return _Bounds(up, lo)
+        return Bounds(up, up)
+    lo = _profile(bucket_groups(groups, False), eps_disc, delta_error, max_grid_points)
+    return Bounds(up, lo)

@@ -11,8 +11,8 @@ Method
 ------
 ``delta~(eps) = sum_{t_j > eps} c_j (1 - e^{eps - t_j})`` is evaluated, and inverted
 to ``eps~(delta)``, from tail sums: either of the composed masses themselves
-(:class:`_ArrayCurve`, after an inverse FFT) or directly from the few Fourier
-coefficients that matter (:class:`_SpectralCurve`, geometric sums without an
+(:class:`ArrayCurve`, after an inverse FFT) or directly from the few Fourier
+coefficients that matter (:class:`SpectralCurve`, geometric sums without an
 inverse FFT).  Both are exact for the discrete distribution; the discretisation
 and truncation errors are added by the caller.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 
-class _CurveBase:
+class CurveBase:
     """Hockey-stick curve ``delta~`` of a discrete composed PRV on ``t_i = t0 + i h``.
 
     ``delta~(eps) = sum_{t_j > eps} c_j (1 - e^{eps - t_j}) = d1(i) - e^{eps - t_i} e2(i)``
@@ -97,7 +97,7 @@ class _CurveBase:
         return np.minimum(np.maximum(eps, t_lo), t_hi).reshape(m)
 
 
-class _ArrayCurve(_CurveBase):
+class ArrayCurve(CurveBase):
     """Curve from the composed masses themselves (inverse FFT + cumulative sums)."""
 
     def __init__(self, t0: float, h: float, pmf: np.ndarray) -> None:
@@ -119,7 +119,7 @@ def _exp_grid(x0: float, h: float, n: int) -> np.ndarray:
     return (coarse[:, None] * fine[None, :]).ravel()[:n]
 
 
-class _SpectralCurve(_CurveBase):
+class SpectralCurve(CurveBase):
     """Curve evaluated from the kept Fourier coefficients ``G_k`` of the composition.
 
     The masses are ``c_j = (1/n) sum_k G_k z_k^(k_lo + j)``, ``z_k = e^{2 pi i k/n}``, so the

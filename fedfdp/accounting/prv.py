@@ -11,7 +11,7 @@ One private round releases the sum of per-record gradients clipped to L2 norm ``
 
 With participation ``p < 1`` (Poisson device sampling, the draw known to the
 adversary) a round is, with probability ``p``, this pair and otherwise ``(P, P)``;
-its privacy loss has an extra atom at 0 of mass ``1 - p`` (:func:`_discretise`) and
+its privacy loss has an extra atom at 0 of mass ``1 - p`` (:func:`discretise`) and
 its Renyi moments are ``p A_a + 1 - p`` (:func:`_group_log_moments`).
 
 Neighbouring relation
@@ -93,7 +93,7 @@ def _log_expm1(u: np.ndarray) -> np.ndarray:
     return out
 
 
-def _loss_inv(y: np.ndarray, sigma: float, q: float) -> np.ndarray:
+def loss_inv(y: np.ndarray, sigma: float, q: float) -> np.ndarray:
     """The ``omega`` with ``_loss(omega) = y``; ``-inf`` for ``y <= log(1-q)``."""
     y = np.asarray(y, dtype=float)
     if q == 1.0:
@@ -121,8 +121,8 @@ def _components(q: float, direction: str) -> list[tuple[float, float]]:
 def _omega_of(y: np.ndarray, sigma: float, q: float, direction: str) -> np.ndarray:
     """Map loss values to ``omega`` (increasing for remove, decreasing for add)."""
     if direction == "remove":
-        return _loss_inv(y, sigma, q)
-    return _loss_inv(-np.asarray(y, dtype=float), sigma, q)
+        return loss_inv(y, sigma, q)
+    return loss_inv(-np.asarray(y, dtype=float), sigma, q)
 
 
 # Cells per block of ``_cell_masses`` (bounds its temporaries; elementwise, so the
@@ -277,13 +277,13 @@ def _total_moments(groups: Sequence[Group]) -> np.ndarray:
     return total
 
 
-def _chernoff_upper(groups: Sequence[Group], prob: float) -> float:
+def chernoff_upper(groups: Sequence[Group], prob: float) -> float:
     """``L`` with ``Pr[sum of losses > L] <= prob``, either ordering (Chernoff)."""
     total = _total_moments(groups)
     return float(np.min((total + math.log(1.0 / prob)) / (_RDP_ORDERS - 1.0)))
 
 
-def _chernoff_lower(groups: Sequence[Group], prob: float) -> float:
+def chernoff_lower(groups: Sequence[Group], prob: float) -> float:
     """``x`` with ``Pr[sum of losses < -x] <= prob``, either ordering.
 
     ``E_Q[(P/Q)^l] = exp((l-1) D_l(P||Q)) <= A_l`` for ``l >= 1`` (Mironov et al.) and
@@ -295,13 +295,13 @@ def _chernoff_lower(groups: Sequence[Group], prob: float) -> float:
     return float(min(log_inv, np.min((total + log_inv) / _RDP_ORDERS)))
 
 
-def _rdp_epsilon(groups: Sequence[Group], delta: float) -> float:
+def rdp_epsilon(groups: Sequence[Group], delta: float) -> float:
     """Renyi-DP upper bound on the add/remove epsilon (Balle et al. 2020 conversion)."""
-    return _rdp_epsilon_log(groups, math.log(delta))
+    return rdp_epsilon_log(groups, math.log(delta))
 
 
-def _rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
-    """:func:`_rdp_epsilon` at ``delta = exp(log_delta)`` (any ``log_delta``, no underflow).
+def rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
+    """:func:`rdp_epsilon` at ``delta = exp(log_delta)`` (any ``log_delta``, no underflow).
 
     ``+inf`` when every moment overflows (a vacuous but valid bound).
     """
@@ -312,7 +312,7 @@ def _rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
 
 def _rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
     """Renyi-DP upper bound on either ordering's ``delta(eps)``: the inverse of the
-    conversion in :func:`_rdp_epsilon`, minimised over the orders (capped at 1)."""
+    conversion in :func:`rdp_epsilon`, minimised over the orders (capped at 1)."""
     eps = np.asarray(eps, dtype=float)
     a = _RDP_ORDERS[:, None]
     total = _total_moments(groups)[:, None]
@@ -323,7 +323,7 @@ def _rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
     return out.reshape(eps.shape)
 
 
-def _tv_bound(groups: Sequence[Group]) -> float:
+def tv_bound(groups: Sequence[Group]) -> float:
     """Upper bound on the total variation between the composed pair's two sides.
 
     A round touches the record with probability ``p q`` (participation times
@@ -341,7 +341,7 @@ def _tv_bound(groups: Sequence[Group]) -> float:
     return min(1.0, -math.expm1(log_none) * (1.0 + 1e-9))
 
 
-def _gaussian_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
+def gaussian_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
     """Exact ``delta(eps)`` of ``mu``-GDP: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``."""
     eps = np.asarray(eps, dtype=float)
     a = special.log_ndtr(-eps / mu + mu / 2.0)
@@ -351,20 +351,20 @@ def _gaussian_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
     return np.clip(np.nan_to_num(d, nan=0.0), 0.0, 1.0)
 
 
-def _gaussian_epsilon(mu: float, delta: float) -> float:
+def gaussian_epsilon(mu: float, delta: float) -> float:
     """Smallest ``eps >= 0`` with ``delta(eps) <= delta`` for ``mu``-GDP, rounded up."""
-    if float(_gaussian_delta(mu, 0.0)) <= delta:
+    if float(gaussian_delta(mu, 0.0)) <= delta:
         return 0.0
     if not math.isfinite(mu):
         return math.inf
     hi = 1.0
-    while float(_gaussian_delta(mu, hi)) > delta:
+    while float(gaussian_delta(mu, hi)) > delta:
         hi *= 2.0
         if hi > 1e300:  # epsilon beyond the float range: the bound is +inf
             return math.inf
 
     def f(e: float) -> float:
-        return float(_gaussian_delta(mu, e)) - delta
+        return float(gaussian_delta(mu, e)) - delta
 
     root = float(optimize.brentq(f, 0.0, hi, xtol=1e-13, rtol=1e-15))
     step = 1e-13 * max(1.0, root)
@@ -380,7 +380,7 @@ class DiscretisationError(RuntimeError):
 
 
 def _support_length(sigma: float, q: float, direction: str, h: float, eta: float) -> float:
-    """Number of cells :func:`_discretise` would use (``inf`` if the loss overflows)."""
+    """Number of cells :func:`discretise` would use (``inf`` if the loss overflows)."""
     with np.errstate(over="ignore", invalid="ignore"):
         a, b = _truncation(sigma, q, direction, eta)
     if not (math.isfinite(a) and math.isfinite(b)):
@@ -388,7 +388,7 @@ def _support_length(sigma: float, q: float, direction: str, h: float, eta: float
     return (max(b, 0.0) - min(a, 0.0)) / h + 2.0
 
 
-def _discretise(
+def discretise(
     sigma: float, q: float, direction: str, h: float, eta: float, p: float = 1.0
 ) -> tuple[int, np.ndarray, float]:
     """Cell-centred, mean-preserving discretisation on the grid ``k h``.

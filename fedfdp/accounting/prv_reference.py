@@ -22,14 +22,14 @@ from scipy import special
 
 from fedfdp.accounting.accountant import (
     EpsilonBound,
-    _as_events,
-    _check_delta,
-    _check_eps_error,
-    _check_rate,
-    _check_sigma,
+    as_events,
+    check_delta,
+    check_eps_error,
+    check_rate,
+    check_sigma,
 )
-from fedfdp.accounting.composition import _groups
-from fedfdp.accounting.prv import _loss_inv
+from fedfdp.accounting.composition import ledger_groups
+from fedfdp.accounting.prv import loss_inv
 
 __all__ = ["epsilon_prv_accountant"]
 
@@ -45,15 +45,15 @@ def _prv_add_ordering(q: float, sigma: float) -> Any:
         PrivacyRandomVariable,
     )
 
-    q = _check_rate(q)
-    sigma = _check_sigma(sigma)
+    q = check_rate(q)
+    sigma = check_sigma(sigma)
 
     class _AddOrdering(PrivacyRandomVariable):  # type: ignore[misc]
         def __init__(self) -> None:
             self._remove = PoissonSubsampledGaussianMechanism(q, sigma)
 
         def cdf(self, t: Any) -> Any:
-            w = _loss_inv(-np.asarray(t, dtype=float), sigma, q)
+            w = loss_inv(-np.asarray(t, dtype=float), sigma, q)
             return special.ndtr(-w / sigma)
 
         def rdp(self, alpha: float) -> float:  # an upper bound (Mironov et al.)
@@ -72,7 +72,7 @@ def _prv_participation(prv: Any, p: float) -> Any:
     """
     from prv_accountant.privacy_random_variables import PrivacyRandomVariable
 
-    p = _check_rate(p, "participation")
+    p = check_rate(p, "participation")
 
     class _Participation(PrivacyRandomVariable):  # type: ignore[misc]
         def cdf(self, t: Any) -> Any:
@@ -110,9 +110,9 @@ def epsilon_prv_accountant(
         PoissonSubsampledGaussianMechanism,
     )
 
-    delta = _check_delta(delta)
-    eps_error = _check_eps_error(eps_error)
-    groups = _groups(_as_events(ledger_or_accountant))
+    delta = check_delta(delta)
+    eps_error = check_eps_error(eps_error)
+    groups = ledger_groups(as_events(ledger_or_accountant))
     if not groups:
         return EpsilonBound(0.0, 0.0, 0.0, delta, "add-remove")
     counts = [g.count for g in groups]

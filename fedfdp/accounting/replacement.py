@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedfdp.accounting.composition import _Bounds, _bucket, _groups, _precision
-from fedfdp.accounting.prv import _gaussian_epsilon, _rdp_epsilon, _rdp_epsilon_log, _tv_bound
+from fedfdp.accounting.composition import Bounds, bucket_groups, group_precision, ledger_groups
+from fedfdp.accounting.prv import gaussian_epsilon, rdp_epsilon, rdp_epsilon_log, tv_bound
 
 if TYPE_CHECKING:
     from fedfdp.accounting.accountant import PrivacyEvent
 
 #: ``profile_for(events, delta_abs_error)``: the accountant's add/remove bounds.
-ProfileFor = Callable[[Sequence["PrivacyEvent"], float], _Bounds]
+ProfileFor = Callable[[Sequence["PrivacyEvent"], float], Bounds]
 
 
 def replacement_epsilon(
@@ -80,8 +80,8 @@ def replacement_epsilon(
     """
     rel = relative_delta_error
     half = delta_r / 2.0
-    groups = _bucket(_groups(events), True)
-    if 2.0 * _tv_bound(groups) <= delta_r:  # (0, tv) add/remove => (0, 2 tv) replacement
+    groups = bucket_groups(ledger_groups(events), True)
+    if 2.0 * tv_bound(groups) <= delta_r:  # (0, tv) add/remove => (0, 2 tv) replacement
         return 0.0, 0.0, 0.0
     if half < _TINY:
         return _rdp_replacement(groups, delta_r)
@@ -90,9 +90,9 @@ def replacement_epsilon(
     # Renyi-DP fixed point d = delta_r / (1 + e^{eps_rdp(d)}): a feasible start
     d_lo = half
     for _ in range(200):
-        e = _rdp_epsilon(groups, d_lo) if not gaussian else None
+        e = rdp_epsilon(groups, d_lo) if not gaussian else None
         if e is None:  # Gaussian: the closed form is exact and cheap
-            e = _gaussian_epsilon(math.sqrt(sum(_precision(g) for g in groups)), d_lo)
+            e = gaussian_epsilon(math.sqrt(sum(group_precision(g) for g in groups)), d_lo)
         if not e < 700.0:  # the pair lies below 1e-300: only Renyi DP in log space helps
             return _rdp_replacement(groups, delta_r, lower)
         d_new = delta_r / (1.0 + math.exp(min(e, 700.0)))
@@ -150,7 +150,7 @@ def _rdp_replacement(
     log_r = math.log(delta_r)
     ell = log_r - math.log(2.0)
     for _ in range(500):
-        e = _rdp_epsilon_log(groups, ell)
+        e = rdp_epsilon_log(groups, ell)
         if not math.isfinite(e):
             return lower, math.inf, math.inf
         new = log_r - float(np.logaddexp(0.0, e))
@@ -159,7 +159,7 @@ def _rdp_replacement(
         ell = new
     step = 1e-9 * max(1.0, abs(ell))
     for _ in range(200):
-        e = _rdp_epsilon_log(groups, ell)
+        e = rdp_epsilon_log(groups, ell)
         if math.isfinite(e) and ell + float(np.logaddexp(0.0, e)) <= log_r:
             return min(lower, 2.0 * e), 2.0 * e, 2.0 * e
         ell -= step

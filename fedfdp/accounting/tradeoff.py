@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from fedfdp.accounting.accountant import FDPAccountant, _as_events, _check_eps_error, _check_real
-from fedfdp.accounting.composition import _DELTA_ERROR_FLOOR, _DISC_SHARE, _bounds
+from fedfdp.accounting.accountant import FDPAccountant, as_events, check_eps_error, check_real
+from fedfdp.accounting.composition import DELTA_ERROR_FLOOR, DISC_SHARE, compose_bounds
 
 __all__ = ["attribute_inference_bound", "plot_tradeoff", "save_tradeoff_csv", "tradeoff_curve"]
 
@@ -88,18 +88,18 @@ def tradeoff_curve(
     delta_error : float
         Absolute delta slack of the curve: adds about this much to ``1 - beta``.
     """
-    events = _as_events(ledger_or_accountant)
+    events = as_events(ledger_or_accountant)
     if eps_error is None:
         acc = ledger_or_accountant
         eps_error = acc.eps_error if isinstance(acc, FDPAccountant) else 0.05
-    eps_error = _check_eps_error(eps_error)
-    delta_error = _check_real("delta_error", delta_error)
-    if not _DELTA_ERROR_FLOOR <= delta_error <= 1e-3:
-        raise ValueError(f"delta_error={delta_error!r}: must be in [{_DELTA_ERROR_FLOOR}, 1e-3]")
+    eps_error = check_eps_error(eps_error)
+    delta_error = check_real("delta_error", delta_error)
+    if not DELTA_ERROR_FLOOR <= delta_error <= 1e-3:
+        raise ValueError(f"delta_error={delta_error!r}: must be in [{DELTA_ERROR_FLOOR}, 1e-3]")
     a = _default_alphas() if alphas is None else _check_alphas(alphas)
     if not events:
         return a, 1.0 - a
-    prof = _bounds(events, _DISC_SHARE * eps_error, delta_error, 2**24).upper
+    prof = compose_bounds(events, DISC_SHARE * eps_error, delta_error, 2**24).upper
     if prof.gaussian_mu is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             beta = special.ndtr(special.ndtri(1.0 - a) - prof.gaussian_mu)
@@ -129,7 +129,7 @@ def attribute_inference_bound(ledger_or_accountant: Any, ball: float, **kwargs: 
     bound of :func:`tradeoff_curve` (convex, as Theorem 4 requires), so the result is
     an upper bound, in ``[ball, 1]``.  ``kwargs`` go to :func:`tradeoff_curve`.
     """
-    b = _check_real("ball", ball)
+    b = check_real("ball", ball)
     if not 0.0 <= b <= 1.0:
         raise ValueError(f"ball={ball!r}: must be in [0, 1]")
     _, beta = tradeoff_curve(ledger_or_accountant, np.array([b]), **kwargs)

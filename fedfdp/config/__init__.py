@@ -30,11 +30,11 @@ from fedfdp.config.schema import (
     TrainingConfig,
 )
 from fedfdp.config.values import (
-    _IGNORED,
-    _IMPORT_PATH,
-    _KEYS,
     DATA_LOCATIONS,
     DATASETS,
+    IGNORED_KEYS,
+    IMPORT_PATH,
+    KEY_TABLE,
     MODELS,
     MODES,
     OPTIMIZERS,
@@ -42,7 +42,7 @@ from fedfdp.config.values import (
     PRIVATE_MODES,
     PUBLIC_LOSSES,
     ConfigError,
-    _parse,
+    parse_value,
 )
 
 __all__ = [
@@ -73,12 +73,12 @@ __all__ = [
 def is_import_path(value: str) -> bool:
     """Whether ``value`` has the form ``package.module:name`` (a user's model
     builder or dataset loader, :mod:`fedfdp.user_code`)."""
-    return bool(_IMPORT_PATH.match(value))
+    return bool(IMPORT_PATH.match(value))
 
 
 def config_keys() -> tuple[str, ...]:
     """All accepted keys, in documentation order."""
-    return tuple(_KEYS)
+    return tuple(KEY_TABLE)
 
 
 def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None = None) -> Config:
@@ -111,14 +111,14 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         for name in ("privacy", "training", "data", "run")
     }
     for key, value in (mapping or {}).items():
-        if key in _IGNORED:
+        if key in IGNORED_KEYS:
             continue
-        if key not in _KEYS:
-            close = difflib.get_close_matches(key, _KEYS, n=1)
+        if key not in KEY_TABLE:
+            close = difflib.get_close_matches(key, KEY_TABLE, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{key}={value!r}: unknown configuration key{hint}")
-        section, attr, kind = _KEYS[key]
-        sections[section][attr] = _parse(key, kind, value)
+        section, attr, kind = KEY_TABLE[key]
+        sections[section][attr] = parse_value(key, kind, value)
     return Config(
         privacy=PrivacyConfig(**sections["privacy"]),
         training=TrainingConfig(**sections["training"]),

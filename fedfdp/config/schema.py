@@ -27,13 +27,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fedfdp.config.checks import check_config, check_data, check_privacy
-from fedfdp.config.values import _KEYS, PRIVATE_MODES, _flat, _validated
+from fedfdp.config.values import KEY_TABLE, PRIVATE_MODES, flat_value, validated_value
 
 
 def _validate_fields(obj: Any, section: str) -> None:
     """Check and normalise every field of a frozen section dataclass in place."""
     for f in fields(obj):
-        object.__setattr__(obj, f.name, _validated(section, f.name, getattr(obj, f.name)))
+        object.__setattr__(obj, f.name, validated_value(section, f.name, getattr(obj, f.name)))
 
 
 @dataclass(frozen=True)
@@ -304,12 +304,12 @@ class Config:
         """Flat kebab-case mapping (``None`` written as ``0``), the inverse of
         :func:`load_config`; suitable for TOML and Flower's run config."""
         out: dict[str, Any] = {}
-        for key, (section, attr, kind) in _KEYS.items():
+        for key, (section, attr, kind) in KEY_TABLE.items():
             value = getattr(getattr(self, section), attr)
-            out[key] = 0.0 if value is None else _flat(kind, value)
+            out[key] = 0.0 if value is None else flat_value(kind, value)
         return out
 
 
 #: Keys of the ``run`` section: they may differ on resume and are left out of
 #: a sweep's configuration hash.
-ORCHESTRATION_KEYS: frozenset[str] = frozenset(k for k, (sec, _, _) in _KEYS.items() if sec == "run")
+ORCHESTRATION_KEYS: frozenset[str] = frozenset(k for k, (sec, _, _) in KEY_TABLE.items() if sec == "run")

@@ -1,6 +1,6 @@
 """Configuration keys, their kinds and the parsers of their values.
 
-``_KEYS`` maps every kebab-case key to its section, attribute and kind; the
+``KEY_TABLE`` maps every kebab-case key to its section, attribute and kind; the
 parsers turn a TOML / Flower run-config value into the typed value of the
 frozen dataclasses (:mod:`fedfdp.config.schema`), or raise a
 :class:`ConfigError` naming the key and the value.
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 #: ``package.module:attribute``: a user's model builder or dataset loader.
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
 PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
@@ -46,7 +46,7 @@ class ConfigError(ValueError):
 
 
 # key -> (section, attribute, kind). kind: "float+", "float01", "int+", "int0", "str:<choices>"
-_KEYS: dict[str, tuple[str, str, str]] = {
+KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "mode": ("privacy", "mode", "choice"),
     "noise-multiplier": ("privacy", "noise_multiplier", "optfloat+"),
     "target-epsilon": ("privacy", "target_epsilon", "optfloat+"),
@@ -102,7 +102,7 @@ _KEYS: dict[str, tuple[str, str, str]] = {
 }
 
 #: (section, attribute) -> key
-_KEY_OF: dict[tuple[str, str], str] = {(sec, attr): key for key, (sec, attr, _) in _KEYS.items()}
+_KEY_OF: dict[tuple[str, str], str] = {(sec, attr): key for key, (sec, attr, _) in KEY_TABLE.items()}
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "mode": MODES,
@@ -116,7 +116,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 
 #: Keys that are not run settings but may appear in shared TOML files
 #: (Flower injects ``server-round`` into client configs).
-_IGNORED = frozenset({"server-round"})
+IGNORED_KEYS = frozenset({"server-round"})
 
 
 def _fail(key: str, value: Any, why: str) -> ConfigError:
@@ -240,8 +240,8 @@ def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _flat(kind: str, value: Any) -> Any:
-    """The flat (TOML scalar) form of a parsed value; inverse of :func:`_parse`."""
+def flat_value(kind: str, value: Any) -> Any:
+    """The flat (TOML scalar) form of a parsed value; inverse of :func:`parse_value`."""
     if kind in ("strlist", "intlist"):
         return ",".join(str(v) for v in value)
     if kind == "classes":
@@ -253,19 +253,19 @@ def _flat(kind: str, value: Any) -> Any:
     return value
 
 
-def _validated(section: str, attr: str, value: Any) -> Any:
+def validated_value(section: str, attr: str, value: Any) -> Any:
     """A typed field value checked as its key's parser would check it (the same
     message as the TOML path), normalised; ``None`` stays unset for optional keys."""
     key = _KEY_OF[(section, attr)]
-    kind = _KEYS[key][2]
+    kind = KEY_TABLE[key][2]
     if value is None and kind.startswith("opt"):
         return None
     if value is None:
         raise _fail(key, value, "must be set")
-    return _parse(key, kind, _flat(kind, value))
+    return parse_value(key, kind, flat_value(kind, value))
 
 
-def _parse(key: str, kind: str, value: Any) -> Any:
+def parse_value(key: str, kind: str, value: Any) -> Any:
     if kind == "strlist":
         return tuple(_names(key, value))
     if kind == "intlist":
@@ -290,7 +290,7 @@ def _parse(key: str, kind: str, value: Any) -> Any:
         return _parse_categories(key, value)
     if kind in ("choice", "choice-or-path"):
         choices = _CHOICES[key]
-        path = kind == "choice-or-path" and isinstance(value, str) and _IMPORT_PATH.match(value)
+        path = kind == "choice-or-path" and isinstance(value, str) and IMPORT_PATH.match(value)
         if isinstance(value, str) and (value in choices or path):
             return value
         extra = " or an import path 'package.module:name' to your own" if kind == "choice-or-path" else ""
