@@ -1,0 +1,43 @@
+"""CorrDP: correlation-aware differential privacy beside DP and FDP.
+
+The CorrDP paper (Wang, Zhang, Cummings; ``shared/papers/corrdp.txt``) protects every
+feature, but a change of an *insensitive* feature ``j`` only to the degree ``TV(j)``
+to which it reveals the *sensitive* features. Neighbours replace one record's
+sensitive features, or one insensitive feature; labels are fixed (Def. 2.1,
+Assumption 3.1); a sensitive change must be ``(ε, δ)``-indistinguishable, a change of
+feature ``j`` ``(ε/TV(j), δ)`` (Def. 2.2). Every ε of this package is reported under
+the relation name ``"corrdp"`` and must never be shown as a DP or FDP ε.
+
+Modules
+-------
+:mod:`~fedfdp.corrdp.roles`
+    :class:`FeatureRoles`, :class:`InsensitiveFeature`: sensitive columns, insensitive
+    features and their TVs (validated).
+:mod:`~fedfdp.corrdp.tv`
+    ``TV(j)``: declared, or estimated in-sample (Def. 3.10, Theorem 3.11) with the
+    constants ``c2``, ``γ``, ``c3`` derived in its docstring.
+:mod:`~fedfdp.corrdp.synthetic`
+    A dataset with controlled correlation and ``TV(j) = ρ_j`` in closed form.
+
+See ``docs/corrdp.md``.
+"""
+
+from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature, check_tv
+from fedfdp.corrdp.synthetic import CorrelatedData, correlated_features
+from fedfdp.corrdp.tv import Bins, TVEstimate, empirical_tv, estimate_tv, estimate_tvs, inflate, tv_of_joint
+
+__all__ = [
+    "RELATION",
+    "Bins",
+    "CorrelatedData",
+    "FeatureRoles",
+    "InsensitiveFeature",
+    "TVEstimate",
+    "check_tv",
+    "correlated_features",
+    "empirical_tv",
+    "estimate_tv",
+    "estimate_tvs",
+    "inflate",
+    "tv_of_joint",
+]

@@ -1,0 +1,189 @@
+"""CorrDP (fedfdp.corrdp): roles, TV (closed forms, the estimator's c2/c3 bounds, Def. 3.10)
+and the synthetic dataset.
+
+Statistical tests state their level; none takes its expected value from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedfdp.corrdp import (
+    Bins,
+    FeatureRoles,
+    InsensitiveFeature,
+    correlated_features,
+    empirical_tv,
+    estimate_tvs,
+    inflate,
+    tv_of_joint,
+)
+from fedfdp.corrdp.tv import TVConstants, estimation_error_bound, joint_codes, min_records
+
+# ----------------------------------------------------------------------------- roles
+
+
+def test_roles_partition_and_bad_input_named():
+    roles = FeatureRoles.from_names(["hr", "speed", "oh_a", "oh_b"], ["hr"], {"speed": 0.3, "kind": 1.0},
+                                    groups={"kind": ["oh_a", "oh_b"]})  # fmt: skip
+    assert roles.sensitive == (0,) and roles.tv == {"speed": 0.3, "kind": 1.0}
+    assert roles.insensitive[1].columns == (2, 3)
+    with pytest.raises(ValueError, match=r"'speed': tv=1.5 must be in \[0, 1\]"):
+        FeatureRoles.from_names(["hr", "speed"], ["hr"], {"speed": 1.5})
+    with pytest.raises(ValueError, match=r"tv=-0.1 must be in"):
+        InsensitiveFeature("x", (0,), -0.1)
+    with pytest.raises(ValueError, match=r"tv=nan must be in"):
+        InsensitiveFeature("x", (0,), float("nan"))
+    both = r"column 1 \('speed'\) is declared both sensitive and insensitive feature 'speed'"
+    with pytest.raises(ValueError, match=both):
+        FeatureRoles.from_names(["hr", "speed"], ["hr", "speed"], {"speed": 0.2})
+    with pytest.raises(ValueError, match=r"columns 1 \('speed'\): neither sensitive nor insensitive"):
+        FeatureRoles.from_names(["hr", "speed"], ["hr"], {})
+    with pytest.raises(ValueError, match=r"sensitive column 'pulse': not an input column"):
+        FeatureRoles.from_names(["hr", "speed"], ["pulse"], {"speed": 0.2})
+    assert roles.with_tv({"speed": 0.6}).tv == {"speed": 0.6, "kind": 1.0}
+
+
+# ----------------------------------------------------------------------------- TV: closed forms
+
+
+def test_tv_of_joint_paper_example_and_copy_model():
+    # Example 2.5: X1 | X2 = k ~ Bernoulli(k/3), k in {1, 2}: TV(2) = 1/3.
+    joint = 0.5 * np.array([[2 / 3, 1 / 3], [1 / 3, 2 / 3]])
+    assert tv_of_joint(joint) == pytest.approx(1 / 3, abs=1e-12)
+    # copy model with k categories: X_j = S w.p. rho else uniform: TV = rho
+    k, rho = 4, 0.35
+    cond = rho * np.eye(k) + (1 - rho) / k
+    assert tv_of_joint(cond / k) == pytest.approx(rho, abs=1e-12)
+    # independence: 0; rows with zero probability are ignored
+    assert tv_of_joint(np.outer([0.2, 0.8, 0.0], [0.5, 0.5])) == pytest.approx(0.0, abs=1e-15)
+
+
+def _sample(joint: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    v, s = joint.shape
+    flat = rng.choice(v * s, size=n, p=joint.ravel())
+    return flat // s, flat % s
+
+
+def test_estimator_error_within_c2_bound_on_synthetic_law():
+    """200 samples of n = 2000 from a fixed 3 x 4 law (each value has probability >= 0.25):
+    |T̂V − TV| exceeds e(β = 0.05) in at most 5% of them (Assumption 3.8 with our c2, γ = 1/2);
+    e(β) <= c2 sqrt(ln(1/β)) / sqrt(n); and the estimator is consistent (mean error < 0.03)."""
+    rng = np.random.default_rng(3)
+    cond = rng.dirichlet(np.ones(4), size=3)
+    joint = np.array([0.25, 0.35, 0.40])[:, None] * cond
+    truth = tv_of_joint(joint)
+    n, beta, pi = 2000, 0.05, 0.25
+    bound = estimation_error_bound(n, 3, 4, pi, beta)
+    k = TVConstants.of(3, 4, pi)
+    assert bound <= k.c2 * math.sqrt(math.log(1 / beta)) / math.sqrt(n)
+    errors = np.array([abs(empirical_tv(*_sample(joint, n, rng), 3, 4, pi) - truth) for _ in range(200)])
+    assert np.mean(errors > bound) <= beta
+    assert errors.mean() < 0.03
+    assert n >= min_records(3, pi, beta)
+
+
+def test_estimator_sensitivity_c3_over_n_exhaustive():
+    """Every single-record replacement of 300 random small tables (n = 10, 3 values, 2 cells,
+    π_min = 0.3, so ν n = 1.5 straddles the counts) moves T̂V by at most c3/n = 4/(π_min n);
+    the largest move found is within a factor 3 of the bound (the bound is not vacuous)."""
+    rng = np.random.default_rng(0)
+    n, v, s, pi = 10, 3, 2, 0.3
+    c3 = TVConstants.of(v, s, pi).c3
+    assert c3 == pytest.approx(4 / pi)
+    worst = 0.0
+    for _ in range(300):
+        col, sens = rng.integers(0, v, n), rng.integers(0, s, n)
+        base = empirical_tv(col, sens, v, s, pi)
+        for i in range(n):
+            for a in range(v):
+                for b in range(s):
+                    c2, s2 = col.copy(), sens.copy()
+                    c2[i], s2[i] = a, b
+                    worst = max(worst, abs(empirical_tv(c2, s2, v, s, pi) - base) * n / c3)
+    assert worst <= 1.0 + 1e-12
+    assert worst > 1 / 3
+
+
+def test_estimator_sensitivity_randomized_larger_tables():
+    rng = np.random.default_rng(1)
+    n, v, s, pi = 200, 5, 6, 0.1
+    c3 = TVConstants.of(v, s, pi).c3
+    worst = 0.0
+    for _ in range(300):
+        col = rng.choice(v, size=n, p=[0.5, 0.2, 0.15, 0.1, 0.05])  # rare values near ν n
+        sens = rng.integers(0, s, n)
+        base = empirical_tv(col, sens, v, s, pi)
+        i = rng.integers(n)
+        col[i], sens[i] = rng.integers(v), rng.integers(s)
+        worst = max(worst, abs(empirical_tv(col, sens, v, s, pi) - base) * n / c3)
+    assert worst <= 1.0 + 1e-12
+
+
+def test_inflation_def_3_10_and_its_conditions():
+    est = inflate("u", 0.2, 100_000, 2, 4, 0.4, 1e-5, 3)
+    k = TVConstants.of(2, 4, 0.4)
+    expected = 2 * k.c2 * math.sqrt(math.log(3 / 1e-5)) / math.sqrt(100_000)
+    assert est.bound_valid and est.inflation == pytest.approx(expected)
+    assert est.tv_tilde == pytest.approx(min(1.0, 0.2 + expected))
+    assert k.gamma == 0.5 and k.c3 == pytest.approx(2 / 0.2)
+    # clipped to 1
+    assert inflate("u", 0.9, 100_000, 2, 4, 0.4, 1e-5, 3).tv_tilde == 1.0
+    # too few records for the Hoeffding event: TV falls back to 1 and says why
+    small = inflate("u", 0.1, 50, 2, 4, 0.4, 1e-5, 3)
+    assert small.tv_tilde == 1.0 and not small.bound_valid and "records" in small.note
+    with pytest.raises(ValueError, match=r"min_value_prob=0.6: must be in \(0, 1/2\]"):
+        inflate("u", 0.1, 100, 2, 4, 0.6, 1e-5, 3)
+
+
+def test_estimate_tvs_on_synthetic_data_recovers_closed_form():
+    rho = [0.0, 0.4, 0.9]
+    data = correlated_features(40_000, 2, 3, rho, seed=5)
+    bins = data.bins()
+    sens = {data.names[c]: data.x[:, c] for c in data.sensitive}
+    ins = {data.names[c]: data.x[:, c] for c in data.insensitive}
+    est = estimate_tvs(sens, ins, bins, min_value_prob=0.45, delta=1e-3)
+    for name, r in zip(ins, rho, strict=True):
+        e = estimation_error_bound(40_000, 2, 4, 0.45, 1e-3 / 3)
+        assert abs(est[name].tv_hat - r) <= e, (name, est[name].tv_hat, r)
+        assert abs(est[name].tv_hat - r) < 0.03
+        assert est[name].bound_valid and est[name].tv_tilde >= r
+    with pytest.raises(ValueError, match="column 's0' is declared both sensitive and insensitive"):
+        estimate_tvs(sens, {"s0": data.x[:, 0]}, bins, 0.45, 1e-3)
+    with pytest.raises(ValueError, match=r"no declared bins for columns \['u0'\]"):
+        estimate_tvs(sens, ins, {k: v for k, v in bins.items() if k != "u0"}, 0.45, 1e-3)
+
+
+def test_bins_and_joint_codes():
+    b = Bins(edges=(0.0, 1.0))
+    assert b.size == 3 and b.codes([-1.0, 0.0, 0.5, 1.0, 7.0]).tolist() == [0, 1, 1, 2, 2]
+    c = Bins(categories=("walk", "run"))
+    assert c.codes(["run", "walk"]).tolist() == [1, 0]
+    with pytest.raises(ValueError, match="mode: value 'swim' is not a declared category"):
+        c.codes(["swim"], "mode")
+    with pytest.raises(ValueError, match="strictly increasing"):
+        Bins(edges=(1.0, 0.0))
+    joint, cells = joint_codes([np.array([0, 1, 2]), np.array([1, 0, 1])], [3, 2])
+    assert cells == 6 and joint.tolist() == [1, 2, 5]
+
+
+# ----------------------------------------------------------------------------- synthetic data
+
+
+def test_synthetic_bounds_and_closed_form_tv():
+    data = correlated_features(20_000, 3, 4, [0.0, 0.25, 0.5, 1.0], seed=2, num_classes=3)
+    assert data.x.shape == (20_000, 7) and set(np.unique(data.y)) == {0, 1, 2}
+    assert np.abs(data.x).max() <= data.bound and np.linalg.norm(data.x, axis=1).max() <= 1.0 + 1e-12
+    # independent check of TV(j) = rho_j: P(s_l = + | x_j > 0) - P(s_l = + | x_j < 0)
+    for j, col in enumerate(data.insensitive):
+        s = data.x[:, data.linked[j]] > 0
+        pos = data.x[:, col] > 0
+        diff = s[pos].mean() - s[~pos].mean()
+        assert diff == pytest.approx(data.tv[j], abs=0.03)
+    roles = data.roles()
+    assert roles.tv == {"u0": 0.0, "u1": 0.25, "u2": 0.5, "u3": 1.0}
+    with pytest.raises(ValueError, match=r"rho of insensitive column u1: 1.2 must be in \[0, 1\]"):
+        correlated_features(10, 1, 2, [0.1, 1.2])
