@@ -1,5 +1,5 @@
-"""CorrDP (fedfdp.corrdp): roles, TV (closed forms, the estimator's c2/c3 bounds, Def. 3.10)
-and the synthetic dataset.
+"""CorrDP (fedfdp.corrdp): roles, TV (closed forms, the estimator's c2/c3 bounds, Def. 3.10),
+the synthetic dataset, and the Laplace mechanisms (exact sampler, scale, Theorem 2.9).
 
 Statistical tests state their level; none takes its expected value from the code under test.
 """
@@ -10,18 +10,29 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from fedfdp.corrdp import (
     Bins,
     FeatureRoles,
     InsensitiveFeature,
+    corrdp_laplace,
     correlated_features,
+    correlated_sensitivity,
+    discrete_laplace,
     empirical_tv,
     estimate_tvs,
+    group_feature_means,
     inflate,
+    linf_bound,
+    minimal_correlated_sensitivity,
+    relation_sensitivity,
+    standard_laplace,
+    standard_sensitivity,
     tv_of_joint,
 )
 from fedfdp.corrdp.tv import TVConstants, estimation_error_bound, joint_codes, min_records
+from fedfdp.entropy import OSBits, SeededEntropy
 
 # ----------------------------------------------------------------------------- roles
 
@@ -187,3 +198,141 @@ def test_synthetic_bounds_and_closed_form_tv():
     assert roles.tv == {"u0": 0.0, "u1": 0.25, "u2": 0.5, "u3": 1.0}
     with pytest.raises(ValueError, match=r"rho of insensitive column u1: 1.2 must be in \[0, 1\]"):
         correlated_features(10, 1, 2, [0.1, 1.2])
+
+
+# ----------------------------------------------------------------------------- Laplace
+
+
+def test_discrete_laplace_sampler_is_exact():
+    """400k draws with t = 3 against P(Z = z) = (1 − e^{-1/3})/(1 + e^{-1/3}) e^{-|z|/3}:
+    chi-square goodness of fit over |z| <= 10 and the two tails, p > 1e-4."""
+    t = 3
+    z = discrete_laplace(OSBits(), t, 400_000)
+    a = math.exp(-1 / t)
+    support = np.arange(-10, 11)
+    pmf = (1 - a) / (1 + a) * a ** np.abs(support)
+    tail = (1 - pmf.sum()) / 2
+    observed = [np.sum(z < -10), *[np.sum(z == k) for k in support], np.sum(z > 10)]
+    expected = np.array([tail, *pmf, tail]) * len(z)
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def _roles_and_sensitivities() -> tuple[FeatureRoles, np.ndarray]:
+    roles = FeatureRoles(4, (0,), (InsensitiveFeature("a", (1,), 0.5), InsensitiveFeature("b", (2,), 0.0),
+                                   InsensitiveFeature("c", (3,), 1.0)))  # fmt: skip
+    return roles, np.array([1.0, 2.0, 3.0, 0.5])
+
+
+def test_correlated_sensitivity_def_2_7_by_hand():
+    roles, d = _roles_and_sensitivities()
+    # Σ_S + Σ_U TV Δf = 1 + 0.5·2 + 0·3 + 1·0.5 = 2.5; relation Δf = max(1, 2, 3, 0.5) = 3
+    assert correlated_sensitivity(d, roles) == pytest.approx(2.5)
+    assert relation_sensitivity(d, roles) == pytest.approx(3.0)
+    assert minimal_correlated_sensitivity(d, roles) == pytest.approx(1.0)  # max(1, 0.5·2, 0, 1·0.5)
+    assert standard_sensitivity(d) == pytest.approx(6.5)
+    # two disjoint groups: the max over rows; not disjoint: the sum
+    table = np.stack([d, 2 * d])
+    assert correlated_sensitivity(table, roles) == pytest.approx(5.0)
+    assert correlated_sensitivity(table, roles, disjoint_groups=False) == pytest.approx(7.5)
+    # all TV = 1 and many columns: Δf of the relation is the smaller term
+    roles1 = roles.with_tv({"a": 1.0, "b": 1.0})
+    assert correlated_sensitivity(d, roles1) == pytest.approx(3.0)
+
+
+def test_group_means_and_their_sensitivity_by_brute_force():
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-2, 2, size=(30, 3))
+    g = rng.integers(0, 4, 30)
+    lo, hi = np.array([-1.0, 0.0, -2.0]), np.array([1.0, 1.0, 2.0])
+    means, sens = group_feature_means(x, g, 5, lo, hi)
+    counts = np.bincount(g, minlength=5)
+    assert sens[4].tolist() == [0.0, 0.0, 0.0] and means[4].tolist() == [0.0, 0.5, 0.0]  # empty group
+    for i in range(30):
+        for k in range(3):
+            for value in (lo[k] - 5, hi[k] + 5):  # extremes, clamped
+                x2 = x.copy()
+                x2[i, k] = value
+                m2, _ = group_feature_means(x2, g, 5, lo, hi)
+                moved = np.abs(m2 - means)
+                assert moved.max() <= sens[g[i], k] + 1e-12
+                assert moved[g[i], k] <= (hi[k] - lo[k]) / counts[g[i]] + 1e-12
+                assert np.count_nonzero(moved > 1e-15) <= 1  # Def. 2.8: one coordinate per feature
+
+
+def _chi2_scale_matches(noise: np.ndarray, scale: float, alpha: float = 1e-6) -> bool:
+    """Two-sided test of H0: |Y| ~ Exp(scale) (Laplace scale b): 2 Σ|Y| / b ~ χ²(2n)."""
+    n = noise.size
+    stat = 2.0 * float(np.abs(noise).sum()) / scale
+    return stats.chi2.ppf(alpha / 2, 2 * n) <= stat <= stats.chi2.ppf(1 - alpha / 2, 2 * n)
+
+
+def test_corrdp_laplace_scale_accepts_right_rejects_wrong():
+    """40k noise draws of the released per-group means: accept b = Δ_C f / ε, reject b·2/3 and
+    b·3/2 (chi-square on Σ|Y|, α = 1e-6). The scale used is Δ_C f/ε up to the grid slack."""
+    roles, d = _roles_and_sensitivities()
+    values = np.zeros((50, 4))
+    coord = np.tile(d, (50, 1)) / 10
+    eps = 0.7
+    releases = [corrdp_laplace(values, coord, roles, eps, OSBits()) for _ in range(200)]
+    b = correlated_sensitivity(coord, roles) / eps
+    assert releases[0].scale == pytest.approx(b, rel=1e-6) and releases[0].scale >= b
+    assert releases[0].relation == "corrdp"
+    noise = np.concatenate([r.values.ravel() for r in releases])
+    assert _chi2_scale_matches(noise, b)
+    assert not _chi2_scale_matches(noise, b * 2 / 3)
+    assert not _chi2_scale_matches(noise, b * 3 / 2)
+    std = standard_laplace(values, coord, eps, OSBits())
+    assert std.relation == "dp" and std.scale == pytest.approx(standard_sensitivity(coord) / eps, rel=1e-6)
+
+
+def test_theorem_2_9_linf_accuracy():
+    """4000 statistics of K = 10 coordinates (rows of one release over disjoint groups, so each
+    row has the scale of a single-row release): the rate of ‖noise‖_∞ > b ln(K/β) (β = 0.2) is
+    ≤ β (one-sided binomial, α = 1e-4) and matches the exact 1 − (1 − β/K)^K (two-sided, p > 1e-4);
+    with the noise scaled by 3/2 the bound fails (rate > β)."""
+    beta, reps = 0.2, 4000
+    roles10 = FeatureRoles(10, (0, 1), tuple(InsensitiveFeature(f"u{k}", (k,), 0.3) for k in range(2, 10)))
+    row = np.linspace(0.1, 1.0, 10)
+    single = corrdp_laplace(np.zeros(10), row, roles10, 1.0, OSBits())
+    values = np.full((reps, 10), 0.25)
+    rel = corrdp_laplace(values, np.tile(row, (reps, 1)), roles10, 1.0, OSBits())
+    assert rel.scale == single.scale
+    bound = linf_bound(rel.scale, 10, beta)
+    assert bound == pytest.approx(rel.scale * math.log(10 / beta))
+    sup = np.abs(rel.values - values).max(axis=1)
+    hits = int(np.sum(sup > bound))
+    exact = 1 - (1 - beta / 10) ** 10
+    assert stats.binomtest(hits, reps, beta, alternative="greater").pvalue > 1e-4
+    assert stats.binomtest(hits, reps, exact).pvalue > 1e-4
+    assert np.mean(1.5 * sup > bound) > beta
+
+
+def test_laplace_privacy_loss_per_class_and_grid_outputs():
+    """The proof of Theorem 2.9, checked numerically: for every class of CorrDP neighbour the
+    ℓ1 move of per-group means (with the grid slack) over the scale is ≤ ε (sensitive) and
+    ≤ ε/TV(j) (feature j). Outputs are grid points whatever the input (no Mironov holes)."""
+    roles, _ = _roles_and_sensitivities()
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, size=(40, 4))
+    g = rng.integers(0, 3, 40)
+    lo, hi = -np.ones(4), np.ones(4)
+    means, coord = group_feature_means(x, g, 3, lo, hi)
+    eps = 0.5
+    rel = corrdp_laplace(means, coord, roles, eps, SeededEntropy(1).noise(0, 0))
+    slack = coord + rel.grid * (coord > 0)
+    for row in range(3):
+        sens_move = slack[row, 0]
+        assert sens_move / rel.scale <= eps + 1e-12
+        for f in roles.insensitive:
+            move = slack[row, list(f.columns)].sum()
+            if f.tv > 0:
+                assert move / rel.scale <= eps / f.tv + 1e-12
+    steps = rel.values / rel.grid
+    assert np.array_equal(steps, np.round(steps))
+    shifted = corrdp_laplace(means + rel.grid / 3, coord, roles, eps, SeededEntropy(1).noise(0, 0))
+    moved = (shifted.values - rel.values) / rel.grid  # same noise: only the rounding of the input
+    assert set(np.unique(moved)) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match=r"epsilon=0.0: must be finite and > 0"):
+        corrdp_laplace(means, coord, roles, 0.0, OSBits())
+    with pytest.raises(ValueError, match="differ in shape"):
+        corrdp_laplace(means[:2], coord, roles, 1.0, OSBits())

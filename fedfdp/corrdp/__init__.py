@@ -16,12 +16,27 @@ Modules
 :mod:`~fedfdp.corrdp.tv`
     ``TV(j)``: declared, or estimated in-sample (Def. 3.10, Theorem 3.11) with the
     constants ``c2``, ``γ``, ``c3`` derived in its docstring.
+:mod:`~fedfdp.corrdp.laplace`
+    The CorrDP and standard Laplace mechanisms (Def. 2.7-2.8, Theorem 2.9) with an
+    exact discrete-Laplace sampler; per-group feature means.
 :mod:`~fedfdp.corrdp.synthetic`
     A dataset with controlled correlation and ``TV(j) = ρ_j`` in closed form.
 
 See ``docs/corrdp.md``.
 """
 
+from fedfdp.corrdp.laplace import (
+    LaplaceRelease,
+    corrdp_laplace,
+    correlated_sensitivity,
+    discrete_laplace,
+    group_feature_means,
+    linf_bound,
+    minimal_correlated_sensitivity,
+    relation_sensitivity,
+    standard_laplace,
+    standard_sensitivity,
+)
 from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature, check_tv
 from fedfdp.corrdp.synthetic import CorrelatedData, correlated_features
 from fedfdp.corrdp.tv import Bins, TVEstimate, empirical_tv, estimate_tv, estimate_tvs, inflate, tv_of_joint
@@ -32,12 +47,22 @@ __all__ = [
     "CorrelatedData",
     "FeatureRoles",
     "InsensitiveFeature",
+    "LaplaceRelease",
     "TVEstimate",
     "check_tv",
+    "corrdp_laplace",
     "correlated_features",
+    "correlated_sensitivity",
+    "discrete_laplace",
     "empirical_tv",
     "estimate_tv",
     "estimate_tvs",
+    "group_feature_means",
     "inflate",
+    "linf_bound",
+    "minimal_correlated_sensitivity",
+    "relation_sensitivity",
+    "standard_laplace",
+    "standard_sensitivity",
     "tv_of_joint",
 ]
