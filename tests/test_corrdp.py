@@ -1,6 +1,7 @@
 """CorrDP (fedfdp.corrdp): roles, TV (closed forms, the estimator's c2/c3 bounds, Def. 3.10),
 the synthetic dataset, and the Laplace mechanisms (exact sampler, scale, Theorem 2.9).
 
+CorrDP-SGD (blocks, clipping, noise, accounting) is in ``tests/test_corrdp_sgd.py``.
 Statistical tests state their level; none takes its expected value from the code under test.
 """
 

@@ -19,12 +19,25 @@ Modules
 :mod:`~fedfdp.corrdp.laplace`
     The CorrDP and standard Laplace mechanisms (Def. 2.7-2.8, Theorem 2.9) with an
     exact discrete-Laplace sampler; per-group feature means.
+:mod:`~fedfdp.corrdp.noise`
+    CorrDP-SGD for GLMs (Algorithm 1, Eq. (3)): blocks, per-block clipping, explicit
+    sensitivities, per-coordinate noise, the mechanism for ``ServerParts``.
+:mod:`~fedfdp.corrdp.accounting`
+    Per-class Gaussian pairs composed by fedfdp's PRV accountant; the CorrDP ε.
 :mod:`~fedfdp.corrdp.synthetic`
     A dataset with controlled correlation and ``TV(j) = ρ_j`` in closed form.
 
 See ``docs/corrdp.md``.
 """
 
+from fedfdp.corrdp.accounting import (
+    RELATION_TEXT,
+    CorrDPAccountant,
+    CorrDPEpsilon,
+    calibrate_noise_multiplier,
+    corrdp_epsilon,
+    effective_noise_multiplier,
+)
 from fedfdp.corrdp.laplace import (
     LaplaceRelease,
     corrdp_laplace,
@@ -37,30 +50,56 @@ from fedfdp.corrdp.laplace import (
     standard_laplace,
     standard_sensitivity,
 )
+from fedfdp.corrdp.noise import (
+    CorrDPDesign,
+    CorrDPGaussianMechanism,
+    PrivacyClass,
+    clip_per_block,
+    coordinate_stds,
+    corrdp_mechanism_factory,
+    glm_clipped_sum,
+    glm_shape,
+    project_weights_,
+)
 from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature, check_tv
 from fedfdp.corrdp.synthetic import CorrelatedData, correlated_features
 from fedfdp.corrdp.tv import Bins, TVEstimate, empirical_tv, estimate_tv, estimate_tvs, inflate, tv_of_joint
 
 __all__ = [
     "RELATION",
+    "RELATION_TEXT",
     "Bins",
+    "CorrDPAccountant",
+    "CorrDPDesign",
+    "CorrDPEpsilon",
+    "CorrDPGaussianMechanism",
     "CorrelatedData",
     "FeatureRoles",
     "InsensitiveFeature",
     "LaplaceRelease",
+    "PrivacyClass",
     "TVEstimate",
+    "calibrate_noise_multiplier",
     "check_tv",
+    "clip_per_block",
+    "coordinate_stds",
+    "corrdp_epsilon",
     "corrdp_laplace",
+    "corrdp_mechanism_factory",
     "correlated_features",
     "correlated_sensitivity",
     "discrete_laplace",
+    "effective_noise_multiplier",
     "empirical_tv",
     "estimate_tv",
     "estimate_tvs",
+    "glm_clipped_sum",
+    "glm_shape",
     "group_feature_means",
     "inflate",
     "linf_bound",
     "minimal_correlated_sensitivity",
+    "project_weights_",
     "relation_sensitivity",
     "standard_laplace",
     "standard_sensitivity",
