@@ -180,7 +180,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.out:
             atomic_write(args.out, json.dumps(shown if args.pool else rows, indent=1).encode())
         return 0
-    from simulations.auditing.canaries import recommended_setup, run_audit
+    from simulations.auditing.analysis import run_audit
+    from simulations.auditing.canaries import recommended_setup
 
     relations = ["add-remove", "replacement"] if args.relation == "both" else [args.relation]
     given = {
