@@ -34,7 +34,7 @@ from fedfdp.corrdp import (
 from fedfdp.entropy import OSBits, SeededEntropy
 from fedfdp.mechanisms import standard_normals
 from fedfdp.models import build_model
-from tests.references import gaussian_delta_ref, gaussian_eps_ref, participation_gaussian_eps_ref
+from tests.references import dp_ref_eps, gaussian_delta_ref, gaussian_eps_ref, participation_gaussian_eps_ref
 
 TVS = (0.05, 0.3, 0.6, 1.0)
 
@@ -267,25 +267,42 @@ def test_design_validation_names_the_value():
 
 
 def test_class_epsilons_match_independent_closed_forms():
-    """Full batches (q = 1): class c after T rounds is a Gaussian with √T μ_c, ε from the closed
-    form (tests/references.gaussian_eps_ref). Poisson rate q: the revealed-coin mixture,
-    participation_gaussian_eps_ref(1/μ_c, q, T, δ). The accountant's upper bounds lie within
-    [0, eps_error] above; the CorrDP ε is max_c d_c ε_c of the references."""
+    """Bound (i), revealed coin: with full batches (q = 1) class c after T rounds is a Gaussian
+    with √T μ_c, ε from the closed form (tests/references.gaussian_eps_ref); at rate q it is the
+    participation mixture, participation_gaussian_eps_ref(1/μ_c, q, T, δ). The accountant's
+    upper bounds lie within [0, eps_error] above. Bound (ii), whole record: the project's
+    replacement ε (Prop. 1) of the subsampled Gaussian with noise multiplier 1/M, at least its
+    add/remove ε (dp-accounting's PLD). ε_c is the smaller; the CorrDP ε is max_c d_c ε_c. The
+    parameters make (i) bind at q = 1 and (ii) bind for some classes at q = 0.1."""
     d = _design()
     sigma, clip, rounds, delta = 3.0, 0.5, 50, 1e-5
     mus = d.class_mu(sigma, clip)
+    visibility = d.record_visibility(sigma, clip)
     weights = d.class_weights()
-    full = corrdp_epsilon(d, sigma, clip, 1.0, rounds, delta)
-    sub = corrdp_epsilon(d, sigma, clip, 0.1, rounds, delta)
-    ref_full = {c: gaussian_eps_ref(math.sqrt(rounds) * mus[c], delta) for c in mus}
-    ref_sub = {c: participation_gaussian_eps_ref(1 / mus[c], 0.1, rounds, delta) for c in mus}
-    for res, ref in ((full, ref_full), (sub, ref_sub)):
+    for q, ref in (
+        (1.0, lambda c: gaussian_eps_ref(math.sqrt(rounds) * mus[c], delta)),
+        (0.1, lambda c: participation_gaussian_eps_ref(1 / mus[c], 0.1, rounds, delta)),
+    ):
+        res = corrdp_epsilon(d, sigma, clip, q, rounds, delta)
         assert res.relation == "corrdp" and "eps_corrdp" in res.label()
+        whole = FDPAccountant()
+        whole.compose(1 / visibility, q, rounds)
+        assert res.classes[0].whole_record == whole.epsilon(delta, "replacement")
+        assert res.classes[0].whole_record >= dp_ref_eps([(1 / visibility, q, rounds)], delta) - 1e-6
         for c in res.classes:
-            assert 0.0 <= c.epsilon - ref[c.name] <= 0.05 + 1e-9, (c.name, c.epsilon, ref[c.name])
-        expected = max(weights[c] * ref[c] for c in ref)
+            assert 0.0 <= c.revealed_coin - ref(c.name) <= 0.05 + 1e-9, (
+                q,
+                c.name,
+                c.revealed_coin,
+                ref(c.name),
+            )
+            assert c.epsilon == min(c.revealed_coin, c.whole_record)
+        expected = max(weights[c.name] * min(ref(c.name), c.whole_record) for c in res.classes)
         assert 0.0 <= res.epsilon - expected <= 0.05 + 1e-9
-    assert sub.epsilon < full.epsilon
+        if q == 1.0:
+            assert all(c.epsilon == c.revealed_coin for c in res.classes)
+        else:
+            assert any(c.epsilon == c.whole_record for c in res.classes)
 
 
 def test_rate_q_shortcut_is_not_a_dominating_pair():
@@ -365,9 +382,9 @@ def test_weights_dominance_and_estimated_tv_delta():
 
 def test_calibration_meets_the_target():
     d = _design()
-    sigma = calibrate_noise_multiplier(d, 3.0, 0.5, 0.1, 40, 1e-5)
+    sigma = calibrate_noise_multiplier(d, 3.0, 0.5, 0.1, 40, 1e-5, rel_tol=1e-2)
     assert corrdp_epsilon(d, sigma, 0.5, 0.1, 40, 1e-5).epsilon <= 3.0
-    assert corrdp_epsilon(d, sigma * 0.99, 0.5, 0.1, 40, 1e-5).epsilon > 3.0 - 0.02
+    assert corrdp_epsilon(d, sigma / 1.01, 0.5, 0.1, 40, 1e-5).epsilon > 3.0
 
 
 def test_erf_sanity_of_reference():
