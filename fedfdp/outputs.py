@@ -26,6 +26,8 @@ METRIC_COLUMNS = (
     "delta",
     "relation",
     "accuracy",
+    "balanced_accuracy",
+    "auc",
     "loss",
     "public_loss",
     "replies",

@@ -59,7 +59,7 @@ from fedfdp.checkpoint import (
 from fedfdp.config import Config
 from fedfdp.contribution import trainable
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
-from fedfdp.evaluation import evaluate
+from fedfdp.evaluation import held_out_metrics
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
@@ -140,11 +140,11 @@ EvaluateFn = Callable[[int, nn.Module], Mapping[str, float] | None]
 
 
 def held_out_evaluation(x: Any, y: Any) -> EvaluateFn:
-    """An ``evaluate_fn`` reporting accuracy and cross-entropy on ``(x, y)``."""
+    """An ``evaluate_fn`` reporting accuracy, balanced accuracy, AUC (binary) and
+    log loss on ``(x, y)`` (:func:`fedfdp.evaluation.held_out_metrics`)."""
 
     def evaluate_fn(round_: int, model: nn.Module) -> dict[str, float]:
-        acc, loss = evaluate(model, x, y)
-        return {"accuracy": acc, "loss": loss}
+        return held_out_metrics(model, x, y)
 
     return evaluate_fn
 

@@ -77,7 +77,7 @@ from fedfdp.config import (
     load_toml_file,
     parse_override,
 )
-from simulations.compare_report import PLOT_FILE, SUMMARY_FILE, write_report
+from simulations.compare_report import METRIC_TITLES, PLOT_FILE, SUMMARY_FILE, write_report
 from simulations.compare_results import RESULTS_FILE, append_result, done_runs, read_results
 
 SWEEP_KEYS = ("modes", "target-epsilons", "seeds")
@@ -266,7 +266,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
     from fedfdp.entropy import noise_source
-    from fedfdp.evaluation import evaluate
+    from fedfdp.evaluation import METRICS, held_out_metrics
 
     cfg = run.cfg
     data = load_dataset(cfg.data)
@@ -277,7 +277,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     start = time.perf_counter()
     if engine == "centralised":
         model, rows = run_centralised(cfg, data)
-        accuracy, loss = evaluate(model, data.test_x, data.test_y)
+        scores = held_out_metrics(model, data.test_x, data.test_y)
         phases = [r["phase"] for r in rows]
         epsilon = rows[-1]["epsilon"] if rows else 0.0
         delta = rows[-1]["delta"] if rows else float("nan")
@@ -291,8 +291,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         evaluated = metrics.dropna(subset=["accuracy"])
         if evaluated.empty:
             raise RuntimeError(f"run {run.tag}: the Flower run evaluated no round")
-        accuracy = float(evaluated["accuracy"].iloc[-1])
-        loss = float(evaluated["loss"].iloc[-1])
+        scores = {m: float(evaluated[m].iloc[-1]) if m in evaluated else float("nan") for m in METRICS}
         phases = metrics["phase"].astype(str).tolist()
         epsilon = float(metrics["epsilon"].iloc[-1])
         delta = float(metrics["delta"].iloc[-1])
@@ -305,8 +304,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         "delta": delta,
         "relation": "add-remove",
         "seed": run.seed,
-        "accuracy": accuracy,
-        "loss": loss,
+        **scores,
         "rounds": len(phases),
         "pretrain_rounds": pretrain,
         "private_rounds": len(phases) - pretrain if run.mode != "public" else 0,
@@ -327,6 +325,7 @@ def run_sweep(
     progress: bool = True,
     command: str = "",
     title: str = "",
+    metric: str = "accuracy",
 ) -> Path:
     """Run every run of ``sweep`` not yet in ``out/results.csv``; write the report.
 
@@ -353,7 +352,7 @@ def run_sweep(
             row = run_one(run, engine, sigmas.get(run.tag))
             append_result(out, row)
             bar.update(1)
-    write_report(out, command=command, title=title)
+    write_report(out, command=command, title=title, metric=metric)
     return out / RESULTS_FILE
 
 
@@ -370,13 +369,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if read_results(out).empty:
             print(f"error: no {RESULTS_FILE} in {out}", file=sys.stderr)
             return 1
-        write_report(out, title=args.title)
+        write_report(out, title=args.title, metric=args.metric)
     else:
         doc: dict[str, Any] = {} if args.config is None else load_toml_file(args.config)
         sweep = parse_sweep(doc, args.set or [])
         command = "fedfdp compare " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
         run_sweep(sweep, out, engine=args.engine, progress=not args.no_progress, command=command,
-                  title=args.title)
+                  title=args.title, metric=args.metric)
     print(f"wrote {out / RESULTS_FILE}, {out / SUMMARY_FILE}, {out / PLOT_FILE}")
     summary = out / SUMMARY_FILE
     if summary.is_file():
@@ -397,4 +396,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report-only", action="store_true", help="rewrite summary and plot from results.csv")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--title", default="", help="heading of the summary and the plot (one dataset)")
+    p.add_argument("--metric", choices=list(METRIC_TITLES), default="accuracy",
+                   help="metric of the plot (the summary has every metric)")
     p.set_defaults(func=cmd_compare)

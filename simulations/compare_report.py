@@ -1,10 +1,11 @@
 """The report of ``fedfdp compare``: ``summary.md`` and ``privacy_utility.png``.
 
 Both are written from ``results.csv`` alone (so ``--report-only`` can redraw them):
-accuracy on the held-out split, mean ± sd over seeds, per mode and target ε; the
+held-out accuracy, balanced accuracy, AUC (binary tasks) and log loss, mean ± sd
+over seeds, per mode and target ε, the best private mode of each ε in bold; the
 realised ε (add/remove, upper bound of the accountant's interval) and the
 calibrated σ of every private mode; ``nonprivate`` (ε = ∞) and ``public`` (ε = 0)
-as reference lines.
+as reference lines. The plot shows one metric (``--metric``).
 """
 
 from __future__ import annotations
@@ -25,22 +26,84 @@ def _fmt_eps(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3g}"
 
 
+#: metric -> (title, unit scale, "higher is better")
+METRIC_TITLES = {
+    "accuracy": ("Accuracy, %", 100.0, True),
+    "balanced_accuracy": ("Balanced accuracy (mean per-class recall), %", 100.0, True),
+    "auc": ("ROC AUC of the positive class (binary task), %", 100.0, True),
+    "loss": ("Log loss (mean cross-entropy), lower is better", 1.0, False),
+}
+
+
 def summarise(frame):  # -> pd.DataFrame
-    """Mean and sd over seeds per (dataset, mode, target ε)."""
+    """Mean and sd over seeds of every metric per (dataset, mode, target ε)."""
     frame = frame.copy()
+    for metric in METRIC_TITLES:
+        if metric not in frame:
+            frame[metric] = float("nan")
     frame["target_key"] = frame["target_epsilon"].fillna(-1.0)
     grouped = frame.groupby(["dataset", "mode", "target_key"], sort=False)
+    aggs = {f"{m}_{stat}": (m, stat) for m in METRIC_TITLES for stat in ("mean", "std")}
     table = grouped.agg(
-        accuracy_mean=("accuracy", "mean"),
-        accuracy_sd=("accuracy", "std"),
+        **aggs,
         epsilon_mean=("epsilon", "mean"),
         epsilon_max=("epsilon", "max"),
         noise_multiplier=("noise_multiplier", "mean"),
         seeds=("seed", "nunique"),
     ).reset_index()
+    table = table.rename(columns={f"{m}_std": f"{m}_sd" for m in METRIC_TITLES})
     table["target_epsilon"] = table["target_key"].where(table["target_key"] >= 0)
-    table["accuracy_sd"] = table["accuracy_sd"].fillna(0.0)
+    for m in METRIC_TITLES:
+        table[f"{m}_sd"] = table[f"{m}_sd"].fillna(0.0)
     return table.drop(columns="target_key")
+
+
+def best_private(part, metric: str, target: float) -> str | None:
+    """The private mode with the best mean ``metric`` at ``target`` ε (None if none)."""
+    rows = part[part["mode"].isin(PRIVATE_MODES) & (part["target_epsilon"] == target)]
+    rows = rows[rows[f"{metric}_mean"].notna()]
+    if rows.empty:
+        return None
+    higher = METRIC_TITLES[metric][2]
+    pick = rows[f"{metric}_mean"].idxmax() if higher else rows[f"{metric}_mean"].idxmin()
+    return str(rows.loc[pick, "mode"])
+
+
+def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
+    """One metric's table: mean ± sd per mode and ε, the best private mode in bold,
+    and fdp's differences to the baselines."""
+    title, scale, _ = METRIC_TITLES[metric]
+    digits = 1 if scale == 100.0 else 3
+    lines = [f"**{title}** (best private mode per ε in bold)", ""]
+    lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
+    lines.append("|---|" + "---|" * len(targets))
+    best = {t: best_private(part, metric, t) for t in targets}
+    means: dict[str, dict[float, float]] = {}
+    for mode in _ordered_modes(part["mode"].unique()):
+        sub = part[part["mode"] == mode]
+        cells = []
+        means[mode] = {}
+        for t in targets:
+            hit = sub[sub["target_epsilon"] == t] if mode in PRIVATE_MODES else sub
+            if hit.empty or hit.iloc[0][f"{metric}_mean"] != hit.iloc[0][f"{metric}_mean"]:
+                cells.append("—")
+                continue
+            r = hit.iloc[0]
+            means[mode][t] = r[f"{metric}_mean"]
+            cell = f"{scale * r[f'{metric}_mean']:.{digits}f} ± {scale * r[f'{metric}_sd']:.{digits}f}"
+            cells.append(f"**{cell}**" if best[t] == mode else cell)
+        lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
+    unit = "points" if scale == 100.0 else "log loss"
+    for a, b in (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd")):
+        if a in means and b in means and means[a] and means[b]:
+            cells = [
+                f"{scale * (means[a][t] - means[b][t]):+.{digits}f}"
+                if t in means[a] and t in means[b] else "—"
+                for t in targets
+            ]
+            lines.append(f"| `{a}` − `{b}` ({unit}) | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
 
 def _ordered_modes(modes: Sequence[str]) -> list[str]:
@@ -58,7 +121,8 @@ def _title(dataset: str, rows, titles: Mapping[str, str] | None) -> str:
 def write_summary(
     frame, path: Path, *, command: str = "", titles: Mapping[str, str] | None = None
 ) -> None:
-    """``summary.md``: accuracy (mean ± sd over seeds) per mode and target ε."""
+    """``summary.md``: every metric (mean ± sd over seeds) per mode and target ε,
+    the best private mode per ε in bold."""
     from fedfdp.outputs import atomic_write
 
     table = summarise(frame)
@@ -71,7 +135,7 @@ def write_summary(
         lines.append(f"## {_title(dataset, rows, titles)}")
         lines.append("")
         lines.append(
-            "Accuracy on the held-out split, % (mean ± sd over seeds). Each private mode "
+            "Metrics on the held-out split (mean ± sd over seeds). Each private mode "
             "is calibrated to end at the target ε (add/remove, upper bound"
             + (f", δ = {delta.iloc[0]:.3g}" if len(delta) else "")
             + "); `nonprivate` (ε = ∞) and `public` (ε = 0) do not depend on ε. "
@@ -82,29 +146,9 @@ def write_summary(
             lines.append("")
             lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
         lines.append("")
-        lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
-        lines.append("|---|" + "---|" * len(targets))
-        means: dict[str, dict[float, float]] = {}
-        for mode in _ordered_modes(part["mode"].unique()):
-            sub = part[part["mode"] == mode]
-            cells = []
-            means[mode] = {}
-            for t in targets:
-                hit = sub[sub["target_epsilon"] == t] if mode in PRIVATE_MODES else sub
-                if hit.empty:
-                    cells.append("—")
-                    continue
-                r = hit.iloc[0]
-                means[mode][t] = r["accuracy_mean"]
-                cells.append(f"{100 * r['accuracy_mean']:.1f} ± {100 * r['accuracy_sd']:.1f}")
-            lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
-        for a, b in (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd")):
-            if a in means and b in means and means[a] and means[b]:
-                cells = [
-                    f"{100 * (means[a][t] - means[b][t]):+.1f}" if t in means[a] and t in means[b] else "—"
-                    for t in targets
-                ]
-                lines.append(f"| `{a}` − `{b}` (points) | " + " | ".join(cells) + " |")
+        for metric in METRIC_TITLES:
+            if part[f"{metric}_mean"].notna().any():
+                lines += _metric_table(part, targets, metric)
         lines.append("")
         lines.append("Realised ε (max over seeds) and calibrated σ per private mode:")
         lines.append("")
@@ -149,8 +193,10 @@ _STYLE = {
 }
 
 
-def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None = None) -> None:
-    """``privacy_utility.png``: accuracy vs ε per mode (mean ± sd over seeds);
+def plot_privacy_utility(
+    frame, path: Path, *, titles: Mapping[str, str] | None = None, metric: str = "accuracy"
+) -> None:
+    """``privacy_utility.png``: ``metric`` vs ε per mode (mean ± sd over seeds);
     ``nonprivate`` and ``public`` as horizontal reference lines."""
     import matplotlib
 
@@ -161,6 +207,10 @@ def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None 
 
     from fedfdp.outputs import atomic_write
 
+    if metric not in METRIC_TITLES:
+        raise ValueError(f"--metric={metric!r}: must be one of {', '.join(METRIC_TITLES)}")
+    title, scale, _ = METRIC_TITLES[metric]
+    label = title.split(",")[0].lower() + (" (%)" if scale == 100.0 else "")
     table = summarise(frame)
     datasets = list(table["dataset"].unique())
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.8), squeeze=False)
@@ -174,11 +224,11 @@ def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None 
             if mode in PRIVATE_MODES:
                 sub = sub.sort_values("target_epsilon")
                 ax.errorbar(
-                    sub["epsilon_mean"], 100 * sub["accuracy_mean"], yerr=100 * sub["accuracy_sd"],
+                    sub["epsilon_mean"], scale * sub[f"{metric}_mean"], yerr=scale * sub[f"{metric}_sd"],
                     color=color, marker=marker, capsize=3, label=mode,
                 )
             else:
-                m, s = 100 * sub["accuracy_mean"].iloc[0], 100 * sub["accuracy_sd"].iloc[0]
+                m, s = scale * sub[f"{metric}_mean"].iloc[0], scale * sub[f"{metric}_sd"].iloc[0]
                 eps = "ε = ∞" if mode == "nonprivate" else "ε = 0"
                 ax.axhline(m, color=color, linestyle="--", linewidth=1.2, label=f"{mode} ({eps})")
                 if s > 0:
@@ -188,7 +238,7 @@ def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None 
             ax.set_xticks(xs)
             ax.set_xticklabels([f"{x:g}" for x in xs])
         ax.set_xlabel("ε (add/remove, upper bound)")
-        ax.set_ylabel("held-out accuracy (%)")
+        ax.set_ylabel(f"held-out {label}")
         ax.set_title(_title(dataset, frame[frame["dataset"] == dataset], titles), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
@@ -199,13 +249,14 @@ def plot_privacy_utility(frame, path: Path, *, titles: Mapping[str, str] | None 
     atomic_write(path, buf.getvalue())
 
 
-def write_report(out: Path, *, command: str = "", title: str = "") -> None:
-    """Write ``summary.md`` and ``privacy_utility.png`` from ``results.csv``
-    (``title`` replaces the dataset heading when the results hold one dataset)."""
+def write_report(out: Path, *, command: str = "", title: str = "", metric: str = "accuracy") -> None:
+    """Write ``summary.md`` and ``privacy_utility.png`` (of ``metric``) from
+    ``results.csv`` (``title`` replaces the dataset heading when the results
+    hold one dataset)."""
     frame = read_results(out)
     if frame.empty:
         return
     datasets = frame["dataset"].unique()
     titles = {datasets[0]: title} if title and len(datasets) == 1 else None
     write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles)
-    plot_privacy_utility(frame, out / PLOT_FILE, titles=titles)
+    plot_privacy_utility(frame, out / PLOT_FILE, titles=titles, metric=metric)

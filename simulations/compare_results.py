@@ -28,6 +28,8 @@ RESULT_COLUMNS = (
     "relation",
     "seed",
     "accuracy",
+    "balanced_accuracy",
+    "auc",
     "loss",
     "rounds",
     "pretrain_rounds",
