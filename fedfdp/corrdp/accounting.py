@@ -50,7 +50,7 @@ the adversary then sees whether the record was sampled and the loss is not ampli
 (a numerical counterexample is in ``tests/test_corrdp_sgd.py``). The exact worst case
 over ``‖a‖, ‖b‖ ≤ M``, ``‖a − b‖ ≤ μ_c`` lies between (i) and the rate-``q`` pair; a
 tight accountant for it (a 2-D privacy-loss distribution composed numerically) is
-open work (``docs/corrdp.md`` §6).
+open work (``docs/corrdp.md`` §8).
 
 The ledger
 ----------

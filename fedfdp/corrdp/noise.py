@@ -345,9 +345,9 @@ class CorrDPDesign:
 
     def record_visibility(self, noise_multiplier: float, clipping_norm: float) -> float:
         """``M = √(Σ_B C̄_B²/σ_B²)``: the largest whitened norm of one record's clipped
-        gradient. Large ``M`` means a record's presence in a batch is visible through the
-        weakly noised blocks, so Poisson sampling amplifies CorrDP's ε little
-        (:mod:`fedfdp.corrdp.accounting`)."""
+        gradient, the shift of adding or removing the record (bound (ii) of
+        :mod:`fedfdp.corrdp.accounting`). Large ``M`` means a record's presence in a batch
+        is visible through the weakly noised blocks."""
         clips = np.minimum(self.block_clips(clipping_norm), [RESIDUAL_BOUND * b.bound for b in self.blocks])
         return float(np.sqrt(np.sum((clips / self.block_stds(noise_multiplier, clipping_norm)) ** 2)))
 

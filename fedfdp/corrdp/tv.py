@@ -72,7 +72,7 @@ The factor 2 lets the estimate of every neighbour ``D'`` cover the true TV too:
 The conditions (``δ/m_u ≤ 1/e``, the Hoeffding condition above at ``β = δ/m_u``, and
 ``c3/n ≤ c2 √(ln(m_u/δ)/n)``) are checked; when one fails, ``TṼ(j) = 1`` (the
 DP noise level for that column) and :attr:`TVEstimate.note` says why. Theorem 3.11
-then claims ``(ε, 2δ)``-CorrDP. Caveat (``docs/corrdp.md`` §5): the noise level
+then claims ``(ε, 2δ)``-CorrDP. Caveat (``docs/corrdp.md`` §3): the noise level
 depends on the data through ``TṼ``; the paper's theorem covers this variance
 difference under Assumption 3.9, fedfdp's explicit accounting
 (:mod:`fedfdp.corrdp.accounting`) treats the noise design as fixed. Declared TVs, or
