@@ -96,9 +96,15 @@ def check_data(d: DataConfig) -> None:
         if not d.private_columns:
             raise ConfigError("private-columns=[]: dataset='csv' needs at least one private column")
         for key, cols in (("public-columns", d.public_columns), ("private-columns", d.private_columns)):
-            for special, name in (("label-column", d.label_column), ("device-column", d.device_column)):
-                if name and name in cols:
-                    raise ConfigError(f"{key}={list(cols)}: contains the {special} {name!r}")
+            if d.label_column in cols:
+                raise ConfigError(f"{key}={list(cols)}: contains the label-column {d.label_column!r}")
+        if d.device_column and d.device_column in d.private_columns:
+            raise ConfigError(
+                f"private-columns={list(d.private_columns)}: contains the device-column "
+                f"{d.device_column!r}; which device holds a record is disclosed (device sizes and the "
+                "assignment of records to devices are public), so it cannot be private — list it in "
+                "public-columns to use it as a feature"
+            )
         for side in ("public", "private"):
             ranges = {n for n, _, _ in getattr(d, f"{side}_ranges")}
             cats = {n for n, _ in getattr(d, f"{side}_categories")}

@@ -53,6 +53,32 @@ def is_numeric(series: pd.Series) -> bool:
     return bool(pd.api.types.is_numeric_dtype(series)) or bool(pd.api.types.is_bool_dtype(series))
 
 
+#: A text column whose non-missing values are numbers in at least this share is a
+#: numeric column with bad cells, refused (not silently one-hot encoded).
+NUMERIC_SHARE = 0.9
+
+
+def check_numeric_cells(series: pd.Series, column: str) -> None:
+    """Refuse a column read as text although (nearly) all its values are numbers:
+    name the column, the first bad cell's row and its value."""
+    if is_numeric(series):
+        return
+    present = series.notna().to_numpy()
+    if not present.any():
+        return
+    numbers = pd.to_numeric(series, errors="coerce").notna().to_numpy()
+    share = numbers[present].mean()
+    if share >= NUMERIC_SHARE and share < 1.0:
+        bad = np.flatnonzero(present & ~numbers)
+        row = int(bad[0])
+        raise DataError(
+            f"column {column!r}: value(s) {sorted({str(series.iloc[i]) for i in bad[:5]})} are not numbers "
+            f"(first at data row {row + 1}: {str(series.iloc[row])!r}; {len(bad)} such cell(s) in a column "
+            f"{100 * share:.1f}% numbers); fix the cell(s), or declare the column's categories to encode "
+            "it as text"
+        )
+
+
 def _as_float(series: pd.Series) -> np.ndarray:
     return pd.to_numeric(series, errors="coerce").astype("float64").to_numpy()
 
@@ -99,10 +125,18 @@ class ColumnEncoding:
         v = _as_float(series)
         bad = np.isnan(v) & ~series.isna().to_numpy()
         if bad.any():
+            row = int(np.flatnonzero(bad)[0])
             examples = sorted({str(x) for x in series[bad].head(5)})
             raise DataError(
-                f"column {self.column!r}: value(s) {examples} are not numbers (the column is "
-                f"encoded as numeric: {'declared range' if self.kind == 'range' else 'numeric data'})"
+                f"column {self.column!r}: value(s) {examples} are not numbers (first at data row {row + 1}: "
+                f"{str(series.iloc[row])!r}; the column is encoded as numeric: "
+                f"{'declared range' if self.kind == 'range' else 'numeric data'})"
+            )
+        inf = np.isinf(v)
+        if inf.any():
+            row = int(np.flatnonzero(inf)[0])
+            raise DataError(
+                f"column {self.column!r}: non-finite input values (data row {row + 1} holds {v[row]})"
             )
         if self.kind == "standard":
             scaled = (v - self.low) / (self.high if self.high > 0 else 1.0)
@@ -158,6 +192,10 @@ def _label_text(value: object) -> str:
     return str(value)
 
 
+#: More distinct label values than this must be declared (``label-classes``).
+MAX_UNDECLARED_CLASSES = 100
+
+
 def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...]:
     """``label-classes`` if declared, else the sorted distinct labels of ``frame``
     (at least two); ``frame = None`` (strict) requires the declaration."""
@@ -166,6 +204,12 @@ def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...
     if frame is None:
         raise DataError("label-classes='': needed where every site encodes its own file")
     values = sorted({_label_text(v) for v in frame[cfg.label_column].to_numpy()})
+    if len(values) > MAX_UNDECLARED_CLASSES:
+        raise DataError(
+            f"label-column={cfg.label_column!r}: {len(values)} distinct values (e.g. {values[:3]}): a "
+            f"continuous label? A classifier over more than {MAX_UNDECLARED_CLASSES} classes needs "
+            "them declared in label-classes; or bin the label into classes first"
+        )
     if len(values) < 2:
         shown = values[0] if values else "none"
         raise DataError(
@@ -238,7 +282,7 @@ def table_encoding(
             public.append(ColumnEncoding(col, "onehot", categories=cats[col]))
         elif strict:
             raise undeclared(col, "public")
-        elif is_numeric(frame[col]):
+        elif check_numeric_cells(frame[col], col) or is_numeric(frame[col]):
             ref = _as_float(frame[col])[train]
             ref = ref[~np.isnan(ref)]
             mean = float(ref.mean()) if len(ref) else 0.0
@@ -261,6 +305,7 @@ def table_encoding(
         if strict:
             raise undeclared(col, "private")
         series = frame[col]
+        check_numeric_cells(series, col)
         if is_numeric(series):
             seen = _as_float(series)
             seen = seen[~np.isnan(seen)]

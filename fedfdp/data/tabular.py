@@ -89,6 +89,10 @@ def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path"
                 frame = frame.head(max_records)
         elif name.endswith((".csv", ".csv.gz", ".tsv", ".tsv.gz", ".txt")):
             sep = "\t" if ".tsv" in name else ","
+            header = _raw_header(path, sep)
+            dup = sorted({c for c in header if header.count(c) > 1})
+            if dup:
+                raise DataError(f"{key}={str(path)!r}: duplicate column name(s) {dup[:5]} in the header")
             frame = pd.read_csv(path, sep=sep, nrows=max_records or None)
         else:
             raise DataError(
@@ -102,6 +106,16 @@ def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path"
     if len(frame) == 0:
         raise DataError(f"{key}={str(path)!r}: no rows")
     return frame
+
+
+def _raw_header(path: Path, sep: str) -> list[str]:
+    """The header row as written (pandas renames duplicates to ``a.1``)."""
+    import csv
+    import gzip
+
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as fh:
+        return [c.strip() for c in next(csv.reader(fh, delimiter=sep), [])]
 
 
 def _labelled(frame: pd.DataFrame, cfg: DataConfig, where: str) -> pd.DataFrame:
