@@ -22,7 +22,8 @@ PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
 PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
 MODELS = ("mlp", "logistic")
-DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv")
+DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
+            "nlswork", "hmda")
 #: Where the training records live: ``central`` (every node loads the dataset
 #: the run names and serves its partition) or ``node`` (each SuperNode reads
 #: its own file, named in its node config).

@@ -70,6 +70,10 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
         from fedfdp.data.tabular import load_csv
 
         return load_csv
+    if name in ("cps1988", "health-insurance", "nlswork", "hmda"):
+        from fedfdp.data.real_tables import load_real_table
+
+        return load_real_table
     from fedfdp.config import is_import_path
 
     if is_import_path(name):

@@ -73,7 +73,7 @@ from fedfdp.data.split import (
 )
 from fedfdp.features import PublicStatistics
 
-__all__ = ["PrivateStatisticsWarning", "load_csv", "load_heldout", "load_site", "read_table"]
+__all__ = ["PrivateStatisticsWarning", "load_csv", "load_frame", "load_heldout", "load_site", "read_table"]
 
 
 def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path") -> pd.DataFrame:
@@ -127,8 +127,13 @@ def _labelled(frame: pd.DataFrame, cfg: DataConfig, where: str) -> pd.DataFrame:
 
 def load_csv(cfg: DataConfig) -> FederatedData:
     """Load one user table, split over devices (``data-location = "central"``)."""
-    where = repr(cfg.data_path)
-    frame = read_table(cfg.data_path, cfg.max_records)
+    return load_frame(read_table(cfg.data_path, cfg.max_records), cfg, repr(cfg.data_path), "csv")
+
+
+def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> FederatedData:
+    """A table already in memory (a file's rows, or a packaged dataset's), split
+    over devices and encoded exactly as :func:`load_csv` does (``cfg``'s column
+    lists and declarations)."""
     check_columns(frame, cfg, where, [cfg.device_column] if cfg.device_column else [])
     frame = _labelled(frame, cfg, where)
     classes = label_classes(cfg, frame)
@@ -141,22 +146,22 @@ def load_csv(cfg: DataConfig) -> FederatedData:
             )
         units = units.astype(str).to_numpy()
         device = group_units(units, cfg.num_devices, data_rng(cfg.data_seed, 2), what="devices",
-                             dataset="csv")
+                             dataset=name)
     else:
         device = split_records(y, cfg.num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
-                               dataset="csv")
+                               dataset=name)
     test = holdout_records(device, cfg.test_fraction, data_rng(cfg.data_seed, 1))
     enc, computed = table_encoding(cfg, frame, ~test)
     if computed:
         warnings.warn(
-            f"private column(s) {computed} of {cfg.data_path!r} were scaled/encoded with statistics "
+            f"private column(s) {computed} of {where} were scaled/encoded with statistics "
             "computed from the data, which discloses them outside the privacy guarantee; declare "
             "private-ranges (numeric) and private-categories (text) in the configuration",
             PrivateStatisticsWarning,
             stacklevel=2,
         )
     return assemble(
-        "csv",
+        name,
         enc.spec,
         enc.encode(frame),
         y,
