@@ -7,12 +7,16 @@ Statistical tests state their level; none takes its expected value from the code
 
 from __future__ import annotations
 
+import doctest
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from scipy import stats
 
+import fedfdp.corrdp
 from fedfdp.corrdp import (
     Bins,
     FeatureRoles,
@@ -34,6 +38,28 @@ from fedfdp.corrdp import (
 )
 from fedfdp.corrdp.tv import TVConstants, estimation_error_bound, joint_codes, min_records
 from fedfdp.entropy import OSBits, SeededEntropy
+
+# ----------------------------------------------------------------------------- the package
+
+
+@pytest.mark.parametrize("name", [n for n in fedfdp.corrdp.__all__ if not n.startswith("RELATION")])
+def test_public_name_has_a_docstring_and_runnable_examples(name):
+    """The project's API convention (tests/test_api.py), for fedfdp.corrdp's names."""
+    obj = getattr(fedfdp.corrdp, name)
+    assert len((obj.__doc__ or "").strip().splitlines()) > 2, f"{name}: no docstring"
+    tests = [t for t in doctest.DocTestFinder(recurse=False).find(obj, name) if t.examples]
+    assert tests, f"{name}: no example"
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for t in tests:
+        runner.run(t)
+    assert runner.failures == 0, f"{name}: {runner.failures} example(s) failed"
+
+
+def test_corrdp_never_imports_flower():
+    code = "import sys, fedfdp.corrdp; print('flwr' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
 
 # ----------------------------------------------------------------------------- roles
 

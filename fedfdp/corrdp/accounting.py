@@ -134,6 +134,14 @@ class CorrDPEpsilon:
         The class attaining the max.
     classes : tuple of ClassEpsilon
         The classes composed (dominated ones are skipped).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> e = corrdp_epsilon(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0), 4.0, 1.0, 0.1, 20, 1e-5)
+    >>> e.relation, [c.name for c in e.classes], e.label().startswith("eps_corrdp = ")
+    ('corrdp', ['sensitive', 'feature:speed'], True)
     """
 
     epsilon: float
@@ -216,6 +224,17 @@ class CorrDPAccountant:
     design : CorrDPDesign
     eps_error : float
         Passed to every class's :class:`~fedfdp.accounting.FDPAccountant`.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> acc = CorrDPAccountant(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0))
+    >>> acc.compose(noise_multiplier=4.0, clipping_norm=1.0, sampling_rate=0.1, count=20)
+    >>> acc.rounds, acc.epsilon_bound(1e-5).relation
+    (20, 'corrdp')
+    >>> acc.would_exceed(1e9, 1e-5, 4.0, 1.0, 0.1), acc.rounds
+    (False, 20)
     """
 
     relation = RELATION
@@ -319,7 +338,17 @@ def corrdp_epsilon(
     participation: float = 1.0,
     eps_error: float = 0.05,
 ) -> CorrDPEpsilon:
-    """CorrDP ε of ``rounds`` identical rounds (see :class:`CorrDPAccountant`)."""
+    """CorrDP ε of ``rounds`` identical rounds (see :class:`CorrDPAccountant`).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> more, less = (corrdp_epsilon(design, s, 1.0, 0.1, 20, 1e-5).epsilon for s in (2.0, 4.0))
+    >>> more > less > 0
+    True
+    """
     acc = CorrDPAccountant(design, eps_error)
     acc.compose(noise_multiplier, clipping_norm, sampling_rate, rounds, participation=participation)
     return acc.epsilon_bound(delta)
@@ -330,7 +359,17 @@ def effective_noise_multiplier(design: CorrDPDesign, noise_multiplier: float, cl
     ``FDPAccountant.compose(σ_eff, 1.0, participation=q·p)`` per round bounds every
     class's revealed-coin ε and therefore the CorrDP ε (``d_c ≤ 1``), relation
     ``"corrdp"``. Looser than :class:`CorrDPAccountant` (ignores the TV weights and
-    bound (ii))."""
+    bound (ii)).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> s_eff = effective_noise_multiplier(design, 4.0, 1.0)
+    >>> s_eff == min(1 / mu for mu in design.class_mu(4.0, 1.0).values())
+    True
+    """
     classes = [c for c in design.classes(noise_multiplier, clipping_norm) if c.weight > 0]
     return min(c.noise_multiplier for c in classes)
 
@@ -350,6 +389,15 @@ def calibrate_noise_multiplier(
     """Smallest base ``σ`` (within ``rel_tol``) whose CorrDP ε is ``≤ target_epsilon``.
 
     Every class's noise multiplier is proportional to ``σ``, so ε decreases in ``σ``.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> sigma = calibrate_noise_multiplier(design, 2.0, 1.0, 1.0, 10, 1e-5, rel_tol=1e-2)
+    >>> corrdp_epsilon(design, sigma, 1.0, 1.0, 10, 1e-5).epsilon <= 2.0
+    True
     """
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target-epsilon={target_epsilon}: must be finite and > 0")

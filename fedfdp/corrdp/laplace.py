@@ -116,6 +116,13 @@ def discrete_laplace(stream: BitStream, t: int, n: int) -> np.ndarray:
     ----------
     t : int
         Scale in grid units, ``1 ≤ t ≤ 2^40``.
+
+    Examples
+    --------
+    >>> from fedfdp.entropy import SeededEntropy
+    >>> z = discrete_laplace(SeededEntropy(0).noise(0, 0), 3, 5)
+    >>> z.dtype, z.shape
+    (dtype('int64'), (5,))
     """
     if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 1 <= t <= 2**40:
         raise ValueError(f"discrete Laplace scale t={t!r}: must be an integer in [1, 2^40]")
@@ -170,7 +177,13 @@ def _class_sums(d: np.ndarray, roles: FeatureRoles) -> tuple[np.ndarray, list[np
 
 
 def standard_sensitivity(coordinate_sensitivity: np.ndarray, disjoint_groups: bool = True) -> float:
-    """``Δf`` when any of one record's features may change (plain DP, group fixed)."""
+    """``Δf`` when any of one record's features may change (plain DP, group fixed).
+
+    Examples
+    --------
+    >>> standard_sensitivity(np.array([[1.0, 2.0], [0.5, 0.5]]))  # one record moves one row
+    3.0
+    """
     return _combine(_as_table(coordinate_sensitivity).sum(axis=1), disjoint_groups)
 
 
@@ -178,7 +191,16 @@ def relation_sensitivity(
     coordinate_sensitivity: np.ndarray, roles: FeatureRoles, disjoint_groups: bool = True
 ) -> float:
     """``Δf`` of Def. 2.7 under the CorrDP relation:
-    ``max(Σ_{k∈S} Δf_k, max_j Σ_{k∈cols(j)} Δf_k)``."""
+    ``max(Σ_{k∈S} Δf_k, max_j Σ_{k∈cols(j)} Δf_k)``.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> feats = (InsensitiveFeature("a", (1,), 0.5), InsensitiveFeature("b", (2,), 0.1))
+    >>> roles = FeatureRoles(3, (0,), feats)
+    >>> relation_sensitivity(np.array([1.0, 5.0, 5.0]), roles)
+    5.0
+    """
     d = _as_table(coordinate_sensitivity, roles)
     sens, feats = _class_sums(d, roles)
     if disjoint_groups:
@@ -191,7 +213,16 @@ def correlated_sensitivity(
 ) -> float:
     """``Δ_C f = min{Σ_{k∈S} Δf_k + Σ_{j∈U} TV(j) Σ_{k∈cols(j)} Δf_k, Δf}`` (Def. 2.7),
     ``Δf`` from :func:`relation_sensitivity`; rows combined by max (disjoint groups)
-    or sum."""
+    or sum.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> feats = (InsensitiveFeature("a", (1,), 0.5), InsensitiveFeature("b", (2,), 0.1))
+    >>> roles = FeatureRoles(3, (0,), feats)
+    >>> correlated_sensitivity(np.array([1.0, 5.0, 5.0]), roles)  # min(1 + 2.5 + 0.5, 5)
+    4.0
+    """
     d = _as_table(coordinate_sensitivity, roles)
     sens, feats = _class_sums(d, roles)
     weighted = sens + sum(
@@ -204,7 +235,16 @@ def minimal_correlated_sensitivity(
     coordinate_sensitivity: np.ndarray, roles: FeatureRoles, disjoint_groups: bool = True
 ) -> float:
     """``max(Σ_{k∈S} Δf_k, max_j TV(j) Σ_{k∈cols(j)} Δf_k)``: the smallest Laplace scale
-    (× ε) for which the proof of Theorem 2.9 goes through; ``≤`` :func:`correlated_sensitivity`."""
+    (× ε) for which the proof of Theorem 2.9 goes through; ``≤`` :func:`correlated_sensitivity`.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> feats = (InsensitiveFeature("a", (1,), 0.5), InsensitiveFeature("b", (2,), 0.1))
+    >>> roles = FeatureRoles(3, (0,), feats)
+    >>> minimal_correlated_sensitivity(np.array([1.0, 5.0, 5.0]), roles)  # max(1, 2.5, 0.5)
+    2.5
+    """
     d = _as_table(coordinate_sensitivity, roles)
     sens, feats = _class_sums(d, roles)
     parts = [_combine(sens, disjoint_groups)]
@@ -231,6 +271,13 @@ def group_feature_means(
         Mean of ``clip(x, low, high)`` per group; the midpoint for an empty group.
     coordinate_sensitivity : array (num_groups, m)
         ``(high_k − low_k) / n_g`` (0 for an empty group: no record can move it).
+
+    Examples
+    --------
+    >>> means, sens = group_feature_means(np.array([[0.5], [1.5], [-1.0]]), np.array([0, 0, 1]), 2,
+    ...                                   low=np.array([-1.0]), high=np.array([1.0]))
+    >>> means.ravel().tolist(), sens.ravel().tolist()
+    ([0.75, -1.0], [1.0, 2.0])
     """
     x = np.asarray(x, dtype=np.float64)
     g = np.asarray(groups, dtype=np.int64)
@@ -273,6 +320,14 @@ class LaplaceRelease:
     relation : str
         ``"corrdp"`` (``ε`` for sensitive changes, ``ε/TV(j)`` for feature ``j``) or
         ``"dp"``.
+
+    Examples
+    --------
+    >>> from fedfdp.entropy import SeededEntropy
+    >>> rel = standard_laplace(np.zeros(3), np.ones(3), 1.0, SeededEntropy(0).noise(0, 0))
+    >>> steps = rel.values / rel.grid  # every output is a grid point
+    >>> rel.relation, round(rel.scale, 6), bool(np.all(steps == np.round(steps)))
+    ('dp', 3.0, True)
     """
 
     values: np.ndarray
@@ -289,7 +344,13 @@ class LaplaceRelease:
 
 def linf_bound(scale: float, size: int, beta: float) -> float:
     """``b · ln(K/β)`` (Theorem 2.9): the noise's ℓ∞ norm exceeds it with probability
-    ``1 − (1 − β/K)^K ≤ β``."""
+    ``1 − (1 − β/K)^K ≤ β``.
+
+    Examples
+    --------
+    >>> round(linf_bound(scale=1.0, size=10, beta=0.1), 4)  # ln(100)
+    4.6052
+    """
     if not 0.0 < beta <= 1.0 or size < 1:
         raise ValueError(f"beta={beta}, size={size}: need beta in (0, 1] and size >= 1")
     return scale * math.log(size / beta)
@@ -351,6 +412,15 @@ def corrdp_laplace(
         Which columns are sensitive; the TVs.
     stream : BitStream
         Secret bits (``OSBits()``; ``SeededEntropy(seed).noise(...)`` only for tests).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> from fedfdp.entropy import SeededEntropy
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("u", (1,), 0.5),))
+    >>> rel = corrdp_laplace(np.zeros(2), np.array([1.0, 1.0]), roles, 1.0, SeededEntropy(0).noise(0, 0))
+    >>> rel.relation, round(rel.scale, 6)  # Δ_C f = min(1 + 0.5·1, max(1, 1)) = 1
+    ('corrdp', 1.0)
     """
     _as_table(coordinate_sensitivity, roles)
     fn = minimal_correlated_sensitivity if minimal else correlated_sensitivity
@@ -373,6 +443,13 @@ def standard_laplace(
 
     Relation: DP for a change of any of one record's features (group key and label
     fixed): ``(ε, 0)``.
+
+    Examples
+    --------
+    >>> from fedfdp.entropy import SeededEntropy
+    >>> rel = standard_laplace(np.zeros(2), np.array([1.0, 1.0]), 0.5, SeededEntropy(0).noise(0, 0))
+    >>> rel.relation, round(rel.scale, 6)
+    ('dp', 4.0)
     """
 
     def sensitivity(d: np.ndarray) -> float:

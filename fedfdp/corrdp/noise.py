@@ -114,6 +114,16 @@ def glm_shape(model: nn.Module, name: str | None = None) -> GLMShape:
 
     Accepted: ``nn.Linear`` or ``nn.Sequential(nn.Linear)`` with trainable weight
     (softmax regression, the project's ``model = "logistic"``).
+
+    Examples
+    --------
+    >>> from fedfdp.models import build_model
+    >>> glm_shape(build_model("logistic", 4, 3))
+    GLMShape(num_inputs=4, num_classes=3, bias=True)
+    >>> glm_shape(build_model("mlp", 4, 3), "mlp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: corrdp: model='mlp' (Sequential(Linear, ReLU, Linear, ReLU, Linear)) is not a generalized ...
     """
     linear = _linear(model)
     if linear is None or not linear.weight.requires_grad:
@@ -135,7 +145,18 @@ def project_weights_(model: nn.Module, weight_bound: float) -> None:
     """Scale every column ``W[:, k]`` to norm ``≤ weight_bound`` in place (post-processing
     of a released model: no privacy cost). Keeps the model in the declared ``Θ``; columns
     above ``weight_bound·(1 − 1e-5)`` are scaled to that norm (float64), so the result
-    stays ``≤ weight_bound`` after rounding to float32."""
+    stays ``≤ weight_bound`` after rounding to float32.
+
+    Examples
+    --------
+    >>> from fedfdp.models import build_model
+    >>> model = build_model("logistic", 4, 3)
+    >>> with torch.no_grad():
+    ...     _ = model[0].weight.mul_(10.0)
+    >>> project_weights_(model, 0.5)
+    >>> bool(model[0].weight.double().norm(dim=0).max() <= 0.5)
+    True
+    """
     linear = _linear(model)
     if linear is None:
         glm_shape(model)
@@ -166,7 +187,16 @@ class Block:
 class PrivacyClass:
     """One kind of CorrDP neighbour: its name, its weight ``d`` (1 for the sensitive
     class, ``TV(j)`` for feature ``j``) and the noise multiplier ``1/μ_c`` of its
-    Gaussian pair per round."""
+    Gaussian pair per round.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> [(c.name, c.weight) for c in design.classes(2.0, 1.0)]
+    [('sensitive', 1.0), ('feature:speed', 0.3)]
+    """
 
     name: str
     weight: float
@@ -196,6 +226,19 @@ class CorrDPDesign:
         Floor of the insensitive noise factor; default ``(m_s/m)²`` (Eq. (3)).
     delta_estimation : float
         δ spent by an in-sample TV estimate (Theorem 3.11; 0 for declared TVs).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> feats = (InsensitiveFeature("speed", (1,), 0.3), InsensitiveFeature("hour", (2,), 0.05))
+    >>> roles = FeatureRoles(3, (0,), feats)
+    >>> design = CorrDPDesign(roles, num_classes=2, feature_bounds=(0.5, 0.5, 0.5), weight_bound=1.0)
+    >>> [b.name for b in design.blocks]
+    ['sensitive', 'feature:speed', 'feature:hour', 'bias']
+    >>> design.variance_factors().round(3).tolist()  # Eq. (3): floor (m_s/m)² = 1/9
+    [1.0, 0.3, 0.111, 1.0]
+    >>> sorted(design.class_mu(2.0, 1.0))
+    ['feature:hour', 'feature:speed', 'sensitive']
     """
 
     roles: FeatureRoles
@@ -365,7 +408,16 @@ def coordinate_stds(
 ) -> list[torch.Tensor]:
     """Per-coordinate noise std of the GLM's parameters, ``[weight (K, m), bias (K,)]``
     (bias only when the design has one), float64: column ``k`` of ``W`` gets its
-    block's ``σ_B``, the bias ``σ_bias``."""
+    block's ``σ_B``, the bias ``σ_bias``.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.25),))
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> [s.tolist() for s in coordinate_stds(design, 2.0, 1.0)]  # σC on S and bias, σC√0.25 on speed
+    [[[2.0, 1.0], [2.0, 1.0]], [2.0, 2.0]]
+    """
     stds = design.block_stds(noise_multiplier, clipping_norm)
     col = torch.from_numpy(stds[design.column_block()])
     out = [col.expand(design.num_classes, -1).clone()]
@@ -393,6 +445,16 @@ class CorrDPGaussianMechanism:
         Per-coordinate std, shaped like the parameters (:func:`coordinate_stds`).
     noise_multiplier, clipping_norm : float
         The base ``σ`` and ``C`` the stds were built from (for the ledger).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> from fedfdp.entropy import SeededEntropy
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.25),))
+    >>> mech = CorrDPGaussianMechanism.from_design(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0), 2.0, 1.0)
+    >>> out = mech.privatize([torch.zeros(2, 2), torch.zeros(2)], SeededEntropy(0).noise(1, 0))
+    >>> [tuple(t.shape) for t in out], out[0].dtype
+    ([(2, 2), (2,)], torch.float32)
     """
 
     stds: tuple[torch.Tensor, ...]
@@ -435,7 +497,16 @@ class CorrDPGaussianMechanism:
 def corrdp_mechanism_factory(design: CorrDPDesign) -> Callable[[float, float], CorrDPGaussianMechanism]:
     """``mechanism(σ, C)`` for :class:`fedfdp.server.ServerParts`: the server calls it with
     the plan's noise multiplier and clipping norm; the design (blocks, TVs, shares) is
-    closed over."""
+    closed over.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.25),))
+    >>> make = corrdp_mechanism_factory(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0))
+    >>> make(2.0, 1.0).stds[0].tolist()  # as ServerParts(mechanism=make) would call it
+    [[2.0, 1.0], [2.0, 1.0]]
+    """
 
     def mechanism(noise_multiplier: float, clipping_norm: float) -> CorrDPGaussianMechanism:
         return CorrDPGaussianMechanism.from_design(design, noise_multiplier, clipping_norm)
@@ -480,6 +551,15 @@ def clip_per_block(
     -------
     [weight (K, m), bias (K,)]
         ``Σ_i ḡ_i`` with every block of ``ḡ_i`` clipped to ``C_B``.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.25),))
+    >>> design = CorrDPDesign(roles, 2, (1.0, 1.0), 1.0)
+    >>> grads = [torch.ones(5, 2, 2), torch.ones(5, 2)]  # 5 records: weight (K=2, m=2), bias
+    >>> [t.shape for t in clip_per_block(grads, design, clipping_norm=0.1)]
+    [torch.Size([2, 2]), torch.Size([2])]
     """
     expected = 2 if design.bias else 1
     if len(per_record) != expected:
@@ -513,6 +593,18 @@ def glm_clipped_sum(
     Inputs are clamped to the declared bounds first; a model with a column of ``W``
     above ``D`` is refused (the sensitivity would not hold). Equal to
     :func:`clip_per_block` on per-record autograd gradients (tested).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp.roles import InsensitiveFeature
+    >>> from fedfdp.models import build_model
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.25),))
+    >>> design = CorrDPDesign(roles, 2, (1.0, 1.0), 1.0)
+    >>> model = build_model("logistic", 2, 2)
+    >>> project_weights_(model, 1.0)
+    >>> out = glm_clipped_sum(model, torch.ones(4, 2), torch.tensor([0, 1, 1, 0]), design, 0.5)
+    >>> [tuple(t.shape) for t in out]
+    [(2, 2), (2,)]
     """
     design.check_model(model)
     linear = _linear(model)

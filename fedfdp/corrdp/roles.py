@@ -32,7 +32,17 @@ RELATION = "corrdp"
 
 
 def check_tv(name: str, tv: object) -> float:
-    """``tv`` as a float in ``[0, 1]``; otherwise ValueError naming the feature and value."""
+    """``tv`` as a float in ``[0, 1]``; otherwise ValueError naming the feature and value.
+
+    Examples
+    --------
+    >>> check_tv("speed", 0.25)
+    0.25
+    >>> check_tv("speed", 1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: insensitive feature 'speed': tv=1.5 must be in [0, 1]
+    """
     if isinstance(tv, bool) or not isinstance(tv, numbers.Real):
         raise ValueError(f"insensitive feature {name!r}: tv={tv!r} must be a number in [0, 1]")
     value = float(tv)
@@ -53,6 +63,11 @@ class InsensitiveFeature:
     tv : float
         ``TV(j)`` of Def. 2.7, in ``[0, 1]`` (declared, or the inflated estimate
         ``TṼ(j)`` of Def. 3.10).
+
+    Examples
+    --------
+    >>> InsensitiveFeature("kind", (2, 3), 0.5)
+    InsensitiveFeature(name='kind', columns=(2, 3), tv=0.5)
     """
 
     name: str
@@ -95,6 +110,17 @@ class FeatureRoles:
         A column out of range, declared twice (sensitive and insensitive, or in two
         insensitive features), or not declared at all; a TV outside ``[0, 1]``;
         duplicate feature names. The message names the column or value.
+
+    Examples
+    --------
+    >>> feats = (InsensitiveFeature("speed", (1,), 0.4), InsensitiveFeature("hour", (2,), 0.1))
+    >>> roles = FeatureRoles(3, (0,), feats)
+    >>> roles.num_sensitive, roles.tv
+    (1, {'speed': 0.4, 'hour': 0.1})
+    >>> FeatureRoles(2, (0, 1), (InsensitiveFeature("speed", (1,), 0.4),))
+    Traceback (most recent call last):
+    ...
+    ValueError: column 1 is declared both sensitive and insensitive feature 'speed'
     """
 
     num_inputs: int

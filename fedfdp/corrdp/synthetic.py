@@ -59,6 +59,12 @@ class CorrelatedData:
     bound : float
         ``B = 1/√m``: ``|x_k| ≤ B``.
     num_classes : int
+
+    Examples
+    --------
+    >>> data = correlated_features(100, 2, 2, 0.5, seed=0)
+    >>> data.roles().tv, data.bound == 0.5
+    ({'u0': 0.5, 'u1': 0.5}, True)
     """
 
     x: np.ndarray
