@@ -116,8 +116,9 @@ def test_estimator_error_within_c2_bound_on_synthetic_law():
     truth = tv_of_joint(joint)
     n, beta, pi = 2000, 0.05, 0.25
     bound = estimation_error_bound(n, 3, 4, pi, beta)
-    k = TVConstants.of(3, 4, pi)
-    assert bound <= k.c2 * math.sqrt(math.log(1 / beta)) / math.sqrt(n)
+    c2 = math.sqrt(2 * (4 * math.log(2) + math.log(2 * 3) + 1) / (pi / 2))  # the docstring's c2
+    assert TVConstants.of(3, 4, pi).c2 == pytest.approx(c2)
+    assert bound <= c2 * math.sqrt(math.log(1 / beta)) / math.sqrt(n)
     errors = np.array([abs(empirical_tv(*_sample(joint, n, rng), 3, 4, pi) - truth) for _ in range(200)])
     assert np.mean(errors > bound) <= beta
     assert errors.mean() < 0.03
@@ -164,7 +165,8 @@ def test_estimator_sensitivity_randomized_larger_tables():
 def test_inflation_def_3_10_and_its_conditions():
     est = inflate("u", 0.2, 100_000, 2, 4, 0.4, 1e-5, 3)
     k = TVConstants.of(2, 4, 0.4)
-    expected = 2 * k.c2 * math.sqrt(math.log(3 / 1e-5)) / math.sqrt(100_000)
+    c2 = math.sqrt(2 * (4 * math.log(2) + math.log(4) + 1) / 0.2)
+    expected = 2 * c2 * math.sqrt(math.log(3 / 1e-5)) / math.sqrt(100_000)
     assert est.bound_valid and est.inflation == pytest.approx(expected)
     assert est.tv_tilde == pytest.approx(min(1.0, 0.2 + expected))
     assert k.gamma == 0.5 and k.c3 == pytest.approx(2 / 0.2)
