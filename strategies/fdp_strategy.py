@@ -50,6 +50,42 @@ QUERY_BATCH = 100
 #: refused) is asked again; every ask starts a ClientApp process on that node.
 QUERY_RETRY_SECONDS = 5.0
 
+#: Replies are polled from the Grid first after this many seconds, then at
+#: intervals growing by half up to :data:`POLL_MAX_SECONDS` (back to the first
+#: after each reply). Flower's own ``send_and_receive`` sleeps 0.1 s (simulation)
+#: or 3 s (deployment) between polls, which is most of a short round.
+POLL_MIN_SECONDS = 0.002
+POLL_MAX_SECONDS = 0.05
+
+#: ``node_choice`` values: what ``clients-per-round`` chooses among.
+NODE_CHOICES = ("supernodes", "devices")
+
+
+def exchange(grid: Any, messages: list[Message], timeout: float | None) -> list[Message]:
+    """Send ``messages`` and collect their replies until all arrived or
+    ``timeout`` seconds passed (Flower's ``Grid.send_and_receive`` contract),
+    polling the Grid at short intervals. A stand-in grid without
+    ``push_messages``/``pull_messages`` (the tests' in-process grid) is asked
+    through its ``send_and_receive``."""
+    if not isinstance(grid, Grid):
+        return list(grid.send_and_receive(messages, timeout=timeout))
+    pending = set(grid.push_messages(messages))
+    end = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    pause = POLL_MIN_SECONDS
+    while pending:
+        got = list(grid.pull_messages(pending))
+        if got:
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            pause = POLL_MIN_SECONDS
+            continue
+        if end is not None and time.monotonic() >= end:
+            break
+        time.sleep(pause if end is None else max(0.0, min(pause, end - time.monotonic())))
+        pause = min(pause * 1.5, POLL_MAX_SECONDS)
+    return replies
+
 
 class FDPStrategy(Strategy):
     """Feature-DP FedSGD on Flower: noise once on the aggregate, PRV accounting per round.
@@ -73,6 +109,13 @@ class FDPStrategy(Strategy):
         ``cfg.data.num_devices``); the strategy waits until all registered.
     parts : ServerParts, optional
         The server's privacy-deciding components (defaults: a normal run).
+    node_choice : {"supernodes", "devices"}
+        What ``clients-per-round = k`` chooses among: ``k`` SuperNodes (each
+        with all its devices; a deployment, where a site decides which devices
+        it serves), or ``k`` devices whatever SuperNode serves them (a
+        simulation, whose virtual SuperNodes are only transport: the sampling
+        plan is then the centralised engine's, one node per device). Every
+        other sampling mode draws devices and is the same either way.
 
     Examples
     --------
@@ -91,6 +134,7 @@ class FDPStrategy(Strategy):
         *,
         num_devices: int | None = None,
         parts: ServerParts | None = None,
+        node_choice: str = "supernodes",
     ) -> None:
         if not isinstance(cfg, Config):
             raise TypeError(f"cfg={type(cfg).__name__}: must be a fedfdp Config (load_config or Config(...))")
@@ -98,9 +142,13 @@ class FDPStrategy(Strategy):
         self.num_devices = cfg.data.num_devices if num_devices is None else int(num_devices)
         if self.num_devices < 1:
             raise ValueError(f"num_devices={num_devices}: must be >= 1")
+        if node_choice not in NODE_CHOICES:
+            raise ValueError(f"node_choice={node_choice!r}: must be one of {', '.join(NODE_CHOICES)}")
+        self.node_choice = node_choice
         self.server = FDPServer(cfg, model, parts=parts)
         self.registry: dict[int, tuple[list[int], list[int]]] = {}
         self._asked: dict[int, tuple[list[int], int, int]] = {}  # node -> (devices, bound, public count)
+        self.device_nodes: list[int] = []  # the SuperNode serving each device (after resolve)
         self._round: int | None = None
 
     # ------------------------------------------------------------------ state
@@ -164,7 +212,7 @@ class FDPStrategy(Strategy):
                     for n in new[start : start + batch]
                 ]
                 timeout = max(1.0, deadline - time.monotonic())
-                for reply in grid.send_and_receive(msgs, timeout=timeout):
+                for reply in exchange(grid, msgs, timeout):
                     node = reply.metadata.src_node_id
                     if reply.has_error():
                         log.warning("node %s: query failed: %s", node, reply.error.reason)
@@ -192,14 +240,17 @@ class FDPStrategy(Strategy):
 
     def resolve(self) -> PrivacyPlan:
         """Build the sampling plan over the registered devices (in device-id
-        order, with the node serving each) and resolve σ, δ and the budget."""
+        order, with the node serving each, or each device its own node with
+        ``node_choice="devices"``) and resolve σ, δ and the budget."""
         devices = sorted(
             (d, node, size) for node, (ids, sizes) in self.registry.items()
             for d, size in zip(ids, sizes, strict=True)
         )
         if [d for d, _, _ in devices] != list(range(len(devices))):
             raise RuntimeError(f"registered devices {[d for d, _, _ in devices][:10]}...: expected 0..D-1")
-        return self.server.resolve([s for _, _, s in devices], [n for _, n, _ in devices])
+        self.device_nodes = [n for _, n, _ in devices]
+        labels = [d for d, _, _ in devices] if self.node_choice == "devices" else self.device_nodes
+        return self.server.resolve([s for _, _, s in devices], labels)
 
     # -------------------------------------------------------- Strategy API
     def summary(self) -> None:
@@ -226,13 +277,15 @@ class FDPStrategy(Strategy):
             raise RuntimeError("no sampling plan")
         plan = state.plan
         by_node: dict[int, list[int]] = {}
-        for d in plan.asked():
-            by_node.setdefault(int(sampling.device_nodes[d]), []).append(int(d))
+        owners = self.device_nodes or [int(n) for n in sampling.device_nodes]
+        for d in plan.asked().tolist():
+            by_node.setdefault(owners[d], []).append(d)
         self._asked = {}
         self._round = server_round
         p = self.cfg.privacy
         messages = []
         for node, devices in by_node.items():
+            idx = np.asarray(devices, dtype=np.int64)
             order = P.TrainInstruction(
                 round=server_round,
                 attempt=state.attempt,
@@ -241,8 +294,8 @@ class FDPStrategy(Strategy):
                 sampling_rate=p.sampling_rate,
                 clipping_norm=p.clipping_norm,
                 device_ids=tuple(devices),
-                public_counts=tuple(int(plan.public_counts[d]) for d in devices),
-                private_flags=tuple(bool(plan.private[d]) for d in devices),
+                public_counts=tuple(plan.public_counts[idx].tolist()),
+                private_flags=tuple(plan.private[idx].tolist()),
             )
             self._asked[node] = (devices, sampling.record_bound(plan, devices), sum(order.public_counts))
             cfg_rec = ConfigRecord(dict(config))
@@ -409,7 +462,7 @@ class FDPStrategy(Strategy):
         def step(r: int) -> RoundOutcome:
             arrays = ArrayRecord(self.model.state_dict())
             messages = self.configure_train(r, arrays, train_config or ConfigRecord(), grid)
-            outcome = self.collect(r, grid.send_and_receive(messages, timeout=timeout))
+            outcome = self.collect(r, exchange(grid, list(messages), timeout))
             s = outcome.stats
             result.train_metrics_clientapp[r] = MetricRecord(
                 {"epsilon": outcome.epsilon, "replies": s.replies, "rejected": s.rejected}

@@ -19,21 +19,23 @@ from fedfdp.server import held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 
 
-def run_server(grid: Grid, cfg: Config) -> FDPStrategy:
+def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> FDPStrategy:
     """Run all rounds of ``cfg`` on ``grid`` through the public API (the
     configured model, :class:`FDPStrategy`, Flower's ``start`` contract,
-    server-side evaluation on the held-out split); return the finished strategy."""
+    server-side evaluation on the held-out split); return the finished strategy.
+    ``node_choice``: see :class:`FDPStrategy`."""
     data = load_server_data(cfg.data)
     model = build_model_for(cfg, data)
-    strategy = FDPStrategy(model, cfg)
+    strategy = FDPStrategy(model, cfg, node_choice=node_choice)
     strategy.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
     strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)
     return strategy
 
 
-def make_server_app(cfg: Config | None = None) -> ServerApp:
+def make_server_app(cfg: Config | None = None, *, node_choice: str = "supernodes") -> ServerApp:
     """Build the ServerApp; ``cfg`` fixes the configuration, otherwise it is
-    read from Flower's run config."""
+    read from Flower's run config. ``node_choice="devices"``: the SuperNodes
+    are a simulation's transport (see :class:`FDPStrategy`)."""
     app = ServerApp()
 
     @app.main()
@@ -50,7 +52,7 @@ def make_server_app(cfg: Config | None = None) -> ServerApp:
                 f"out-dir={out!r}: must be an absolute path under flwr run (the ServerApp "
                 "runs in the SuperLink's working directory, not yours)"
             )
-        run_server(grid, run_cfg)
+        run_server(grid, run_cfg, node_choice=node_choice)
 
     return app
 
