@@ -11,6 +11,12 @@ unclipped public sum over independently drawn uniform batches. It replies with
 both sums and the public count and loss — never the realised private batch
 size or any statistic of the private batch.
 
+A node process builds what it serves once and reuses it for every message of
+the run (:func:`node_runtime`: the records, the model, the feature map and the
+secret source, cached per process and keyed by the configuration and the node
+config): on Flower's simulation engine a Ray actor serves many messages, and a
+long-lived ClientApp process (docs/deploy.md) serves a whole run.
+
 Which records a node serves (:func:`node_records`) depends on the run's
 ``data-location``:
 
@@ -21,20 +27,25 @@ Which records a node serves (:func:`node_records`) depends on the run's
 ``node``
     the node reads its **own** file, ``data-path`` in its node config, and
     serves one device, number ``partition-id`` (``num-partitions`` must be
-    ``num-devices``); the encoding is the one the run config declares, so
-    every site maps a record to the same input vector.
+    ``num-devices``); a site with several devices names their global numbers
+    and files instead (``device-ids='3,4' data-path='/a.csv,/b.csv'``, or one
+    path with ``{device}`` in it). The encoding is the one the run config
+    declares, so every site maps a record to the same input vector.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from fedfdp import protocol as P
 from fedfdp.config import Config, ConfigError, load_config
@@ -80,31 +91,80 @@ def _partition(context: Context) -> tuple[int, int]:
         ) from exc
 
 
+def _site_devices(cfg: Config, context: Context) -> list[tuple[int, str]]:
+    """``(global device id, file)`` for each device of a node with its own files."""
+    node = context.node_config
+    raw_path = node.get("data-path")
+    if not isinstance(raw_path, str) or not raw_path:
+        raise ValueError(
+            f"node config {dict(node)}: data-location='node' needs this SuperNode's own file as "
+            "data-path (--node-config \"partition-id=K num-partitions=P data-path='/path'\"; a site "
+            "with several devices: device-ids='3,4' data-path='/a.csv,/b.csv')"
+        )
+    num_devices = cfg.data.num_devices
+    if "device-ids" not in node:
+        pid, num = _partition(context)
+        if num != num_devices or not 0 <= pid < num:
+            raise ValueError(
+                f"node config partition-id={pid} num-partitions={num}: with data-location='node' and "
+                f"one file, the SuperNode is one device, so num-partitions must be "
+                f"num-devices={num_devices} and partition-id its device number (several devices: "
+                "device-ids='3,4' data-path='/a.csv,/b.csv')"
+            )
+        return [(pid, raw_path)]
+    raw_ids = node["device-ids"]
+    try:
+        ids = [int(v) for v in str(raw_ids).split(",")]
+    except ValueError as exc:
+        raise ValueError(f"node config device-ids={raw_ids!r}: must be comma-separated integers") from exc
+    if len(set(ids)) != len(ids) or not all(0 <= d < num_devices for d in ids):
+        raise ValueError(
+            f"node config device-ids={raw_ids!r}: need distinct device numbers in 0..{num_devices - 1} "
+            f"(num-devices={num_devices})"
+        )
+    if "{device}" in raw_path:
+        paths = [raw_path.replace("{device}", str(d)) for d in ids]
+    else:
+        paths = [p.strip() for p in raw_path.split(",")]
+    if len(paths) != len(ids) or not all(paths):
+        raise ValueError(
+            f"node config device-ids={raw_ids!r} data-path={raw_path!r}: need one file per device "
+            "(comma-separated, in the order of device-ids) or one path with '{device}' in it"
+        )
+    return list(zip(ids, paths, strict=True))
+
+
 def node_records(cfg: Config, context: Context) -> NodeRecords:
     """The records this node serves (see the module docstring)."""
-    pid, num = _partition(context)
     if cfg.data.data_location == "central":
+        pid, num = _partition(context)
         return NodeRecords.partition_of(load_dataset(cfg.data), pid, num)
-    path = context.node_config.get("data-path")
-    if not isinstance(path, str) or not path:
-        raise ValueError(
-            f"node config {dict(context.node_config)}: data-location='node' needs this SuperNode's "
-            "own file as data-path (--node-config \"partition-id=K num-partitions=P data-path='/path'\")"
-        )
-    if num != cfg.data.num_devices or not 0 <= pid < num:
-        raise ValueError(
-            f"node config partition-id={pid} num-partitions={num}: with data-location='node' each "
-            f"SuperNode is one device, so num-partitions must be num-devices={cfg.data.num_devices} "
-            "and partition-id its device number"
-        )
-    site = load_site(cfg.data, path)
-    return NodeRecords(site, {pid: site.devices[0]})
+    devices = _site_devices(cfg, context)
+    sites = [(d, load_site(cfg.data, path)) for d, path in devices]
+    return NodeRecords(sites[0][1], {d: site.devices[0] for d, site in sites})
+
+
+#: Parsed run configurations kept per process (keyed by Flower's run config).
+_configs: OrderedDict[Hashable, Config] = OrderedDict()
+
+
+def _parsed(run_config: Mapping[str, Any]) -> Config:
+    key = tuple(sorted((str(k), v if isinstance(v, Hashable) else repr(v)) for k, v in run_config.items()))
+    with _runtimes_lock:
+        cfg = _configs.get(key)
+    if cfg is None:
+        cfg = load_config(dict(run_config))
+        with _runtimes_lock:
+            _configs[key] = cfg
+            while len(_configs) > RUNTIME_CACHE_SIZE:
+                _configs.popitem(last=False)
+    return cfg
 
 
 def _config(fixed: Config | None, context: Context) -> Config:
     if fixed is not None:
         return fixed
-    cfg = load_config(dict(context.run_config))
+    cfg = _parsed(context.run_config)
     if cfg.privacy.reproducible_noise:
         raise ConfigError(
             "reproducible-noise=true: refused by a ClientApp reading Flower's run config (flwr run, a "
@@ -135,6 +195,84 @@ def contribution_arrays(
     return private, public, metrics
 
 
+@dataclass(frozen=True)
+class NodeRuntime:
+    """What a node builds once per run and reuses every round.
+
+    Attributes
+    ----------
+    cfg : Config
+    records : NodeRecords
+        The devices this node serves.
+    model : torch.nn.Module
+        The configured model; each round loads the global weights into it.
+    feature_map : FeatureMap
+        Ψ and the loss decomposition.
+    parts : ClientParts
+        The node's components (secret entropy as ``cfg`` asks for it).
+    """
+
+    cfg: Config
+    records: NodeRecords
+    model: nn.Module
+    feature_map: FeatureMap
+    parts: ClientParts
+
+    @classmethod
+    def build(cls, cfg: Config, records: NodeRecords, parts: ClientParts | None = None) -> NodeRuntime:
+        """Build the model, the feature map and the parts for ``records``."""
+        parts = parts if parts is not None else ClientParts(secrets=run_secrets(cfg))
+        return cls(cfg, records, build_model_for(cfg, records.data), build_decomposition(cfg, records.data),
+                   parts)
+
+    def train(
+        self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
+        """The node side of one round: (private sums, public sums, metrics)."""
+        torch.set_num_threads(1)
+        order = P.TrainInstruction.from_config(config)
+        if not set(order.device_ids) <= self.records.devices.keys():
+            raise P.InvalidInstruction(f"{P.DEVICE_IDS}={list(order.device_ids)}: not this node's devices")
+        self.model.load_state_dict(state)
+        total = client_update(self.model, self.feature_map, self.records.devices, order,
+                              public_seed=self.cfg.training.seed, parts=self.parts)
+        return contribution_arrays(self.model, total)
+
+
+#: Node runtimes kept per process (a Ray actor may serve several virtual SuperNodes).
+RUNTIME_CACHE_SIZE = 8
+_runtimes: OrderedDict[Hashable, NodeRuntime] = OrderedDict()
+_runtimes_lock = threading.Lock()
+
+
+def _node_key(cfg: Config, context: Context) -> Hashable:
+    """What a node's runtime depends on: the configuration and the node config."""
+    return cfg, tuple(sorted((str(k), v) for k, v in context.node_config.items()))
+
+
+def node_runtime(cfg: Config, context: Context) -> NodeRuntime:
+    """This node's :class:`NodeRuntime`, built on first use and cached in the
+    process (at most :data:`RUNTIME_CACHE_SIZE`, least recently used dropped)."""
+    key = _node_key(cfg, context)
+    with _runtimes_lock:
+        runtime = _runtimes.get(key)
+        if runtime is not None:
+            _runtimes.move_to_end(key)
+            return runtime
+    runtime = NodeRuntime.build(cfg, node_records(cfg, context))
+    with _runtimes_lock:
+        _runtimes[key] = runtime
+        while len(_runtimes) > RUNTIME_CACHE_SIZE:
+            _runtimes.popitem(last=False)
+    return runtime
+
+
+def clear_runtimes() -> None:
+    """Forget every cached :class:`NodeRuntime` of this process."""
+    with _runtimes_lock:
+        _runtimes.clear()
+
+
 def handle_train(
     cfg: Config,
     records: NodeRecords,
@@ -143,19 +281,11 @@ def handle_train(
     parts: ClientParts | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
     """The node side of one round on ``records`` with the configured model and
-    public view; returns (private sums, public sums, metrics). ``parts``
-    defaults to the secret entropy ``cfg`` asks for
-    (:func:`fedfdp.entropy.run_secrets`) and the honest components."""
-    torch.set_num_threads(1)
-    order = P.TrainInstruction.from_config(config)
-    if not set(order.device_ids) <= set(records.devices):
-        raise P.InvalidInstruction(f"{P.DEVICE_IDS}={list(order.device_ids)}: not this node's devices")
-    parts = parts if parts is not None else ClientParts(secrets=run_secrets(cfg))
-    model = build_model_for(cfg, records.data)
-    model.load_state_dict(state)
-    fmap = build_decomposition(cfg, records.data)
-    total = client_update(model, fmap, records.devices, order, public_seed=cfg.training.seed, parts=parts)
-    return contribution_arrays(model, total)
+    public view, built afresh; returns (private sums, public sums, metrics).
+    ``parts`` defaults to the secret entropy ``cfg`` asks for
+    (:func:`fedfdp.entropy.run_secrets`) and the honest components. The
+    ClientApp itself reuses one :class:`NodeRuntime` per run (:func:`node_runtime`)."""
+    return NodeRuntime.build(cfg, records, parts).train(state, config)
 
 
 # --------------------------------------------------------------------------------------
@@ -221,13 +351,13 @@ def make_client_app(cfg: Config | None = None) -> ClientApp:
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        return fdp_query(msg, node_records(_config(cfg, context), context).devices)
+        return fdp_query(msg, node_runtime(_config(cfg, context), context).records.devices)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        c = _config(cfg, context)
+        runtime = node_runtime(_config(cfg, context), context)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
-        private, public, metrics = handle_train(c, node_records(c, context), state, msg.content[P.CONFIG])
+        private, public, metrics = runtime.train(state, msg.content[P.CONFIG])
         return reply_message(msg, private, public, metrics)
 
     return app

@@ -1,0 +1,311 @@
+"""Many devices per SuperNode: the same run on one node per device and on fewer nodes.
+
+A node serves every device of its partition (device ``d`` on partition
+``d mod P``) in one call per round; the sampling plan, the accounting and the
+ledger must not depend on how the devices are packed into SuperNodes. With the
+reproducible opt-in (``reproducible-noise = true``: every secret stream from the
+seed, per device), the same configuration run on 5 nodes (one per device) and
+on 2 or 1 nodes (several devices each) must write the same ledger, the same
+normaliser and ε per round, and end at the same model up to the order of float
+summation. Messages go through the real ClientApp (:func:`clients.client_app.make_client_app`,
+with its per-process node cache) and the real strategy.
+
+Also here: the ClientApp's per-process cache (built once, rebuilt when the
+configuration, the node or a site file changes) and sites with several devices'
+files (``device-ids`` in the node config).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from flwr.app import Message, RecordDict
+
+from clients import client_app
+from fedfdp import protocol as P
+from fedfdp.algorithm import run_centralised
+from fedfdp.config import load_config
+from fedfdp.contribution import trainable
+from fedfdp.data import load_dataset
+from simulations.sites import split_sites
+from strategies.fdp_strategy import FDPStrategy, exchange
+from tests.flower_helpers import InProcessGrid, node_context, registered_strategy
+from tests.site_tables import DECLARED, PHONES, trips
+
+
+class PackedGrid(InProcessGrid):
+    """Delivers messages to the real ClientApp of ``partitions`` nodes (node id =
+    partition id; partition ``k`` serves devices ``d`` with ``d mod P = k``)."""
+
+    def __init__(self, cfg, partitions: int, **kwargs) -> None:
+        super().__init__(cfg, **kwargs)
+        self.partitions = partitions
+        self.app = client_app.make_client_app(cfg)
+        self.sent: list[int] = []  # messages per exchange
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(self.partitions))
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.sent.append(len(messages))
+        return [self.app(m, node_context(self.cfg, m.metadata.dst_node_id, self.partitions))
+                for m in messages]
+
+
+MODES = {
+    "record, every device": {},
+    "record, 2 of 5 devices": {"clients-per-round": 2},
+    "record, Poisson devices": {"device-sampling-rate": 0.5},
+    "device unit, Poisson devices": {"privacy-unit": "device", "device-sampling-rate": 0.5},
+}
+
+
+def _run(cfg_map, tmp_path, name, partitions):
+    cfg = load_config({**cfg_map, "out-dir": str(tmp_path / name)})
+    data = load_dataset(cfg.data)
+    strat = FDPStrategy(build_model(cfg, data), cfg, node_choice="devices")
+    grid = PackedGrid(cfg, partitions)
+    strat.start(grid)
+    return strat, grid
+
+
+def build_model(cfg, data):
+    from fedfdp.models import build_model_for
+
+    return build_model_for(cfg, data)
+
+
+@pytest.mark.parametrize("name", list(MODES))
+@pytest.mark.parametrize("mode", ["fdp", "dp"])
+def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
+    """5 devices, 4 rounds on 5, 2 and 1 SuperNodes, and the centralised engine:
+    the same ledger, normalisers and ε per round, the same final model."""
+    client_app.clear_runtimes()
+    cfg_map = {
+        "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
+        "target-epsilon": 0, "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4, "seed": 7,
+        "reproducible-noise": True, "progress": False, "model": "mlp", "hidden-size": 8, **MODES[name],
+    }
+    runs = {p: _run(cfg_map, tmp_path, f"p{p}", p) for p in (5, 2, 1)}
+    _, central_rows = run_centralised(load_config({**cfg_map, "out-dir": str(tmp_path / "central")}))
+    ledgers = {k: json.loads((tmp_path / k / "ledger.json").read_text())
+               for k in ("p5", "p2", "p1", "central")}
+    reference, _ = runs[5]
+    for p, (strat, grid) in runs.items():
+        assert len(strat.registry) == p
+        assert max(grid.sent[1:]) <= p  # one message per node and round, whatever its devices
+        assert len(strat.rows) == 4
+        for a, b, c in zip(strat.rows, reference.rows, central_rows, strict=True):
+            assert a["epsilon"] == b["epsilon"] == c["epsilon"]
+            np.testing.assert_allclose(a["normaliser"], b["normaliser"], rtol=1e-12)
+            np.testing.assert_allclose(a["normaliser"], c["normaliser"], rtol=1e-12)
+        assert ledgers[f"p{p}"]["charges"] == ledgers["central"]["charges"]
+        assert ledgers[f"p{p}"]["accountant"] == ledgers["central"]["accountant"]
+        for x, y in zip(strat.params, reference.params, strict=True):
+            torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
+    # and the same as the one-node-per-device strategy of the existing equivalence tests
+    one_per_device = registered_strategy(load_config({**cfg_map, "out-dir": str(tmp_path / "classic")}))
+    one_per_device.registry = {}
+    one_per_device.start(InProcessGrid(one_per_device.cfg))
+    for x, y in zip(one_per_device.params, reference.params, strict=True):
+        torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
+    central_model = trainable(run_centralised(load_config({**cfg_map, "out-dir": ""}))[0])
+    for x, y in zip(reference.params, central_model, strict=True):
+        torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_clients_per_round_chooses_supernodes_in_a_deployment(tmp_path):
+    """``node_choice="supernodes"`` (a deployment's default): ``clients-per-round = 1``
+    on 2 SuperNodes asks one node, with all its devices; ``"devices"`` asks one device."""
+    base = {"num-devices": 6, "records-per-device": 20, "noise-multiplier": 1.0, "target-epsilon": 0,
+            "num-rounds": 1, "clients-per-round": 1, "progress": False, "reproducible-noise": True}
+    cfg = load_config(base)
+    data = load_dataset(cfg.data)
+    asked = {}
+    for choice in ("supernodes", "devices"):
+        strat = FDPStrategy(build_model(cfg, data), cfg, node_choice=choice)
+        grid = PackedGrid(cfg, 2)
+        strat.start(grid)
+        assert strat.rows[0]["asked"] == 1  # one SuperNode asked either way
+        asked[choice] = sorted(d for ids, _, _ in strat._asked.values() for d in ids)
+    assert asked["supernodes"] in ([0, 2, 4], [1, 3, 5])
+    assert len(asked["devices"]) == 1
+    with pytest.raises(ValueError, match="node_choice='sites'"):
+        FDPStrategy(build_model(cfg, data), cfg, node_choice="sites")
+
+
+# ------------------------------------------------------------------ the per-process cache
+def test_node_runtime_is_built_once_per_configuration_and_node():
+    client_app.clear_runtimes()
+    cfg = load_config({"num-devices": 4, "records-per-device": 20, "progress": False})
+    ctx0, ctx1 = node_context(cfg, 0, 2), node_context(cfg, 1, 2)
+    a = client_app.node_runtime(cfg, ctx0)
+    assert client_app.node_runtime(cfg, ctx0) is a
+    b = client_app.node_runtime(cfg, ctx1)
+    assert b is not a and sorted(b.records.devices) == [1, 3] and sorted(a.records.devices) == [0, 2]
+    other = load_config({"num-devices": 4, "records-per-device": 20, "progress": False, "seed": 5})
+    assert client_app.node_runtime(other, ctx0) is not a
+    # the parsed run config is cached too: the same Config object for the same mapping
+    run_config = {"num-devices": 4, "records-per-device": 20}
+    assert client_app._parsed(run_config) is client_app._parsed(dict(run_config))
+
+
+def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
+    """Round 2 on a cached runtime (model reloaded, streams per round) equals a fresh
+    build; with OS entropy the private sums of two calls differ (fresh coins)."""
+    client_app.clear_runtimes()
+    cfg = load_config({"num-devices": 4, "records-per-device": 30, "progress": False, "noise-multiplier": 1.0,
+                       "target-epsilon": 0, "reproducible-noise": True, "model": "mlp", "hidden-size": 8})
+    strat = registered_strategy(cfg)
+    ctx = node_context(cfg, 1)
+    runtime = client_app.node_runtime(cfg, ctx)
+    for r in (1, 2):
+        msg = next(m for m in _train(strat, r) if m.metadata.dst_node_id == 1)
+        state = msg.content[P.ARRAYS].to_torch_state_dict()
+        cached = runtime.train(state, msg.content[P.CONFIG])
+        fresh = client_app.handle_train(cfg, runtime.records, state, msg.content[P.CONFIG])
+        for part in (0, 1):
+            for k in cached[part]:
+                assert torch.equal(cached[part][k], fresh[part][k])
+        strat.collect(r, [])  # finish the round (no replies) so that the next can begin
+
+
+def _train(strat, r):
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    return list(strat.configure_train(r, ArrayRecord(strat.model.state_dict()), ConfigRecord(), None))
+
+
+# ------------------------------------------------------------------ a site with several devices
+@pytest.fixture
+def sites(tmp_path):
+    table = trips()
+    table.to_csv(tmp_path / "trips.csv", index=False)
+    split_sites(tmp_path / "trips.csv", "phone", tmp_path / "sites", test_fraction=0.25, seed=1)
+    return tmp_path / "sites"
+
+
+def _node_cfg(folder):
+    return load_config({**DECLARED, "data-location": "node", "num-devices": len(PHONES),
+                        "test-path": str(folder / "heldout.csv"), "public-batch-size": 16,
+                        "sampling-rate": 0.2, "noise-multiplier": 1.0, "target-epsilon": 0, "num-rounds": 2,
+                        "progress": False})
+
+
+def _ctx(cfg, node_config):
+    from flwr.app import Context
+
+    return Context(run_id=1, node_id=0, node_config=node_config, state=RecordDict(), run_config={})
+
+
+def test_a_site_serves_several_devices_files(sites):
+    cfg = _node_cfg(sites)
+    sizes = [len(pd.read_csv(sites / f"site-{k}.csv")) for k in range(3)]
+    listed = client_app.node_records(
+        cfg, _ctx(cfg, {"device-ids": "0,2", "data-path": f"{sites}/site-0.csv,{sites}/site-2.csv"}))
+    templated = client_app.node_records(cfg, _ctx(cfg, {"device-ids": "2,0",
+                                                        "data-path": f"{sites}/site-{{device}}.csv"}))
+    for records in (listed, templated):
+        info = client_app.handle_query(records)
+        assert info[P.DEVICE_IDS] == [0, 2] and info[P.DEVICE_SIZES] == [sizes[0], sizes[2]]
+    bad = [
+        ({"device-ids": "0,2", "data-path": f"{sites}/site-0.csv"}, "need one file per device"),
+        ({"device-ids": "0,0", "data-path": f"{sites}/site-{{device}}.csv"}, "need distinct device numbers"),
+        ({"device-ids": "0,3", "data-path": f"{sites}/site-{{device}}.csv"}, r"in 0\.\.2"),
+        ({"device-ids": "a", "data-path": f"{sites}/site-0.csv"}, "comma-separated integers"),
+    ]
+    for node_config, fragment in bad:
+        with pytest.raises(ValueError, match=fragment):
+            client_app.node_records(cfg, _ctx(cfg, node_config))
+
+
+class SiteGrid:
+    """Delivers messages to the real ClientApp of nodes with the given node configs."""
+
+    def __init__(self, cfg, nodes) -> None:
+        self.cfg, self.nodes, self.app = cfg, nodes, client_app.make_client_app(cfg)
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return [self.app(m, _ctx(self.cfg, self.nodes[m.metadata.dst_node_id])) for m in messages]
+
+
+def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
+    """One SuperNode holding devices 0 and 2, another holding device 1: the same
+    N, the same ledger and ε per round as three one-device sites (site data is a
+    deployment: OS entropy only, so the models differ by their noise)."""
+    client_app.clear_runtimes()
+    base = {**DECLARED, "data-location": "node", "num-devices": 3, "test-path": str(sites / "heldout.csv"),
+            "public-batch-size": 16, "sampling-rate": 0.2, "noise-multiplier": 1.0, "target-epsilon": 0,
+            "num-rounds": 2, "progress": False, "seed": 3}
+    layouts = {
+        "three": {k: {"partition-id": k, "num-partitions": 3, "data-path": f"{sites}/site-{k}.csv"}
+                  for k in range(3)},
+        "two": {0: {"device-ids": "0,2", "data-path": f"{sites}/site-{{device}}.csv"},
+                1: {"device-ids": "1", "data-path": f"{sites}/site-1.csv"}},
+    }
+    results = {}
+    for name, nodes in layouts.items():
+        cfg = load_config({**base, "out-dir": str(tmp_path / name)})
+        from fedfdp.data import load_server_data
+
+        model = build_model(cfg, load_server_data(cfg.data))
+        strat = FDPStrategy(model, cfg)
+        strat.start(SiteGrid(cfg, nodes))
+        results[name] = strat
+    a, b = results["three"], results["two"]
+    assert [r["epsilon"] for r in a.rows] == [r["epsilon"] for r in b.rows]
+    assert [r["asked"] for r in b.rows] == [2, 2]
+    assert a.num_records == b.num_records and len(b.registry) == 2
+    la, lb = (json.loads((tmp_path / n / "ledger.json").read_text()) for n in ("three", "two"))
+    assert la["charges"] == lb["charges"] and la["accountant"] == lb["accountant"]
+
+
+# ------------------------------------------------------------------ the strategy's polling
+class _FakeGrid:
+    """A Grid whose replies arrive after a few polls (push/pull API)."""
+
+    def __init__(self, delay_polls: int) -> None:
+        self.delay = delay_polls
+        self.polls = 0
+        self.pushed: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for i, m in enumerate(messages):
+            self.pushed[f"m{i}"] = m
+            ids.append(f"m{i}")
+        return ids
+
+    def pull_messages(self, ids):
+        self.polls += 1
+        if self.polls < self.delay:
+            return []
+        out = []
+        for i in ids:
+            reply = Message(RecordDict(), reply_to=self.pushed[i])
+            reply.metadata.__dict__["_reply_to_message_id"] = i
+            out.append(reply)
+        return out
+
+
+def test_exchange_polls_until_every_reply_or_the_timeout(monkeypatch):
+    from flwr.serverapp import Grid
+
+    import strategies.fdp_strategy as fs
+
+    monkeypatch.setattr(fs, "Grid", object)  # any object with push/pull counts as a Grid here
+    assert issubclass(_FakeGrid, fs.Grid) and Grid is not None
+    msgs = [Message(RecordDict(), message_type="query", dst_node_id=n) for n in (1, 2)]
+    grid = _FakeGrid(delay_polls=4)
+    replies = exchange(grid, msgs, timeout=5.0)
+    assert len(replies) == 2 and grid.polls == 4
+    slow = _FakeGrid(delay_polls=10**9)
+    assert exchange(slow, msgs, timeout=0.2) == []
