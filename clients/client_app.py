@@ -161,11 +161,11 @@ def _parsed(run_config: Mapping[str, Any]) -> Config:
     return cfg
 
 
-def _config(fixed: Config | None, context: Context) -> Config:
+def _config(fixed: Config | None, context: Context, simulation: bool = False) -> Config:
     if fixed is not None:
         return fixed
     cfg = _parsed(context.run_config)
-    if cfg.privacy.reproducible_noise:
+    if cfg.privacy.reproducible_noise and not simulation:
         raise ConfigError(
             "reproducible-noise=true: refused by a ClientApp reading Flower's run config (flwr run, a "
             "SuperNode): its Poisson coins would derive from a seed every party can read"
@@ -344,18 +344,20 @@ def reply_message(
     return Message(content, reply_to=msg)
 
 
-def make_client_app(cfg: Config | None = None) -> ClientApp:
-    """Build the ClientApp; ``cfg`` fixes the configuration (used by
-    ``fedfdp run``), otherwise it is read from Flower's run config."""
+def make_client_app(cfg: Config | None = None, *, simulation: bool = False) -> ClientApp:
+    """Build the ClientApp; ``cfg`` fixes the configuration, otherwise it is
+    read from Flower's run config. ``simulation``: the ClientApp of ``fedfdp
+    run`` (Flower's Simulation Runtime, whose ServerApp refuses every other
+    grid), which accepts the reproducible opt-in from the run config."""
     app = ClientApp()
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        return fdp_query(msg, node_runtime(_config(cfg, context), context).records.devices)
+        return fdp_query(msg, node_runtime(_config(cfg, context, simulation), context).records.devices)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        runtime = node_runtime(_config(cfg, context), context)
+        runtime = node_runtime(_config(cfg, context, simulation), context)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
         private, public, metrics = runtime.train(state, msg.content[P.CONFIG])
         return reply_message(msg, private, public, metrics)
@@ -364,3 +366,5 @@ def make_client_app(cfg: Config | None = None) -> ClientApp:
 
 
 app = make_client_app()
+#: The ClientApp of ``fedfdp run`` (see :func:`make_client_app`).
+simulation_app = make_client_app(simulation=True)

@@ -1,8 +1,16 @@
 """Flower ServerApp: builds the run's strategy and drives it.
 
+``app`` (the component ``pyproject.toml`` names) is the deployment's ServerApp:
 ``flwr run .`` reads the configuration from ``[tool.flwr.app.config]`` (plus
-``--run-config`` overrides); ``fedfdp run`` builds the app with a fixed,
-already validated configuration.
+``--run-config`` overrides) and refuses the reproducible opt-in.
+
+``simulation_app`` is the ServerApp of ``fedfdp run`` (:mod:`simulations.run`),
+which submits the run with ``flwr run`` to a SuperLink of its own in simulation
+mode: it runs only on Flower's Simulation Runtime (an in-memory grid, every
+party one process tree on one machine), accepts ``reproducible-noise = true``
+(research runs that every output flags), and lets ``clients-per-round`` choose
+devices, since its virtual SuperNodes (as many as the machine has cores) are
+only transport.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import os
 
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_server_data
@@ -32,16 +41,27 @@ def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> F
     return strategy
 
 
-def make_server_app(cfg: Config | None = None, *, node_choice: str = "supernodes") -> ServerApp:
+def make_server_app(
+    cfg: Config | None = None, *, node_choice: str = "supernodes", simulation: bool = False
+) -> ServerApp:
     """Build the ServerApp; ``cfg`` fixes the configuration, otherwise it is
     read from Flower's run config. ``node_choice="devices"``: the SuperNodes
-    are a simulation's transport (see :class:`FDPStrategy`)."""
+    are a simulation's transport (see :class:`FDPStrategy`). ``simulation``:
+    the ServerApp of ``fedfdp run`` (module docstring): it refuses any grid but
+    the Simulation Runtime's and accepts the reproducible opt-in."""
     app = ServerApp()
+    if simulation:
+        node_choice = "devices"
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        if simulation and not isinstance(grid, InMemoryGrid):
+            raise ConfigError(
+                "strategies.server_app:simulation_app runs only on Flower's Simulation Runtime "
+                "(fedfdp run); a deployment uses strategies.server_app:app"
+            )
         run_cfg = cfg if cfg is not None else load_config(dict(context.run_config))
-        if cfg is None and run_cfg.privacy.reproducible_noise:
+        if cfg is None and not simulation and run_cfg.privacy.reproducible_noise:
             raise ConfigError(
                 "reproducible-noise=true: refused under flwr run (a SuperLink): the noise would derive "
                 "from a seed every party can read; use fedfdp run for reproducible research runs"
@@ -58,3 +78,4 @@ def make_server_app(cfg: Config | None = None, *, node_choice: str = "supernodes
 
 
 app = make_server_app()
+simulation_app = make_server_app(simulation=True)

@@ -309,3 +309,25 @@ def test_exchange_polls_until_every_reply_or_the_timeout(monkeypatch):
     assert len(replies) == 2 and grid.polls == 4
     slow = _FakeGrid(delay_polls=10**9)
     assert exchange(slow, msgs, timeout=0.2) == []
+
+
+# ------------------------------------------------------------------ fedfdp run's simulation apps
+def test_simulation_apps_accept_the_reproducible_opt_in_only_on_the_simulation_runtime():
+    """``fedfdp run``'s ServerApp refuses any grid but the Simulation Runtime's;
+    its ClientApp takes ``reproducible-noise`` from the run config, which the
+    deployment ClientApp refuses."""
+    from flwr.app import Context
+
+    from fedfdp.config import ConfigError
+    from strategies.server_app import simulation_app
+
+    run_config = {"reproducible-noise": True, "num-devices": 2, "progress": False}
+    ctx = Context(run_id=1, node_id=0, node_config={"partition-id": 0, "num-partitions": 2},
+                  state=RecordDict(), run_config=run_config)
+    with pytest.raises(ConfigError, match="runs only on Flower's Simulation Runtime"):
+        simulation_app(InProcessGrid(load_config(run_config)), ctx)
+    query = Message(RecordDict(), message_type="query", dst_node_id=0)
+    reply = client_app.simulation_app(query, ctx)
+    assert reply.content[P.METRICS][P.DEVICE_IDS] == [0]
+    with pytest.raises(ConfigError, match="refused by a ClientApp reading Flower's run config"):
+        client_app.app(query, ctx)
