@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import subprocess
 import sys
 
 import numpy as np
@@ -299,3 +300,12 @@ def test_dirichlet_split_is_skewed() -> None:
 def test_split_refusals(kwargs, match) -> None:
     with pytest.raises(ImageDataError, match=match):
         split_images(_toy(), **kwargs)
+
+
+def test_images_package_never_imports_flower() -> None:
+    code = (
+        "import sys, fedfdp.images\n"
+        "bad = sorted(m for m in sys.modules if m == 'flwr' or m.startswith('flwr.'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

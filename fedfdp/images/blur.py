@@ -10,8 +10,8 @@ A public map here is any callable ``psi(x, generator) -> view`` with ``x`` a
 batch ``(n, C, H, W)`` and ``view`` of the same shape, dtype and device,
 record ``i``'s view depending only on ``Ψ(x_i)`` (and on data-independent
 draws from ``generator``): the signature of :class:`fedfdp.features.PublicView`,
-so a blur can stand where a tabular view stands (the loss decomposition calls
-``view(x, generator)``). :class:`GaussianBlur` ignores the generator;
+so a blur can stand where a tabular view stands: ``fedfdp.losses.FeatureMap(view=GaussianBlur())``
+calls ``view(x, generator)``. :class:`GaussianBlur` ignores the generator;
 :func:`check_public_map` validates a user-supplied callable on a probe batch.
 
 What the blur discloses

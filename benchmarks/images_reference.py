@@ -1,0 +1,292 @@
+"""Measure the five methods of §6.3 on MNIST-5k with the non-federated reference trainer.
+
+Two tasks, both with Ψ = Gaussian blur (kernel 9, σ = 2, reflect, 8-bit output):
+
+``classify``
+    The DigitCNN classifier; test accuracy on the held-out 1,000 digits.
+``ddpm``
+    The class-conditional U-Net DDPM; a Fréchet distance on the penultimate
+    features of a DigitCNN trained on the held-out split (NOT Inception FID),
+    overall and per class, 1,000 samples (100 per class) against the 1,000
+    held-out digits; sample grids as PNG.
+
+``public`` is trained for ``--pretrain-steps`` public steps and its model is the
+starting point of ``fdp-dpsgd`` and ``fdp`` (public pre-training costs no
+privacy, Remark 2), so their wall times are the public time plus their own.
+Private phases: ``--steps`` Poisson-subsampled Gaussian steps at rate
+``--rate`` with σ calibrated to ``--epsilon`` (upper bound, add/remove) at
+δ = 1/(2N). Coins and noise come from the OS CSPRNG.
+
+Usage (writes ``results.json``, ``log.txt`` and grids to ``--out``)::
+
+    nice python benchmarks/images_reference.py classify --seeds 0 1 2 --out runs/images/classify
+    nice python benchmarks/images_reference.py ddpm --seeds 0 --out runs/images/ddpm
+
+Run with ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296``
+in the environment for the per-record paths' speed (docs/clipping.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedfdp.images.blur import GaussianBlur
+from fedfdp.images.data import ImageSet, load_mnist5k, split_images
+from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, sample
+from fedfdp.images.fid import class_rows, fid_report, save_grid, train_feature_classifier
+from fedfdp.images.models import build_classifier
+from fedfdp.images.train import (
+    METHODS,
+    ClassificationTask,
+    DiffusionTask,
+    TrainSettings,
+    evaluate_classifier,
+    train,
+)
+from fedfdp.images.unet import build_unet
+
+
+def _log(out: Path, line: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    print(f"[{stamp}] {line}", flush=True)
+    with open(out / "log.txt", "a") as f:
+        f.write(f"[{stamp}] {line}\n")
+
+
+def _data(seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    fed = split_images(load_mnist5k(), 1, test_fraction=0.2, seed=seed)
+    return fed.train(), fed.test()
+
+
+def _settings(args: argparse.Namespace, method: str, seed: int) -> TrainSettings:
+    private = method in ("dp", "fdp-dpsgd", "fdp")
+    if method == "public":
+        steps = args.pretrain_steps
+    elif method == "nonprivate":
+        steps = args.nonprivate_steps
+    else:
+        steps = args.steps
+    return TrainSettings(
+        method=method,
+        steps=steps,
+        sampling_rate=args.rate,
+        clipping_norm=args.clip,
+        target_epsilon=args.epsilon,
+        public_batch_size=args.public_batch,
+        pretrain_steps=0,
+        alpha=args.alpha,
+        learning_rate=args.private_lr if private else args.lr,
+        optimizer=args.optimizer,
+        momentum=args.momentum,
+        chunk_size=args.chunk,
+        seed=seed,
+    )
+
+
+def _save(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    with open(out / "results.json", "w") as f:
+        json.dump({"config": config, "machine": platform.platform(), "rows": rows}, f, indent=1)
+
+
+def _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, extra_eval=None) -> None:
+    public_model = None
+    public_seconds = 0.0
+    order = [m for m in ("nonprivate", "public", "dp", "fdp-dpsgd", "fdp") if m in args.methods]
+    if ("fdp-dpsgd" in order or "fdp" in order) and "public" not in order:
+        order.insert(0, "public")
+    for method in order:
+        settings = _settings(args, method, seed)
+        if method in ("fdp-dpsgd", "fdp"):
+            if public_model is None:
+                raise RuntimeError("public pre-training missing")
+            model = copy.deepcopy(public_model)
+        else:
+            model = make_model(seed)
+        _log(out, f"seed={seed} method={method} start {settings}")
+        result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s))
+        wall = result.wall_seconds
+        if method == "public":
+            public_model = copy.deepcopy(model)
+            public_seconds = wall
+        total = wall + (public_seconds if method in ("fdp-dpsgd", "fdp") else 0.0)
+        row = {
+            "seed": seed,
+            "method": method,
+            "epsilon": result.epsilon,
+            "delta": result.delta,
+            "noise_multiplier": result.noise_multiplier,
+            "steps": settings.steps,
+            "wall_seconds": wall,
+            "wall_seconds_with_pretraining": total,
+            **(result.history[-1] if result.history else {}),
+        }
+        if extra_eval is not None:
+            row.update(extra_eval(model, method, seed))
+        _log(out, f"seed={seed} method={method} done {json.dumps(row)}")
+        rows.append(row)
+        _save(args, out, rows)
+
+
+def classify(args: argparse.Namespace, out: Path) -> None:
+    train_set, test_set = _data()
+    psi = GaussianBlur(args.kernel, args.blur_sigma)
+    task = ClassificationTask(psi)
+    blurred_test = ImageSet(
+        "blurred", psi(torch.from_numpy(np.array(test_set.x))).numpy(), test_set.y, test_set.class_names
+    )
+
+    def make_model(seed: int):
+        return build_classifier(
+            train_set.shape, 10, width=args.width, generator=torch.Generator().manual_seed(seed)
+        )
+
+    def evaluate(model):
+        return evaluate_classifier(model, test_set)
+
+    def extra(model, method, seed):
+        return {"accuracy_on_blurred_test": evaluate_classifier(model, blurred_test)["accuracy"]}
+
+    rows: list[dict] = []
+    for seed in args.seeds:
+        _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, extra)
+
+
+def ddpm(args: argparse.Namespace, out: Path) -> None:
+    train_set, test_set = _data()
+    psi = GaussianBlur(args.kernel, args.blur_sigma)
+    schedule = NoiseSchedule(args.diffusion_steps, args.schedule)
+    task = DiffusionTask(DiffusionLoss(schedule, psi, 10))
+    t0 = time.perf_counter()
+    feature_net, acc = train_feature_classifier(
+        test_set, epochs=30, generator=torch.Generator().manual_seed(1234)
+    )
+    _log(
+        out,
+        f"FID feature classifier trained on the held-out split: accuracy on it {acc:.4f}, "
+        f"{time.perf_counter() - t0:.0f} s",
+    )
+    rng = np.random.default_rng(0)
+    pick = rng.choice(len(train_set), size=len(test_set), replace=False)
+    floor = fid_report(feature_net, train_set.x[pick], train_set.y[pick], test_set)
+    blurred = psi(torch.from_numpy(np.array(train_set.x[pick]))).numpy()
+    blur_ref = fid_report(feature_net, blurred, train_set.y[pick], test_set)
+    _log(
+        out,
+        f"reference FIDs: real train vs test {floor.overall:.3f}; blurred train vs test "
+        f"{blur_ref.overall:.3f}",
+    )
+    save_grid(
+        np.array(train_set.x[pick][np.argsort(train_set.y[pick], kind="stable")][::10][:100]),
+        out / "real.png",
+    )
+    save_grid(blurred[np.argsort(train_set.y[pick], kind="stable")][::10][:100], out / "blurred.png")
+
+    def make_model(seed: int):
+        return build_unet(
+            train_set.shape,
+            10,
+            base=args.base,
+            mults=tuple(args.mults),
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    def extra(model, method, seed):
+        start = time.perf_counter()
+        labels = class_rows(10, args.samples_per_class)
+        images = sample(
+            model,
+            schedule,
+            labels,
+            train_set.shape,
+            torch.Generator().manual_seed(10_000 + seed),
+            steps=args.sample_steps,
+        )
+        seconds = time.perf_counter() - start
+        report = fid_report(feature_net, images.numpy(), labels.numpy(), test_set)
+        grid = images.view(10, args.samples_per_class, *images.shape[1:])[:, :10].reshape(
+            -1, *images.shape[1:]
+        )
+        save_grid(grid.numpy(), out / f"samples_{method}_seed{seed}.png", nrow=10)
+        return {**report.as_dict(), "sampling_seconds": seconds}
+
+    rows: list[dict] = [
+        {"reference": "real-train-vs-test", **floor.as_dict()},
+        {"reference": "blurred-train-vs-test", **blur_ref.as_dict()},
+    ]
+    _save(args, out, rows)
+    for seed in args.seeds:
+        _run_methods(args, out, task, train_set, make_model, None, seed, rows, extra)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("task", choices=["classify", "ddpm"])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--rate", type=float, default=256 / 4000)
+    parser.add_argument("--steps", type=int, default=None, help="private steps (accounted)")
+    parser.add_argument("--nonprivate-steps", type=int, default=None)
+    parser.add_argument("--pretrain-steps", type=int, default=None, help="public steps (the public model)")
+    parser.add_argument("--public-batch", type=int, default=256)
+    parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--alpha", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--private-lr", type=float, default=None)
+    parser.add_argument("--optimizer", default=None, choices=["sgd", "adam"])
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--chunk", type=int, default=128)
+    parser.add_argument("--kernel", type=int, default=9)
+    parser.add_argument("--blur-sigma", type=float, default=2.0)
+    parser.add_argument("--width", type=int, default=32, help="classifier width")
+    parser.add_argument("--base", type=int, default=32, help="U-Net base width")
+    parser.add_argument("--mults", type=int, nargs="+", default=[1, 2, 2])
+    parser.add_argument("--diffusion-steps", type=int, default=1000)
+    parser.add_argument("--schedule", default="linear", choices=["linear", "cosine"])
+    parser.add_argument("--sample-steps", type=int, default=100)
+    parser.add_argument("--samples-per-class", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    defaults = {
+        "classify": {
+            "steps": 400,
+            "nonprivate_steps": 400,
+            "pretrain_steps": 300,
+            "lr": 0.1,
+            "private_lr": 0.25,
+            "optimizer": "sgd",
+        },
+        "ddpm": {
+            "steps": 200,
+            "nonprivate_steps": 400,
+            "pretrain_steps": 400,
+            "lr": 1e-3,
+            "private_lr": 5e-4,
+            "optimizer": "adam",
+        },
+    }[args.task]
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    _log(args.out, f"start {vars(args)}")
+    (classify if args.task == "classify" else ddpm)(args, args.out)
+    _log(args.out, "done")
+
+
+if __name__ == "__main__":
+    main()
