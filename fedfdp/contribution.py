@@ -168,7 +168,10 @@ def independent_batches(
     """The honest sampler: a Poisson private batch at ``rate`` from the device's
     secret coins and, independently, a uniform public batch of ``public_count``
     records from the public stream (Prop. 3)."""
-    return poisson_sample(n, rate, secrets.coins), uniform_sample(n, public_count, public.sample)
+    private = poisson_sample(n, rate, secrets.coins)
+    if public_count == 0:  # nothing drawn: the stream is this device's in this round only
+        return private, np.empty(0, dtype=np.int64)
+    return private, uniform_sample(n, public_count, public.sample)
 
 
 class PrivateAggregator(Protocol):

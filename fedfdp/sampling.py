@@ -25,8 +25,6 @@ released public gradient would depend on the realised private batch size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -49,20 +47,43 @@ def _torch_generator(seq: np.random.SeedSequence) -> torch.Generator:
     return gen
 
 
-@dataclass
 class PublicStreams:
-    """Public generators one device uses in one round (derived from the run seed)."""
+    """Public generators one device uses in one round (derived from the run seed).
 
-    sample: np.random.Generator
-    padding: torch.Generator
+    Each generator is derived on first use (the same generator whenever it is
+    derived): a device with no public records in a round costs nothing.
+    """
+
+    __slots__ = ("_key", "_padding", "_sample")
+
+    def __init__(self, sample: np.random.Generator | None = None, padding: torch.Generator | None = None,
+                 *, key: tuple[int, int, int] | None = None) -> None:
+        if key is None and (sample is None or padding is None):
+            raise ValueError("PublicStreams: give both generators, or the (seed, round, device) key")
+        self._sample, self._padding, self._key = sample, padding, key
+
+    @property
+    def sample(self) -> np.random.Generator:
+        """The uniform public batch's stream."""
+        if self._sample is None:
+            seed, round_, device = self._key  # type: ignore[misc]
+            self._sample = np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC))
+        return self._sample
+
+    @property
+    def padding(self) -> torch.Generator:
+        """The Gaussian padding of the public batch's views."""
+        if self._padding is None:
+            seed, round_, device = self._key  # type: ignore[misc]
+            self._padding = _torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING))
+        return self._padding
 
     @classmethod
     def for_device(cls, seed: int, round_: int, device: int) -> PublicStreams:
         """Streams of ``device`` in round ``round_`` under run seed ``seed``."""
-        return cls(
-            sample=np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC)),
-            padding=_torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING)),
-        )
+        if seed < 0:
+            raise ValueError(f"seed={seed}: must be >= 0")
+        return cls(key=(seed, round_, device))
 
 
 def server_public_rng(seed: int, round_: int) -> np.random.Generator:
