@@ -52,10 +52,13 @@ QUERY_RETRY_SECONDS = 5.0
 
 #: Replies are polled from the Grid first after this many seconds, then at
 #: intervals growing by half up to :data:`POLL_MAX_SECONDS` (back to the first
-#: after each reply). Flower's own ``send_and_receive`` sleeps 0.1 s (simulation)
-#: or 3 s (deployment) between polls, which is most of a short round.
+#: after each reply); after :data:`POLL_FAST_SECONDS` of waiting, up to
+#: :data:`POLL_SLOW_SECONDS`. Flower's own ``send_and_receive`` sleeps 0.1 s
+#: (simulation) or 3 s (deployment) between polls, which is most of a short round.
 POLL_MIN_SECONDS = 0.002
-POLL_MAX_SECONDS = 0.05
+POLL_MAX_SECONDS = 0.01
+POLL_FAST_SECONDS = 2.0
+POLL_SLOW_SECONDS = 0.2
 
 #: ``node_choice`` values: what ``clients-per-round`` chooses among.
 NODE_CHOICES = ("supernodes", "devices")
@@ -70,7 +73,8 @@ def exchange(grid: Any, messages: list[Message], timeout: float | None) -> list[
     if not isinstance(grid, Grid):
         return list(grid.send_and_receive(messages, timeout=timeout))
     pending = set(grid.push_messages(messages))
-    end = None if timeout is None else time.monotonic() + timeout
+    start = time.monotonic()
+    end = None if timeout is None else start + timeout
     replies: list[Message] = []
     pause = POLL_MIN_SECONDS
     while pending:
@@ -80,10 +84,12 @@ def exchange(grid: Any, messages: list[Message], timeout: float | None) -> list[
             pending.difference_update(m.metadata.reply_to_message_id for m in got)
             pause = POLL_MIN_SECONDS
             continue
-        if end is not None and time.monotonic() >= end:
+        now = time.monotonic()
+        if end is not None and now >= end:
             break
-        time.sleep(pause if end is None else max(0.0, min(pause, end - time.monotonic())))
-        pause = min(pause * 1.5, POLL_MAX_SECONDS)
+        time.sleep(pause if end is None else max(0.0, min(pause, end - now)))
+        cap = POLL_MAX_SECONDS if now - start < POLL_FAST_SECONDS else POLL_SLOW_SECONDS
+        pause = min(pause * 1.5, cap)
     return replies
 
 
