@@ -191,7 +191,11 @@ def contribution_arrays(
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     private = dict(zip(names, total.private_sum, strict=True)) if total.private_sum else None
     public = dict(zip(names, total.public_sum, strict=True)) if total.public_sum else None
-    metrics = {P.PUBLIC_COUNT: total.public_count, P.PUBLIC_LOSS_SUM: total.public_loss_sum}
+    metrics = {
+        P.PUBLIC_COUNT: total.public_count,
+        P.PUBLIC_LOSS_SUM: total.public_loss_sum,
+        P.UNCLIPPED_COUNT: total.unclipped_count,
+    }
     return private, public, metrics
 
 

@@ -86,7 +86,7 @@ def run_centralised(
             attempt=state.attempt,
             phase=state.phase,
             sampling_rate=p.sampling_rate,
-            clipping_norm=p.clipping_norm,
+            clipping_norm=state.clipping_norm,
             unit=p.privacy_unit,
             public_seed=cfg.training.seed,
         )
@@ -102,6 +102,7 @@ def run_centralised(
             [contrib.public_sum] if contrib.public_sum is not None else [],
             contrib.public_count,
             contrib.public_loss_sum,
+            unclipped=contrib.unclipped_count,
         )
         return outcome
 

@@ -18,10 +18,12 @@ Every ε it reports is the **upper** end of the accountant's interval, for the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
 from fedfdp.config import Config
+from fedfdp.quantile_clipping import split_noise
 from fedfdp.sampling_plan import AccountedEvent, SamplingSettings
 
 
@@ -52,6 +54,16 @@ class PrivacyPlan:
     participation : float
         Probability that a round touches the privacy unit at all (record unit
         with Poisson device sampling at ``p``: ``p``; otherwise 1).
+    count_noise : float or None
+        Adaptive clipping: the standard deviation ``σ_b`` of the noise on the
+        count of clipped vectors within ``C`` (sensitivity 1, so ``σ_b`` is
+        also its multiplier); None with a fixed ``C``.
+    accounted_noise_multiplier : float or None
+        What the accountant is charged per round: ``σ`` itself, or with adaptive
+        clipping ``σ_eff = (σ⁻² + σ_b⁻²)^(−1/2)`` — the gradient sum (sensitivity
+        ``C``, noise ``σC``) and the count (sensitivity 1, noise ``σ_b``)
+        released together are one Gaussian mechanism of that multiplier
+        (Andrew et al. 2021, Thm. 1).
     """
 
     private: bool
@@ -64,6 +76,12 @@ class PrivacyPlan:
     unbounded: bool = False
     unit: str = "record"
     participation: float = 1.0
+    count_noise: float | None = None
+    accounted_noise_multiplier: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.accounted_noise_multiplier is None and self.noise_multiplier is not None:
+            object.__setattr__(self, "accounted_noise_multiplier", self.noise_multiplier)
 
 
 def sampling_settings(cfg: Config) -> SamplingSettings:
@@ -83,7 +101,10 @@ def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = N
 
     The accounted event per private round comes from the sampling plan
     (``event``; default: the one :func:`sampling_settings` of ``cfg`` names,
-    :mod:`fedfdp.sampling_plan`); σ is calibrated for that event.
+    :mod:`fedfdp.sampling_plan`); σ is calibrated for that event. With adaptive
+    clipping the accounted multiplier ``σ_eff`` is calibrated and split between
+    the gradient and the count of vectors within ``C`` by
+    ``clipping-budget-share`` (:func:`fedfdp.quantile_clipping.split_noise`).
     """
     if num_records < 1:
         raise ValueError(f"num_records={num_records}: the dataset has no training records")
@@ -101,9 +122,18 @@ def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = N
     if sigma is None:
         if p.target_epsilon is None:
             raise ValueError("a private mode needs noise-multiplier or target-epsilon")
-        sigma = calibrate_noise_multiplier(p.target_epsilon, rate, rounds, delta, participation=share)
+        sigma = accounted = calibrate_noise_multiplier(
+            p.target_epsilon, rate, rounds, delta, participation=share
+        )
+    else:
+        # a given σ is the gradient's; the count adds its share on top
+        accounted = sigma * math.sqrt(1 - p.clipping_budget_share) if p.clipping_quantile > 0 else sigma
+    count_noise = None
+    if p.clipping_quantile > 0:
+        sigma, count_noise = split_noise(accounted, p.clipping_budget_share)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
-    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit, participation=share)
+    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit, participation=share,
+                       count_noise=count_noise, accounted_noise_multiplier=float(accounted))
 
 
 class Budget:
@@ -138,7 +168,7 @@ class Budget:
         if plan.noise_multiplier is None:
             raise ValueError("noise multiplier unresolved: this plan spends no privacy")
         if self.accountant.would_exceed(
-            plan.max_epsilon, plan.delta, plan.noise_multiplier, plan.sampling_rate,
+            plan.max_epsilon, plan.delta, plan.accounted_noise_multiplier, plan.sampling_rate,
             participation=plan.participation,
         ):
             spent = self.epsilon()
@@ -148,7 +178,8 @@ class Budget:
         """Compose one private round; return the new ε."""
         if self.plan.noise_multiplier is None:
             raise ValueError("noise multiplier unresolved: this plan spends no privacy")
+        plan = self.plan
         self.accountant.compose(
-            self.plan.noise_multiplier, self.plan.sampling_rate, participation=self.plan.participation
+            plan.accounted_noise_multiplier, plan.sampling_rate, participation=plan.participation
         )
         return self.epsilon()

@@ -29,6 +29,7 @@ batches into the private sum.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -72,6 +73,18 @@ class Contribution:
     public_sum: list[torch.Tensor] | None
     public_count: int
     public_loss_sum: float
+    unclipped_count: int = 0
+
+
+@dataclass(frozen=True)
+class PrivateSum:
+    """A node's private part: the sum of clipped private gradients and how many
+    of the clipped vectors (records, or devices for the device unit) were
+    already within ``C`` — the count adaptive clipping needs (Andrew et al.
+    2021); it leaves the node only for the server to add noise to it."""
+
+    grads: list[torch.Tensor]
+    unclipped: int = 0
 
 
 def trainable(model: nn.Module) -> list[torch.Tensor]:
@@ -183,7 +196,7 @@ class PrivateAggregator(Protocol):
         decomposition: FeatureMap,
         settings: RoundSettings,
         batches: Sequence[PrivateBatch],
-    ) -> list[torch.Tensor]:
+    ) -> PrivateSum:
         ...
 
 
@@ -207,8 +220,21 @@ def private_gradient_sum(
 ) -> list[torch.Tensor]:
     """Σ over the union of ``batches`` of per-record private-loss gradients, each
     clipped to ``clipping_norm`` (``None``: unclipped), in one call."""
-    if not batches:
-        return [torch.zeros_like(p) for p in trainable(model)]
+    return private_clipped_sum(model, decomposition, phase, batches, clipping_norm, clip_method).grads
+
+
+def private_clipped_sum(
+    model: nn.Module,
+    decomposition: FeatureMap,
+    phase: Phase,
+    batches: Sequence[PrivateBatch],
+    clipping_norm: float | None,
+    clip_method: str = "auto",
+) -> PrivateSum:
+    """:func:`private_gradient_sum` with the count of records whose gradient norm
+    was already within ``clipping_norm`` (0 without clipping)."""
+    if not batches or not any(len(b.y) for b in batches):
+        return PrivateSum([torch.zeros_like(p) for p in trainable(model)], 0)
     loss_fn = None
     parts: list[list[torch.Tensor]] = []
     for batch in batches:
@@ -216,7 +242,9 @@ def private_gradient_sum(
         parts.append(inputs)
     inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
     targets = torch.cat([b.y for b in batches])
-    return clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method).grads
+    out = clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method)
+    unclipped = int((out.norms <= clipping_norm).sum()) if clipping_norm is not None else 0
+    return PrivateSum(out.grads, unclipped)
 
 
 def clipped_private_sum(
@@ -224,26 +252,29 @@ def clipped_private_sum(
     decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
-) -> list[torch.Tensor]:
+) -> PrivateSum:
     """The honest aggregator.
 
     Record unit: one clipped sum over the union of the batches (each record's
     gradient clipped to ``C`` when the phase clips). Device unit: each device's
     mean private gradient over its batch, clipped to ``C`` as one vector, summed
-    over devices.
+    over devices. Either way with the count of vectors already within ``C``.
     """
     phase = settings.phase
     clip = settings.clipping_norm if phase.clip else None
     if settings.unit == "record":
-        return private_gradient_sum(model, decomposition, phase, batches, clip, settings.clip_method)
+        return private_clipped_sum(model, decomposition, phase, batches, clip, settings.clip_method)
     total = [torch.zeros_like(p) for p in trainable(model)]
+    unclipped = 0
     for batch in batches:
         grads = private_gradient_sum(model, decomposition, phase, [batch], None, settings.clip_method)
         mean = [g / max(len(batch.y), 1) for g in grads]
         if clip is not None:
+            norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in mean))
+            unclipped += int(norm <= clip)
             mean = clip_vector(mean, clip)
         total = [t + m for t, m in zip(total, mean, strict=True)]
-    return total
+    return PrivateSum(total, unclipped)
 
 
 @dataclass(frozen=True)
@@ -322,13 +353,14 @@ def node_contribution(
         if count:
             idx = torch.as_tensor(public_idx, dtype=torch.long)
             public_batches.append((x[idx], y[idx], public.padding))
-    private_sum = None
+    private_sum, unclipped = None, 0
     if phase.has_private:
-        private_sum = parts.aggregate(model, decomposition, settings, private_batches)
+        part = parts.aggregate(model, decomposition, settings, private_batches)
+        private_sum, unclipped = part.grads, part.unclipped
     if not phase.public:
-        return Contribution(private_sum, None, 0, 0.0)
+        return Contribution(private_sum, None, 0, 0.0, unclipped)
     public_sum, loss_sum, count = public_gradient_sum(model, decomposition, public_batches)
-    return Contribution(private_sum, public_sum, count, loss_sum)
+    return Contribution(private_sum, public_sum, count, loss_sum, unclipped)
 
 
 def client_update(

@@ -45,6 +45,8 @@ UNIT = "privacy-unit"
 # Metric keys of a reply
 PUBLIC_COUNT = "public-count"
 PUBLIC_LOSS_SUM = "public-loss-sum"
+#: How many clipped private vectors were already within ``C`` (adaptive clipping).
+UNCLIPPED_COUNT = "unclipped-count"
 DEVICE_SIZES = "device-sizes"
 
 
@@ -186,6 +188,7 @@ class ValidReply:
     public: list[np.ndarray] | None
     public_count: int
     public_loss_sum: float
+    unclipped: int = 0
 
 
 def _arrays(
@@ -234,7 +237,9 @@ def validate_reply(
         A sum of at most ``max_private_records`` vectors each clipped to ``C``
         (records, or devices for the device unit) has norm ≤
         ``C · max_private_records``; a larger norm is impossible for an honest
-        client and is rejected (``clipping_norm=None``: no check).
+        client and is rejected (``clipping_norm=None``: no check). With a
+        clipped private part the reply also counts the vectors already within
+        ``C`` (``unclipped-count``, an integer in ``[0, max_private_records]``).
     public_count_asked
         The public batch size allocated to the node; the reply must match it.
     """
@@ -253,7 +258,14 @@ def validate_reply(
                 "for clipped gradients"
             )
     metrics = metrics or {}
-    count, loss = 0, 0.0
+    count, loss, unclipped = 0, 0.0, 0
+    if priv is not None and clipping_norm is not None:
+        raw = metrics.get(UNCLIPPED_COUNT)
+        if raw is None:
+            raise InvalidReply(f"metrics {sorted(metrics)}: need '{UNCLIPPED_COUNT}'")
+        if isinstance(raw, bool) or not float(raw).is_integer() or not 0 <= int(raw) <= max_private_records:
+            raise InvalidReply(f"{UNCLIPPED_COUNT}={raw!r}: not a count in [0, {max_private_records}]")
+        unclipped = int(raw)
     if want_public:
         if PUBLIC_COUNT not in metrics or PUBLIC_LOSS_SUM not in metrics:
             raise InvalidReply(
@@ -268,7 +280,7 @@ def validate_reply(
         loss = float(metrics[PUBLIC_LOSS_SUM])
         if not math.isfinite(loss):
             raise InvalidReply(f"public-loss-sum={loss}: not finite")
-    return ValidReply(priv, pub, count, loss)
+    return ValidReply(priv, pub, count, loss, unclipped)
 
 
 def shapes_of(names: Sequence[str], arrays: Sequence[np.ndarray]) -> dict[str, tuple[int, ...]]:

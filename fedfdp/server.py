@@ -63,6 +63,7 @@ from fedfdp.evaluation import held_out_metrics
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
+from fedfdp.quantile_clipping import adapt_clipping_norm
 from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
@@ -103,6 +104,7 @@ class RoundState:
     phase: Phase
     attempt: int
     plan: RoundPlan
+    clipping_norm: float
 
 
 @dataclass
@@ -126,6 +128,7 @@ class RoundOutcome:
     public_loss: float
     stats: RoundStats = field(default_factory=RoundStats)
     normaliser: float = float("nan")
+    clipping_norm: float = float("nan")
 
 
 def occupied(out: str | Path) -> list[str]:
@@ -210,6 +213,8 @@ class FDPServer:
         self.rows: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self.current: RoundState | None = None
+        #: ``C`` of the next private round (moves with adaptive clipping).
+        self.clipping_norm = float(cfg.privacy.clipping_norm)
 
     # ---------------------------------------------------------------- setup
     def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> PrivacyPlan:
@@ -235,7 +240,7 @@ class FDPServer:
         _, plan, _ = self._ready()
         if not plan.private or plan.noise_multiplier is None:
             return None
-        return ExpectedEvent(plan.noise_multiplier, plan.sampling_rate, plan.participation)
+        return ExpectedEvent(plan.accounted_noise_multiplier, plan.sampling_rate, plan.participation)
 
     # ---------------------------------------------------------------- rounds
     def charge(self, round_: int) -> int:
@@ -248,7 +253,7 @@ class FDPServer:
         attempt = self.ledger.attempts(round_)
         budget.spend()
         self.ledger.charges.append(
-            Charge(round_, attempt, plan.noise_multiplier, plan.sampling_rate, plan.participation)
+            Charge(round_, attempt, plan.accounted_noise_multiplier, plan.sampling_rate, plan.participation)
         )
         self.ledger.accountant = budget.accountant.state_dict()
         if self.cfg.run.out_dir:
@@ -272,7 +277,7 @@ class FDPServer:
             attempt = self.charge(round_)
         public_rng = server_public_rng(self.cfg.training.seed, round_)
         plan = sampling.round(phase, public_rng, self.secrets.device_draw(round_, attempt))
-        self.current = RoundState(round_, phase, attempt, plan)
+        self.current = RoundState(round_, phase, attempt, plan, self.clipping_norm)
         return self.current
 
     def finish_round(
@@ -282,8 +287,14 @@ class FDPServer:
         public_count: int,
         public_loss_sum: float,
         stats: RoundStats | None = None,
+        *,
+        unclipped: int = 0,
     ) -> RoundOutcome:
-        """Noise once, normalise, step (module docstring); returns ε so far."""
+        """Noise once, normalise, step (module docstring); returns ε so far.
+
+        ``unclipped`` is the nodes' total count of clipped vectors already
+        within ``C`` (adaptive clipping; ignored with a fixed ``C``).
+        """
         state = self.current
         if state is None:
             raise RuntimeError("finish_round without begin_round")
@@ -292,7 +303,7 @@ class FDPServer:
         if state.phase.noise:
             if plan.noise_multiplier is None:
                 raise RuntimeError(f"round {state.round}: a private round without a noise multiplier")
-            mechanism = self.parts.mechanism(plan.noise_multiplier, self.cfg.privacy.clipping_norm)
+            mechanism = self.parts.mechanism(plan.noise_multiplier, state.clipping_norm)
             noise = RoundNoise(mechanism, self.secrets.noise(state.round, state.attempt))
         grad, _ = combine_gradient(
             state.phase,
@@ -305,9 +316,16 @@ class FDPServer:
             noise=noise,
         )
         apply_gradient(self.params, self.optimizer, grad)
+        if noise is not None and plan.count_noise is not None:
+            self.clipping_norm = adapt_clipping_norm(
+                state.clipping_norm, unclipped, plan.count_noise, state.plan.normaliser,
+                self.cfg.privacy.clipping_quantile, self.cfg.privacy.clipping_learning_rate, noise.stream,
+            )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")
-        return RoundOutcome(budget.epsilon(), public_loss, stats or RoundStats(), state.plan.normaliser)
+        return RoundOutcome(
+            budget.epsilon(), public_loss, stats or RoundStats(), state.plan.normaliser, state.clipping_norm
+        )
 
     # ---------------------------------------------------------------- a whole run
     def resume(self) -> int:
@@ -328,6 +346,7 @@ class FDPServer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.rows = list(ckpt["rows"])
+        self.clipping_norm = float(ckpt.get("clipping-norm", self.cfg.privacy.clipping_norm))
         log.warning(
             "resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
             out, ckpt["round"], self.budget.epsilon() if self.budget else 0.0, len(self.ledger.charges),
@@ -346,6 +365,7 @@ class FDPServer:
                 "optimizer": self.optimizer.state_dict(),
                 "rows": self.rows,
                 "ledger": self.ledger.summary().as_dict(),
+                "clipping-norm": self.clipping_norm,
             },
         )
 
@@ -354,6 +374,7 @@ class FDPServer:
         _, plan, _ = self._ready()
         values = {
             "noise-multiplier": plan.noise_multiplier,
+            "accounted-noise-multiplier": plan.accounted_noise_multiplier,
             "delta": plan.delta,
             "num-records": self.num_records,
             "private-rounds": plan.private_rounds,
@@ -363,6 +384,8 @@ class FDPServer:
             "accounted-participation": plan.participation,
             "noise-source": noise_source(self.cfg),
         }
+        if plan.count_noise is not None:
+            values["clipping-count-std"] = plan.count_noise
         if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
         return {**values, **(extra or {})}
@@ -416,6 +439,7 @@ class FDPServer:
                     "missing": s.missing,
                     "noise_multiplier": plan.noise_multiplier if phase.noise else 0.0,
                     "normaliser": outcome.normaliser if phase.has_private else float("nan"),
+                    "clipping_norm": outcome.clipping_norm if phase.noise else float("nan"),
                     "noise_source": noise_source(cfg),
                     **metrics,
                 }

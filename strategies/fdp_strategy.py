@@ -298,7 +298,7 @@ class FDPStrategy(Strategy):
                 phase=state.phase.name,
                 unit=p.privacy_unit,
                 sampling_rate=p.sampling_rate,
-                clipping_norm=p.clipping_norm,
+                clipping_norm=state.clipping_norm,
                 device_ids=tuple(devices),
                 public_counts=tuple(plan.public_counts[idx].tolist()),
                 private_flags=tuple(plan.private[idx].tolist()),
@@ -325,9 +325,10 @@ class FDPStrategy(Strategy):
 
         metrics = content.metric_records.get(P.METRICS)
         _, bound, public_count = self._asked[node]
-        phase = self.server.current.phase if self.server.current else None
-        if phase is None:
+        current = self.server.current
+        if current is None:
             raise RuntimeError("a reply without a round in flight")
+        phase = current.phase
         return P.validate_reply(
             private=arrays(P.PRIVATE),
             public=arrays(P.PUBLIC),
@@ -335,7 +336,7 @@ class FDPStrategy(Strategy):
             expected=self.shapes,
             want_private=phase.has_private,
             want_public=phase.public,
-            clipping_norm=self.cfg.privacy.clipping_norm if phase.clip else None,
+            clipping_norm=current.clipping_norm if phase.clip else None,
             max_private_records=bound,
             public_count_asked=public_count,
         )
@@ -372,6 +373,7 @@ class FDPStrategy(Strategy):
             sum(v.public_count for v in valid),
             sum(v.public_loss_sum for v in valid),
             RoundStats(replies=len(valid), rejected=rejected, asked=len(self._asked)),
+            unclipped=sum(v.unclipped for v in valid),
         )
         self._round = None
         return outcome

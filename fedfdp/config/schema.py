@@ -54,7 +54,21 @@ class PrivacyConfig:
     delta : float or None
         δ; ``None`` means ``1 / (2 N)`` with ``N`` the number of training records.
     clipping_norm : float
-        ``C``: per-record L2 bound of the private gradient (the sensitivity).
+        ``C``: per-record L2 bound of the private gradient (the sensitivity);
+        with adaptive clipping, the bound of the first private round.
+    clipping_quantile : float
+        ``γ`` in (0, 1): adaptive clipping (Andrew et al. 2021) — after every
+        private round ``C ← C·exp(−η (b̃ − γ))``, ``b̃`` the noisy share of
+        clipped vectors already within ``C``, so ``C`` tracks the ``γ``-quantile
+        of the private gradients' norms. 0: a fixed ``C``.
+    clipping_learning_rate : float
+        ``η`` of the geometric update.
+    clipping_budget_share : float
+        ``r`` in (0, 1): the share of each round's privacy spent on the count
+        of vectors within ``C`` (sensitivity 1). The round releases one
+        Gaussian mechanism with ``1/σ_eff² = 1/σ² + 1/σ_b²``; the count gets
+        ``1/σ_b² = r/σ_eff²`` (:mod:`fedfdp.quantile_clipping`), so at a
+        target ε the gradient's σ is ``σ_eff/√(1 − r)``.
     sampling_rate : float
         ``q``: Poisson inclusion probability of a record in the private batch.
     public_batch_size : int
@@ -112,6 +126,9 @@ class PrivacyConfig:
     max_epsilon: float | None = None
     delta: float | None = None
     clipping_norm: float = 1.0
+    clipping_quantile: float = 0.0
+    clipping_learning_rate: float = 0.2
+    clipping_budget_share: float = 0.05
     sampling_rate: float = 0.05
     public_batch_size: int = 256
     public_loss: str = "auto"

@@ -34,12 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from torch import nn
 
 from fedfdp.contribution import (
     ClientParts,
     PrivateBatch,
+    PrivateSum,
     RoundSettings,
     clipped_private_sum,
     private_gradient_sum,
@@ -67,9 +67,10 @@ def unclipped_private_sum(
     decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
-) -> list[torch.Tensor]:
+) -> PrivateSum:
     """Bug: the private sum without clipping."""
-    return private_gradient_sum(model, decomposition, settings.phase, batches, None, settings.clip_method)
+    return PrivateSum(private_gradient_sum(model, decomposition, settings.phase, batches, None,
+                                           settings.clip_method))
 
 
 def realised_normalisation_sum(
@@ -77,16 +78,16 @@ def realised_normalisation_sum(
     decomposition: FeatureMap,
     settings: RoundSettings,
     batches: Sequence[PrivateBatch],
-) -> list[torch.Tensor]:
+) -> PrivateSum:
     """Bug: each device's clipped sum scaled by ``q·n/|B|`` (the server then
     divides by ``q·n``: the mean over the realised batch)."""
-    total: list[torch.Tensor] | None = None
+    total = clipped_private_sum(model, decomposition, settings, [])
     for batch in batches:
         part = clipped_private_sum(model, decomposition, settings, [batch])
         scale = settings.sampling_rate * batch.device_size / max(len(batch.y), 1)
-        part = [g * scale for g in part]
-        total = part if total is None else [t + g for t, g in zip(total, part, strict=True)]
-    return total if total is not None else clipped_private_sum(model, decomposition, settings, [])
+        total = PrivateSum([t + g * scale for t, g in zip(total.grads, part.grads, strict=True)],
+                           total.unclipped + part.unclipped)
+    return total
 
 
 class HalfNoise(GaussianSumMechanism):
