@@ -39,7 +39,7 @@ def claimed_epsilon(plan: PrivacyPlan, relation: str) -> float:
     if plan.noise_multiplier is None:
         raise RuntimeError("the audited plan adds no noise")
     acc = FDPAccountant()
-    acc.compose(plan.noise_multiplier, plan.sampling_rate, participation=plan.participation)
+    acc.compose(plan.accounted_noise_multiplier, plan.sampling_rate, participation=plan.participation)
     return acc.epsilon(plan.delta, relation)
 
 
