@@ -264,12 +264,12 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
 def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     """Execute one run; return its results row."""
     from fedfdp.algorithm import run_centralised
-    from fedfdp.data import load_dataset
+    from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.entropy import noise_source
     from fedfdp.evaluation import METRICS, held_out_metrics
 
-    cfg = run.cfg
-    data = load_dataset(cfg.data)
+    data = load_dataset(run.cfg.data)
+    cfg = resolve_devices(run.cfg, data)  # num-devices = 0: one device per unit of device-column
     run_dir = Path(cfg.run.out_dir)
     if run_dir.exists():  # leftovers of an interrupted, unrecorded run of this sweep
         shutil.rmtree(run_dir)

@@ -452,7 +452,7 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
-    from fedfdp.data import load_dataset
+    from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.outputs import CONFIG_FILE, prepare_output_dir
 
     if args.resume:
@@ -466,6 +466,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = build_config(args.config, args.set or [], args.out)
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
     data = load_dataset(cfg.data)  # fail on bad data before any work
+    cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     out = prepare_output_dir(cfg.run.out_dir, "--out")
     if cfg.privacy.reproducible_noise:

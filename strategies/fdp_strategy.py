@@ -147,7 +147,10 @@ class FDPStrategy(Strategy):
         self.cfg = cfg
         self.num_devices = cfg.data.num_devices if num_devices is None else int(num_devices)
         if self.num_devices < 1:
-            raise ValueError(f"num_devices={num_devices}: must be >= 1")
+            raise ValueError(
+                f"num_devices={self.num_devices}: must be >= 1 (num-devices = 0 means one device per "
+                "value of device-column: pass cfg through fedfdp.data.resolve_devices first)"
+            )
         if node_choice not in NODE_CHOICES:
             raise ValueError(f"node_choice={node_choice!r}: must be one of {', '.join(NODE_CHOICES)}")
         self.node_choice = node_choice

@@ -58,7 +58,8 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
             priv_total[k] += priv[k]
             pub_total[k] += pub[k]
         count += c
-        replies.append(_reply(msg, priv, pub, {P.PUBLIC_COUNT: c, P.PUBLIC_LOSS_SUM: 1.0, P.UNCLIPPED_COUNT: 0}))
+        metrics = {P.PUBLIC_COUNT: c, P.PUBLIC_LOSS_SUM: 1.0, P.UNCLIPPED_COUNT: 0}
+        replies.append(_reply(msg, priv, pub, metrics))
     strat.aggregate_train(2, replies)
     qN = 0.1 * strat.num_records
     z = []

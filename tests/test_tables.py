@@ -6,14 +6,17 @@ a private one is refused with the reason; the metrics against independent
 computations (pairwise AUC, per-class recalls)."""
 
 import itertools
+import json
+import tomllib
 
 import numpy as np
 import pytest
 import torch
 
 from fedfdp.config import ConfigError, load_config
-from fedfdp.data import DataError, load_dataset
+from fedfdp.data import DataError, load_dataset, resolve_devices
 from fedfdp.evaluation import binary_auc, held_out_metrics
+from simulations.cli import main
 
 
 def _table(tmp_path, rows, header="site,speed,heading,lat,y"):
@@ -74,6 +77,52 @@ def test_a_public_device_column_may_be_a_feature_a_private_one_is_refused(tmp_pa
     assert len(data.devices) == 4 and "site=s0" in data.spec.public
     with pytest.raises(ConfigError, match="contains the device-column 'site'; which device holds a record"):
         _cfg(path, **{"device-column": "site", "private-columns": ["lat", "site"]})
+
+
+def _base(path, **kw):
+    """A csv configuration without num-devices (the user's first try)."""
+    return {"dataset": "csv", "data-path": str(path), "label-column": "y",
+            "public-columns": ["speed", "heading"], "private-columns": ["lat"], "test-fraction": 0.2, **kw}
+
+
+def test_with_a_device_column_num_devices_defaults_to_the_devices_in_the_file(tmp_path):
+    """Sites s0..s4 (5, not the default 20): one device per site, each holding
+    exactly that site's rows (checked through the public one-hot of the site)."""
+    rows = [r.replace(f"s{i % 4},", f"s{i % 5},", 1) for i, r in enumerate(_rows(100))]
+    cfg = load_config(_base(_table(tmp_path, rows), **{"device-column": "site",
+                                                      "public-columns": ["speed", "heading", "site"]}))
+    assert cfg.data.num_devices == 0
+    data = load_dataset(cfg.data)
+    assert len(data.devices) == 5
+    site_cols = [data.spec.columns.index(f"site=s{k}") for k in range(5)]
+    seen = set()
+    for dev in data.devices:
+        sites = {int(np.argmax(x[site_cols])) for x in dev.x}
+        assert len(sites) == 1
+        seen |= sites
+    assert seen == set(range(5))
+    assert resolve_devices(cfg, data).data.num_devices == 5
+    assert resolve_devices(cfg).data.num_devices == 5
+    # an explicit num-devices still groups whole sites
+    assert len(load_dataset(load_config({**_base(tmp_path / "t.csv"), "device-column": "site",
+                                         "num-devices": 2}).data).devices) == 2
+
+
+def test_the_cli_writes_the_resolved_device_count(tmp_path):
+    rows = [r.replace(f"s{i % 4},", f"s{i % 3},", 1) for i, r in enumerate(_rows(90))]
+    path = _table(tmp_path, rows)
+    out = tmp_path / "run"
+    sets = [f"{k}={json.dumps(v)}" for k, v in _base(path, **{"device-column": "site", "num-rounds": 2,
+                                                             "progress": False}).items()]
+    assert main(["run", "--centralised", "--out", str(out), *[a for s in sets for a in ("--set", s)]]) == 0
+    written = tomllib.loads((out / "config.toml").read_text())
+    assert written["num-devices"] == 3
+
+
+@pytest.mark.parametrize("extra", [{"dataset": "fleet"}, {"dataset": "watch"}])
+def test_num_devices_zero_needs_a_device_column(extra):
+    with pytest.raises(ConfigError, match="num-devices=0 .*needs dataset='csv' with a device-column"):
+        load_config({"num-devices": 0, **extra})
 
 
 def test_binary_auc_matches_the_pairwise_definition():

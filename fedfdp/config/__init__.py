@@ -88,7 +88,9 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
     ----------
     mapping : Mapping[str, Any], optional
         Keys from :func:`config_keys`; missing keys keep the value of ``base``
-        (defaults when ``base`` is None).
+        (defaults when ``base`` is None), except that a ``device-column``
+        without ``num-devices`` means one device per value of the column
+        (``num-devices = 0``, :func:`fedfdp.data.resolve_devices`).
     base : Config, optional
         Configuration the mapping overrides.
 
@@ -119,6 +121,8 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
             raise ConfigError(f"{key}={value!r}: unknown configuration key{hint}")
         section, attr, kind = KEY_TABLE[key]
         sections[section][attr] = parse_value(key, kind, value)
+    if mapping and mapping.get("device-column") and "num-devices" not in mapping:
+        sections["data"]["num_devices"] = 0  # one device per unit of the column (resolve_devices)
     return Config(
         privacy=PrivacyConfig(**sections["privacy"]),
         training=TrainingConfig(**sections["training"]),

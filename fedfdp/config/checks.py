@@ -76,6 +76,12 @@ def check_data(d: DataConfig) -> None:
         "label-classes": d.label_classes,
     }
     _check_location(d)
+    if d.num_devices == 0 and not (d.dataset == "csv" and d.device_column and d.data_location == "central"):
+        raise ConfigError(
+            f"num-devices=0 (one device per value of device-column): needs dataset='csv' with a "
+            f"device-column (dataset={d.dataset!r}, device-column={d.device_column!r}, "
+            f"data-location={d.data_location!r}); set num-devices >= 1"
+        )
     if d.data_path and d.dataset not in ("purchase100", "criteo", "csv"):
         raise ConfigError(
             f"data-path={d.data_path!r}: dataset={d.dataset!r} reads no file "

@@ -198,7 +198,10 @@ class DataConfig:
     num_devices : int
         Devices. Datasets with natural devices (subjects, storms, a
         ``device_column``) group whole units into this many devices (at most
-        the number of units); the others are split IID or Dirichlet.
+        the number of units); the others are split IID or Dirichlet. 0: one
+        device per value of ``device_column`` (``csv``; the default when
+        :func:`~fedfdp.config.load_config` is given a ``device-column`` and no
+        ``num-devices``), resolved by :func:`fedfdp.data.resolve_devices`.
     records_per_device : int
         Mean records per device of the synthetic generators (``fleet``, and
         ``purchase100``/``criteo`` without ``data_path``).

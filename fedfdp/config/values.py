@@ -74,7 +74,7 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "hidden-size": ("training", "hidden_size", "int+"),
     "hidden-sizes": ("training", "hidden_sizes", "intlist"),
     "dataset": ("data", "dataset", "choice-or-path"),
-    "num-devices": ("data", "num_devices", "int+"),
+    "num-devices": ("data", "num_devices", "int0"),
     "records-per-device": ("data", "records_per_device", "int+"),
     "test-fraction": ("data", "test_fraction", "float01open"),
     "data-seed": ("data", "data_seed", "int0"),

@@ -18,9 +18,10 @@ column public, the label private. See ``docs/datasets.md``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
-from fedfdp.config import DATASETS, DataConfig
+from fedfdp.config import DATASETS, Config, DataConfig
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
 from fedfdp.data.split import DataError, MissingExtraError
@@ -34,6 +35,7 @@ __all__ = [
     "load_server_data",
     "load_site",
     "make_fleet",
+    "resolve_devices",
 ]
 
 
@@ -143,8 +145,28 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
             "(simulations, fedfdp compare, the centralised reference and the attack read every record)"
         )
     data = _loader(cfg.dataset)(cfg)
-    if len(data.devices) != cfg.num_devices:  # a loader bug, not user input
+    if cfg.num_devices and len(data.devices) != cfg.num_devices:  # a loader bug, not user input
         raise RuntimeError(
             f"dataset {cfg.dataset!r} built {len(data.devices)} devices, num-devices={cfg.num_devices}"
         )
     return data
+
+
+def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
+    """``cfg`` with ``num-devices = 0`` (one device per value of ``device-column``)
+    replaced by the number of devices of the table (``data``, or the table
+    loaded now); any other configuration unchanged. Every part of a run that
+    needs the count before it sees the data (SuperNodes, the strategy's
+    registrations, ``config.toml``) uses the resolved configuration.
+
+    Examples
+    --------
+    >>> from fedfdp import load_config
+    >>> from fedfdp.data import resolve_devices
+    >>> resolve_devices(load_config({"num-devices": 7})).data.num_devices
+    7
+    """
+    if cfg.data.num_devices:
+        return cfg
+    data = data if data is not None else load_dataset(cfg.data)
+    return replace(cfg, data=replace(cfg.data, num_devices=len(data.devices)))

@@ -145,10 +145,12 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
                 f"device-column={cfg.device_column!r}: {int(units.isna().sum())} row(s) have no device"
             )
         units = units.astype(str).to_numpy()
-        device = group_units(units, cfg.num_devices, data_rng(cfg.data_seed, 2), what="devices",
+        num_devices = cfg.num_devices or len(np.unique(units))  # 0: one device per unit
+        device = group_units(units, num_devices, data_rng(cfg.data_seed, 2), what="devices",
                              dataset=name)
     else:
-        device = split_records(y, cfg.num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
+        num_devices = cfg.num_devices
+        device = split_records(y, num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
                                dataset=name)
     test = holdout_records(device, cfg.test_fraction, data_rng(cfg.data_seed, 1))
     enc, computed = table_encoding(cfg, frame, ~test)
@@ -168,7 +170,7 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
         device,
         test,
         enc.classes,
-        num_devices=cfg.num_devices,
+        num_devices=num_devices,
         label_key=f"label-column={cfg.label_column!r}",
         public_statistics=enc.public_statistics,
     )
