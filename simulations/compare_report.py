@@ -102,8 +102,22 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
                 for t in targets
             ]
             lines.append(f"| `{a}` − `{b}` ({unit}) | " + " | ".join(cells) + " |")
+    baselines = [m for m in BASELINES if means.get(m)]
+    if "fdp" in means and baselines:
+        pick = max if METRIC_TITLES[metric][2] else min
+        cells = []
+        for t in targets:
+            ref = [means[m][t] for m in baselines if t in means[m]]
+            cells.append(f"{scale * (means['fdp'][t] - pick(ref)):+.{digits}f}"
+                         if t in means["fdp"] and ref else "—")
+        names = ", ".join(f"`{m}`" for m in baselines)
+        lines.append(f"| `fdp` − best of {names} ({unit}) | " + " | ".join(cells) + " |")
     lines.append("")
     return lines
+
+
+#: The baselines the default ``fdp`` must match (``fdp`` − the best of them per ε).
+BASELINES = ("dp", "fdp-dpsgd", "public")
 
 
 def _ordered_modes(modes: Sequence[str]) -> list[str]:

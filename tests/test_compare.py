@@ -201,3 +201,23 @@ def test_flower_engine_runs_the_same_sweep(tmp_path):
     ref = pd.read_csv(tmp_path / "c" / "results.csv").iloc[0]
     assert row["noise_multiplier"] == pytest.approx(ref["noise_multiplier"])
     assert row["epsilon"] == pytest.approx(ref["epsilon"], abs=1e-6)
+
+
+def test_summary_reports_fdp_minus_the_best_baseline(tmp_path):
+    """Hand-made results: per ε the row is fdp − max(dp, fdp-dpsgd, public)
+    in accuracy points and fdp − min(...) in log loss, computed here."""
+    from simulations.compare_report import write_summary
+
+    acc = {("dp", 1.0): 0.80, ("fdp-dpsgd", 1.0): 0.83, ("fdp", 1.0): 0.825,
+           ("dp", 2.0): 0.86, ("fdp-dpsgd", 2.0): 0.84, ("fdp", 2.0): 0.87, ("public", None): 0.81}
+    rows = []
+    for (mode, eps), a in acc.items():
+        for seed in (0, 1):
+            rows.append({"dataset": "t", "mode": mode, "target_epsilon": eps, "seed": seed, "accuracy": a,
+                         "loss": 1 - a, "epsilon": eps or 0.0, "delta": 1e-5, "noise_multiplier": 1.0,
+                         "engine": "centralised", "pretrain_rounds": 0, "rounds": 3})
+    write_summary(pd.DataFrame(rows), tmp_path / "summary.md")
+    text = (tmp_path / "summary.md").read_text()
+    best_acc = "| `fdp` − best of `dp`, `fdp-dpsgd`, `public` (points) | -0.5 | +1.0 |"
+    best_loss = "| `fdp` − best of `dp`, `fdp-dpsgd`, `public` (log loss) | +0.005 | -0.010 |"
+    assert best_acc in text and best_loss in text
