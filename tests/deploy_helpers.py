@@ -342,6 +342,8 @@ class Deployment:
     def _env(self, home: Path) -> dict[str, str]:
         env = dict(os.environ)
         env["FLWR_HOME"] = str(home)
+        env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"  # never `uv sync` an environment
+        env["FLWR_DISABLE_UPDATE_CHECK"] = "1"  # no network lookup from the CLI
         env["PYTHONUNBUFFERED"] = "1"
         env["COLUMNS"] = "200"  # the CLI's tables and panels, unwrapped
         env.pop("FLWR_LOG_LEVEL", None)
@@ -431,12 +433,19 @@ class Deployment:
         private_key: Path | None = None,
         node_config: Mapping[str, Any] | None = None,
         extra_args: Sequence[str] = (),
+        worker: bool = False,
+        launcher: Sequence[str] | None = None,
     ) -> Proc:
-        """Start ``flower-supernode`` serving partition ``partition`` of ``num_partitions``."""
+        """Start ``flower-supernode`` serving partition ``partition`` of ``num_partitions``.
+
+        ``worker``: the SuperNode runs with ``--isolation process`` and one long-lived
+        ``python -m clients.worker`` (started here, logged to ``root/NAME-worker.log``)
+        runs all its ClientApp tasks, instead of one ``flwr-clientapp`` process per message.
+        ``launcher``: the command that stands for ``flower-supernode`` (benchmarks' what-ifs)."""
         (port,) = free_ports(1)
         config = {"partition-id": partition, "num-partitions": num_partitions, **(node_config or {})}
         cmd = [
-            tool("flower-supernode"),
+            *(launcher or [tool("flower-supernode")]),
             "--superlink",
             f"{HOST}:{self.port}",
             "--port",
@@ -451,7 +460,14 @@ class Deployment:
             cmd += ["--root-certificates", str(self.tls.ca_cert)]
         if private_key is not None:
             cmd += ["--auth-supernode-private-key", str(private_key)]
-        return self.spawn(name or f"supernode-{partition}", cmd)
+        if worker:
+            cmd += ["--isolation", "process"]
+        name = name or f"supernode-{partition}"
+        node = self.spawn(name, cmd)
+        if worker:
+            self.spawn(f"{name}-worker", [sys.executable, "-m", "clients.worker", "--runtime-api-address",
+                                          f"{HOST}:{port}"], home=self.root / f"home-{name}", cwd=REPO)
+        return node
 
     # -- the Flower CLI
     def write_connection(self) -> Path:

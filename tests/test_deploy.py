@@ -343,3 +343,51 @@ def test_server_killed_mid_run_and_resumed_from_checkpoint(deployment, tmp_path)
     assert _charged(read_ledger(out)) == [[1, 0], [2, 0], [2, 1]]
     eps = _expected_epsilons(cfg, 3)  # three charges: round 2's aborted attempt counts
     assert m["epsilon"].to_numpy() == pytest.approx([eps[0], eps[2]], rel=1e-9)
+
+
+def _worker_tasks(d: Deployment, name: str) -> list[str]:
+    """The ``task N (...)`` lines a SuperNode's long-lived ClientApp worker logged."""
+    proc = next(p for p in d.procs if p.name == f"{name}-worker")
+    return [ln for ln in proc.text().splitlines() if "fedfdp.worker: task " in ln]
+
+
+@pytest.mark.slow
+def test_long_lived_clientapp_workers_serve_every_round(deployment, tmp_path):
+    """`flower-supernode --isolation process` with one `python -m clients.worker` per
+    SuperNode: every message of the run (the registration query and each round) is
+    answered by that one process, so the node's data, model and feature map are built
+    once; the run's metrics and ε are those of the default setup. A second run with
+    another app (FAB) on the same SuperNodes is served too (the worker loads that FAB).
+    One SuperNode holds two devices' files (a site with several devices)."""
+    table = trips()
+    table.to_csv(tmp_path / "trips.csv", index=False)
+    folder = tmp_path / "sites"
+    index = split_sites(tmp_path / "trips.csv", "phone", folder, test_fraction=0.25, seed=1)
+    d = deployment()
+    d.start_superlink()
+    d.start_supernode(0, 2, worker=True, node_config={"device-ids": "0,2",
+                                                      "data-path": f"{folder}/site-{{device}}.csv"})
+    d.start_supernode(1, 2, worker=True, node_config={"device-ids": "1", "data-path": f"{folder}/site-1.csv"})
+    cfg = {**DECLARED, "data-location": "node", "test-path": str(folder / "heldout.csv"), "num-devices": 3,
+           "num-rounds": 3, "public-batch-size": 32, "target-epsilon": 3.0, "progress": True,
+           "node-wait-timeout": 90.0}
+    for run, app_name in enumerate(("app", "app2")):
+        app = stage_app(tmp_path / app_name)
+        if run:  # another FAB: the worker must drop the first one's modules and load this one
+            (app / "strategies" / "extra_marker.py").write_text("# makes the FAB differ\n")
+        out = tmp_path / f"out{run}"
+        res = d.run_app(app, {**cfg, "out-dir": str(out)}, timeout=RUN_TIMEOUT)
+        assert res.returncode == 0, res.stdout[-3000:] + d.logs()
+        m = _metrics(out)
+        assert list(m["round"]) == [1, 2, 3], res.stdout[-3000:] + d.logs()
+        assert (m["replies"] == 2).all() and (m["asked"] == 2).all() and (m["rejected"] == 0).all()
+        assert m["epsilon"].to_numpy() == pytest.approx(
+            _expected_epsilons_for_n(cfg, int(index["train_rows"].sum()), 3), rel=1e-9)
+    for k in range(2):
+        # per run: 1 query + 3 rounds, all in the one worker (its log line follows the reply)
+        tasks = wait_until(lambda k=k: (t := _worker_tasks(d, f"supernode-{k}")) and len(t) >= 8 and t, 30,
+                           what=f"supernode-{k}'s worker logged 8 tasks")
+        assert len(tasks) == 2 * 4, d.logs()
+        assert all("(completed)" in t for t in tasks), tasks
+    # the SuperNodes started no ClientApp process of their own
+    assert not any("flwr-clientapp" in cmd for _, cmd in d.processes_of(d.procs[1]))
