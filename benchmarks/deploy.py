@@ -303,15 +303,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clientapp", choices=("subprocess", "worker"), default="worker")
     parser.add_argument("--flower-polling", action="store_true",
                         help="FDPStrategy waits with Flower's send_and_receive (before issue 16)")
+    parser.add_argument("--superexec-poll", type=float, default=None, metavar="S",
+                        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes' SuperExec (Flower: 1 s)")
     parser.add_argument("--what-if-fast-supernode", action="store_true",
                         help="SuperNodes with Flower's fixed 3 s / 0.5 s sleeps shortened (a measurement)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per flwr run")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
+    if args.superexec_poll is not None:  # inherited by every process the deployment starts
+        os.environ["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(args.superexec_poll)
     res = run_deploy(args)
     res["env"] = {"nodes": args.nodes, "rounds": args.rounds, "repeats": args.repeats, "warmup": args.warmup,
                   "clientapp": args.clientapp, "flower_polling": args.flower_polling,
                   "what_if_fast_supernode": args.what_if_fast_supernode,
+                  "superexec_poll": args.superexec_poll,
                   "load_avg_1m_start": load, "load_avg_1m_end": os.getloadavg()[0],
                   "cpu_count": os.cpu_count()}
     if args.json:
