@@ -167,7 +167,7 @@ def ddpm(args: argparse.Namespace, out: Path) -> None:
     task = DiffusionTask(DiffusionLoss(schedule, psi, 10))
     t0 = time.perf_counter()
     feature_net, acc = train_feature_classifier(
-        test_set, epochs=30, generator=torch.Generator().manual_seed(1234)
+        test_set, epochs=args.fid_epochs, generator=torch.Generator().manual_seed(1234)
     )
     _log(
         out,
@@ -256,6 +256,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="linear", choices=["linear", "cosine"])
     parser.add_argument("--sample-steps", type=int, default=100)
     parser.add_argument("--samples-per-class", type=int, default=100)
+    parser.add_argument("--fid-epochs", type=int, default=30, help="epochs of the FID feature network")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
