@@ -37,6 +37,41 @@ def check_privacy(p: PrivacyConfig) -> None:
         raise ConfigError(
             f"clients-per-round={p.clients_per_round}: give it or device-sampling-rate, not both"
         )
+    _check_corrdp(p)
+
+
+def _check_corrdp(p: PrivacyConfig) -> None:
+    """CorrDP keys (``docs/corrdp.md``): what the relation and the design need."""
+    both = sorted(set(p.sensitive_columns) & {n for n, _ in p.insensitive_tv})
+    if both:
+        raise ConfigError(
+            f"sensitive-columns={list(p.sensitive_columns)}, insensitive-tv: column {both[0]!r} is "
+            "declared both sensitive and insensitive"
+        )
+    if p.tv_estimate and p.tv_min_prob == 0:
+        raise ConfigError(
+            "tv-estimate=true: needs tv-min-prob in (0, 1], a declared lower bound on every bin's "
+            "probability (the estimator's constants depend on it)"
+        )
+    if p.tv_delta is not None and p.delta is not None and p.tv_delta >= p.delta:
+        raise ConfigError(f"tv-delta={p.tv_delta}: must be below delta={p.delta} (it is part of it)")
+    if p.mode != "corrdp":
+        return
+    if p.clipping_quantile > 0:
+        raise ConfigError(
+            f"clipping-quantile={p.clipping_quantile}: mode 'corrdp' clips per block at a fixed C "
+            "(its per-class accounting is for a fixed clipping norm); set clipping-quantile = 0"
+        )
+    if p.privacy_unit != "record":
+        raise ConfigError(
+            f"privacy-unit={p.privacy_unit!r}: mode 'corrdp' protects one record's features (Def. 2.1); "
+            "use privacy-unit = 'record'"
+        )
+    if p.public_pretrain_rounds:
+        raise ConfigError(
+            f"public-pretrain-rounds={p.public_pretrain_rounds}: mode 'corrdp' has no public part "
+            "(every feature is protected, the insensitive ones too); set it to 0"
+        )
 
 
 def check_config(cfg: Config) -> None:
@@ -49,6 +84,16 @@ def check_config(cfg: Config) -> None:
         )
     if cfg.data.num_devices > 100_000:
         raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")
+    if p.mode == "corrdp" and t.model != "logistic":
+        raise ConfigError(
+            f"mode='corrdp': needs model='logistic' (got model={t.model!r}); CorrDP-SGD's per-coordinate "
+            "noise is for generalized linear models, where weight column i belongs to input i"
+        )
+    if p.mode == "corrdp" and p.tv_estimate and cfg.data.data_location != "central":
+        raise ConfigError(
+            "tv-estimate=true: needs data-location='central' (the in-sample estimate counts every "
+            "training record); declare the TVs (insensitive-tv) for a deployment"
+        )
     if p.public_loss == "label-free" and t.model != "logistic":
         raise ConfigError(
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "

@@ -43,7 +43,8 @@ class PrivacyConfig:
     Attributes
     ----------
     mode : str
-        ``nonprivate``, ``public``, ``dp``, ``fdp`` or ``fdp-dpsgd``.
+        ``nonprivate``, ``public``, ``dp``, ``fdp``, ``fdp-dpsgd`` or ``corrdp``
+        (CorrDP-SGD for logistic regression; its ε is a CorrDP ε, ``docs/corrdp.md``).
     noise_multiplier : float or None
         σ; the noise added to the private sum has std ``σ·C``. ``None`` means
         "calibrate from ``target_epsilon``".
@@ -108,6 +109,35 @@ class PrivacyConfig:
         repeated exactly; the guarantee then holds only against parties who do
         not know the seed, every output says so, and deployments refuse it.
 
+    CorrDP (``mode = "corrdp"`` only; ignored by the other modes; ``docs/corrdp.md``):
+
+    sensitive_columns : tuple of str
+        The sensitive features (empty: the dataset's private columns). A name is a
+        model input column or a table column whose one-hot inputs are ``name=value``.
+    insensitive_tv : tuple of (column, TV)
+        Declared ``TV(j)`` in [0, 1] of insensitive features (``*``: every other one).
+    tv_estimate : bool
+        Estimate the TV of every insensitive feature without a declared TV, in-sample
+        (Def. 3.10, inflated; the run is then ``(ε, δ)``-CorrDP with δ including
+        ``tv_delta``, Theorem 3.11).
+    tv_bins : tuple of (column, cut points)
+        Public cut points of every numeric model input the estimate bins (sensitive
+        and estimated ones; one-hot features use their categories).
+    tv_min_prob : float
+        ``π_min``: declared lower bound on every bin's probability (needed with
+        ``tv_estimate``; 0: unset).
+    tv_delta : float or None
+        δ spent by the estimate (None: half of ``delta``).
+    corrdp_weight_bound : float
+        ``D``: every column of the weight matrix is projected to norm ``≤ D``.
+    corrdp_feature_bound : float or None
+        ``B``: inputs are clamped to ``[−B, B]`` (None: the dataset's declared
+        bound, else 1 — declared ranges encode to [−1, 1]).
+    corrdp_tv_floor : float or "paper"
+        Floor of an insensitive block's noise factor (Eq. (3)); ``"paper"``: ``(m_s/m)²``.
+    corrdp_clip_shares : str
+        Per-block clipping shares: ``proportional`` to each block's input bound, or ``equal``.
+
     Examples
     --------
     >>> from fedfdp import PrivacyConfig
@@ -138,6 +168,16 @@ class PrivacyConfig:
     num_rounds: int = 150
     clients_per_round: int = 0
     reproducible_noise: bool = False
+    sensitive_columns: tuple[str, ...] = ()
+    insensitive_tv: tuple[tuple[str, float], ...] = ()
+    tv_estimate: bool = False
+    tv_bins: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    tv_min_prob: float = 0.0
+    tv_delta: float | None = None
+    corrdp_weight_bound: float = 1.0
+    corrdp_feature_bound: float | None = None
+    corrdp_tv_floor: float | str = "paper"
+    corrdp_clip_shares: str = "proportional"
 
     def __post_init__(self) -> None:
         _validate_fields(self, "privacy")
@@ -194,7 +234,8 @@ class DataConfig:
     ----------
     dataset : str
         ``fleet`` (synthetic, default), ``watch``, ``storms``, ``purchase100``,
-        ``criteo`` or ``csv``.
+        ``criteo``, ``csv``, a packaged real table, or ``correlated`` (synthetic, TV
+        known in closed form).
     num_devices : int
         Devices. Datasets with natural devices (subjects, storms, a
         ``device_column``) group whole units into this many devices (at most
@@ -246,6 +287,10 @@ class DataConfig:
         ``purchase100``: how many of the 600 features are public.
     hash_buckets : int
         ``criteo``: width of the hashed one-hot encoding of the categories.
+    num_sensitive, num_insensitive, correlation : int, int, float
+        ``correlated`` (synthetic, :func:`fedfdp.corrdp.correlated_features`): ``m_s``
+        sensitive and ``m_u`` insensitive columns, each insensitive column a copy of
+        a sensitive sign with probability ``ρ = correlation`` (its TV, in closed form).
     """
 
     dataset: str = "fleet"
@@ -270,6 +315,9 @@ class DataConfig:
     max_records: int = 0
     num_public_features: int = 100
     hash_buckets: int = 256
+    num_sensitive: int = 2
+    num_insensitive: int = 18
+    correlation: float = 0.5
 
     def __post_init__(self) -> None:
         _validate_fields(self, "data")

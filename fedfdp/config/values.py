@@ -8,6 +8,7 @@ frozen dataclasses (:mod:`fedfdp.config.schema`), or raise a
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -16,14 +17,18 @@ from typing import Any
 #: ``package.module:attribute``: a user's model builder or dataset loader.
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
-MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd")
-PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd")
+MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd", "corrdp")
+PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd", "corrdp")
 PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
 PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
 MODELS = ("mlp", "logistic")
 DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
-            "nlswork", "hmda")
+            "nlswork", "hmda", "correlated")
+#: ``corrdp-clip-shares``: per-block clipping shares of CorrDP-SGD.
+CLIP_SHARES = ("proportional", "equal")
+#: ``corrdp-tv-floor`` meaning the paper's floor ``(m_s/m)²`` of Eq. (3).
+PAPER_FLOOR = "paper"
 #: Where the training records live: ``central`` (every node loads the dataset
 #: the run names and serves its partition) or ``node`` (each SuperNode reads
 #: its own file, named in its node config).
@@ -46,7 +51,8 @@ class ConfigError(ValueError):
     """
 
 
-# key -> (section, attribute, kind). kind: "float+", "float01", "int+", "int0", "str:<choices>"
+# key -> (section, attribute, kind). kind: "float+", "float01", "unit0" ([0, 1]), "int+", "int0",
+# "choice", "tvs" / "bins" / "floor" (CorrDP), ...
 KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "mode": ("privacy", "mode", "choice"),
     "noise-multiplier": ("privacy", "noise_multiplier", "optfloat+"),
@@ -66,6 +72,16 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "num-rounds": ("privacy", "num_rounds", "int+"),
     "clients-per-round": ("privacy", "clients_per_round", "int0"),
     "reproducible-noise": ("privacy", "reproducible_noise", "bool"),
+    "sensitive-columns": ("privacy", "sensitive_columns", "strlist"),
+    "insensitive-tv": ("privacy", "insensitive_tv", "tvs"),
+    "tv-estimate": ("privacy", "tv_estimate", "bool"),
+    "tv-bins": ("privacy", "tv_bins", "bins"),
+    "tv-min-prob": ("privacy", "tv_min_prob", "unit0"),
+    "tv-delta": ("privacy", "tv_delta", "optdelta"),
+    "corrdp-weight-bound": ("privacy", "corrdp_weight_bound", "float+"),
+    "corrdp-feature-bound": ("privacy", "corrdp_feature_bound", "optfloat+"),
+    "corrdp-tv-floor": ("privacy", "corrdp_tv_floor", "floor"),
+    "corrdp-clip-shares": ("privacy", "corrdp_clip_shares", "choice"),
     "alpha": ("training", "alpha", "float+"),
     "learning-rate": ("training", "learning_rate", "float+"),
     "momentum": ("training", "momentum", "float01"),
@@ -95,6 +111,9 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "max-records": ("data", "max_records", "int0"),
     "num-public-features": ("data", "num_public_features", "int+"),
     "hash-buckets": ("data", "hash_buckets", "int+"),
+    "num-sensitive": ("data", "num_sensitive", "int+"),
+    "num-insensitive": ("data", "num_insensitive", "int+"),
+    "correlation": ("data", "correlation", "unit0"),
     "seed": ("training", "seed", "int0"),
     "eval-every": ("run", "eval_every", "int+"),
     "out-dir": ("run", "out_dir", "str"),
@@ -116,6 +135,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model": MODELS,
     "dataset": DATASETS,
     "data-location": DATA_LOCATIONS,
+    "corrdp-clip-shares": CLIP_SHARES,
 }
 
 #: Keys that are not run settings but may appear in shared TOML files
@@ -244,6 +264,51 @@ def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _parse_tvs(key: str, value: Any) -> tuple[tuple[str, float], ...]:
+    """``insensitive-tv``: ``"speed=0.3,hour=0.1,*=0.5"`` (``*``: every other
+    insensitive column) or a table ``{speed = 0.3}``; each TV a number in [0, 1]."""
+    out = []
+    for name, raw in _entries(key, value):
+        if not name:
+            raise _fail(key, value, "an entry has no column name")
+        try:
+            tv = float(raw) if isinstance(raw, str) else _as_float(key, raw)
+        except (ValueError, ConfigError):
+            raise _fail(key, value, f"TV of {name!r} = {raw!r} is not a number") from None
+        if not (math.isfinite(tv) and 0.0 <= tv <= 1.0):
+            raise _fail(key, value, f"TV of {name!r} = {raw!r} must be in [0, 1]")
+        out.append((name, tv))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
+def _parse_bins(key: str, value: Any) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """``tv-bins``: ``"speed=-0.5:0:0.5,hour=0"`` (interior cut points of each
+    numeric model input, strictly increasing) or a table ``{speed = [-0.5, 0, 0.5]}``."""
+    out = []
+    for name, raw in _entries(key, value):
+        try:
+            if isinstance(raw, str):
+                edges = tuple(float(v) for v in raw.split(":"))
+            elif isinstance(raw, list | tuple):
+                edges = tuple(_as_float(key, v) for v in raw)
+            else:
+                edges = (_as_float(key, raw),)
+        except (ValueError, ConfigError):
+            raise _fail(key, value, f"cut points of {name!r} must be numbers a:b:c") from None
+        if not edges or not all(math.isfinite(e) for e in edges) or any(
+            b <= a for a, b in itertools.pairwise(edges)
+        ):
+            raise _fail(key, value, f"cut points of {name!r} must be finite and strictly increasing")
+        out.append((name, edges))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return tuple(out)
+
+
 def flat_value(kind: str, value: Any) -> Any:
     """The flat (TOML scalar) form of a parsed value; inverse of :func:`parse_value`."""
     if kind in ("strlist", "intlist"):
@@ -254,6 +319,10 @@ def flat_value(kind: str, value: Any) -> Any:
         return ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value)
     if kind == "categories":
         return ",".join(f"{n}={'|'.join(c)}" for n, c in value)
+    if kind == "tvs":
+        return ",".join(f"{n}={v!r}" for n, v in value)
+    if kind == "bins":
+        return ",".join(f"{n}={':'.join(repr(e) for e in edges)}" for n, edges in value)
     return value
 
 
@@ -292,6 +361,16 @@ def parse_value(key: str, kind: str, value: Any) -> Any:
         return _parse_ranges(key, value)
     if kind == "categories":
         return _parse_categories(key, value)
+    if kind == "tvs":
+        return _parse_tvs(key, value)
+    if kind == "bins":
+        return _parse_bins(key, value)
+    if kind == "floor":
+        if value == PAPER_FLOOR:
+            return value
+        if isinstance(value, str) or not 0 <= _as_float(key, value) <= 1:
+            raise _fail(key, value, f"must be {PAPER_FLOOR!r} ((m_s/m)^2, Eq. (3)) or a number in [0, 1]")
+        return float(value)
     if kind in ("choice", "choice-or-path"):
         choices = _CHOICES[key]
         path = kind == "choice-or-path" and isinstance(value, str) and IMPORT_PATH.match(value)
@@ -329,7 +408,8 @@ def parse_value(key: str, kind: str, value: Any) -> Any:
         return None if out == 0 else out
     elif kind == "optdelta":
         if not 0 <= out < 1:
-            raise _fail(key, value, "must be in (0, 1) (or 0 for 1/(2N))")
+            unset = "delta/2" if key == "tv-delta" else "1/(2N)"
+            raise _fail(key, value, f"must be in (0, 1) (or 0 for {unset})")
         return None if out == 0 else out
     elif kind == "optprob":
         if not 0 <= out <= 1:
@@ -346,4 +426,6 @@ def parse_value(key: str, kind: str, value: Any) -> Any:
             raise _fail(key, value, "must be in [0, 1)")
     elif kind == "float01open" and not 0 < out < 1:
         raise _fail(key, value, "must be in (0, 1)")
+    elif kind == "unit0" and not 0 <= out <= 1:
+        raise _fail(key, value, "must be in [0, 1]")
     return out

@@ -9,6 +9,7 @@
 ``purchase100`` 100 of 600 purchase flags (file/synthetic)    the other 500
 ``criteo``      13 integer features + missing flags           26 categories, hashed one-hot
 ``csv``         ``public-columns`` of a CSV/Parquet table      ``private-columns``
+``correlated``  ``u0, u1, ...`` (insensitive, TV = ρ)         ``s0, s1, ...`` (synthetic)
 =============== ============================================ ============================
 
 Label-DP (``public-loss = "label-free"``) applies to any of them: every input
@@ -72,6 +73,10 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
         from fedfdp.data.tabular import load_csv
 
         return load_csv
+    if name == "correlated":
+        from fedfdp.data.correlated import load_correlated
+
+        return load_correlated
     if name in ("cps1988", "health-insurance", "nlswork", "hmda"):
         from fedfdp.data.real_tables import load_real_table
 

@@ -62,6 +62,10 @@ class FederatedData:
         The public-loss construction used when the configuration says
         ``public-loss = "auto"``: Gaussian padding (the paper's Purchase100
         choice) unless the dataset declares a better one.
+    input_bound : float or None
+        A declared (public) bound ``|x_k| ≤ input_bound`` on every input, if the
+        dataset has one (the synthetic ``correlated`` data: ``1/√m``); CorrDP-SGD
+        clamps inputs to it (``corrdp-feature-bound``).
 
     Your own data plugs in as one of these (no change to ``fedfdp/data``): in
     Python, pass it to :func:`fedfdp.run_centralised`; in a configuration, name
@@ -90,6 +94,7 @@ class FederatedData:
     class_names: tuple[str, ...]
     public_statistics: PublicStatistics | None = None
     public_loss: str = "gaussian"
+    input_bound: float | None = None
 
     @property
     def num_features(self) -> int:
