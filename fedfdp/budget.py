@@ -13,16 +13,20 @@ composes the round's event — the one the sampling plan names
 (:attr:`fedfdp.sampling_plan.SamplingSettings.event`): a Poisson-subsampled
 Gaussian (Theorem 5), touching the privacy unit with the plan's participation.
 Every ε it reports is the **upper** end of the accountant's interval, for the
-**add/remove** relation (Def. 6) at the plan's δ.
+**add/remove** relation (Def. 6) at the plan's δ — or, for ``mode = "corrdp"``,
+for the relation its :class:`Accounting` names (``"corrdp"``, reported in the
+column ``epsilon_corrdp``: :mod:`fedfdp.corrdp.run`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
-from fedfdp.config import Config
+from fedfdp.config import Config, ConfigError
 from fedfdp.quantile_clipping import split_noise
 from fedfdp.sampling_plan import AccountedEvent, SamplingSettings
 
@@ -46,7 +50,8 @@ class PrivacyPlan:
     max_epsilon : float or None
         Refuse any round that would take ε above this.
     relation : str
-        Neighbouring relation of every reported ε: ``add-remove``.
+        Neighbouring relation of every reported ε: ``add-remove`` (``corrdp`` for
+        ``mode = "corrdp"``).
     unbounded : bool
         True for ``nonprivate``: private data is used without noise, ε = ∞.
     unit : str
@@ -84,6 +89,57 @@ class PrivacyPlan:
             object.__setattr__(self, "accounted_noise_multiplier", self.noise_multiplier)
 
 
+@dataclass(frozen=True)
+class Accounting:
+    """How a run's ε is accounted and reported (a :class:`fedfdp.server.ServerParts` component).
+
+    Attributes
+    ----------
+    relation : str
+        The neighbouring relation named beside every ε (``add-remove``; ``corrdp``).
+    column : str
+        The output column of the ε: ``epsilon``, or ``epsilon_corrdp`` — a CorrDP ε
+        is never written where a DP or FDP ε is expected (the ``epsilon`` column is
+        then empty).
+    new : callable
+        ``new()`` → a fresh accountant with :class:`~fedfdp.accounting.FDPAccountant`'s
+        run interface: ``compose(σ, q, count, participation=)``, ``epsilon(δ)``,
+        ``would_exceed(cap, δ, σ, q, participation=)``, ``state_dict()`` (with the
+        charges under ``"ledger"``), ``load_state_dict()``.
+    calibrate : callable
+        ``calibrate(target ε, q, rounds, δ, participation=p)`` → the smallest σ whose ε
+        is at most the target.
+    resolved : mapping
+        Extra values for the ``[resolved]`` table of ``config.toml``.
+    text : str
+        What the relation means, written beside the ε (``relation_text``) when the
+        column is not ``epsilon``.
+    """
+
+    relation: str = "add-remove"
+    column: str = "epsilon"
+    new: Callable[[], Any] = FDPAccountant
+    calibrate: Callable[..., float] = calibrate_noise_multiplier
+    resolved: Mapping[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    def columns(self, epsilon: float) -> dict[str, Any]:
+        """The ε columns of an output row (``epsilon`` empty when another column holds
+        it, with the relation spelled out in ``relation_text``)."""
+        if self.column == "epsilon":
+            return {"epsilon": epsilon}
+        return {"epsilon": float("nan"), self.column: epsilon, "relation_text": self.text}
+
+
+#: The accounting of DP and FDP runs (add/remove, Theorem 5).
+FDP_ACCOUNTING = Accounting()
+
+
+def run_delta(cfg: Config, num_records: int) -> float:
+    """δ of a run: ``delta``, or ``1/(2N)`` when unset."""
+    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (2 * num_records)
+
+
 def sampling_settings(cfg: Config) -> SamplingSettings:
     """The sampling settings of ``cfg`` (what the sampling plan is built from)."""
     p = cfg.privacy
@@ -96,20 +152,30 @@ def sampling_settings(cfg: Config) -> SamplingSettings:
     )
 
 
-def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = None) -> PrivacyPlan:
+def plan_privacy(
+    cfg: Config, num_records: int, event: AccountedEvent | None = None, accounting: Accounting | None = None
+) -> PrivacyPlan:
     """Resolve σ, δ and the cap for ``cfg`` over ``num_records`` training records.
 
     The accounted event per private round comes from the sampling plan
     (``event``; default: the one :func:`sampling_settings` of ``cfg`` names,
-    :mod:`fedfdp.sampling_plan`); σ is calibrated for that event. With adaptive
-    clipping the accounted multiplier ``σ_eff`` is calibrated and split between
-    the gradient and the count of vectors within ``C`` by
+    :mod:`fedfdp.sampling_plan`); σ is calibrated for that event by
+    ``accounting`` (default :data:`FDP_ACCOUNTING`; ``mode = "corrdp"`` needs the
+    CorrDP accounting of its data, :func:`fedfdp.parts.server_parts_for`). With
+    adaptive clipping the accounted multiplier ``σ_eff`` is calibrated and split
+    between the gradient and the count of vectors within ``C`` by
     ``clipping-budget-share`` (:func:`fedfdp.quantile_clipping.split_noise`).
     """
     if num_records < 1:
         raise ValueError(f"num_records={num_records}: the dataset has no training records")
     p = cfg.privacy
-    delta = p.delta if p.delta is not None else 1.0 / (2 * num_records)
+    accounting = accounting if accounting is not None else FDP_ACCOUNTING
+    if (p.mode == "corrdp") != (accounting.relation == "corrdp"):
+        raise ConfigError(
+            f"mode={p.mode!r} with the {accounting.relation!r} accounting: mode 'corrdp' (and only it) is "
+            "accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
+        )
+    delta = run_delta(cfg, num_records)
     rounds = cfg.privacy.num_rounds - p.public_pretrain_rounds
     event = event if event is not None else sampling_settings(cfg).event
     rate, share = event.sampling_rate, event.participation
@@ -122,9 +188,7 @@ def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = N
     if sigma is None:
         if p.target_epsilon is None:
             raise ValueError("a private mode needs noise-multiplier or target-epsilon")
-        sigma = accounted = calibrate_noise_multiplier(
-            p.target_epsilon, rate, rounds, delta, participation=share
-        )
+        sigma = accounted = accounting.calibrate(p.target_epsilon, rate, rounds, delta, participation=share)
     else:
         # a given σ is the gradient's; the count adds its share on top
         accounted = sigma * math.sqrt(1 - p.clipping_budget_share) if p.clipping_quantile > 0 else sigma
@@ -132,8 +196,9 @@ def plan_privacy(cfg: Config, num_records: int, event: AccountedEvent | None = N
     if p.clipping_quantile > 0:
         sigma, count_noise = split_noise(accounted, p.clipping_budget_share)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
-    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, unit=p.privacy_unit, participation=share,
-                       count_noise=count_noise, accounted_noise_multiplier=float(accounted))
+    return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, relation=accounting.relation,
+                       unit=p.privacy_unit, participation=share, count_noise=count_noise,
+                       accounted_noise_multiplier=float(accounted))
 
 
 class Budget:

@@ -22,8 +22,10 @@ Per round (:meth:`FDPServer.begin_round`, then :meth:`FDPServer.finish_round`):
    (:mod:`fedfdp.update`).
 
 The components that decide privacy are injected through :class:`ServerParts`
-(secret entropy, the noise mechanism, the sampling plan); a normal run uses
-the defaults, and the audit swaps one of them for a planted bug.
+(secret entropy, the noise mechanism, the sampling plan, the accounting, the
+projection of the model after a step); a normal run uses the defaults — or, for
+``mode = "corrdp"``, the CorrDP parts of :func:`fedfdp.parts.server_parts_for` —
+and the audit swaps one of them for a planted bug.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
-from fedfdp.budget import Budget, PrivacyPlan, plan_privacy, sampling_settings
+from fedfdp.accounting import PrivacyBudgetExhausted
+from fedfdp.budget import FDP_ACCOUNTING, Accounting, Budget, PrivacyPlan, plan_privacy, sampling_settings
 from fedfdp.checkpoint import (
     CHECKPOINT_FILE,
     LEDGER_FILE,
@@ -89,11 +91,19 @@ class ServerParts:
         ``sampling_plan(settings, device_sizes, device_nodes)`` → the
         :class:`~fedfdp.sampling_plan.SamplingPlan`; its ``event`` is what
         the accountant is charged.
+    accounting : Accounting
+        The accountant, the calibration of σ, the relation and column of the ε
+        (:class:`fedfdp.budget.Accounting`).
+    project : callable or None
+        ``project(model)`` in place after every step and when the plan is resolved
+        (post-processing onto the parameter set Θ, e.g. CorrDP-SGD's weight bound).
     """
 
     secrets: SecretSource | None = None
     mechanism: Callable[[float, float], GaussianSumMechanism] = GaussianSumMechanism
     sampling_plan: Callable[[SamplingSettings, Sequence[int], Sequence[int]], SamplingPlan] = SamplingPlan
+    accounting: Accounting = FDP_ACCOUNTING
+    project: Callable[[nn.Module], None] | None = None
 
 
 @dataclass
@@ -129,6 +139,8 @@ class RoundOutcome:
     stats: RoundStats = field(default_factory=RoundStats)
     normaliser: float = float("nan")
     clipping_norm: float = float("nan")
+    #: The ε columns of the round's row (``epsilon`` empty for a CorrDP ε: :class:`Accounting`).
+    epsilons: dict[str, Any] | None = None
 
 
 def occupied(out: str | Path) -> list[str]:
@@ -209,7 +221,7 @@ class FDPServer:
         self.sampling: SamplingPlan | None = None
         self.plan: PrivacyPlan | None = None
         self.budget: Budget | None = None
-        self.ledger = Ledger(FDPAccountant().state_dict(), [])
+        self.ledger = Ledger(self.parts.accounting.new().state_dict(), [])
         self.rows: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self.current: RoundState | None = None
@@ -221,8 +233,12 @@ class FDPServer:
         """Build the sampling plan over the (public) device sizes and resolve σ,
         δ and the budget for the event it charges."""
         self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), device_sizes, device_nodes)
-        self.plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event)
-        self.budget = Budget(self.plan)
+        accounting = self.parts.accounting
+        self.plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event,
+                                 accounting=accounting)
+        self.budget = Budget(self.plan, accounting.new())
+        if self.parts.project is not None:
+            self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
         return self.plan
 
     @property
@@ -316,6 +332,8 @@ class FDPServer:
             noise=noise,
         )
         apply_gradient(self.params, self.optimizer, grad)
+        if self.parts.project is not None:
+            self.parts.project(self.model)
         if noise is not None and plan.count_noise is not None:
             self.clipping_norm = adapt_clipping_norm(
                 state.clipping_norm, unclipped, plan.count_noise, state.plan.normaliser,
@@ -323,8 +341,10 @@ class FDPServer:
             )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")
+        epsilons = self.parts.accounting.columns(budget.epsilon())
         return RoundOutcome(
-            budget.epsilon(), public_loss, stats or RoundStats(), state.plan.normaliser, state.clipping_norm
+            epsilons["epsilon"], public_loss, stats or RoundStats(), state.plan.normaliser,
+            state.clipping_norm, epsilons,
         )
 
     # ---------------------------------------------------------------- a whole run
@@ -380,6 +400,7 @@ class FDPServer:
             "private-rounds": plan.private_rounds,
             "max-epsilon": plan.max_epsilon,
             "relation": plan.relation,
+            **self.parts.accounting.resolved,
             "accounted-rate": plan.sampling_rate,
             "accounted-participation": plan.participation,
             "noise-source": noise_source(self.cfg),
@@ -428,6 +449,7 @@ class FDPServer:
                     "round": r,
                     "phase": phase.name,
                     "epsilon": outcome.epsilon,
+                    **(outcome.epsilons or {}),
                     "delta": plan.delta,
                     "relation": plan.relation,
                     "accuracy": acc,
@@ -450,7 +472,8 @@ class FDPServer:
                         self.checkpoint(r)
                     write_metrics(out, self.rows)
                 bar.update(1)
-                bar.set_postfix(eps=f"{row['epsilon']:.3g}", acc=f"{acc:.3f}")
+                bar.set_postfix(eps=f"{row.get(self.parts.accounting.column, outcome.epsilon):.3g}",
+                                acc=f"{acc:.3f}")
         finally:
             bar.close()
         if out:
@@ -460,8 +483,8 @@ class FDPServer:
         return self.rows
 
 
-def _replay(charges: Sequence[Charge]) -> dict[str, Any]:
-    acc = FDPAccountant()
+def _replay(charges: Sequence[Charge], accounting: Accounting = FDP_ACCOUNTING) -> dict[str, Any]:
+    acc = accounting.new()
     for c in charges:
         acc.compose(c.noise_multiplier, c.sampling_rate, participation=c.participation)
     return acc.state_dict()
@@ -500,7 +523,8 @@ def verify_resume(
             summary = LedgerSummary.from_dict(ckpt["ledger"])
         except (ValueError, TypeError) as exc:
             raise CheckpointMismatch(f"{out / CHECKPOINT_FILE}: {exc}") from exc
-    verify_ledger(out, ledger, summary, server.expected_event(), _replay)
+    verify_ledger(out, ledger, summary, server.expected_event(),
+                  lambda charges: _replay(charges, server.parts.accounting))
     if ckpt is not None and ledger is not None:
         cfg_p = cfg.privacy
         charged = {c.round for c in ledger.charges}
