@@ -51,9 +51,9 @@ from fedfdp import protocol as P
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.contribution import ClientParts, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
-from fedfdp.entropy import run_secrets
 from fedfdp.losses import FeatureMap, build_decomposition
 from fedfdp.models import build_model_for
+from fedfdp.parts import client_parts_for
 
 log = logging.getLogger("fedfdp.client")
 
@@ -225,7 +225,7 @@ class NodeRuntime:
     @classmethod
     def build(cls, cfg: Config, records: NodeRecords, parts: ClientParts | None = None) -> NodeRuntime:
         """Build the model, the feature map and the parts for ``records``."""
-        parts = parts if parts is not None else ClientParts(secrets=run_secrets(cfg))
+        parts = parts if parts is not None else client_parts_for(cfg, records.data)
         return cls(cfg, records, build_model_for(cfg, records.data), build_decomposition(cfg, records.data),
                    parts)
 

@@ -24,9 +24,9 @@ from torch import nn
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import FederatedData, load_dataset
-from fedfdp.entropy import run_secrets
 from fedfdp.losses import FeatureMap, build_decomposition
 from fedfdp.models import build_model_for
+from fedfdp.parts import client_parts_for, server_parts_for
 from fedfdp.server import EvaluateFn, FDPServer, RoundOutcome, ServerParts, held_out_evaluation
 
 
@@ -57,9 +57,9 @@ def run_centralised(
         configured model, the configured public view, accuracy and loss on
         ``data``'s held-out split).
     server_parts, client_parts : optional
-        Injected components (the audit's seams); by default both halves draw
-        their secret randomness as the configuration says
-        (:func:`fedfdp.entropy.run_secrets`).
+        Injected components (the audit's seams); by default those the mode needs
+        (:mod:`fedfdp.parts`), drawing their secret randomness as the
+        configuration says (:func:`fedfdp.entropy.run_secrets`).
 
     Examples
     --------
@@ -73,9 +73,11 @@ def run_centralised(
     model = model if model is not None else build_model_for(cfg, data)
     if evaluate_fn is None:
         evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    if server_parts is None:
+        server_parts = server_parts_for(cfg, data)
     server = FDPServer(cfg, model, evaluate_fn=evaluate_fn, parts=server_parts)
     server.resolve(data.sizes.tolist())
-    client = client_parts if client_parts is not None else ClientParts(secrets=run_secrets(cfg))
+    client = client_parts if client_parts is not None else client_parts_for(cfg, data)
     decomposition = feature_map if feature_map is not None else build_decomposition(cfg, data)
     p = cfg.privacy
 

@@ -261,6 +261,11 @@ def clipped_private_sum(
     over devices. Either way with the count of vectors already within ``C``.
     """
     phase = settings.phase
+    if phase.per_block:
+        raise ValueError(
+            f"phase {phase.name!r} clips per block: the node needs the CorrDP aggregator "
+            "(fedfdp.parts.client_parts_for), not the joint clipping of the default ClientParts"
+        )
     clip = settings.clipping_norm if phase.clip else None
     if settings.unit == "record":
         return private_clipped_sum(model, decomposition, phase, batches, clip, settings.clip_method)

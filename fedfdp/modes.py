@@ -10,7 +10,13 @@ phase           private part          public part                  noise  ε
 ``public``      —                     ``ℓ_pub`` on Ψ(x)            no     0 (FDP)
 ``dp``          full loss, clipped    —                            yes    DP ⇒ FDP
 ``fdp``         ``ℓ − ℓ_pub``, clip   ``ℓ_pub`` on Ψ(x), unclipped yes    FDP (Thm 5)
+``corrdp``      full loss, clipped    —                            per    CorrDP
+                per block                                          block  (named)
 ==============  ====================  ===========================  =====  ===========
+
+``corrdp`` is CorrDP-SGD (``fedfdp.corrdp``): its private sum is clipped per block of
+a GLM's parameters by the CorrDP aggregator, and the server's CorrDP mechanism adds
+per-block noise (Eq. (3)); the honest joint-clipping aggregator refuses it.
 
 The configured ``mode`` maps to a phase per round: the first
 ``public-pretrain-rounds`` rounds are ``public`` (Remark 2: free), then ``dp``
@@ -37,6 +43,8 @@ class Phase:
         Add ``N(0, σ²C²)`` to the private sum (and spend ε).
     public : bool
         Compute the unclipped public gradient on an independent uniform batch.
+    per_block : bool
+        Clip per block of a GLM's parameters (CorrDP-SGD) instead of as one vector.
     """
 
     name: str
@@ -44,6 +52,7 @@ class Phase:
     clip: bool
     noise: bool
     public: bool
+    per_block: bool = False
 
     @property
     def has_private(self) -> bool:
@@ -56,6 +65,7 @@ PHASES: dict[str, Phase] = {
     "public": Phase("public", "none", clip=False, noise=False, public=True),
     "dp": Phase("dp", "full", clip=True, noise=True, public=False),
     "fdp": Phase("fdp", "private", clip=True, noise=True, public=True),
+    "corrdp": Phase("corrdp", "full", clip=True, noise=True, public=False, per_block=True),
 }
 
 

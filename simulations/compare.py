@@ -238,10 +238,10 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
     Returns the calibrated σ of each private run (by tag). Raises on bad data
     or an unreachable target ε.
     """
-    from fedfdp.budget import plan_privacy
     from fedfdp.data import load_dataset
     from fedfdp.losses import build_decomposition
     from fedfdp.models import build_model_for
+    from fedfdp.parts import privacy_plan_for
 
     sigmas: dict[str, float] = {}
     cache: dict[Any, float] = {}
@@ -250,9 +250,9 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
         build_decomposition(run.cfg, data)
         build_model_for(run.cfg, data)
         if run.cfg.privacy.is_private:
-            key = (run.cfg.privacy, run.cfg.privacy.num_rounds, data.num_records)
+            key = (run.cfg.privacy, run.cfg.data, data.num_records)
             if key not in cache:
-                plan = plan_privacy(run.cfg, data.num_records)
+                plan = privacy_plan_for(run.cfg, data)
                 cache[key] = float(plan.noise_multiplier)  # type: ignore[arg-type]
             sigmas[run.tag] = cache[key]
     return sigmas
@@ -279,8 +279,11 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         model, rows = run_centralised(cfg, data)
         scores = held_out_metrics(model, data.test_x, data.test_y)
         phases = [r["phase"] for r in rows]
-        epsilon = rows[-1]["epsilon"] if rows else 0.0
-        delta = rows[-1]["delta"] if rows else float("nan")
+        last = rows[-1] if rows else {}
+        epsilon = last.get("epsilon", 0.0)
+        epsilon_corrdp = last.get("epsilon_corrdp", float("nan"))
+        relation = last.get("relation", "add-remove")
+        delta = last.get("delta", float("nan"))
     else:
         import pandas as pd
 
@@ -294,6 +297,9 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         scores = {m: float(evaluated[m].iloc[-1]) if m in evaluated else float("nan") for m in METRICS}
         phases = metrics["phase"].astype(str).tolist()
         epsilon = float(metrics["epsilon"].iloc[-1])
+        corrdp = metrics.get("epsilon_corrdp")
+        epsilon_corrdp = float(corrdp.iloc[-1]) if corrdp is not None else math.nan
+        relation = str(metrics["relation"].iloc[-1])
         delta = float(metrics["delta"].iloc[-1])
     pretrain = sum(p == "public" for p in phases) if run.mode != "public" else 0
     return {
@@ -301,8 +307,9 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         "mode": run.mode,
         "target_epsilon": run.target_epsilon,
         "epsilon": epsilon,
+        "epsilon_corrdp": epsilon_corrdp,
         "delta": delta,
-        "relation": "add-remove",
+        "relation": relation,
         "seed": run.seed,
         **scores,
         "rounds": len(phases),

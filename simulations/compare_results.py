@@ -24,6 +24,7 @@ RESULT_COLUMNS = (
     "mode",
     "target_epsilon",
     "epsilon",
+    "epsilon_corrdp",
     "delta",
     "relation",
     "seed",

@@ -24,6 +24,7 @@ from flwr.superlink.grid import InMemoryGrid
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_server_data
 from fedfdp.models import build_model_for
+from fedfdp.parts import server_parts_for
 from fedfdp.server import held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 
@@ -35,7 +36,7 @@ def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> F
     ``node_choice``: see :class:`FDPStrategy`."""
     data = load_server_data(cfg.data)
     model = build_model_for(cfg, data)
-    strategy = FDPStrategy(model, cfg, node_choice=node_choice)
+    strategy = FDPStrategy(model, cfg, node_choice=node_choice, parts=server_parts_for(cfg, data))
     strategy.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
     strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)
     return strategy

@@ -327,6 +327,107 @@ class CorrDPAccountant:
         self._rounds = rounds
 
 
+class CorrDPRunAccountant:
+    """A run's CorrDP ledger at a fixed clipping norm, with
+    :class:`~fedfdp.accounting.FDPAccountant`'s run interface (what
+    :class:`fedfdp.budget.Budget` and the write-ahead ledger call).
+
+    ``compose(σ, q, count, participation=p)`` records rounds of base ``σ`` at the
+    design's ``C``; ``epsilon(δ)`` is the CorrDP ε (:class:`CorrDPAccountant`,
+    relation ``"corrdp"``). Every bound computed is memoised by the rounds and δ, so
+    the budget check before a round and the ε after it cost one evaluation.
+    ``state_dict()["ledger"]`` holds the rounds ``[σ, q, participation, count]``
+    (the ledger's integrity check compares it with a replay of the charges).
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+    >>> acc = CorrDPRunAccountant(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0), clipping_norm=1.0)
+    >>> acc.compose(4.0, 0.1, 20)
+    >>> acc.epsilon(1e-5) == corrdp_epsilon(acc.design, 4.0, 1.0, 0.1, 20, 1e-5).epsilon
+    True
+    >>> acc.would_exceed(1e9, 1e-5, 4.0, 0.1), acc.rounds
+    (False, 20)
+    """
+
+    relation = RELATION
+
+    def __init__(self, design: CorrDPDesign, clipping_norm: float, eps_error: float = 0.05) -> None:
+        self.design = design
+        self.clipping_norm = float(clipping_norm)
+        self.accountant = CorrDPAccountant(design, eps_error)
+        self._memo: dict[tuple[Any, ...], CorrDPEpsilon] = {}
+
+    @property
+    def rounds(self) -> int:
+        return self.accountant.rounds
+
+    def _epsilon(self, rounds: Sequence[Round], delta: float) -> CorrDPEpsilon:
+        key = (tuple(rounds), delta)
+        if key not in self._memo:
+            if len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = self.accountant._bound(rounds, delta)
+        return self._memo[key]
+
+    def compose(
+        self, noise_multiplier: float, sampling_rate: float, count: int = 1, *, participation: float = 1.0
+    ) -> None:
+        """Record ``count`` rounds of base ``σ`` at rate ``q`` and participation ``p``."""
+        self.accountant.compose(
+            noise_multiplier, self.clipping_norm, sampling_rate, count, participation=participation
+        )
+
+    def epsilon_bound(self, delta: float) -> CorrDPEpsilon:
+        """The CorrDP ε of the rounds so far with its per-class breakdown."""
+        return self._epsilon(self.accountant.ledger, delta)
+
+    def epsilon(self, delta: float) -> float:
+        return self.epsilon_bound(delta).epsilon
+
+    def would_exceed(
+        self,
+        max_epsilon: float,
+        delta: float,
+        noise_multiplier: float,
+        sampling_rate: float,
+        count: int = 1,
+        *,
+        participation: float = 1.0,
+    ) -> bool:
+        """Whether ``count`` more rounds would take ε above ``max_epsilon`` (no mutation)."""
+        extra = Round(noise_multiplier, self.clipping_norm, sampling_rate, participation, count)
+        ledger = list(self.accountant.ledger)
+        if ledger and _key(ledger[-1]) == _key(extra):
+            ledger[-1] = Round(*_key(extra), ledger[-1].count + count)
+        else:
+            ledger.append(extra)
+        return self._epsilon(ledger, delta).epsilon > max_epsilon
+
+    def state_dict(self) -> dict[str, Any]:
+        rounds = self.accountant.ledger
+        return {
+            "relation": RELATION,
+            "clipping_norm": self.clipping_norm,
+            "eps_error": self.accountant.eps_error,
+            "ledger": [[r.noise_multiplier, r.sampling_rate, r.participation, r.count] for r in rounds],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        relation = state.get("relation") if isinstance(state, dict) else None
+        if relation != RELATION:
+            raise ValueError(f"state relation={relation!r}: not a CorrDP ledger")
+        if float(state.get("clipping_norm", math.nan)) != self.clipping_norm:
+            raise ValueError(
+                f"state clipping_norm={state.get('clipping_norm')!r}: the run clips at {self.clipping_norm}"
+            )
+        c = self.clipping_norm
+        rounds = [[float(s), c, float(q), float(p), int(n)] for s, q, p, n in state["ledger"]]
+        eps_error = state.get("eps_error", self.accountant.eps_error)
+        self.accountant.load_state_dict({"relation": RELATION, "eps_error": eps_error, "rounds": rounds})
+
+
 def corrdp_epsilon(
     design: CorrDPDesign,
     noise_multiplier: float,

@@ -29,6 +29,7 @@ from fedfdp.config import Config
 from fedfdp.contribution import ClientParts
 from fedfdp.data import FederatedData, load_dataset
 from fedfdp.models import build_model_for
+from fedfdp.parts import server_parts_for
 from fedfdp.server import ServerParts, held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 
@@ -80,6 +81,7 @@ def registered_strategy(
     """A resolved strategy whose registry holds one node per device (node id = device id)."""
     set_identity()
     data = load_dataset(cfg.data) if data is None else data
+    parts = parts if parts is not None else server_parts_for(cfg, data)
     strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts)
     strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}

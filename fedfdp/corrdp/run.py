@@ -1,0 +1,353 @@
+"""CorrDP-SGD as a run of fedfdp: the design of a configuration and a dataset, the
+node's aggregator and the server's accounting.
+
+``mode = "corrdp"`` runs on the client, strategy, sampling plan and server of every
+other mode; what differs are three components, built here and chosen in one place
+(:mod:`fedfdp.parts`):
+
+* the node's **aggregator** (:class:`BlockClippedSum`, a
+  :class:`~fedfdp.contribution.PrivateAggregator`): the full cross-entropy gradient of
+  every record in the Poisson batches, clipped **per block** to ``C_B = C·s_B``
+  (:func:`~fedfdp.corrdp.noise.glm_clipped_sum`; inputs clamped to ``[−B, B]``; a model
+  with a weight column above ``D`` is refused);
+* the server's **mechanism**: ``N(0, σ_B² I)`` per block, ``σ_B = σ·C·√f_B``, Eq. (3)
+  (:func:`~fedfdp.corrdp.noise.corrdp_mechanism_factory`), and the **projection** of
+  every weight column to norm ``≤ D`` after every step and before the first;
+* the server's **accounting** (:func:`corrdp_accounting`): the per-class CorrDP
+  accountant (:class:`~fedfdp.corrdp.accounting.CorrDPRunAccountant`, relation
+  ``"corrdp"``), σ calibrated by it, the ε written to the column ``epsilon_corrdp``.
+
+Sensitivity, relation, result
+-----------------------------
+One record's sensitive features, or one insensitive feature, replaced; labels fixed
+(Def. 2.1, Assumption 3.1). Per class ``c`` of neighbour the noisy sum is a Gaussian
+pair with ``μ_c`` (:meth:`CorrDPDesign.class_mu`, explicit per-block sensitivities);
+the run is ``(ε, δ)``-CorrDP with ``ε = max_c d_c ε_c`` (Def. 2.2 read as ``ε/d``;
+CorrDP paper Algorithm 1, Eq. (3), Theorem 3.5 with explicit constants,
+``docs/corrdp.md`` §4-5). With in-sample TVs, Theorem 3.11: the estimate spends
+``tv-delta`` (default ``δ/2``) of the reported δ.
+
+Features and roles
+------------------
+A *feature* is a model input column, or the one-hot inputs ``name=value`` of a table
+column ``name`` (they change together). ``sensitive-columns`` (default: the dataset's
+private columns) name the sensitive features; every other feature is insensitive,
+with a TV declared in ``insensitive-tv`` (``*`` for the rest) or, with
+``tv-estimate``, estimated in-sample on the training records (Def. 3.10,
+:func:`~fedfdp.corrdp.tv.estimate_tvs`): one-hot features are binned by their
+categories, numeric inputs by the cut points of ``tv-bins`` (in the model-input
+scale: declared ranges encode to ``[−1, 1]``), ``tv-min-prob`` the declared ``π_min``.
+The estimate is data-dependent (``docs/corrdp.md`` §3): the noise level reveals it,
+so the TVs it writes to ``config.toml`` are labelled as such.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedfdp.budget import Accounting, run_delta
+from fedfdp.config import Config, ConfigError
+from fedfdp.config.values import PAPER_FLOOR
+from fedfdp.contribution import PrivateBatch, PrivateSum, RoundSettings
+from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPRunAccountant, calibrate_noise_multiplier
+from fedfdp.corrdp.noise import CorrDPDesign, glm_clipped_sum
+from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature
+from fedfdp.corrdp.tv import Bins, TVEstimate, estimate_tvs
+from fedfdp.losses import FeatureMap
+
+if TYPE_CHECKING:
+    from fedfdp.data import FederatedData
+
+#: The output column of a CorrDP ε (never ``epsilon``).
+EPSILON_COLUMN = "epsilon_corrdp"
+#: ``insensitive-tv`` / ``tv-bins`` entry for every other feature.
+WILDCARD = "*"
+
+
+def feature_groups(columns: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``{feature: its input columns}``, in input order: an input ``name=value`` (one-hot
+    encoding) belongs to feature ``name``, any other input is its own feature.
+
+    Examples
+    --------
+    >>> feature_groups(["age", "region=north", "region=south", "hr"])
+    {'age': (0,), 'region': (1, 2), 'hr': (3,)}
+    """
+    out: dict[str, list[int]] = {}
+    for i, name in enumerate(columns):
+        out.setdefault(name.split("=", 1)[0], []).append(i)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _feature_of(name: str, groups: Mapping[str, tuple[int, ...]], columns: Sequence[str], key: str) -> str:
+    if name in groups:
+        return name
+    if name in columns:
+        return name.split("=", 1)[0]
+    shown = ", ".join(list(groups)[:8]) + (" ..." if len(groups) > 8 else "")
+    raise ConfigError(f"{key}: {name!r} is not a column of the dataset (features: {shown})")
+
+
+@dataclass(frozen=True)
+class CorrDPSetup:
+    """The CorrDP design of a run and where its TVs come from.
+
+    Attributes
+    ----------
+    design : CorrDPDesign
+    clipping_norm : float
+        ``C`` (fixed: adaptive clipping is refused for ``corrdp``).
+    declared : dict
+        ``{feature: TV}`` declared in ``insensitive-tv``.
+    estimates : dict
+        ``{feature: TVEstimate}`` estimated in-sample (empty without ``tv-estimate``).
+    layout_only : bool
+        True for a node's design: the TVs still to be estimated are placeholders (1);
+        blocks and clip shares, which are all a node uses, do not depend on them.
+    """
+
+    design: CorrDPDesign
+    clipping_norm: float
+    declared: dict[str, float] = field(default_factory=dict)
+    estimates: dict[str, TVEstimate] = field(default_factory=dict)
+    layout_only: bool = False
+
+    def resolved(self) -> dict[str, Any]:
+        """What ``config.toml``'s ``[resolved]`` table records of the design."""
+        d = self.design
+        tv = ",".join(f"{f.name}={f.tv:.4g}" for f in d.roles.insensitive)
+        out: dict[str, Any] = {
+            "relation-text": RELATION_TEXT,
+            "corrdp-sensitive": ",".join(d.roles.names[c] for c in d.roles.sensitive),
+            "corrdp-tv": tv,
+            "corrdp-tv-floor": float(d.tv_floor or 0.0),
+            "corrdp-feature-bound": float(d.feature_bounds[0]) if d.feature_bounds else 0.0,
+            "corrdp-weight-bound": d.weight_bound,
+        }
+        if self.estimates:
+            out["corrdp-tv-estimated"] = ",".join(
+                f"{e.name}: hat {e.tv_hat:.4g} + inflation {e.inflation:.4g}"
+                + ("" if e.bound_valid else f" -> 1 ({e.note})")
+                for e in self.estimates.values()
+            )
+            out["corrdp-tv-estimated-note"] = (
+                "in-sample estimates (Def. 3.10): data-dependent statistics, disclosed here outside the "
+                "CorrDP guarantee (docs/corrdp.md section 3)"
+            )
+            out["corrdp-delta-estimation"] = d.delta_estimation
+        return out
+
+
+def _bins(
+    cfg: Config,
+    data: FederatedData,
+    features: Sequence[str],
+    groups: Mapping[str, tuple[int, ...]],
+    x: np.ndarray,
+) -> tuple[dict[str, np.ndarray], dict[str, Bins]]:
+    """Codes and bins of ``features``: one-hot features by category, numeric ones by ``tv-bins``."""
+    cuts = dict(cfg.privacy.tv_bins)
+    default = cuts.get(WILDCARD)
+    values: dict[str, np.ndarray] = {}
+    bins: dict[str, Bins] = {}
+    for f in features:
+        cols = groups[f]
+        if len(cols) > 1 or data.spec.columns[cols[0]] != f:  # one-hot inputs f=value
+            block = x[:, list(cols)]
+            if not np.all((block == 0) | (block == 1)) or not np.all(block.sum(axis=1) == 1):
+                raise ConfigError(
+                    f"tv-estimate: feature {f!r} has rows without exactly one category (a missing value?); "
+                    "its TV cannot be estimated"
+                )
+            values[f] = block.argmax(axis=1)
+            bins[f] = Bins(categories=tuple(range(len(cols))))
+            if f in cuts:
+                raise ConfigError(f"tv-bins: {f!r} is one-hot encoded; its bins are its categories")
+            continue
+        edges = cuts.get(f, default)
+        if edges is None:
+            raise ConfigError(
+                f"tv-bins: no cut points for the numeric input {f!r}; estimating TVs needs a public "
+                f"discretisation of every sensitive and estimated feature ('{f}=a:b', or '*=a:b')"
+            )
+        values[f] = x[:, cols[0]].astype(np.float64)
+        bins[f] = Bins(edges=edges)
+    return values, bins
+
+
+def estimate_feature_tvs(
+    cfg: Config, data: FederatedData, sensitive: Sequence[str], estimated: Sequence[str], delta: float
+) -> dict[str, TVEstimate]:
+    """In-sample ``TṼ(j)`` (Def. 3.10) of the ``estimated`` features against the joint
+    ``sensitive`` features, on the training records of every device, failure
+    probability ``delta`` for all of them together."""
+    groups = feature_groups(data.spec.columns)
+    x = np.concatenate([d.x for d in data.devices]).astype(np.float64)
+    values, bins = _bins(cfg, data, [*sensitive, *estimated], groups, x)
+    try:
+        return estimate_tvs(
+            {f: values[f] for f in sensitive}, {f: values[f] for f in estimated}, bins,
+            cfg.privacy.tv_min_prob, delta,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"tv-estimate (tv-min-prob={cfg.privacy.tv_min_prob}): {exc}") from exc
+
+
+def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> CorrDPSetup:
+    """The CorrDP design of ``cfg`` on ``data`` (module docstring).
+
+    Parameters
+    ----------
+    estimate : bool
+        Estimate the TVs ``tv-estimate`` asks for (the server; the centralised engine).
+        False: a node's design, whose blocks and clip shares do not depend on TVs.
+
+    Raises
+    ------
+    ConfigError
+        A column unknown, declared both sensitive and insensitive, or neither (without
+        ``tv-estimate``); no sensitive column; bins missing for an estimate.
+
+    Examples
+    --------
+    >>> from fedfdp.config import load_config
+    >>> from fedfdp.data import load_dataset
+    >>> cfg = load_config({"mode": "corrdp", "dataset": "correlated", "num-sensitive": 1,
+    ...                    "num-insensitive": 2, "insensitive-tv": "u0=0.1,*=0.5"})
+    >>> setup = corrdp_setup(cfg, load_dataset(cfg.data))
+    >>> setup.design.roles.sensitive, setup.design.roles.tv
+    ((0,), {'u0': 0.1, 'u1': 0.5})
+    """
+    p = cfg.privacy
+    columns = data.spec.columns
+    groups = feature_groups(columns)
+    key = "sensitive-columns" if p.sensitive_columns else "private columns of the dataset"
+    named = p.sensitive_columns or data.spec.private
+    sensitive = list(dict.fromkeys(_feature_of(n, groups, columns, key) for n in named))
+    if not sensitive:
+        raise ConfigError(
+            f"sensitive-columns: empty and dataset {data.name!r} declares no private column; name the "
+            "sensitive features"
+        )
+    insensitive = [f for f in groups if f not in sensitive]
+    declared = dict(p.insensitive_tv)
+    default = declared.pop(WILDCARD, None)
+    for name in declared:
+        f = _feature_of(name, groups, columns, "insensitive-tv")
+        if f in sensitive:
+            raise ConfigError(f"insensitive-tv: column {name!r} is declared both sensitive and insensitive")
+    tv: dict[str, float | None] = {f: declared.get(f, default) for f in insensitive}
+    missing = [f for f, v in tv.items() if v is None]
+    if missing and not p.tv_estimate:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError(
+            f"insensitive-tv: features {shown} are neither sensitive nor given a TV (declare them in "
+            "insensitive-tv, '*=TV' for the rest, or set tv-estimate = true)"
+        )
+    estimates: dict[str, TVEstimate] = {}
+    delta_est = 0.0
+    if missing and estimate:
+        delta_est = p.tv_delta if p.tv_delta is not None else run_delta(cfg, data.num_records) / 2
+        estimates = estimate_feature_tvs(cfg, data, sensitive, missing, delta_est)
+        tv.update({f: e.tv_tilde for f, e in estimates.items()})
+    elif missing:
+        tv.update(dict.fromkeys(missing, 1.0))  # placeholders: a node's layout does not use TVs
+    roles = FeatureRoles(
+        len(columns),
+        tuple(c for f in sensitive for c in groups[f]),
+        tuple(InsensitiveFeature(f, groups[f], float(tv[f])) for f in insensitive),  # type: ignore[arg-type]
+        columns,
+    )
+    bound = p.corrdp_feature_bound or data.input_bound or 1.0
+    floor = None if p.corrdp_tv_floor == PAPER_FLOOR else float(p.corrdp_tv_floor)
+    blocks = 1 + len(insensitive) + 1  # sensitive, each insensitive feature, bias
+    shares = None if p.corrdp_clip_shares == "proportional" else (1.0 / math.sqrt(blocks),) * blocks
+    try:
+        design = CorrDPDesign(
+            roles, data.num_classes, (bound,) * len(columns), p.corrdp_weight_bound, bias=True,
+            clip_shares=shares, tv_floor=floor, delta_estimation=delta_est,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(f"mode='corrdp': {exc}") from exc
+    return CorrDPSetup(design, p.clipping_norm, {f: v for f, v in declared.items() if f in tv},
+                       estimates, layout_only=bool(missing) and not estimate)
+
+
+def corrdp_accounting(setup: CorrDPSetup, eps_error: float = 0.05) -> Accounting:
+    """The server's :class:`~fedfdp.budget.Accounting` of a CorrDP run: the per-class
+    CorrDP accountant at the run's ``C``, σ calibrated by it
+    (:func:`~fedfdp.corrdp.accounting.calibrate_noise_multiplier`), the ε in
+    ``epsilon_corrdp`` with the relation named (``"corrdp"``, :data:`RELATION_TEXT`)."""
+    if setup.layout_only:
+        raise ValueError("corrdp_accounting: a node's layout-only design has placeholder TVs")
+    design, clip = setup.design, setup.clipping_norm
+
+    def calibrate(target: float, rate: float, rounds: int, delta: float, *, participation: float) -> float:
+        return calibrate_noise_multiplier(design, target, clip, rate, rounds, delta,
+                                          participation=participation, eps_error=eps_error)
+
+    return Accounting(
+        relation=RELATION,
+        column=EPSILON_COLUMN,
+        new=lambda: CorrDPRunAccountant(design, clip, eps_error),
+        calibrate=calibrate,
+        resolved=setup.resolved(),
+        text=RELATION_TEXT,
+    )
+
+
+@dataclass(frozen=True)
+class BlockClippedSum:
+    """The node's :class:`~fedfdp.contribution.PrivateAggregator` for ``corrdp``: the full
+    cross-entropy gradient of every record in the union of the Poisson batches,
+    clipped per block (:func:`~fedfdp.corrdp.noise.glm_clipped_sum`: ``‖ḡ_B‖ ≤ C_B``,
+    ``Σ C_B² = C²``, so each record's clipped gradient also has norm ``≤ C``), summed.
+    The per-block sensitivities under the CorrDP relation are
+    :meth:`CorrDPDesign.sensitivity` (Algorithm 1 of the CorrDP paper). Only the sum
+    leaves the node. Other phases are refused.
+
+    Examples
+    --------
+    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
+    >>> from fedfdp.contribution import RoundSettings
+    >>> from fedfdp.models import build_model
+    >>> from fedfdp.modes import PHASES
+    >>> design = CorrDPDesign(FeatureRoles(2, (0,), (InsensitiveFeature("u", (1,), 0.3),)), 2, (1, 1), 1.0)
+    >>> batch = PrivateBatch(torch.ones(3, 2), torch.tensor([0, 1, 1]), torch.Generator(), 3)
+    >>> settings = RoundSettings(1, 0, PHASES["corrdp"], 1.0, 0.5)
+    >>> out = BlockClippedSum(design)(build_model("logistic", 2, 2), None, settings, [batch])
+    >>> [tuple(g.shape) for g in out.grads]
+    [(2, 2), (2,)]
+    """
+
+    design: CorrDPDesign
+
+    def __call__(
+        self,
+        model: nn.Module,
+        decomposition: FeatureMap | None,
+        settings: RoundSettings,
+        batches: Sequence[PrivateBatch],
+    ) -> PrivateSum:
+        if not settings.phase.per_block:
+            raise ValueError(
+                f"phase {settings.phase.name!r}: the CorrDP aggregator computes phase 'corrdp' only"
+            )
+        if batches:
+            x = torch.cat([b.x for b in batches])
+            y = torch.cat([b.y for b in batches])
+        else:
+            x = torch.zeros(0, self.design.roles.num_inputs)
+            y = torch.zeros(0, dtype=torch.long)
+        try:
+            grads = glm_clipped_sum(model, x, y, self.design, settings.clipping_norm)
+        except ValueError as exc:  # a model outside Θ or of another shape: refused, named
+            raise ValueError(f"corrdp: {exc}") from exc
+        return PrivateSum(grads, 0)

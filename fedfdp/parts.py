@@ -1,0 +1,96 @@
+"""The components of a run, chosen in one place for every engine.
+
+A run's privacy-deciding components are :class:`fedfdp.contribution.ClientParts`
+(a node's secret entropy, batch sampler and private aggregator) and
+:class:`fedfdp.server.ServerParts` (the server's secret entropy, noise mechanism,
+sampling plan, accounting and projection). Which ones a configuration needs is
+decided here, and only here: the centralised engine (:mod:`fedfdp.algorithm`), the
+ClientApp (:mod:`clients.client_app`), the ServerApp (:mod:`strategies.server_app`),
+``fedfdp compare`` and the audit's honest runs all call these functions; the audit
+then swaps one component for a planted bug through the same seams.
+
+=========================  ===========================  ========================================
+mode                       node (``ClientParts``)        server (``ServerParts``)
+=========================  ===========================  ========================================
+``dp``, ``fdp``, ...       joint clipping to ``C``       ``N(0, σ²C²I)``; add/remove accounting
+``corrdp``                 per-block clipping            per-block noise (Eq. (3)), projection of
+                           (:class:`~fedfdp.corrdp.run.  the weights to ``‖W[:, k]‖ ≤ D``, per-class
+                           BlockClippedSum`)             CorrDP accounting (``epsilon_corrdp``)
+=========================  ===========================  ========================================
+
+Secret randomness comes from :func:`fedfdp.entropy.run_secrets` (the OS CSPRNG, or
+the explicit ``reproducible-noise`` opt-in).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from fedfdp.budget import PrivacyPlan, plan_privacy
+from fedfdp.config import Config
+from fedfdp.contribution import ClientParts
+from fedfdp.corrdp.noise import corrdp_mechanism_factory, project_weights_
+from fedfdp.corrdp.run import BlockClippedSum, corrdp_accounting, corrdp_setup
+from fedfdp.entropy import SecretSource, run_secrets
+from fedfdp.server import ServerParts
+
+if TYPE_CHECKING:
+    from fedfdp.data import FederatedData
+
+
+def client_parts_for(cfg: Config, data: FederatedData, secrets: SecretSource | None = None) -> ClientParts:
+    """A node's components for ``cfg`` on ``data`` (the dataset's schema: columns and
+    classes; a node never estimates TVs). ``secrets``: default as ``cfg`` asks.
+
+    Examples
+    --------
+    >>> from fedfdp import load_config
+    >>> from fedfdp.data import load_dataset
+    >>> cfg = load_config({"mode": "corrdp", "dataset": "correlated", "insensitive-tv": "*=0.5"})
+    >>> type(client_parts_for(cfg, load_dataset(cfg.data)).aggregate).__name__
+    'BlockClippedSum'
+    """
+    secrets = secrets if secrets is not None else run_secrets(cfg)
+    if cfg.privacy.mode != "corrdp":
+        return ClientParts(secrets=secrets)
+    layout = corrdp_setup(cfg, data, estimate=False).design
+    return ClientParts(secrets=secrets, aggregate=BlockClippedSum(layout))
+
+
+def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
+    """The server's components for ``cfg`` on ``data`` (for ``corrdp``: its design,
+    TVs estimated in-sample on ``data``'s training records if asked).
+
+    Examples
+    --------
+    >>> from fedfdp import load_config
+    >>> from fedfdp.data import load_dataset
+    >>> cfg = load_config({"mode": "corrdp", "dataset": "correlated", "insensitive-tv": "*=0.5"})
+    >>> parts = server_parts_for(cfg, load_dataset(cfg.data))
+    >>> parts.accounting.relation, parts.accounting.column
+    ('corrdp', 'epsilon_corrdp')
+    """
+    if cfg.privacy.mode != "corrdp":
+        return ServerParts()
+    setup = corrdp_setup(cfg, data)
+    return ServerParts(
+        mechanism=corrdp_mechanism_factory(setup.design),
+        accounting=corrdp_accounting(setup),
+        project=partial(project_weights_, weight_bound=setup.design.weight_bound),
+    )
+
+
+def privacy_plan_for(cfg: Config, data: FederatedData) -> PrivacyPlan:
+    """σ, δ and the cap of ``cfg`` on ``data`` with the accounting its mode needs
+    (what the server will resolve over every device: the CLI's checks before a run).
+
+    Examples
+    --------
+    >>> from fedfdp import load_config
+    >>> from fedfdp.data import load_dataset
+    >>> cfg = load_config({"mode": "dp", "num-rounds": 10})
+    >>> privacy_plan_for(cfg, load_dataset(cfg.data)).relation
+    'add-remove'
+    """
+    return plan_privacy(cfg, data.num_records, accounting=server_parts_for(cfg, data).accounting)

@@ -1,0 +1,330 @@
+"""``mode = "corrdp"`` as a run (issue 14, phase 2): the configuration and its refusals,
+one federated round against a step built by hand (per-record loop, hand-made noise
+scales), the Flower path against the centralised engine, the accounting of a run
+against closed forms (tests/references.py), the outputs (``epsilon_corrdp``, never
+``epsilon``), resume, in-sample TVs, and the refusals of parts that do not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedfdp.algorithm import run_centralised
+from fedfdp.checkpoint import CheckpointMismatch
+from fedfdp.config import ConfigError, load_config
+from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, trainable
+from fedfdp.corrdp.run import corrdp_setup, feature_groups
+from fedfdp.data import load_dataset
+from fedfdp.entropy import SeededEntropy
+from fedfdp.mechanisms import standard_normals
+from fedfdp.models import build_model_for
+from fedfdp.modes import PHASES
+from fedfdp.parts import server_parts_for
+from fedfdp.sampling import poisson_sample
+from fedfdp.server import FDPServer, ServerParts
+from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
+from tests.references import gaussian_eps_ref
+
+#: m_s = 1 sensitive column s0, m_u = 3 insensitive u0..u2, |x_k| <= B = 1/sqrt(4) = 0.5.
+BASE = {
+    "mode": "corrdp",
+    "dataset": "correlated",
+    "num-sensitive": 1,
+    "num-insensitive": 3,
+    "correlation": 0.5,
+    "num-devices": 4,
+    "records-per-device": 40,
+    "insensitive-tv": "u0=0.1,u1=0.4,*=1.0",
+    "corrdp-weight-bound": 0.8,
+    "noise-multiplier": 1.5,
+    "target-epsilon": 0,
+    "sampling-rate": 0.3,
+    "clipping-norm": 0.5,
+    "learning-rate": 2.0,
+    "momentum": 0.9,
+    "seed": 3,
+    "reproducible-noise": True,
+    "progress": False,
+}
+B, D, C, SIGMA = 0.5, 0.8, 0.5, 1.5
+TV = {"u0": 0.1, "u1": 0.4, "u2": 1.0}
+FLOOR = (1 / 4) ** 2  # the paper's (m_s/m)^2
+
+
+def _project(w: torch.Tensor, bound: float) -> torch.Tensor:
+    """Every column scaled to norm <= bound (1 - 1e-5), by hand."""
+    w = w.double()
+    scale = torch.clamp(bound * (1 - 1e-5) / w.norm(dim=0), max=1.0)
+    return (w * scale).float()
+
+
+def _block_clipped_loop(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+    """Sum over records of the per-block clipped CE gradient, one record at a time (autograd)."""
+    # blocks: every input column its own block (s0, u0, u1, u2), each bound B; bias bound 1
+    share_col, share_bias = B / math.sqrt(4 * B**2 + 1), 1 / math.sqrt(4 * B**2 + 1)
+    gw, gb = torch.zeros_like(weight), torch.zeros_like(bias)
+    for i in range(len(y)):
+        w = weight.detach().clone().requires_grad_(True)
+        b = bias.detach().clone().requires_grad_(True)
+        xi = torch.clamp(x[i : i + 1], -B, B)
+        F.cross_entropy(xi @ w.T + b, y[i : i + 1]).backward()
+        for k in range(w.shape[1]):
+            col = w.grad[:, k]
+            gw[:, k] += col * min(1.0, C * share_col / max(float(col.norm()), 1e-300))
+        gb += b.grad * min(1.0, C * share_bias / max(float(b.grad.norm()), 1e-300))
+    return gw, gb
+
+
+def test_federated_round_equals_hand_built_corrdp_step():
+    cfg = load_config(BASE)
+    strat = registered_strategy(cfg)
+    before = [p.detach().clone() for p in strat.params]
+    replies = [client_reply(cfg, m) for m in train_messages(strat, 1)]
+    strat.aggregate_train(1, replies)
+    federated = [p.detach().clone() for p in strat.params]
+
+    data = load_dataset(cfg.data)
+    model = build_model_for(cfg, data)
+    w0, b0 = (p.detach().clone() for p in trainable(model))
+    w0 = _project(w0, D)  # the server projects the initial model when it resolves the plan
+    torch.testing.assert_close(before[0], w0)
+    secrets = SeededEntropy(3)
+    xs, ys = [], []
+    for d, dev in enumerate(data.devices):
+        idx = poisson_sample(len(dev), 0.3, secrets.device(1, d, 0).coins)
+        xs.append(torch.as_tensor(dev.x[idx]))
+        ys.append(torch.as_tensor(dev.y[idx]))
+    gw, gb = _block_clipped_loop(w0, b0, torch.cat(xs), torch.cat(ys))
+    # Eq. (3): sigma*C on s0 and the bias, sigma*C*sqrt(max(TV, floor)) on u_j
+    col_std = torch.tensor([SIGMA * C] + [SIGMA * C * math.sqrt(max(TV[u], FLOOR)) for u in ("u0", "u1", "u2")],
+                           dtype=torch.float64)
+    z = torch.from_numpy(standard_normals(secrets.noise(1, 0), 2 * 4 + 2))
+    noisy_w = (gw.double() + z[:8].reshape(2, 4) * col_std).float()
+    noisy_b = (gb.double() + z[8:] * SIGMA * C).float()
+    n = data.num_records
+    w1 = w0 - 2.0 * noisy_w / (0.3 * n)  # first SGD step: the momentum buffer is the gradient
+    b1 = b0 - 2.0 * noisy_b / (0.3 * n)
+    assert not torch.equal(federated[0], before[0])
+    torch.testing.assert_close(federated[0], _project(w1, D), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(federated[1], b1, rtol=1e-4, atol=1e-5)
+    assert float(federated[0].double().norm(dim=0).max()) <= D
+
+
+def test_flower_path_and_centralised_engine_run_the_same_corrdp_plan(tmp_path):
+    cfg_map = {**BASE, "num-rounds": 3, "sampling-rate": 0.5}
+    flower_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "flower")})
+    strat = registered_strategy(flower_cfg)
+    strat.registry = {}
+    strat.start(InProcessGrid(flower_cfg))
+    central_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "central")})
+    model, rows = run_centralised(central_cfg)
+    assert len(strat.rows) == len(rows) == 3
+    for f, c in zip(strat.rows, rows, strict=True):
+        assert math.isnan(f["epsilon"]) and math.isnan(c["epsilon"])
+        assert f["epsilon_corrdp"] == c["epsilon_corrdp"] > 0
+        assert f["relation"] == c["relation"] == "corrdp"
+    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("flower", "central")]
+    assert ledgers[0] == ledgers[1]
+    assert ledgers[0]["accountant"]["relation"] == "corrdp"
+    assert [c[2:] for c in ledgers[0]["charges"]] == [[SIGMA, 0.5, 1.0]] * 3
+    for a, b in zip(strat.params, trainable(model), strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)
+
+
+def _class_mu(tv: dict[str, float]) -> dict[str, float]:
+    """mu_c per class by hand (docs/corrdp.md section 4): one column per block, bound B; bias bound 1."""
+    share_col, share_bias = B / math.sqrt(4 * B**2 + 1), 1 / math.sqrt(4 * B**2 + 1)
+    clip_col, clip_bias = min(C * share_col, math.sqrt(2) * B), min(C * share_bias, math.sqrt(2))
+    rho = min(math.sqrt(2), 0.5 * 2 * D * B)  # the residual moves by <= zeta/2, zeta = 2 D B (one column)
+    std = {"s0": SIGMA * C, **{u: SIGMA * C * math.sqrt(max(t, FLOOR)) for u, t in tv.items()}}
+    out = {}
+    for changed in std:
+        total = sum(
+            ((2 * clip_col if k == changed else min(2 * clip_col, B * rho)) / s) ** 2 for k, s in std.items()
+        )
+        total += (min(2 * clip_bias, rho) / (SIGMA * C)) ** 2
+        out[changed] = math.sqrt(total)
+    return out
+
+
+def test_epsilon_of_a_full_batch_run_matches_the_gaussian_closed_form(tmp_path):
+    rounds = 4
+    cfg = load_config({**BASE, "sampling-rate": 1.0, "num-rounds": rounds, "out-dir": str(tmp_path)})
+    _, rows = run_centralised(cfg)
+    delta = 1 / (2 * load_dataset(cfg.data).num_records)
+    mu = _class_mu(TV)
+    weight = {"s0": 1.0, **TV}
+    # bound (i) per class: T rounds of a Gaussian pair with mu_c, exactly Gaussian with sqrt(T) mu_c
+    ref = max(weight[c] * gaussian_eps_ref(math.sqrt(rounds) * m, delta) for c, m in mu.items())
+    got = rows[-1]["epsilon_corrdp"]
+    assert ref - 1e-6 <= got <= ref + 0.05  # the accountant's upper end, eps_error 0.05
+    assert math.isnan(rows[-1]["epsilon"])
+    # outputs: the CorrDP eps only under its own column, the relation named
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    assert metrics["epsilon"].isna().all()
+    assert metrics["epsilon_corrdp"].iloc[-1] == pytest.approx(got)
+    assert (metrics["relation"] == "corrdp").all()
+    assert metrics["relation_text"].str.contains("eps/TV\\(j\\)").all()
+    resolved = tomllib.loads((tmp_path / "config.toml").read_text())["resolved"]
+    assert resolved["relation"] == "corrdp" and "membership not protected" in resolved["relation-text"]
+    assert resolved["corrdp-tv"] == "u0=0.1,u1=0.4,u2=1"
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["accountant"]["ledger"] == [[SIGMA, 1.0, 1.0, rounds]]
+
+
+def test_calibrated_run_ends_at_the_target_and_the_weights_stay_in_theta():
+    cfg = load_config({**BASE, "noise-multiplier": 0, "target-epsilon": 3.0, "num-rounds": 3})
+    server = FDPServer(cfg, build_model_for(cfg, load_dataset(cfg.data)),
+                       parts=server_parts_for(cfg, load_dataset(cfg.data)))
+    plan = server.resolve(load_dataset(cfg.data).sizes.tolist())
+    assert plan.relation == "corrdp"
+    model, rows = run_centralised(cfg)
+    assert 2.9 <= rows[-1]["epsilon_corrdp"] <= 3.0
+    assert rows[-1]["noise_multiplier"] == pytest.approx(plan.noise_multiplier)
+    assert float(model[0].weight.detach().double().norm(dim=0).max()) <= D
+
+
+def test_budget_cap_stops_a_corrdp_run_before_the_round_that_would_exceed_it():
+    cfg = load_config({**BASE, "num-rounds": 30, "sampling-rate": 1.0, "max-epsilon": 4.0})
+    _, rows = run_centralised(cfg)
+    assert 0 < len(rows) < 30
+    assert rows[-1]["epsilon_corrdp"] <= 4.0
+
+
+def test_resume_of_a_corrdp_run_equals_the_uninterrupted_run(tmp_path):
+    cfg_map = {**BASE, "num-rounds": 4}
+    ref = registered_strategy(load_config({**cfg_map, "out-dir": str(tmp_path / "ref")}))
+    ref.registry = {}
+    ref.start(InProcessGrid(ref.cfg))
+
+    class Crash(RuntimeError):
+        pass
+
+    out = tmp_path / "run"
+    crashing = registered_strategy(load_config({**cfg_map, "out-dir": str(out)}))
+    crashing.registry = {}
+    original = crashing.server.charge
+
+    def charge(r):
+        if r == 3:
+            raise Crash
+        return original(r)
+
+    crashing.server.charge = charge
+    with pytest.raises(Crash):
+        crashing.start(InProcessGrid(crashing.cfg))
+    resumed = registered_strategy(load_config({**cfg_map, "out-dir": str(out), "resume": True}))
+    resumed.registry = {}
+    resumed.start(InProcessGrid(resumed.cfg))
+    assert [r["epsilon_corrdp"] for r in resumed.rows] == [r["epsilon_corrdp"] for r in ref.rows]
+    for a, b in zip(ref.params, resumed.params, strict=True):
+        assert torch.equal(a, b)
+    # an accountant state that does not match the charges is refused
+    doc = json.loads((out / "ledger.json").read_text())
+    doc["accountant"]["ledger"][0][0] = 9.0
+    (out / "ledger.json").write_text(json.dumps(doc))
+    again = registered_strategy(load_config({**cfg_map, "out-dir": str(out), "resume": True}))
+    again.registry = {}
+    with pytest.raises(CheckpointMismatch, match="accountant state"):
+        again.start(InProcessGrid(again.cfg))
+
+
+def test_in_sample_tv_estimate_with_the_inflation_of_def_3_10():
+    cfg = load_config({
+        **BASE, "insensitive-tv": "", "tv-estimate": True, "tv-bins": "*=0", "tv-min-prob": 0.45,
+        "num-devices": 10, "records-per-device": 4000, "num-insensitive": 2, "correlation": 0.3,
+    })
+    data = load_dataset(cfg.data)
+    setup = corrdp_setup(cfg, data)
+    n, delta = data.num_records, 1 / (2 * data.num_records)
+    assert setup.design.delta_estimation == pytest.approx(delta / 2)
+    nu = 0.45 / 2
+    c2 = math.sqrt(2 * (2 * math.log(2) + math.log(4) + 1) / nu)  # 2 sensitive cells, 2 values per column
+    inflation = 2 * c2 * math.sqrt(math.log(2 / (delta / 2))) / math.sqrt(n)
+    for name in ("u0", "u1"):
+        est = setup.estimates[name]
+        assert abs(est.tv_hat - 0.3) < 0.04  # TV(j) = rho in closed form
+        assert est.inflation == pytest.approx(inflation)
+        assert setup.design.roles.tv[name] == pytest.approx(min(1.0, est.tv_hat + inflation))
+    resolved = setup.resolved()
+    assert "data-dependent" in resolved["corrdp-tv-estimated-note"]
+    # a node's layout never estimates: same blocks and clip shares, placeholder TVs
+    layout = corrdp_setup(cfg, data, estimate=False)
+    assert layout.layout_only and not layout.estimates
+    assert layout.design.clip_shares == setup.design.clip_shares
+
+
+REFUSED = [
+    ({"insensitive-tv": "u0=1.5"}, "insensitive-tv='u0=1.5': TV of 'u0' = '1.5' must be in \\[0, 1\\]"),
+    ({"sensitive-columns": "s0,u0", "insensitive-tv": "u0=0.2"}, "column 'u0' is declared both"),
+    ({"model": "mlp"}, "mode='corrdp': needs model='logistic' \\(got model='mlp'\\)"),
+    ({"clipping-quantile": 0.5}, "clipping-quantile=0.5"),
+    ({"public-pretrain-rounds": 2, "num-rounds": 5}, "public-pretrain-rounds=2"),
+    ({"privacy-unit": "device", "device-sampling-rate": 0.5}, "privacy-unit='device'"),
+    ({"tv-estimate": True}, "tv-estimate=true: needs tv-min-prob"),
+    ({"corrdp-tv-floor": 1.5}, "corrdp-tv-floor=1.5"),
+    ({"tv-bins": "u0=1:0"}, "strictly increasing"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), REFUSED)
+def test_configuration_refusals_name_the_value(extra, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        load_config({**BASE, **extra})
+    assert "\n" not in str(err.value)
+
+
+SETUP_REFUSED = [
+    ({"insensitive-tv": "u0=0.1"}, "features u1, u2 are neither sensitive nor given a TV"),
+    ({"insensitive-tv": "speed=0.1,*=0.5"}, "'speed' is not a column of the dataset"),
+    ({"insensitive-tv": "s0=0.3,*=1"}, "column 's0' is declared both sensitive and insensitive"),
+    ({"insensitive-tv": "", "tv-estimate": True, "tv-min-prob": 0.4, "tv-bins": "u0=0"},
+     "no cut points for the numeric input 's0'"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), SETUP_REFUSED)
+def test_design_refusals_name_the_column(extra, match):
+    cfg = load_config({**BASE, **extra})
+    with pytest.raises(ConfigError, match=match) as err:
+        corrdp_setup(cfg, load_dataset(cfg.data))
+    assert "\n" not in str(err.value)
+
+
+def test_parts_that_do_not_fit_the_mode_are_refused():
+    cfg = load_config(BASE)
+    data = load_dataset(cfg.data)
+    with pytest.raises(ConfigError, match="mode='corrdp' with the 'add-remove' accounting"):
+        FDPServer(cfg, build_model_for(cfg, data), parts=ServerParts()).resolve(data.sizes.tolist())
+    fdp = load_config({**BASE, "mode": "fdp"})
+    with pytest.raises(ConfigError, match="mode='fdp' with the 'corrdp' accounting"):
+        FDPServer(fdp, build_model_for(fdp, data), parts=server_parts_for(cfg, data)).resolve([40] * 4)
+    batch = PrivateBatch(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.Generator(), 2)
+    settings = RoundSettings(1, 0, PHASES["corrdp"], 0.3, 0.5)
+    with pytest.raises(ValueError, match="needs the CorrDP aggregator"):
+        ClientParts().aggregate(build_model_for(cfg, data), None, settings, [batch])
+    # a model outside the weight bound is refused by the node (the server projects it)
+    model = build_model_for(cfg, data)
+    with torch.no_grad():
+        model[0].weight.mul_(100.0)
+    parts = server_parts_for(cfg, data)
+    from fedfdp.parts import client_parts_for
+
+    with pytest.raises(ValueError, match="weight bound"):
+        client_parts_for(cfg, data).aggregate(model, None, settings, [batch])
+    parts.project(model)
+    assert float(model[0].weight.detach().double().norm(dim=0).max()) <= D
+
+
+def test_feature_groups_of_a_real_table_encoding():
+    groups = feature_groups(["education", "smsa=no", "smsa=yes", "ethnicity=cauc", "ethnicity=afam"])
+    assert groups == {"education": (0,), "smsa": (1, 2), "ethnicity": (3, 4)}
+    assert np.array_equal(np.concatenate(list(groups.values())), np.arange(5))
