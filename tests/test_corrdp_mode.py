@@ -104,8 +104,8 @@ def test_federated_round_equals_hand_built_corrdp_step():
         ys.append(torch.as_tensor(dev.y[idx]))
     gw, gb = _block_clipped_loop(w0, b0, torch.cat(xs), torch.cat(ys))
     # Eq. (3): sigma*C on s0 and the bias, sigma*C*sqrt(max(TV, floor)) on u_j
-    col_std = torch.tensor([SIGMA * C] + [SIGMA * C * math.sqrt(max(TV[u], FLOOR)) for u in ("u0", "u1", "u2")],
-                           dtype=torch.float64)
+    stds = [SIGMA * C] + [SIGMA * C * math.sqrt(max(TV[u], FLOOR)) for u in ("u0", "u1", "u2")]
+    col_std = torch.tensor(stds, dtype=torch.float64)
     z = torch.from_numpy(standard_normals(secrets.noise(1, 0), 2 * 4 + 2))
     noisy_w = (gw.double() + z[:8].reshape(2, 4) * col_std).float()
     noisy_b = (gb.double() + z[8:] * SIGMA * C).float()

@@ -65,6 +65,7 @@ noise multiplier that the existing ledger may be charged instead,
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -327,6 +328,11 @@ class CorrDPAccountant:
         self._rounds = rounds
 
 
+#: Bounds of :class:`CorrDPRunAccountant`, shared by its instances (least recently used dropped).
+_BOUNDS: OrderedDict[tuple[Any, ...], CorrDPEpsilon] = OrderedDict()
+_BOUNDS_SIZE = 512
+
+
 class CorrDPRunAccountant:
     """A run's CorrDP ledger at a fixed clipping norm, with
     :class:`~fedfdp.accounting.FDPAccountant`'s run interface (what
@@ -334,8 +340,10 @@ class CorrDPRunAccountant:
 
     ``compose(σ, q, count, participation=p)`` records rounds of base ``σ`` at the
     design's ``C``; ``epsilon(δ)`` is the CorrDP ε (:class:`CorrDPAccountant`,
-    relation ``"corrdp"``). Every bound computed is memoised by the rounds and δ, so
-    the budget check before a round and the ε after it cost one evaluation.
+    relation ``"corrdp"``). Every bound computed is memoised (per process, by the
+    design, the rounds and δ), so the budget check before a round and the ε after it
+    cost one evaluation, and runs of the same design and σ (seeds of a sweep, an
+    audit's trials) share them.
     ``state_dict()["ledger"]`` holds the rounds ``[σ, q, participation, count]``
     (the ledger's integrity check compares it with a replay of the charges).
 
@@ -357,19 +365,22 @@ class CorrDPRunAccountant:
         self.design = design
         self.clipping_norm = float(clipping_norm)
         self.accountant = CorrDPAccountant(design, eps_error)
-        self._memo: dict[tuple[Any, ...], CorrDPEpsilon] = {}
 
     @property
     def rounds(self) -> int:
         return self.accountant.rounds
 
     def _epsilon(self, rounds: Sequence[Round], delta: float) -> CorrDPEpsilon:
-        key = (tuple(rounds), delta)
-        if key not in self._memo:
-            if len(self._memo) >= 8:
-                self._memo.pop(next(iter(self._memo)))
-            self._memo[key] = self.accountant._bound(rounds, delta)
-        return self._memo[key]
+        key = (self.design, self.accountant.eps_error, tuple(rounds), delta)
+        found = _BOUNDS.get(key)
+        if found is None:
+            found = self.accountant._bound(rounds, delta)
+            _BOUNDS[key] = found
+            while len(_BOUNDS) > _BOUNDS_SIZE:
+                _BOUNDS.popitem(last=False)
+        else:
+            _BOUNDS.move_to_end(key)
+        return found
 
     def compose(
         self, noise_multiplier: float, sampling_rate: float, count: int = 1, *, participation: float = 1.0
