@@ -1,6 +1,6 @@
 """``fedfdp audit``: empirical privacy, through the real client and strategy code.
 
-``fedfdp audit [--relation add-remove|replacement|both] [--break BUG | --all-bugs] [--json]``
+``fedfdp audit [--relation add-remove|replacement|both|corrdp] [--break BUG | --all-bugs] [--json]``
     A white-box **canary audit** (:mod:`simulations.auditing.canaries`): a 95% lower
     bound on the ε of what the server releases in one round, from many
     independent trials of the real :func:`clients.client_app.handle_train` and
@@ -9,7 +9,10 @@
     Def. 6 with Algorithm 2's simulator; replacement: Def. 5, via Prop. 1).
     ``--break`` audits one planted bug (:mod:`simulations.auditing.bugs`): a
     broken component passed through the same seam a normal run uses; no
-    configuration key reaches one.
+    configuration key reaches one. ``--relation corrdp`` audits ``mode = "corrdp"``
+    (:mod:`simulations.auditing.corrdp`): canaries that differ in one insensitive
+    feature, the bound against the accountant's ε of that class; its bugs are
+    ``tv-no-inflation`` and ``tv-underestimated``.
 ``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--references K] [--plot PNG]``
     The **attribute-inference attack** of Theorem 4 on the model of each run
     directory (:func:`fedfdp.attack.attribute_attack_run`): success on the
@@ -38,6 +41,8 @@ from fedfdp.config import ConfigError
 #: imported when an audit runs).
 BUG_NAMES = ("shared-batch", "no-clip", "realized-normalization", "low-noise", "predictable-noise",
              "pq-accounting")
+#: Planted bugs of the CorrDP audit (``--relation corrdp``).
+CORRDP_BUG_NAMES = ("tv-no-inflation", "tv-underestimated")
 
 # --------------------------------------------------------------------------------------
 # command line
@@ -68,6 +73,27 @@ def _print_audit(rows: Sequence[dict[str, Any]]) -> None:
         print(
             f"(one round; 95% Clopper-Pearson lower bound, alpha/2 per error rate; C={r['clipping_norm']}; "
             f"secret randomness: {r['secrets']})"
+        )
+
+
+def _print_corrdp_audit(rows: Sequence[dict[str, Any]]) -> None:
+    head = f"{'eps_lower':>10}{'eps_c claimed':>14}{'eps_corrdp':>11}{'eps/TV':>8}"
+    print(f"{'bug':<24}{head}  {'trials':>7}  verdict")
+    for r in rows:
+        name = r["bug"] or "none (correct)"
+        print(
+            f"{name:<24}{_fmt(r['epsilon_lower']):>10}{_fmt(r['epsilon_claimed']):>14}"
+            f"{_fmt(r['epsilon_corrdp']):>11}{_fmt(r['allowance']):>8}  {r['trials']:>7}  {r['verdict']}"
+        )
+    if rows:
+        r = rows[0]
+        print(
+            f"(relation corrdp: {r['neighbours']}; one round, {r['canaries']} canaries, "
+            f"q={r['sampling_rate']}, "
+            f"sigma={r['noise_multiplier']}, C={r['clipping_norm']}, delta={r['delta']}; claimed TV "
+            f"{r['tv_claimed']} = estimate {r['tv_hat']} + inflation {r['tv_inflation']}; eps_c: the "
+            "accountant's epsilon of the canaries' class, eps_corrdp/TV: what the relation allows; 95% "
+            f"Clopper-Pearson lower bound; secret randomness: {r['secrets']})"
         )
 
 
@@ -180,6 +206,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.out:
             atomic_write(args.out, json.dumps(shown if args.pool else rows, indent=1).encode())
         return 0
+    if args.relation == "corrdp":
+        return _cmd_corrdp_audit(args)
+    if args.break_ in CORRDP_BUG_NAMES:
+        raise ConfigError(f"--break {args.break_}: a CorrDP bug; audit it with --relation corrdp")
     from simulations.auditing.analysis import run_audit
     from simulations.auditing.canaries import recommended_setup
 
@@ -207,6 +237,33 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_corrdp_audit(args: argparse.Namespace) -> int:
+    """``fedfdp audit --relation corrdp``."""
+    from fedfdp.outputs import atomic_write
+    from simulations.auditing.corrdp import CorrDPAuditSetup, run_corrdp_audit
+
+    if args.break_ is not None and args.break_ not in CORRDP_BUG_NAMES:
+        raise ConfigError(
+            f"--break {args.break_}: not a CorrDP bug (--relation corrdp knows {', '.join(CORRDP_BUG_NAMES)})"
+        )
+    given = {
+        "sampling_rate": args.sampling_rate,
+        "noise_multiplier": args.noise_multiplier,
+        "delta": args.delta,
+        "rounds": args.rounds,
+    }
+    setup = CorrDPAuditSetup(seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+    bugs: list[str | None] = [None, *CORRDP_BUG_NAMES] if args.all_bugs else [args.break_]
+    rows = [run_corrdp_audit(setup, bug) for bug in bugs]
+    if args.json:
+        print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))
+    else:
+        _print_corrdp_audit(rows)
+    if args.out:
+        atomic_write(args.out, json.dumps(rows, indent=1).encode())
+    return 0
+
+
 def _bugs(args: argparse.Namespace) -> list[str | None]:
     return [None, *BUG_NAMES] if args.all_bugs else [args.break_]
 
@@ -222,8 +279,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the model of a run directory (Theorem 4)."
         ),
     )
-    p.add_argument("--relation", choices=["add-remove", "replacement", "both"], default="add-remove")
-    p.add_argument("--break", dest="break_", choices=list(BUG_NAMES), default=None,
+    p.add_argument("--relation", choices=["add-remove", "replacement", "both", "corrdp"],
+                   default="add-remove",
+                   help="neighbouring relation (corrdp: canaries differing in one insensitive feature)")
+    p.add_argument("--break", dest="break_", choices=[*BUG_NAMES, *CORRDP_BUG_NAMES], default=None,
                    help="audit one planted bug (a broken component; testing the audit only)")
     p.add_argument("--all-bugs", action="store_true",
                    help="audit the correct mechanism and every planted bug")

@@ -26,16 +26,31 @@ bug                        component      what breaks
                                           charged at rate ``p·q`` (device-mates reveal
                                           whether a device was drawn: not a bound)
 =========================  =============  ==============================================
+
+CorrDP (``mode = "corrdp"``, audited by :mod:`simulations.auditing.corrdp`):
+
+=========================  =============  ==============================================
+bug                        component      what breaks
+=========================  =============  ==============================================
+``tv-no-inflation``        mechanism      the insensitive noise is scaled by the raw
+                                          in-sample estimate ``T̂V`` (Def. 3.10 without
+                                          the inflation); the accountant is charged for
+                                          the inflated ``TṼ``
+``tv-underestimated``      mechanism      the insensitive noise is scaled by ``TṼ/4``
+=========================  =============  ==============================================
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import nn
 
+from fedfdp.config import Config
 from fedfdp.contribution import (
     ClientParts,
     PrivateBatch,
@@ -44,12 +59,19 @@ from fedfdp.contribution import (
     clipped_private_sum,
     private_gradient_sum,
 )
+from fedfdp.corrdp.noise import corrdp_mechanism_factory
+from fedfdp.corrdp.run import corrdp_setup
+from fedfdp.corrdp.tv import TVEstimate
 from fedfdp.entropy import DeviceSecrets, SecretSource, SeededEntropy
 from fedfdp.losses import FeatureMap
 from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.parts import server_parts_for
 from fedfdp.sampling import PublicStreams, poisson_sample
 from fedfdp.sampling_plan import AccountedEvent, SamplingPlan
 from fedfdp.server import ServerParts
+
+if TYPE_CHECKING:
+    from fedfdp.data import FederatedData
 
 
 def shared_batch_sampler(
@@ -156,3 +178,49 @@ def planted(name: str | None) -> PlantedBug:
     if name not in BUGS:
         raise ValueError(f"--break {name!r}: unknown (known: {', '.join(BUGS)})")
     return BUGS[name]
+
+
+# --------------------------------------------------------------------------------------
+# CorrDP
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorrDPBug:
+    """A CorrDP server whose mechanism scales every insensitive block's noise by the
+    TV ``tv(estimate)`` while its accounting (the claim) keeps the honest design's.
+    ``tv = None``: the honest server."""
+
+    name: str
+    component: str
+    tv: Callable[[TVEstimate], float] | None = None
+
+    def server(self, cfg: Config, data: FederatedData, estimate: TVEstimate) -> ServerParts:
+        """The server's parts for ``cfg`` on ``data`` with this bug's mechanism."""
+        honest = server_parts_for(cfg, data)
+        if self.tv is None:
+            return honest
+        design = corrdp_setup(cfg, data).design
+        low = self.tv(estimate)
+        roles = design.roles.with_tv({f.name: low for f in design.roles.insensitive})
+        broken = dataclasses.replace(design, roles=roles)
+        return dataclasses.replace(honest, mechanism=corrdp_mechanism_factory(broken))
+
+
+CORRDP_BUGS: dict[str, CorrDPBug] = {
+    b.name: b
+    for b in (
+        CorrDPBug("tv-no-inflation", "mechanism", lambda est: est.tv_hat),
+        CorrDPBug("tv-underestimated", "mechanism", lambda est: est.tv_tilde / 4),
+    )
+}
+
+
+def corrdp_planted(name: str | None) -> CorrDPBug:
+    """The CorrDP bug called ``name`` (``None``: the honest server)."""
+    if name is None:
+        return CorrDPBug("none", "none")
+    if name not in CORRDP_BUGS:
+        known = ", ".join(CORRDP_BUGS)
+        raise ValueError(f"--break {name!r}: unknown for the corrdp relation (known: {known})")
+    return CORRDP_BUGS[name]
