@@ -6,6 +6,12 @@ over seeds, per mode and target ε, the best private mode of each ε in bold; th
 realised ε (add/remove, upper bound of the accountant's interval) and the
 calibrated σ of every private mode; ``nonprivate`` (ε = ∞) and ``public`` (ε = 0)
 as reference lines. The plot shows one metric (``--metric``).
+
+``corrdp`` is calibrated to the same number as a **CorrDP ε** (``epsilon_corrdp``,
+relation ``corrdp``): a different guarantee, so its row is labelled, its ε is never
+shown as an add/remove ε, and it is not a candidate for the bold "best private
+mode" (which compares DP and FDP ε only); its differences to ``dp`` and ``fdp``
+are listed.
 """
 
 from __future__ import annotations
@@ -20,6 +26,14 @@ from simulations.compare_results import read_results
 
 PLOT_FILE = "privacy_utility.png"
 SUMMARY_FILE = "summary.md"
+#: Modes whose ε is not an add/remove (DP or FDP) ε, with the column holding it.
+OTHER_RELATION = {"corrdp": "epsilon_corrdp"}
+CORRDP_NOTE = (
+    "`corrdp`'s ε is a **CorrDP ε** (`epsilon_corrdp`; relation: one record's sensitive features "
+    "replaced → ε, one insensitive feature j replaced → ε/TV(j), labels fixed, membership not "
+    "protected), calibrated to the same number as the target: not the same guarantee as the "
+    "add/remove ε of `dp` and `fdp`, so it is not bolded against them."
+)
 
 
 def _fmt_eps(value: float) -> str:
@@ -41,6 +55,8 @@ def summarise(frame):  # -> pd.DataFrame
     for metric in METRIC_TITLES:
         if metric not in frame:
             frame[metric] = float("nan")
+    if "epsilon_corrdp" not in frame:
+        frame["epsilon_corrdp"] = float("nan")
     frame["target_key"] = frame["target_epsilon"].fillna(-1.0)
     grouped = frame.groupby(["dataset", "mode", "target_key"], sort=False)
     aggs = {f"{m}_{stat}": (m, stat) for m in METRIC_TITLES for stat in ("mean", "std")}
@@ -48,6 +64,8 @@ def summarise(frame):  # -> pd.DataFrame
         **aggs,
         epsilon_mean=("epsilon", "mean"),
         epsilon_max=("epsilon", "max"),
+        epsilon_corrdp_mean=("epsilon_corrdp", "mean"),
+        epsilon_corrdp_max=("epsilon_corrdp", "max"),
         noise_multiplier=("noise_multiplier", "mean"),
         seeds=("seed", "nunique"),
     ).reset_index()
@@ -59,8 +77,10 @@ def summarise(frame):  # -> pd.DataFrame
 
 
 def best_private(part, metric: str, target: float) -> str | None:
-    """The private mode with the best mean ``metric`` at ``target`` ε (None if none)."""
-    rows = part[part["mode"].isin(PRIVATE_MODES) & (part["target_epsilon"] == target)]
+    """The private mode with the best mean ``metric`` at ``target`` ε (None if none),
+    among the modes whose ε is an add/remove ε (not ``corrdp``'s)."""
+    modes = [m for m in PRIVATE_MODES if m not in OTHER_RELATION]
+    rows = part[part["mode"].isin(modes) & (part["target_epsilon"] == target)]
     rows = rows[rows[f"{metric}_mean"].notna()]
     if rows.empty:
         return None
@@ -92,9 +112,11 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
             means[mode][t] = r[f"{metric}_mean"]
             cell = f"{scale * r[f'{metric}_mean']:.{digits}f} ± {scale * r[f'{metric}_sd']:.{digits}f}"
             cells.append(f"**{cell}**" if best[t] == mode else cell)
-        lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
+        name = f"`{mode}` (CorrDP ε)" if mode in OTHER_RELATION else f"`{mode}`"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     unit = "points" if scale == 100.0 else "log loss"
-    for a, b in (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd")):
+    pairs = (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd"), ("corrdp", "dp"), ("corrdp", "fdp"))
+    for a, b in pairs:
         if a in means and b in means and means[a] and means[b]:
             cells = [
                 f"{scale * (means[a][t] - means[b][t]):+.{digits}f}"
@@ -156,6 +178,8 @@ def write_summary(
             f"Engine: {', '.join(sorted(rows['engine'].astype(str).unique()))}; "
             f"seeds: {sorted(rows['seed'].astype(int).unique().tolist())}."
         )
+        if part["mode"].isin(list(OTHER_RELATION)).any():
+            lines += ["", CORRDP_NOTE]
         if "noise_source" in rows and (rows["noise_source"].astype(str) != NOISE_SOURCE_SECRET).any():
             lines.append("")
             lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
@@ -179,7 +203,9 @@ def write_summary(
                     cells.append("—")
                 else:
                     r = hit.iloc[0]
-                    cells.append(f"ε {_fmt_eps(r['epsilon_max'])}, σ {r['noise_multiplier']:.3g}")
+                    eps = (f"ε_corrdp {_fmt_eps(r['epsilon_corrdp_max'])}" if mode in OTHER_RELATION
+                           else f"ε {_fmt_eps(r['epsilon_max'])}")
+                    cells.append(f"{eps}, σ {r['noise_multiplier']:.3g}")
             lines.append(f"| `{mode}` | " + " | ".join(cells) + " |")
         pre = rows[rows["pretrain_rounds"].fillna(0) > 0]
         if len(pre):
@@ -204,6 +230,7 @@ _STYLE = {
     "fdp": ("tab:blue", "o"),
     "nonprivate": ("black", None),
     "public": ("tab:green", None),
+    "corrdp": ("tab:purple", "D"),
 }
 
 
@@ -237,9 +264,12 @@ def plot_privacy_utility(
             color, marker = _STYLE.get(mode, ("tab:gray", "d"))
             if mode in PRIVATE_MODES:
                 sub = sub.sort_values("target_epsilon")
+                other = mode in OTHER_RELATION
+                xcol = f"{OTHER_RELATION[mode]}_mean" if other else "epsilon_mean"
                 ax.errorbar(
-                    sub["epsilon_mean"], scale * sub[f"{metric}_mean"], yerr=scale * sub[f"{metric}_sd"],
-                    color=color, marker=marker, capsize=3, label=mode,
+                    sub[xcol], scale * sub[f"{metric}_mean"],
+                    yerr=scale * sub[f"{metric}_sd"], color=color, marker=marker, capsize=3,
+                    linestyle=":" if other else "-", label=f"{mode} (CorrDP ε)" if other else mode,
                 )
             else:
                 m, s = scale * sub[f"{metric}_mean"].iloc[0], scale * sub[f"{metric}_sd"].iloc[0]
@@ -251,7 +281,8 @@ def plot_privacy_utility(
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs)
             ax.set_xticklabels([f"{x:g}" for x in xs])
-        ax.set_xlabel("ε (add/remove, upper bound)")
+        corr = part["mode"].isin(list(OTHER_RELATION)).any()
+        ax.set_xlabel("ε (add/remove, upper bound" + ("; corrdp: CorrDP ε" if corr else "") + ")")
         ax.set_ylabel(f"held-out {label}")
         ax.set_title(_title(dataset, frame[frame["dataset"] == dataset], titles), fontsize=10)
         ax.grid(alpha=0.3)

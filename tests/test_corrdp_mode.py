@@ -328,3 +328,28 @@ def test_feature_groups_of_a_real_table_encoding():
     groups = feature_groups(["education", "smsa=no", "smsa=yes", "ethnicity=cauc", "ethnicity=afam"])
     assert groups == {"education": (0,), "smsa": (1, 2), "ethnicity": (3, 4)}
     assert np.array_equal(np.concatenate(list(groups.values())), np.arange(5))
+
+
+def test_compare_rows_for_corrdp_next_to_dp_and_fdp(tmp_path):
+    from simulations.compare import parse_sweep, run_sweep
+
+    doc = {
+        "modes": ["public", "dp", "fdp", "corrdp"], "target-epsilons": [2.0], "seeds": [0], "num-rounds": 3,
+        "dataset": "correlated", "num-sensitive": 1, "num-insensitive": 3, "num-devices": 4,
+        "records-per-device": 40, "sampling-rate": 1.0, "mode": {"corrdp": {"insensitive-tv": "*=0.3"}},
+    }
+    out = tmp_path / "cmp"
+    run_sweep(parse_sweep(doc), out, progress=False)
+    frame = pd.read_csv(out / "results.csv").set_index("mode")
+    assert frame.loc["corrdp", "relation"] == "corrdp"
+    assert math.isnan(frame.loc["corrdp", "epsilon"])  # never in the DP/FDP column
+    assert 1.9 < frame.loc["corrdp", "epsilon_corrdp"] <= 2.0
+    assert frame.loc["dp", "relation"] == frame.loc["fdp", "relation"] == "add-remove"
+    assert frame.loc[["dp", "fdp"], "epsilon_corrdp"].isna().all()
+    summary = (out / "summary.md").read_text()
+    assert "| `corrdp` (CorrDP ε) |" in summary and "CorrDP ε" in summary
+    assert "| `corrdp` − `dp` (points) |" in summary
+    assert "ε_corrdp 2" in summary or "ε_corrdp 1.9" in summary
+    corr_row = next(line for line in summary.splitlines() if line.startswith("| `corrdp` (CorrDP ε)"))
+    assert "**" not in corr_row  # not bolded against add/remove modes
+    assert (out / "privacy_utility.png").stat().st_size > 1000
