@@ -191,9 +191,9 @@ def plan_privacy(
         sigma = accounted = accounting.calibrate(p.target_epsilon, rate, rounds, delta, participation=share)
     else:
         # a given σ is the gradient's; the count adds its share on top
-        accounted = sigma * math.sqrt(1 - p.clipping_budget_share) if p.clipping_quantile > 0 else sigma
+        accounted = sigma * math.sqrt(1 - p.clipping_budget_share) if p.adaptive_clipping else sigma
     count_noise = None
-    if p.clipping_quantile > 0:
+    if p.adaptive_clipping:
         sigma, count_noise = split_noise(accounted, p.clipping_budget_share)
     cap = p.max_epsilon if p.max_epsilon is not None else p.target_epsilon
     return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, relation=accounting.relation,

@@ -77,3 +77,55 @@ def adapt_clipping_norm(
     noisy = unclipped + count_std * float(standard_normals(stream, 1)[0])
     share = noisy / expected_batch
     return float(clipping_norm * math.exp(-learning_rate * (share - quantile)))
+
+
+def recipe_quantile(
+    noise_multiplier: float, count_std: float, num_params: int, expected_batch: float
+) -> float:
+    """``γ`` of the ``fdp`` recipe (``clipping-quantile = "auto"``) from the run's
+    noise level — public quantities only, fixed before training; 0 keeps the
+    configured ``C`` fixed.
+
+    The averaged private gradient of a round carries noise of norm about
+    ``κ·C``, ``κ = σ·√d / E[batch]`` (``d`` trainable parameters), and a
+    clipping bias of at most ``E[(‖g‖ − C)₊]``. For norms with an
+    exponential tail of scale ``s`` the bias is ``s·e^{−C/s}``, and the sum of
+    the squares is smallest at ``x = C/s`` solving ``e^{−2x} = κ²x``; that
+    ``C`` is the ``1 − e^{−x}`` quantile of the norms. Low noise (large
+    tables) gives a high quantile — little of the private part is clipped,
+    so little bias toward the public model. Where the optimum lies below the
+    median (noise-dominated runs), ``C`` stays fixed: clipping most records is
+    what the configured ``C`` already does, and there letting ``C`` follow the
+    norms feeds back (a larger ``C``, larger noisy steps, larger norms) —
+    measured: purchase100's MLP diverged at ``γ = 0.5`` (docs/algorithm.md).
+    ``γ`` is at most 0.99 and ``2σ_b/E[batch]`` below 1 (closer to 1 the noisy
+    count cannot resolve it; if that leaves less than the median, ``C`` stays
+    fixed too).
+
+    Examples
+    --------
+    >>> round(recipe_quantile(1.48, 6.45, 26, 1126.0), 3)    # 22.5k records, ε = 2, q = 0.05
+    0.986
+    >>> round(recipe_quantile(3.94, 17.2, 295, 165.0), 3)    # 3.3k records, ε = 0.5
+    0.605
+    >>> recipe_quantile(1.0, 4.4, 210_400, 250.0)            # a 600-300-100 MLP on 4k records
+    0.0
+    """
+    if not (noise_multiplier > 0 and num_params > 0 and expected_batch > 0 and count_std > 0):
+        raise ValueError(
+            f"recipe quantile: σ={noise_multiplier}, σ_b={count_std}, d={num_params}, "
+            f"E[batch]={expected_batch}: all must be > 0"
+        )
+    kappa = noise_multiplier * math.sqrt(num_params) / expected_batch
+    lo, hi = 0.0, 60.0  # e^{−2x} − κ²x is decreasing: bisection
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if math.exp(-2.0 * mid) > kappa * kappa * mid:
+            lo = mid
+        else:
+            hi = mid
+    gamma = 1.0 - math.exp(-0.5 * (lo + hi))
+    ceiling = min(0.99, 1.0 - 2.0 * count_std / expected_batch)
+    if gamma < 0.5 or ceiling < 0.5:
+        return 0.0
+    return float(min(gamma, ceiling))

@@ -65,7 +65,7 @@ from fedfdp.evaluation import held_out_metrics
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
-from fedfdp.quantile_clipping import adapt_clipping_norm
+from fedfdp.quantile_clipping import adapt_clipping_norm, recipe_quantile
 from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
@@ -227,6 +227,8 @@ class FDPServer:
         self.current: RoundState | None = None
         #: ``C`` of the next private round (moves with adaptive clipping).
         self.clipping_norm = float(cfg.privacy.clipping_norm)
+        #: ``γ`` of adaptive clipping, 0 for a fixed ``C`` (set by :meth:`resolve`).
+        self.clipping_quantile = 0.0
 
     # ---------------------------------------------------------------- setup
     def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> PrivacyPlan:
@@ -237,9 +239,23 @@ class FDPServer:
         self.plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event,
                                  accounting=accounting)
         self.budget = Budget(self.plan, accounting.new())
+        self.clipping_quantile = self._quantile(self.plan)
         if self.parts.project is not None:
             self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
         return self.plan
+
+    def _quantile(self, plan: PrivacyPlan) -> float:
+        """``γ`` of adaptive clipping (0: a fixed ``C``): the configured value, or
+        the ``fdp`` recipe's from the noise level (:func:`recipe_quantile`)."""
+        p = self.cfg.privacy
+        if plan.count_noise is None or plan.noise_multiplier is None or self.sampling is None:
+            return 0.0
+        if p.clipping_quantile is not None:
+            return p.clipping_quantile
+        units = len(self.sampling.device_sizes) if plan.unit == "device" else self.num_records
+        expected = plan.sampling_rate * plan.participation * units
+        num_params = sum(int(t.numel()) for t in self.params)
+        return recipe_quantile(plan.noise_multiplier, plan.count_noise, num_params, expected)
 
     @property
     def num_records(self) -> int:
@@ -334,10 +350,10 @@ class FDPServer:
         apply_gradient(self.params, self.optimizer, grad)
         if self.parts.project is not None:
             self.parts.project(self.model)
-        if noise is not None and plan.count_noise is not None:
+        if noise is not None and plan.count_noise is not None and self.clipping_quantile > 0:
             self.clipping_norm = adapt_clipping_norm(
                 state.clipping_norm, unclipped, plan.count_noise, state.plan.normaliser,
-                self.cfg.privacy.clipping_quantile, self.cfg.privacy.clipping_learning_rate, noise.stream,
+                self.clipping_quantile, self.cfg.privacy.clipping_learning_rate, noise.stream,
             )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")
@@ -407,6 +423,7 @@ class FDPServer:
         }
         if plan.count_noise is not None:
             values["clipping-count-std"] = plan.count_noise
+            values["clipping-quantile"] = self.clipping_quantile
         if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
         return {**values, **(extra or {})}

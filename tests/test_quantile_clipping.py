@@ -180,3 +180,58 @@ def test_reply_with_a_bad_count_is_rejected(raw):
                           metrics={P.UNCLIPPED_COUNT: 7}, expected=shapes, want_private=True,
                           want_public=False, clipping_norm=1.0, max_private_records=10, public_count_asked=0)
     assert ok.unclipped == 7
+
+
+def test_auto_is_the_recipe_of_each_mode():
+    """``clipping-quantile = "auto"`` (the default): adaptive for fdp only; an
+    explicit value applies to any mode; the flat form round-trips."""
+    assert load_config({"mode": "fdp"}).privacy.adaptive_clipping
+    for mode in ("dp", "fdp-dpsgd", "public"):
+        extra = {"public-pretrain-rounds": 10} if mode == "fdp-dpsgd" else {}
+        assert not load_config({"mode": mode, **extra}).privacy.adaptive_clipping
+    assert not load_config({"mode": "fdp", "clipping-quantile": 0}).privacy.adaptive_clipping
+    assert load_config({"mode": "dp", "clipping-quantile": 0.7}).privacy.adaptive_clipping
+    cfg = load_config({"clipping-quantile": "auto"})
+    assert cfg.privacy.clipping_quantile is None and cfg.to_flat()["clipping-quantile"] == "auto"
+    assert load_config(cfg.to_flat()) == cfg
+    with pytest.raises(ConfigError, match="clipping-quantile='median': must be 'auto'"):
+        load_config({"clipping-quantile": "median"})
+    with pytest.raises(ConfigError, match="clipping-quantile=1"):
+        load_config({"clipping-quantile": 1})
+
+
+def _recipe_reference(sigma, sigma_b, d, batch):
+    """The recipe from its docstring, solved with scipy's brentq (an independent root finder)."""
+    from scipy.optimize import brentq
+
+    kappa = sigma * np.sqrt(d) / batch
+    x = brentq(lambda x: np.exp(-2 * x) - kappa**2 * x, 1e-12, 100)
+    gamma = 1 - np.exp(-x)
+    ceiling = min(0.99, 1 - 2 * sigma_b / batch)
+    return 0.0 if gamma < 0.5 or ceiling < 0.5 else min(gamma, ceiling)
+
+
+@pytest.mark.parametrize(
+    ("eps", "records", "hidden"), [(0.5, 100, 0), (2.0, 100, 0), (8.0, 400, 0), (1.0, 40, 256)]
+)
+def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden):
+    """The server's γ equals the recipe computed here from σ, σ_b, the model's
+    parameter count and q·N; a noise-dominated run (a wide MLP on few records)
+    keeps C fixed every round."""
+    from fedfdp.server import FDPServer
+
+    extra = {"model": "mlp", "hidden-sizes": str(hidden)} if hidden else {}
+    cfg = load_config({"num-devices": 10, "records-per-device": records, "target-epsilon": eps,
+                       "num-rounds": 20, "progress": False, **extra})
+    data = load_dataset(cfg.data)
+    server = FDPServer(cfg, build_model_for(cfg, data))
+    plan = server.resolve(data.sizes.tolist())
+    d = sum(p.numel() for p in server.model.parameters())
+    batch = cfg.privacy.sampling_rate * sum(data.sizes.tolist())
+    ref = _recipe_reference(plan.noise_multiplier, plan.count_noise, d, batch)
+    assert server.clipping_quantile == pytest.approx(ref, abs=1e-9)
+    if ref == 0.0:
+        _, rows = run_centralised(cfg, data)
+        assert {r["clipping_norm"] for r in rows} == {1.0}
+    else:
+        assert 0.5 <= ref <= 0.99

@@ -199,7 +199,7 @@ def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FD
     if rounds > 0:
         if plan.noise_multiplier is None:
             raise ValueError("noise multiplier unresolved for a private run")
-        acc.compose(plan.noise_multiplier, plan.sampling_rate, rounds)
+        acc.compose(plan.accounted_noise_multiplier, plan.sampling_rate, rounds)
     return acc
 
 

@@ -57,7 +57,7 @@ def _check_corrdp(p: PrivacyConfig) -> None:
         raise ConfigError(f"tv-delta={p.tv_delta}: must be below delta={p.delta} (it is part of it)")
     if p.mode != "corrdp":
         return
-    if p.clipping_quantile > 0:
+    if p.adaptive_clipping:
         raise ConfigError(
             f"clipping-quantile={p.clipping_quantile}: mode 'corrdp' clips per block at a fixed C "
             "(its per-class accounting is for a fixed clipping norm); set clipping-quantile = 0"

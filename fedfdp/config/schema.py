@@ -57,11 +57,12 @@ class PrivacyConfig:
     clipping_norm : float
         ``C``: per-record L2 bound of the private gradient (the sensitivity);
         with adaptive clipping, the bound of the first private round.
-    clipping_quantile : float
+    clipping_quantile : float or None
         ``γ`` in (0, 1): adaptive clipping (Andrew et al. 2021) — after every
         private round ``C ← C·exp(−η (b̃ − γ))``, ``b̃`` the noisy share of
         clipped vectors already within ``C``, so ``C`` tracks the ``γ``-quantile
-        of the private gradients' norms. 0: a fixed ``C``.
+        of the private gradients' norms. 0: a fixed ``C``. None (``"auto"``,
+        the default): the mode's recipe (:attr:`adaptive_clipping`).
     clipping_learning_rate : float
         ``η`` of the geometric update.
     clipping_budget_share : float
@@ -156,7 +157,7 @@ class PrivacyConfig:
     max_epsilon: float | None = None
     delta: float | None = None
     clipping_norm: float = 1.0
-    clipping_quantile: float = 0.0
+    clipping_quantile: float | None = None
     clipping_learning_rate: float = 0.2
     clipping_budget_share: float = 0.05
     sampling_rate: float = 0.05
@@ -187,6 +188,21 @@ class PrivacyConfig:
     def is_private(self) -> bool:
         """Whether the mode adds noise and spends ε."""
         return self.mode in PRIVATE_MODES
+
+    @property
+    def adaptive_clipping(self) -> bool:
+        """Whether ``C`` adapts (:mod:`fedfdp.quantile_clipping`): an explicit
+        ``clipping-quantile > 0``, or ``"auto"`` in mode ``fdp``, whose recipe
+        picks ``γ`` from the run's noise level
+        (:func:`fedfdp.quantile_clipping.recipe_quantile`). In FDP the public
+        gradient is not clipped, so clipping the private part changes its
+        weight against the public one and biases the fixed point toward the
+        public-view model; DP-SGD clips the whole gradient of every record,
+        which rescales it without that pull (docs/algorithm.md), and keeps a
+        fixed ``C`` under ``"auto"``."""
+        if self.clipping_quantile is not None:
+            return self.clipping_quantile > 0
+        return self.mode == "fdp"
 
     @property
     def private_rounds(self) -> int:
@@ -369,12 +385,12 @@ class Config:
         check_config(self)
 
     def to_flat(self) -> dict[str, Any]:
-        """Flat kebab-case mapping (``None`` written as ``0``), the inverse of
+        """Flat kebab-case mapping (``None`` written as ``0``, or ``"auto"``), the inverse of
         :func:`load_config`; suitable for TOML and Flower's run config."""
         out: dict[str, Any] = {}
         for key, (section, attr, kind) in KEY_TABLE.items():
             value = getattr(getattr(self, section), attr)
-            out[key] = 0.0 if value is None else flat_value(kind, value)
+            out[key] = 0.0 if value is None and kind != "quantile" else flat_value(kind, value)
         return out
 
 

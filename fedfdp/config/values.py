@@ -60,7 +60,7 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "max-epsilon": ("privacy", "max_epsilon", "optfloat+"),
     "delta": ("privacy", "delta", "optdelta"),
     "clipping-norm": ("privacy", "clipping_norm", "float+"),
-    "clipping-quantile": ("privacy", "clipping_quantile", "float01"),
+    "clipping-quantile": ("privacy", "clipping_quantile", "quantile"),
     "clipping-learning-rate": ("privacy", "clipping_learning_rate", "float+"),
     "clipping-budget-share": ("privacy", "clipping_budget_share", "float01open"),
     "sampling-rate": ("privacy", "sampling_rate", "prob"),
@@ -323,6 +323,8 @@ def flat_value(kind: str, value: Any) -> Any:
         return ",".join(f"{n}={v!r}" for n, v in value)
     if kind == "bins":
         return ",".join(f"{n}={':'.join(repr(e) for e in edges)}" for n, edges in value)
+    if kind == "quantile" and value is None:
+        return "auto"
     return value
 
 
@@ -331,7 +333,7 @@ def validated_value(section: str, attr: str, value: Any) -> Any:
     message as the TOML path), normalised; ``None`` stays unset for optional keys."""
     key = _KEY_OF[(section, attr)]
     kind = KEY_TABLE[key][2]
-    if value is None and kind.startswith("opt"):
+    if value is None and (kind.startswith("opt") or kind == "quantile"):
         return None
     if value is None:
         raise _fail(key, value, "must be set")
@@ -371,6 +373,12 @@ def parse_value(key: str, kind: str, value: Any) -> Any:
         if isinstance(value, str) or not 0 <= _as_float(key, value) <= 1:
             raise _fail(key, value, f"must be {PAPER_FLOOR!r} ((m_s/m)^2, Eq. (3)) or a number in [0, 1]")
         return float(value)
+    if kind == "quantile":
+        if value == "auto":
+            return None
+        if isinstance(value, str):
+            raise _fail(key, value, "must be 'auto' (the mode's recipe) or a number in [0, 1)")
+        return parse_value(key, "float01", value)
     if kind in ("choice", "choice-or-path"):
         choices = _CHOICES[key]
         path = kind == "choice-or-path" and isinstance(value, str) and IMPORT_PATH.match(value)

@@ -60,8 +60,10 @@ class FederatedData:
         Public constants for ``mean`` imputation, if the dataset declares them.
     public_loss : str
         The public-loss construction used when the configuration says
-        ``public-loss = "auto"``: Gaussian padding (the paper's Purchase100
-        choice) unless the dataset declares a better one.
+        ``public-loss = "auto"``: zero masking (every private column at the
+        centre of its encoding) unless the dataset declares another; Gaussian
+        padding, the paper's Purchase100 choice, lost to it on every table
+        measured (docs/algorithm.md).
     input_bound : float or None
         A declared (public) bound ``|x_k| ≤ input_bound`` on every input, if the
         dataset has one (the synthetic ``correlated`` data: ``1/√m``); CorrDP-SGD
@@ -93,7 +95,7 @@ class FederatedData:
     test_y: np.ndarray
     class_names: tuple[str, ...]
     public_statistics: PublicStatistics | None = None
-    public_loss: str = "gaussian"
+    public_loss: str = "zero"
     input_bound: float | None = None
 
     @property

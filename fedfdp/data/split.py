@@ -177,7 +177,7 @@ def assemble(
     num_devices: int,
     label_key: str = "label",
     public_statistics: Sequence[float] | None = None,
-    public_loss: str = "gaussian",
+    public_loss: str = "zero",
 ) -> FederatedData:
     """Build the :class:`FederatedData`; refuse what cannot train.
 

@@ -21,8 +21,13 @@ Two places for the records (``data-location``):
 Private
     The ``private-columns``. Columns in neither list are ignored.
 Public loss
-    ``gaussian`` (default), ``zero``, or ``mean`` (the centre of each declared
-    range, ``1/K`` for each of ``K`` declared categories).
+    ``zero`` (declared, used by ``public-loss = "auto"``: every private
+    column at the centre of its encoding — a numeric column's range midpoint,
+    no category of a one-hot), ``gaussian`` (N(0, 1) padding), or ``mean``
+    (the centre of each declared range, ``1/K`` for each of ``K`` declared
+    categories). Zero masking replaced Gaussian padding as the tables'
+    default after the measurements in ``docs/algorithm.md`` (padding a
+    one-hot column with N(0, 1) draws puts Ψ(x) far from any real record).
 
 Encoding
     :mod:`fedfdp.data.encoding`: declared ranges and categories where given
@@ -172,6 +177,7 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
         enc.classes,
         num_devices=num_devices,
         label_key=f"label-column={cfg.label_column!r}",
+        public_loss="zero",
         public_statistics=enc.public_statistics,
     )
 
