@@ -22,7 +22,8 @@ Usage (writes ``results.json``, ``log.txt`` and grids to ``--out``)::
     nice python benchmarks/images_reference.py classify --seeds 0 1 2 --out runs/images/classify
     nice python benchmarks/images_reference.py ddpm --seeds 0 --out runs/images/ddpm
 
-Run with ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296``
+On a loaded machine ``--threads 1`` is faster (two threads wait for each other
+when one is descheduled). Run with ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296``
 in the environment for the per-record paths' speed (docs/clipping.md).
 """
 
@@ -61,8 +62,13 @@ def _log(out: Path, line: str) -> None:
         f.write(f"[{stamp}] {line}\n")
 
 
-def _data(seed: int = 0) -> tuple[ImageSet, ImageSet]:
-    fed = split_images(load_mnist5k(), 1, test_fraction=0.2, seed=seed)
+def _data(downsample: int = 1, seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    """MNIST-5k's training and held-out splits, optionally average-pooled by ``downsample``."""
+    data = load_mnist5k()
+    if downsample > 1:
+        pooled = torch.nn.functional.avg_pool2d(torch.from_numpy(np.array(data.x)), downsample)
+        data = ImageSet(f"mnist5k/{downsample}", pooled.numpy(), data.y, data.class_names)
+    fed = split_images(data, 1, test_fraction=0.2, seed=seed)
     return fed.train(), fed.test()
 
 
@@ -137,7 +143,7 @@ def _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, e
 
 
 def classify(args: argparse.Namespace, out: Path) -> None:
-    train_set, test_set = _data()
+    train_set, test_set = _data(args.downsample)
     psi = GaussianBlur(args.kernel, args.blur_sigma)
     task = ClassificationTask(psi)
     blurred_test = ImageSet(
@@ -161,7 +167,7 @@ def classify(args: argparse.Namespace, out: Path) -> None:
 
 
 def ddpm(args: argparse.Namespace, out: Path) -> None:
-    train_set, test_set = _data()
+    train_set, test_set = _data(args.downsample)
     psi = GaussianBlur(args.kernel, args.blur_sigma)
     schedule = NoiseSchedule(args.diffusion_steps, args.schedule)
     task = DiffusionTask(DiffusionLoss(schedule, psi, 10))
@@ -227,11 +233,47 @@ def ddpm(args: argparse.Namespace, out: Path) -> None:
         _run_methods(args, out, task, train_set, make_model, None, seed, rows, extra)
 
 
+def table(out: Path) -> str:
+    """Markdown table of a finished (or partial) results.json: mean ± std over seeds."""
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    lines = []
+    refs = [r for r in rows if "reference" in r]
+    for r in refs:
+        lines.append(f"reference {r['reference']}: FID {r['fid']:.2f}")
+    runs = [r for r in rows if "method" in r]
+    metric = "accuracy" if any("accuracy" in r for r in runs) else "fid"
+    lines.append(f"| method | ε (upper) | σ | seeds | {metric} | wall s (own) | wall s (with pre-training) |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for method in METHODS:
+        mine = [r for r in runs if r["method"] == method]
+        if not mine:
+            continue
+        vals = np.array([r[metric] for r in mine], dtype=float)
+        sigma = mine[0]["noise_multiplier"]
+        sigma_text = "—" if sigma is None else f"{sigma:.3f}"
+        spread = f" ± {vals.std(ddof=1):.3f}" if len(vals) > 1 else ""
+        lines.append(
+            f"| {method} | {mine[0]['epsilon']:.3g} | {sigma_text} | {len(mine)} | "
+            f"{vals.mean():.3f}{spread} | {np.mean([r['wall_seconds'] for r in mine]):.0f} | "
+            f"{np.mean([r['wall_seconds_with_pretraining'] for r in mine]):.0f} |"
+        )
+    if metric == "fid":
+        lines.append("")
+        lines.append("| method | " + " | ".join(str(c) for c in range(10)) + " |")
+        lines.append("|---|" + "---|" * 10)
+        for r in runs:
+            per = " | ".join("—" if v is None else f"{v:.1f}" for v in r["fid_per_class"])
+            lines.append(f"| {r['method']} (seed {r['seed']}) | {per} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("task", choices=["classify", "ddpm"])
+    parser.add_argument(
+        "task", choices=["classify", "ddpm", "table"], help="table: print results.json of --out"
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--epsilon", type=float, default=8.0)
@@ -257,9 +299,13 @@ def main() -> None:
     parser.add_argument("--sample-steps", type=int, default=100)
     parser.add_argument("--samples-per-class", type=int, default=100)
     parser.add_argument("--fid-epochs", type=int, default=30, help="epochs of the FID feature network")
+    parser.add_argument("--downsample", type=int, default=1, help="average-pool the digits by this factor")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.task == "table":
+        print(table(args.out))
+        return
     defaults = {
         "classify": {
             "steps": 400,
