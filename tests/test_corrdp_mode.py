@@ -22,6 +22,7 @@ from fedfdp.checkpoint import CheckpointMismatch
 from fedfdp.config import ConfigError, load_config
 from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, trainable
 from fedfdp.corrdp.run import corrdp_setup, feature_groups
+from fedfdp.corrdp.synthetic import correlated_features
 from fedfdp.data import load_dataset
 from fedfdp.entropy import SeededEntropy
 from fedfdp.mechanisms import standard_normals
@@ -272,6 +273,8 @@ REFUSED = [
     ({"tv-estimate": True}, "tv-estimate=true: needs tv-min-prob"),
     ({"corrdp-tv-floor": 1.5}, "corrdp-tv-floor=1.5"),
     ({"tv-bins": "u0=1:0"}, "strictly increasing"),
+    ({"label-signal": 0.0}, "label-signal=0.0: must be > 0"),
+    ({"label-signal": -1.0}, "label-signal=-1.0: must be > 0"),
 ]
 
 
@@ -322,6 +325,37 @@ def test_parts_that_do_not_fit_the_mode_are_refused():
         client_parts_for(cfg, data).aggregate(model, None, settings, [batch])
     parts.project(model)
     assert float(model[0].weight.detach().double().norm(dim=0).max()) <= D
+
+
+def _all_records(data):
+    x = np.concatenate([d.x for d in data.devices] + [data.test_x])
+    y = np.concatenate([d.y for d in data.devices] + [data.test_y])
+    return x, y
+
+
+def test_label_signal_sets_how_strongly_the_signs_decide_the_label():
+    accuracy = []
+    for signal in (0.05, 1.0, 4.0, 12.0):
+        cfg = load_config({**BASE, "num-devices": 10, "records-per-device": 400, "label-signal": signal})
+        assert cfg.data.label_signal == signal
+        x, y = _all_records(load_dataset(cfg.data))
+        # the loader's records are the generator's records at that signal (split over devices)
+        drawn = correlated_features(4000, 1, 3, 0.5, seed=cfg.data.data_seed, signal=signal)
+
+        def rows(a, b):
+            return sorted(map(tuple, np.column_stack([a.astype(np.float32), b])))
+
+        assert rows(x, y) == rows(drawn.x, drawn.y)
+        # independent check: P(y=1 | t) = sigmoid(a·v·t) for the sign pattern t; the best
+        # classifier of the pattern alone (majority label per pattern, 16 patterns of 4
+        # columns) is more accurate for larger a
+        patterns = (x > 0).astype(int) @ (1 << np.arange(4))
+        ones = np.bincount(patterns, weights=y, minlength=16)
+        total = np.bincount(patterns, minlength=16)
+        accuracy.append(np.maximum(ones, total - ones).sum() / len(y))
+    assert accuracy[0] < 0.56  # labels almost independent of the signs
+    assert accuracy[-1] > 0.95
+    assert accuracy == sorted(accuracy), accuracy
 
 
 def test_feature_groups_of_a_real_table_encoding():

@@ -303,10 +303,11 @@ class DataConfig:
         ``purchase100``: how many of the 600 features are public.
     hash_buckets : int
         ``criteo``: width of the hashed one-hot encoding of the categories.
-    num_sensitive, num_insensitive, correlation : int, int, float
+    num_sensitive, num_insensitive, correlation, label_signal : int, int, float, float
         ``correlated`` (synthetic, :func:`fedfdp.corrdp.correlated_features`): ``m_s``
         sensitive and ``m_u`` insensitive columns, each insensitive column a copy of
-        a sensitive sign with probability ``ρ = correlation`` (its TV, in closed form).
+        a sensitive sign with probability ``ρ = correlation`` (its TV, in closed form);
+        ``label_signal``: how strongly the signs determine the label (``a``).
     """
 
     dataset: str = "fleet"
@@ -334,6 +335,7 @@ class DataConfig:
     num_sensitive: int = 2
     num_insensitive: int = 18
     correlation: float = 0.5
+    label_signal: float = 4.0
 
     def __post_init__(self) -> None:
         _validate_fields(self, "data")

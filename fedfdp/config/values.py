@@ -114,6 +114,7 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "num-sensitive": ("data", "num_sensitive", "int+"),
     "num-insensitive": ("data", "num_insensitive", "int+"),
     "correlation": ("data", "correlation", "unit0"),
+    "label-signal": ("data", "label_signal", "float+"),
     "seed": ("training", "seed", "int0"),
     "eval-every": ("run", "eval_every", "int+"),
     "out-dir": ("run", "out_dir", "str"),

@@ -4,7 +4,8 @@ The records of :func:`fedfdp.corrdp.correlated_features` (CorrDP paper's setting
 ``docs/corrdp.md`` §7): ``num-sensitive`` sensitive columns ``s0, s1, ...`` (the
 private columns of FDP, the sensitive ones of CorrDP) and ``num-insensitive``
 insensitive columns ``u0, u1, ...`` (FDP's public columns), each a copy of a
-sensitive sign with probability ``ρ = correlation``, so that ``TV(u_j) = ρ`` exactly.
+sensitive sign with probability ``ρ = correlation``, so that ``TV(u_j) = ρ`` exactly;
+``label-signal`` is how strongly the signs determine the label.
 Every ``|x_k| ≤ 1/√m`` (declared as :attr:`~fedfdp.data.FederatedData.input_bound`),
 a binary label. ``num-devices × records-per-device`` records drawn from
 ``data-seed`` (public randomness), split IID (or Dirichlet) over the devices, with
@@ -36,7 +37,8 @@ def load_correlated(cfg: DataConfig) -> FederatedData:
     """
     n = cfg.num_devices * cfg.records_per_device
     drawn = correlated_features(
-        n, cfg.num_sensitive, cfg.num_insensitive, cfg.correlation, seed=cfg.data_seed
+        n, cfg.num_sensitive, cfg.num_insensitive, cfg.correlation, seed=cfg.data_seed,
+        signal=cfg.label_signal,
     )
     device = split_records(drawn.y, cfg.num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
                            dataset="correlated")
