@@ -140,6 +140,47 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
 
 #: The baselines the default ``fdp`` must match (``fdp`` − the best of them per ε).
 BASELINES = ("dp", "fdp-dpsgd", "public")
+#: Issue 13's criterion: ``fdp`` at least the best baseline's accuracy minus this many points…
+TARGET_POINTS = 0.3
+
+
+def _target_table(part, targets: Sequence[float]) -> list[str]:
+    """"Default fdp vs the best baseline": per ε, fdp's accuracy and log loss beside
+    the best of :data:`BASELINES` in each (named), the differences, and whether fdp
+    is within :data:`TARGET_POINTS` points in accuracy and no worse in log loss."""
+    modes = set(part["mode"])
+    baselines = [m for m in BASELINES if m in modes]
+    if "fdp" not in modes or not baselines or part["loss_mean"].isna().all():
+        return []
+
+    def mean(mode: str, target: float, metric: str) -> float | None:
+        sub = part[part["mode"] == mode]
+        hit = sub[sub["target_epsilon"] == target] if mode in PRIVATE_MODES else sub
+        value = hit.iloc[0][f"{metric}_mean"] if len(hit) else float("nan")
+        return None if value != value else float(value)
+
+    lines = [
+        f"**Default `fdp` vs the best of {', '.join(f'`{m}`' for m in baselines)}** "
+        f"(met: accuracy ≥ best − {TARGET_POINTS:g} points and log loss ≤ best)",
+        "",
+        "| ε | `fdp` acc. % | best baseline acc. % | Δ points | `fdp` log loss | best baseline log loss "
+        "| Δ log loss | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for t in targets:
+        fdp_acc, fdp_loss = mean("fdp", t, "accuracy"), mean("fdp", t, "loss")
+        accs = {m: v for m in baselines if (v := mean(m, t, "accuracy")) is not None}
+        losses = {m: v for m in baselines if (v := mean(m, t, "loss")) is not None}
+        if fdp_acc is None or fdp_loss is None or not accs or not losses:
+            continue
+        best_a, best_l = max(accs, key=accs.get), min(losses, key=losses.get)
+        d_acc, d_loss = 100 * (fdp_acc - accs[best_a]), fdp_loss - losses[best_l]
+        met = "yes" if d_acc >= -TARGET_POINTS - 1e-9 and d_loss <= 1e-12 else "**no**"
+        lines.append(
+            f"| {t:g} | {100 * fdp_acc:.1f} | {100 * accs[best_a]:.1f} (`{best_a}`) | {d_acc:+.2f} | "
+            f"{fdp_loss:.4f} | {losses[best_l]:.4f} (`{best_l}`) | {d_loss:+.4f} | {met} |"
+        )
+    return [*lines, ""]
 
 
 def _ordered_modes(modes: Sequence[str]) -> list[str]:
@@ -184,6 +225,7 @@ def write_summary(
             lines.append("")
             lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
         lines.append("")
+        lines += _target_table(part, targets)
         for metric in METRIC_TITLES:
             if part[f"{metric}_mean"].notna().any():
                 lines += _metric_table(part, targets, metric)

@@ -221,3 +221,7 @@ def test_summary_reports_fdp_minus_the_best_baseline(tmp_path):
     best_acc = "| `fdp` − best of `dp`, `fdp-dpsgd`, `public` (points) | -0.5 | +1.0 |"
     best_loss = "| `fdp` − best of `dp`, `fdp-dpsgd`, `public` (log loss) | +0.005 | -0.010 |"
     assert best_acc in text and best_loss in text
+    # the compact target table: ε = 1 misses (−0.5 points; loss +0.005), ε = 2 meets it
+    assert ("| 1 | 82.5 | 83.0 (`fdp-dpsgd`) | -0.50 | 0.1750 | 0.1700 (`fdp-dpsgd`) | +0.0050 | **no** |"
+            in text)
+    assert "| 2 | 87.0 | 86.0 (`dp`) | +1.00 | 0.1300 | 0.1400 (`dp`) | -0.0100 | yes |" in text
