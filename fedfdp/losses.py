@@ -197,13 +197,47 @@ class FeatureMap:
         return cross_entropy(outputs, targets)
 
 
+def image_view(cfg: Config, data: FederatedData) -> PublicViewFn:
+    """Ψ of an image dataset: :class:`fedfdp.images.GaussianBlur` of the ``blur-*`` keys.
+
+    Raises
+    ------
+    ValueError
+        ``public-loss`` other than ``auto``, or a kernel whose radius reaches the image
+        size (reflect padding), in one line naming the key and the value.
+    """
+    from fedfdp.images.blur import GaussianBlur
+
+    d = cfg.data
+    if cfg.privacy.public_loss != "auto":
+        raise ValueError(
+            f"public-loss={cfg.privacy.public_loss!r}: dataset {data.name!r} holds images, whose public "
+            "view is the blur (blur-kernel, blur-sigma, blur-levels); leave public-loss = 'auto'"
+        )
+    shape = data.image_shape or (0, 0, 0)
+    if d.blur_kernel // 2 >= min(shape[1:]):
+        raise ValueError(
+            f"blur-kernel={d.blur_kernel}: its radius {d.blur_kernel // 2} must be below the image size "
+            f"{shape[1]}×{shape[2]} (reflect padding)"
+        )
+    return GaussianBlur(d.blur_kernel, d.blur_sigma, levels=d.blur_levels or None)
+
+
 def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
     """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``.
 
     ``public-loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
     the dataset's own split (every input column becomes public, the label
     private) and ``ℓ_pub = logsumexp(wᵀx)`` (paper, Section 5).
+
+    Image datasets (``data.is_image``): the view is the Gaussian blur of the
+    configuration (``blur-kernel``, ``blur-sigma``, ``blur-levels``; 0 levels: the
+    exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public.
     """
+    if data.is_image:
+        return FeatureMap(image_view(cfg, data))
+    if data.spec is None:  # a table always has a spec (FederatedData.__post_init__)
+        raise RuntimeError(f"dataset {data.name!r}: no feature spec")
     method = cfg.privacy.public_loss
     if method == "auto":
         method = data.public_loss

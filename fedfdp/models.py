@@ -1,4 +1,4 @@
-"""Small models for tabular sensor records.
+"""Small models for tabular sensor records (image models: :mod:`fedfdp.images.models`).
 
 All are built from standard layers supported by the fast clipping engine
 (Linear, Conv1d, activations; no BatchNorm, which mixes records and breaks the
@@ -78,6 +78,8 @@ def build_model(
     """
     if in_features < 1 or num_classes < 2:
         raise ValueError(f"in_features={in_features}, num_classes={num_classes}: need >= 1 and >= 2")
+    if name == "cnn":
+        raise ConfigError("model='cnn': an image model, built by build_model_for on an image dataset")
     if name == "logistic":
         model: nn.Module = nn.Sequential(nn.Linear(in_features, num_classes))
     elif name == "mlp":
@@ -95,8 +97,32 @@ def build_model(
 
 def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
     """The configured model for ``data``'s input width and classes (initialised
-    from the public run ``seed``)."""
-    return build_model(
+    from the public run ``seed``).
+
+    Image datasets: ``cnn`` is :class:`fedfdp.images.DigitCNN` (Conv2d + GroupNorm,
+    ``cnn-width`` channels, a ``hidden-size`` penultimate layer); ``logistic`` and
+    ``mlp`` read the flattened image (``nn.Flatten`` first); a builder of your own
+    receives ``C·H·W`` as ``in_features`` and ``(n, C, H, W)`` batches. ``cnn`` on a
+    table is refused.
+    """
+    t = cfg.training
+    if t.model == "cnn":
+        if data.image_shape is None:
+            raise ConfigError(
+                f"model='cnn': needs an image dataset (mnist5k, digits, images); dataset {data.name!r} "
+                "is a table (use logistic or mlp)"
+            )
+        from fedfdp.images.data import ImageShape
+        from fedfdp.images.models import build_classifier
+
+        return build_classifier(
+            ImageShape(*data.image_shape),
+            data.num_classes,
+            width=t.cnn_width,
+            features=t.hidden_size,
+            generator=torch.Generator().manual_seed(t.seed),
+        )
+    model = build_model(
         cfg.training.model,
         data.num_features,
         data.num_classes,
@@ -104,3 +130,6 @@ def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
         seed=cfg.training.seed,
         hidden_sizes=cfg.training.hidden_sizes,
     )
+    if data.is_image and t.model in ("logistic", "mlp"):
+        return nn.Sequential(nn.Flatten(), model)
+    return model

@@ -39,6 +39,14 @@ if TYPE_CHECKING:
     from fedfdp.data import FederatedData
 
 
+def _refuse_images(data: FederatedData) -> None:
+    if data.is_image:
+        raise ValueError(
+            f"mode='corrdp': dataset {data.name!r} holds images; CorrDP-SGD is for logistic regression "
+            "on tabular features"
+        )
+
+
 def client_parts_for(cfg: Config, data: FederatedData, secrets: SecretSource | None = None) -> ClientParts:
     """A node's components for ``cfg`` on ``data`` (the dataset's schema: columns and
     classes; a node never estimates TVs). ``secrets``: default as ``cfg`` asks.
@@ -54,6 +62,7 @@ def client_parts_for(cfg: Config, data: FederatedData, secrets: SecretSource | N
     secrets = secrets if secrets is not None else run_secrets(cfg)
     if cfg.privacy.mode != "corrdp":
         return ClientParts(secrets=secrets)
+    _refuse_images(data)
     layout = corrdp_setup(cfg, data, estimate=False).design
     return ClientParts(secrets=secrets, aggregate=BlockClippedSum(layout))
 
@@ -73,6 +82,7 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
     """
     if cfg.privacy.mode != "corrdp":
         return ServerParts()
+    _refuse_images(data)
     setup = corrdp_setup(cfg, data)
     return ServerParts(
         mechanism=corrdp_mechanism_factory(setup.design),

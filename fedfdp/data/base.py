@@ -49,8 +49,9 @@ class FederatedData:
     Attributes
     ----------
     name : str
-    spec : FeatureSpec
-        Which columns are public (Ψ) and which private.
+    spec : FeatureSpec or None
+        Which columns are public (Ψ) and which private; ``None`` for images, whose
+        Ψ is not a set of columns but the blur of the whole image (``image_shape``).
     devices : tuple of DeviceData
         Training records per device (the only records training touches).
     test_x, test_y : np.ndarray
@@ -68,6 +69,10 @@ class FederatedData:
         A declared (public) bound ``|x_k| ≤ input_bound`` on every input, if the
         dataset has one (the synthetic ``correlated`` data: ``1/√m``); CorrDP-SGD
         clamps inputs to it (``corrdp-feature-bound``).
+    image_shape : (C, H, W) or None
+        Image datasets: every record's ``x`` is a ``(C, H, W)`` image in [0, 1] and the
+        public view is its Gaussian blur (``blur-kernel``, ``blur-sigma``, ``blur-levels``;
+        :func:`fedfdp.losses.build_decomposition`); ``None`` for tables.
 
     Your own data plugs in as one of these (no change to ``fedfdp/data``): in
     Python, pass it to :func:`fedfdp.run_centralised`; in a configuration, name
@@ -89,7 +94,7 @@ class FederatedData:
     """
 
     name: str
-    spec: FeatureSpec
+    spec: FeatureSpec | None
     devices: tuple[DeviceData, ...]
     test_x: np.ndarray
     test_y: np.ndarray
@@ -97,10 +102,28 @@ class FederatedData:
     public_statistics: PublicStatistics | None = None
     public_loss: str = "zero"
     input_bound: float | None = None
+    image_shape: tuple[int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.spec is None) == (self.image_shape is None):
+            raise ValueError(
+                f"dataset {self.name!r}: give a FeatureSpec (a table) or an image_shape (images), "
+                "exactly one"
+            )
+
+    @property
+    def is_image(self) -> bool:
+        """Whether records are ``(C, H, W)`` images (Ψ = blur) rather than table rows."""
+        return self.image_shape is not None
 
     @property
     def num_features(self) -> int:
-        """Input width."""
+        """Input width (``C·H·W`` for images)."""
+        if self.image_shape is not None:
+            c, h, w = self.image_shape
+            return c * h * w
+        if self.spec is None:  # refused in __post_init__; kept for type narrowing
+            raise RuntimeError(f"dataset {self.name!r} has neither a spec nor an image shape")
         return len(self.spec.columns)
 
     @property
