@@ -18,6 +18,9 @@ from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, registered_strategy
 
 BASE = {
+    # a fixed C: the ledger arithmetic below is per σ (adaptive C across resumes:
+    # tests/test_quantile_clipping.py)
+    "clipping-quantile": 0,
     "num-devices": 3,
     "records-per-device": 50,
     "sampling-rate": 0.2,

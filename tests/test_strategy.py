@@ -86,7 +86,7 @@ def test_budget_refusal_stops_cleanly(tmp_path):
     assert strat.stop_reason is not None and "2" in strat.stop_reason
     # one more round would have exceeded the cap
     acc = strat.budget.accountant
-    assert acc.would_exceed(2.0, strat.plan.delta, 0.8, 0.1)
+    assert acc.would_exceed(2.0, strat.plan.delta, strat.plan.accounted_noise_multiplier, 0.1)
     assert (tmp_path / "metrics.csv").is_file()
 
 
