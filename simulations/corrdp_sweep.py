@@ -10,15 +10,22 @@ The TOML file is a ``fedfdp compare`` sweep (modes, target-epsilons, seeds, base
     columns = 20                       # m; num-insensitive = m − num-sensitive
     num-sensitive = [2, 5, 10]
     correlation = [0.0, 0.25, 0.5, 1.0]
+    all-sensitive = true               # also corrdp with every column sensitive
 
 Every grid point is one ``fedfdp compare`` sweep in ``DIR/ms<m_s>_rho<ρ>/`` (restartable,
 its own ``results.csv`` and ``summary.md``); ``corrdp`` declares the true TV,
-``insensitive-tv = "*=ρ"``. Then ``DIR/corrdp_sweep.csv`` gathers every run with its
+``insensitive-tv = "*=ρ"``. With ``all-sensitive = true`` in ``[grid]`` every point also
+runs ``corrdp`` with **every column sensitive** (``DIR/ms<m_s>_rho<ρ>_all-sensitive/``,
+mode ``corrdp-all-sensitive`` in the tables): the same code, relation and accounting
+with no insensitive feature, i.e. DP for a replacement of the features (labels fixed) —
+the DP-ERM baseline that Theorem 3.6 improves on, whereas ``dp``'s add/remove ε is a
+different relation. Then ``DIR/corrdp_sweep.csv`` gathers every run with its
 **excess empirical risk**: the training cross-entropy of the final model
 (``runs/<tag>/model.pt`` on the training records: synthetic data, a measurement, not
 a release) minus that of ``nonprivate`` at the same seed; ``DIR/corrdp_sweep.md``
-the table (mean over seeds) with the ratio of ``dp``'s excess risk to ``corrdp``'s
-beside Theorem 3.6's rate ratio ``√m / √(m_s + min(Σ_U TV, m_s/4))``; and
+the table (mean over seeds) with the ratios of ``corrdp-all-sensitive``'s and ``dp``'s
+excess risk to ``corrdp``'s beside Theorem 3.6's rate ratio
+``√m / √(m_s + min(Σ_U TV, m_s/4))``; and
 ``DIR/corrdp_sweep.png`` the plot.
 
 ε: ``dp`` and ``fdp`` add/remove (upper bound); ``corrdp`` a CorrDP ε
@@ -43,6 +50,8 @@ from simulations.compare import parse_sweep, run_sweep
 SWEEP_CSV = "corrdp_sweep.csv"
 SWEEP_MD = "corrdp_sweep.md"
 SWEEP_PNG = "corrdp_sweep.png"
+#: The pseudo-mode of ``corrdp`` runs with every column sensitive.
+ALL_SENSITIVE = "corrdp-all-sensitive"
 
 
 def grid_points(grid: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,6 +75,29 @@ def grid_points(grid: dict[str, Any]) -> list[dict[str, Any]]:
 
 def point_tag(point: dict[str, Any]) -> str:
     return f"ms{point['num-sensitive']}_rho{point['correlation']:g}"
+
+
+def column_names(point: dict[str, Any]) -> list[str]:
+    """The ``correlated`` data's columns at a point: ``s0, s1, ...`` then ``u0, u1, ...``."""
+    return [f"s{k}" for k in range(point["num-sensitive"])] + [
+        f"u{j}" for j in range(point["num-insensitive"])
+    ]
+
+
+def point_docs(doc: dict[str, Any], point: dict[str, Any], all_sensitive: bool) -> dict[str, dict[str, Any]]:
+    """``{directory name: compare document}`` of a point: the modes of ``doc`` with
+    ``corrdp`` declaring TV = ρ, and (``all_sensitive``) ``corrdp`` alone with every
+    column sensitive."""
+    base = {**doc, **point}
+    per_mode = dict(base.pop("mode", {}))
+    corr = dict(per_mode.get("corrdp", {}))
+    tv = f"*={point['correlation']!r}"
+    main_doc = {**base, "mode": {**per_mode, "corrdp": {**corr, "insensitive-tv": tv}}}
+    out = {point_tag(point): main_doc}
+    if all_sensitive:
+        every = {**corr, "sensitive-columns": ",".join(column_names(point)), "insensitive-tv": ""}
+        out[f"{point_tag(point)}_all-sensitive"] = {**base, "modes": ["corrdp"], "mode": {"corrdp": every}}
+    return out
 
 
 def theory_ratio(m: int, m_s: int, tv_sum: float) -> float:
@@ -92,24 +124,38 @@ def training_loss(run_dir: Path) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
-def gather(out: Path, points: Sequence[dict[str, Any]], columns: int):  # -> pd.DataFrame
+def gather(out: Path, points: Sequence[dict[str, Any]], columns: int,
+           all_sensitive: bool = False):  # -> pd.DataFrame
     """Every run of every point with its training loss and excess empirical risk."""
     import pandas as pd
 
     frames = []
     for point in points:
-        d = out / point_tag(point)
-        frame = pd.read_csv(d / "results.csv")
+        parts = []
+        for name in point_docs({}, point, all_sensitive):
+            d = out / name
+            frame = pd.read_csv(d / "results.csv")
+            eps = frame["target_epsilon"].map(lambda t: "ref" if pd.isna(t) else f"eps{t:g}")
+            tags = frame["mode"] + "_" + eps + "_seed" + frame["seed"].astype(str)
+            frame["train_loss"] = [training_loss(d / "runs" / t) for t in tags]
+            if name.endswith("_all-sensitive"):
+                frame["mode"] = ALL_SENSITIVE
+            parts.append(frame)
+        frame = pd.concat(parts, ignore_index=True)
         frame["num_sensitive"] = point["num-sensitive"]
         frame["columns"] = columns
         frame["correlation"] = point["correlation"]
-        eps = frame["target_epsilon"].map(lambda t: "ref" if pd.isna(t) else f"eps{t:g}")
-        tags = frame["mode"] + "_" + eps + "_seed" + frame["seed"].astype(str)
-        frame["train_loss"] = [training_loss(d / "runs" / t) for t in tags]
         base = frame[frame["mode"] == "nonprivate"].set_index("seed")["train_loss"]
         frame["excess_risk"] = frame["train_loss"] - frame["seed"].map(base)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def _cell(frame) -> tuple[float, float, float] | None:
+    """Mean excess risk, its sd over seeds, mean held-out accuracy (%) of some runs."""
+    if not len(frame):
+        return None
+    return frame["excess_risk"].mean(), frame["excess_risk"].std(), 100 * frame["accuracy"].mean()
 
 
 def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
@@ -118,36 +164,54 @@ def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
 
     atomic_write(out / SWEEP_CSV, frame.to_csv(index=False).encode())
     private = frame[frame["target_epsilon"].notna()]
+    has_all = bool((private["mode"] == ALL_SENSITIVE).any())
+    seeds = sorted(frame["seed"].unique())
+    head = "| m_s/m | ρ = TV | ε | `dp` | `fdp` | `corrdp` |"
+    rule = "|---|---|---|---|---|---|"
+    if has_all:
+        head += " `corrdp`, all sensitive |"
+        rule += "---|"
+    head += " `public` |"
+    rule += "---|"
+    if has_all:
+        head += " all-sensitive / `corrdp` |"
+        rule += "---|"
+    head += " `dp` / `corrdp` | theory |"
+    rule += "---|---|"
     lines = [
-        "Excess empirical risk (training cross-entropy minus `nonprivate`'s, same seed; mean over "
-        "seeds) and held-out accuracy (%). `dp`, `fdp`: add/remove ε; `corrdp`: CorrDP ε "
-        "(`epsilon_corrdp`) calibrated to the same number; `corrdp` declares TV = ρ. Ratio: `dp`'s "
-        "excess risk over `corrdp`'s; theory: Theorem 3.6's rate ratio √m / √(m_s + min(Σ TV, m_s/4)).",
+        f"Excess empirical risk: training cross-entropy minus `nonprivate`'s (same seed), mean "
+        f"± sd over seeds {seeds}; in brackets the held-out accuracy (%). `dp`, `fdp`: add/remove "
+        "ε; `corrdp`: CorrDP ε (`epsilon_corrdp`) calibrated to the same number, declaring TV = ρ"
+        + ("; `corrdp`, all sensitive: the same code with every column sensitive (DP for a "
+           "replacement of the features, labels fixed)" if has_all else "")
+        + ". Ratios: excess risk over `corrdp`'s; theory: Theorem 3.6's rate ratio "
+        "√m / √(m_s + min(Σ TV, m_s/4)) (DP-ERM over CorrDP-SGD).",
         "",
-        "| m_s/m | ρ = TV | ε | `dp` | `fdp` | `corrdp` | `public` | ratio dp/corrdp | theory |",
-        "|---|---|---|---|---|---|---|---|---|",
+        head,
+        rule,
     ]
     public = frame[frame["mode"] == "public"]
+
+    def fmt(v: tuple[float, float, float] | None) -> str:
+        return "—" if v is None else f"{v[0]:.3f} ± {v[1]:.3f} ({v[2]:.1f})"
+
+    def ratio(num, den) -> str:
+        return f"{num[0] / den[0]:.2f}" if num and den and den[0] > 0 else "—"
+
     for (ms, rho, eps), part in private.groupby(["num_sensitive", "correlation", "target_epsilon"]):
         m = int(part["columns"].iloc[0])
-        cells = {}
-        for mode in ("dp", "fdp", "corrdp"):
-            sub = part[part["mode"] == mode]
-            cells[mode] = (sub["excess_risk"].mean(), 100 * sub["accuracy"].mean()) if len(sub) else None
-        pub = public[(public["num_sensitive"] == ms) & (public["correlation"] == rho)]
-        cells["public"] = (pub["excess_risk"].mean(), 100 * pub["accuracy"].mean()) if len(pub) else None
-
-        def fmt(v: tuple[float, float] | None) -> str:
-            return "—" if v is None else f"{v[0]:.3f} ({v[1]:.1f})"
-
-        ratio = "—"
-        if cells["dp"] and cells["corrdp"] and cells["corrdp"][0] > 0:
-            ratio = f"{cells['dp'][0] / cells['corrdp'][0]:.2f}"
+        cells = {mode: _cell(part[part["mode"] == mode]) for mode in ("dp", "fdp", "corrdp", ALL_SENSITIVE)}
+        pub = _cell(public[(public["num_sensitive"] == ms) & (public["correlation"] == rho)])
+        row = f"| {int(ms)}/{m} | {rho:g} | {eps:g} | {fmt(cells['dp'])} | {fmt(cells['fdp'])} | "
+        row += f"{fmt(cells['corrdp'])} |"
+        if has_all:
+            row += f" {fmt(cells[ALL_SENSITIVE])} |"
+        row += f" {fmt(pub)} |"
+        if has_all:
+            row += f" {ratio(cells[ALL_SENSITIVE], cells['corrdp'])} |"
         theory = theory_ratio(m, int(ms), (m - int(ms)) * float(rho))
-        lines.append(
-            f"| {int(ms)}/{m} | {rho:g} | {eps:g} | {fmt(cells['dp'])} | {fmt(cells['fdp'])} | "
-            f"{fmt(cells['corrdp'])} | {fmt(cells['public'])} | {ratio} | {theory:.2f} |"
-        )
+        row += f" {ratio(cells['dp'], cells['corrdp'])} | {theory:.2f} |"
+        lines.append(row)
     atomic_write(out / SWEEP_MD, ("\n".join(lines) + "\n").encode())
     plot(private, out / SWEEP_PNG)
 
@@ -164,22 +228,24 @@ def plot(private, path: Path) -> None:
     from fedfdp.outputs import atomic_write
 
     sens = sorted(private["num_sensitive"].unique())
-    fig, axes = plt.subplots(1, len(sens), figsize=(4.2 * len(sens), 3.4), squeeze=False, sharey=True)
-    style = {"dp": ("tab:red", "s", "dp (add/remove ε)"), "fdp": ("tab:blue", "o", "fdp (add/remove ε)"),
-             "corrdp": ("tab:purple", "D", "corrdp (CorrDP ε)")}
+    fig, axes = plt.subplots(1, len(sens), figsize=(4.2 * len(sens), 3.6), squeeze=False, sharey=True)
+    style = {"dp": ("tab:red", "s", "-", "dp (add/remove ε)"),
+             "fdp": ("tab:blue", "o", "-", "fdp (add/remove ε)"),
+             ALL_SENSITIVE: ("tab:gray", "v", "--", "corrdp, all columns sensitive (CorrDP ε)"),
+             "corrdp": ("tab:purple", "D", ":", "corrdp, TV = ρ (CorrDP ε)")}
     for ax, ms in zip(axes[0], sens, strict=True):
         part = private[private["num_sensitive"] == ms]
-        for mode, (color, marker, label) in style.items():
+        for mode, (color, marker, line, label) in style.items():
             sub = part[part["mode"] == mode].groupby("correlation")["excess_risk"].agg(["mean", "std"])
             if len(sub):
                 ax.errorbar(sub.index, sub["mean"], yerr=sub["std"].fillna(0), color=color, marker=marker,
-                            capsize=3, label=label, linestyle=":" if mode == "corrdp" else "-")
+                            capsize=3, label=label, linestyle=line)
         m = int(part["columns"].iloc[0])
         ax.set_title(f"m_s/m = {int(ms)}/{m}, ε = {part['target_epsilon'].iloc[0]:g}", fontsize=10)
         ax.set_xlabel("correlation ρ = TV(j) of every insensitive column")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("excess empirical risk (train CE − nonprivate)")
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
@@ -204,18 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(grid, dict):
             raise ConfigError(f"config={args.config!r}: needs a [grid] table")
         points = grid_points(grid)
+        all_sensitive = bool(grid.get("all-sensitive", False))
         out = Path(args.out)
         if not args.report_only:
+            command = f"python -m simulations.corrdp_sweep --config {args.config} --out {args.out}"
             for point in points:
-                sweep_doc = {**doc, **point}
-                per_mode = dict(sweep_doc.pop("mode", {}))
-                tv = f"*={point['correlation']!r}"
-                per_mode["corrdp"] = {**per_mode.get("corrdp", {}), "insensitive-tv": tv}
-                sweep_doc["mode"] = per_mode
-                command = f"python -m simulations.corrdp_sweep --config {args.config} --out {args.out}"
-                run_sweep(parse_sweep(sweep_doc, args.set), out / point_tag(point), progress=True,
-                          command=command)
-        frame = gather(out, points, int(grid["columns"]))
+                for name, sweep_doc in point_docs(doc, point, all_sensitive).items():
+                    run_sweep(parse_sweep(sweep_doc, args.set), out / name, progress=True, command=command)
+        frame = gather(out, points, int(grid["columns"]), all_sensitive)
         write_tables(frame, out)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

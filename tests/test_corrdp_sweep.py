@@ -11,7 +11,20 @@ import torch
 import torch.nn.functional as F
 
 from fedfdp.config import ConfigError
-from simulations.corrdp_sweep import grid_points, main, point_tag, theory_ratio
+from simulations.corrdp_sweep import grid_points, main, point_docs, point_tag, theory_ratio
+
+
+def test_point_docs_declare_tv_and_every_column_sensitive():
+    point = {"num-sensitive": 1, "num-insensitive": 2, "correlation": 0.25}
+    doc = {"modes": ["dp", "corrdp"], "mode": {"corrdp": {"corrdp-weight-bound": 2.0}}}
+    docs = point_docs(doc, point, all_sensitive=True)
+    assert list(docs) == ["ms1_rho0.25", "ms1_rho0.25_all-sensitive"]
+    assert docs["ms1_rho0.25"]["mode"]["corrdp"] == {"corrdp-weight-bound": 2.0, "insensitive-tv": "*=0.25"}
+    every = docs["ms1_rho0.25_all-sensitive"]
+    assert every["modes"] == ["corrdp"] and every["correlation"] == 0.25
+    assert every["mode"]["corrdp"] == {"corrdp-weight-bound": 2.0, "sensitive-columns": "s0,u0,u1",
+                                       "insensitive-tv": ""}
+    assert list(point_docs(doc, point, all_sensitive=False)) == ["ms1_rho0.25"]
 
 
 def test_grid_points_and_refusals():
@@ -44,12 +57,13 @@ def test_tiny_sweep_end_to_end(tmp_path):
         'modes = ["nonprivate", "dp", "corrdp"]\ntarget-epsilons = [2.0]\nseeds = [0]\n'
         'dataset = "correlated"\nnum-devices = 2\nrecords-per-device = 30\nsampling-rate = 1.0\n'
         'num-rounds = 3\nlabel-signal = 1.0\n'
-        '[grid]\ncolumns = 4\nnum-sensitive = [1]\ncorrelation = [0.0, 1.0]\n'
+        '[grid]\ncolumns = 4\nnum-sensitive = [1]\ncorrelation = [0.0, 1.0]\nall-sensitive = true\n'
     )
     out = tmp_path / "out"
     assert main(["--config", str(config), "--out", str(out)]) == 0
     frame = pd.read_csv(out / "corrdp_sweep.csv")
-    assert len(frame) == 2 * 3 and set(frame["correlation"]) == {0.0, 1.0}
+    assert len(frame) == 2 * 4 and set(frame["correlation"]) == {0.0, 1.0}
+    assert set(frame["mode"]) == {"nonprivate", "dp", "corrdp", "corrdp-all-sensitive"}
     assert (frame[frame["mode"] == "nonprivate"]["excess_risk"] == 0).all()
     # the training loss is the cross-entropy of the saved model on the training records
     from fedfdp.config import load_config, read_toml
@@ -67,6 +81,12 @@ def test_tiny_sweep_end_to_end(tmp_path):
     loss = float(F.cross_entropy(x @ weight.T + bias, y))
     row = frame[(frame["mode"] == "corrdp") & (frame["correlation"] == 1.0)].iloc[0]
     assert row["train_loss"] == pytest.approx(loss, rel=1e-5)
+    # every column sensitive: the same corrdp code with no insensitive feature
+    every_run = out / "ms1_rho1_all-sensitive" / "runs" / "corrdp_eps2_seed0"
+    every = load_config(read_toml(every_run / "config.toml"))
+    assert every.privacy.sensitive_columns == ("s0", "u0", "u1", "u2")
+    assert every.privacy.insensitive_tv == ()
     table = (out / "corrdp_sweep.md").read_text()
+    assert "all-sensitive / `corrdp`" in table
     assert "| 1/4 | 0 | 2 |" in table and "| 1/4 | 1 | 2 |" in table
     assert (out / "corrdp_sweep.png").stat().st_size > 1000
