@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,10 +236,16 @@ class FDPServer:
         δ and the budget for the event it charges."""
         self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), device_sizes, device_nodes)
         accounting = self.parts.accounting
-        self.plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event,
-                                 accounting=accounting)
-        self.budget = Budget(self.plan, accounting.new())
-        self.clipping_quantile = self._quantile(self.plan)
+        plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event,
+                            accounting=accounting)
+        self.clipping_quantile = self._quantile(plan)
+        if plan.count_noise is not None and self.clipping_quantile == 0.0:
+            # "auto" chose a fixed C: no count is released, so none of the budget goes to it
+            fixed = replace(self.cfg, privacy=replace(self.cfg.privacy, clipping_quantile=0.0))
+            plan = plan_privacy(fixed, self.sampling.num_records,
+                                event=self.sampling.event, accounting=accounting)
+        self.plan = plan
+        self.budget = Budget(plan, accounting.new())
         if self.parts.project is not None:
             self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
         return self.plan
@@ -423,7 +429,8 @@ class FDPServer:
         }
         if plan.count_noise is not None:
             values["clipping-count-std"] = plan.count_noise
-            values["clipping-quantile"] = self.clipping_quantile
+        if plan.count_noise is not None or self.cfg.privacy.clipping_quantile is None:
+            values["clipping-quantile"] = self.clipping_quantile  # what "auto" chose (0: fixed C)
         if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
         return {**values, **(extra or {})}

@@ -226,12 +226,18 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
     data = load_dataset(cfg.data)
     server = FDPServer(cfg, build_model_for(cfg, data))
     plan = server.resolve(data.sizes.tolist())
+    split = plan_privacy(cfg, sum(data.sizes.tolist()))  # the budget split "auto" starts from
     d = sum(p.numel() for p in server.model.parameters())
     batch = cfg.privacy.sampling_rate * sum(data.sizes.tolist())
-    ref = _recipe_reference(plan.noise_multiplier, plan.count_noise, d, batch)
+    ref = _recipe_reference(split.noise_multiplier, split.count_noise, d, batch)
     assert server.clipping_quantile == pytest.approx(ref, abs=1e-9)
     if ref == 0.0:
+        # a fixed C releases no count: the whole budget goes to the gradient (σ = σ_eff, same ε)
+        assert plan.count_noise is None
+        assert plan.noise_multiplier == pytest.approx(split.accounted_noise_multiplier, rel=1e-9)
+        assert plan.noise_multiplier < split.noise_multiplier
         _, rows = run_centralised(cfg, data)
         assert {r["clipping_norm"] for r in rows} == {1.0}
     else:
         assert 0.5 <= ref <= 0.99
+        assert plan == split
