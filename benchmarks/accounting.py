@@ -39,7 +39,7 @@ HEADLINE = {"noise_multiplier": 0.8, "sampling_rate": 1 / 16, "rounds": 10_000, 
 
 def _clear_caches() -> None:
     composition._profile.cache_clear()
-    prv._log_moments.cache_clear()
+    prv.log_moments.cache_clear()
 
 
 def _fresh_bound(

@@ -40,8 +40,8 @@ from torch import nn
 
 from benchmarks.timing import Clock, interleaved_samples, malloc_env_set, pick_clock
 from fedfdp.clipping import clipped_grad_sum
-from fedfdp.clipping.common import _Batch
-from fedfdp.clipping.ghost import _ghost
+from fedfdp.clipping.common import Batch
+from fedfdp.clipping.ghost import ghost_clipped_sum
 
 
 @dataclass
@@ -168,7 +168,8 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
 
     def ghost_2pass() -> object:
         with torch.enable_grad():
-            return _ghost(_Batch(model, [case.x, case.view], case.y, fdp_loss, params), c, bookkeeping=False)
+            batch = Batch(model, [case.x, case.view], case.y, fdp_loss, params)
+            return ghost_clipped_sum(batch, c, bookkeeping=False)
 
     def fdp_step() -> object:
         s = clipped_grad_sum(model, [case.x, case.view], case.y, fdp_loss, c, "ghost")

@@ -296,9 +296,9 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
 def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
-    from simulations.run import _quiet_flower
+    from simulations.run import quiet_flower
 
-    _quiet_flower(False)
+    quiet_flower(False)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     log: dict[str, Any] = {"blocks": [], "fdp_registration_s": 0.0}
     cfg = _fleet_config(args, "")

@@ -87,7 +87,7 @@ ENGINES = ("centralised", "flower")
 _PER_RUN = ("mode", "seed", "target-epsilon", "noise-multiplier", "out-dir", "progress")
 #: Keys that do not change what a run computes (left out of the configuration hash):
 #: the configuration's ``run`` section.
-_NOT_HASHED = ORCHESTRATION_KEYS
+NOT_HASHED = ORCHESTRATION_KEYS
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def parse_sweep(doc: Mapping[str, Any], overrides: Sequence[str] = ()) -> Sweep:
 
 def config_hash(cfg: Config) -> str:
     """Short hash of everything that changes what a run computes."""
-    flat = {k: v for k, v in cfg.to_flat().items() if k not in _NOT_HASHED}
+    flat = {k: v for k, v in cfg.to_flat().items() if k not in NOT_HASHED}
     text = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

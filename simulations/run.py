@@ -52,7 +52,7 @@ def build_config(config_path: str | None, overrides: Sequence[str], out: str | N
     return load_config(mapping)
 
 
-def _quiet_flower(verbose: bool) -> None:
+def quiet_flower(verbose: bool) -> None:
     level = logging.INFO if verbose else logging.WARNING
     logging.getLogger("flwr").setLevel(level)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -407,7 +407,7 @@ def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | 
     count = default_supernodes(cfg.data.num_devices) if supernodes is None else int(supernodes)
     if not 1 <= count <= cfg.data.num_devices:
         raise ConfigError(f"--supernodes={supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
-    _quiet_flower(verbose)
+    quiet_flower(verbose)
     with LocalSimulation(verbose=verbose) as sim:
         app = stage_simulation_app(sim.root / "app", cfg)
         sim.run(app, count)

@@ -59,8 +59,8 @@ from fedfdp.accounting import (
     save_tradeoff_csv,
     tradeoff_curve,
 )
-from fedfdp.accounting.prv import _RDP_ORDERS, _log_moments
-from fedfdp.accounting.prv_reference import _prv_add_ordering
+from fedfdp.accounting.prv import RDP_ORDERS, log_moments
+from fedfdp.accounting.prv_reference import prv_add_ordering
 from tests.references import (
     VDI,
     dp_ref_eps,
@@ -207,7 +207,7 @@ def test_add_ordering_through_prv_accountant() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prv = PRVAccountant(
-            prvs=[_prv_add_ordering(1 / 16, 0.8)],
+            prvs=[prv_add_ordering(1 / 16, 0.8)],
             max_self_compositions=[100],
             eps_error=0.05,
             delta_error=1e-8,
@@ -481,10 +481,10 @@ def test_renyi_moments_match_prv_accountant() -> None:
     from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
 
     for sigma, q in [(0.8, 1 / 16), (2.0, 0.01), (0.5, 0.5)]:
-        ours = _log_moments(sigma, q)
+        ours = log_moments(sigma, q)
         prv = PoissonSubsampledGaussianMechanism(q, sigma)
-        for i in range(0, len(_RDP_ORDERS), 7):
-            alpha = float(_RDP_ORDERS[i])
+        for i in range(0, len(RDP_ORDERS), 7):
+            alpha = float(RDP_ORDERS[i])
             ref = prv.rdp(alpha) * (alpha - 1)
             if math.isfinite(ref) and ref < 1e4:
                 assert ours[i] == pytest.approx(ref, rel=1e-9, abs=1e-12)
@@ -788,12 +788,12 @@ def test_participation_speed() -> None:
 def test_integer_moments_bound_the_quadrature() -> None:
     """The closed form used for small sigma: exact at integer orders, above the
     quadrature (convexity) in between."""
-    from fedfdp.accounting.prv import _log_moments_integer
+    from fedfdp.accounting.prv import log_moments_integer
 
     for sigma, q in [(0.5, 0.1), (0.3, 0.01), (1.0, 0.5)]:
-        quad = _log_moments(sigma, q)
-        closed = _log_moments_integer(sigma, q)
-        integer = np.round(_RDP_ORDERS) == _RDP_ORDERS
+        quad = log_moments(sigma, q)
+        closed = log_moments_integer(sigma, q)
+        integer = np.round(RDP_ORDERS) == RDP_ORDERS
         finite = np.isfinite(quad) & (quad < 1e4)
         np.testing.assert_allclose(closed[integer & finite], quad[integer & finite], rtol=1e-8, atol=1e-12)
         assert np.all(closed[finite] >= quad[finite] - 1e-9 * (1 + np.abs(quad[finite])))

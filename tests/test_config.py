@@ -140,12 +140,12 @@ def test_cross_section_checks_run_on_construction():
 def test_the_orchestration_section_is_what_may_change_on_resume_and_is_not_hashed():
     from fedfdp.checkpoint import RESUMABLE_KEYS
     from fedfdp.config import ORCHESTRATION_KEYS, PrivacyConfig, RunConfig
-    from simulations.compare import _NOT_HASHED
+    from simulations.compare import NOT_HASHED
 
     def keys_of(cls):
         return {k for k in config_keys() if k.replace("-", "_") in cls.__dataclass_fields__}
 
-    assert ORCHESTRATION_KEYS == keys_of(RunConfig) == RESUMABLE_KEYS == set(_NOT_HASHED)
+    assert ORCHESTRATION_KEYS == keys_of(RunConfig) == RESUMABLE_KEYS == set(NOT_HASHED)
     assert "seed" not in ORCHESTRATION_KEYS and "num-rounds" not in ORCHESTRATION_KEYS
     assert {"num-rounds", "clients-per-round", "reproducible-noise"} <= keys_of(PrivacyConfig)
 

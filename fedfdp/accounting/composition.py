@@ -84,15 +84,15 @@ from fedfdp.accounting.curves import ArrayCurve, CurveBase, SpectralCurve
 from fedfdp.accounting.prv import (
     DiscretisationError,
     Group,
-    _as_group,
-    _rdp_delta,
-    _support_length,
+    as_group,
     chernoff_lower,
     chernoff_upper,
     discretise,
     gaussian_delta,
     gaussian_epsilon,
+    rdp_delta,
     rdp_epsilon,
+    support_length,
     tv_bound,
 )
 
@@ -443,7 +443,7 @@ class _Profile:
         if self.gaussian_mu is not None:
             return gaussian_delta(self.gaussian_mu, eps)
         if not self.curves:
-            out = _rdp_delta(self.groups, eps)
+            out = rdp_delta(self.groups, eps)
         else:
             out = np.zeros(eps.shape)
             for c in self.curves:
@@ -521,7 +521,7 @@ def _profile(
     ``groups`` holds :class:`~fedfdp.accounting.prv.Group` or plain ``(sigma, q, count)``
     tuples (participation 1).  Results are cached (:class:`_ProfileCache`).
     """
-    key = (tuple(_as_group(g) for g in groups), eps_disc, delta_error, max_grid_points)
+    key = (tuple(as_group(g) for g in groups), eps_disc, delta_error, max_grid_points)
     prof = _PROFILE_CACHE.get(key)
     if prof is None:
         prof = _compose_profile(*key)
@@ -560,7 +560,7 @@ def _compose_profile(
         # supports and (in _compose_direction) the FFT length bound the memory
         span = (grid.upper + grid.lower + 2.0 * grid.margin) / grid.h
         supports = [
-            _support_length(g.sigma, g.q, d, grid.h, grid.eta) for g in merged for d in ("remove", "add")
+            support_length(g.sigma, g.q, d, grid.h, grid.eta) for g in merged for d in ("remove", "add")
         ]
         factor = max(span / span_limit, max(supports) / limit, sum(supports) / (2 * limit))
         if factor <= 1.0:
@@ -603,7 +603,7 @@ def bucket_groups(groups: tuple[Group, ...], conservative: bool) -> tuple[Group,
     for r in (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3):
         out = {}
         for g in groups:
-            s, q, n, p = _as_group(g)
+            s, q, n, p = as_group(g)
             ls, lq, lp = math.log(s) / r, math.log(q) / r, math.log(p) / r
             if conservative:
                 s2 = math.exp(r * math.floor(ls)) * (1.0 - 1e-15)

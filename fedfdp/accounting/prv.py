@@ -45,7 +45,7 @@ import numpy as np
 from scipy import integrate, optimize, special
 
 # Renyi orders for the tail bounds and for the RDP cap.
-_RDP_ORDERS = np.concatenate(
+RDP_ORDERS = np.concatenate(
     [
         np.arange(1.05, 2.0, 0.05),
         np.arange(2.0, 10.0, 0.25),
@@ -55,7 +55,7 @@ _RDP_ORDERS = np.concatenate(
 )
 
 # Largest omega grid of the Renyi-moment quadrature; below sigma ~ 0.022 the grid
-# would be longer and the integer-order closed form is used instead (``_log_moments``).
+# would be longer and the integer-order closed form is used instead (``log_moments``).
 _MOMENT_GRID_MAX = 2**19
 
 
@@ -69,7 +69,7 @@ class Group(NamedTuple):
     p: float = 1.0
 
 
-def _as_group(g: Sequence[float]) -> Group:
+def as_group(g: Sequence[float]) -> Group:
     """``Group`` from a ``(sigma, q, count)`` or ``(sigma, q, count, p)`` tuple."""
     return g if isinstance(g, Group) else Group(*g)
 
@@ -184,8 +184,8 @@ def _truncated_mean(sigma: float, q: float, direction: str, a: float, b: float) 
 
 
 @functools.lru_cache(maxsize=1024)
-def _log_moments(sigma: float, q: float) -> np.ndarray:
-    """``log A_a = log E_P[(Q/P)^a] = (a-1) D_a(Q||P)`` at the orders ``_RDP_ORDERS``.
+def log_moments(sigma: float, q: float) -> np.ndarray:
+    """``log A_a = log E_P[(Q/P)^a] = (a-1) D_a(Q||P)`` at the orders ``RDP_ORDERS``.
 
     Trapezoidal quadrature in ``omega`` on a mesh of ``min(sigma/4, sigma^2)``
     (exponentially accurate for these analytic, Gaussian-tailed integrands; a test
@@ -193,26 +193,26 @@ def _log_moments(sigma: float, q: float) -> np.ndarray:
     ``D_a(P||Q) <= D_a(Q||P)``, so these moments bound the add ordering as well.
     """
     if not sigma * sigma > 0.0:  # sigma^2 underflows: no noise to speak of
-        return np.full(len(_RDP_ORDERS), np.inf)
+        return np.full(len(RDP_ORDERS), np.inf)
     if q == 1.0:
         with np.errstate(over="ignore"):
-            return _RDP_ORDERS * (_RDP_ORDERS - 1.0) / (2.0 * sigma * sigma)
+            return RDP_ORDERS * (RDP_ORDERS - 1.0) / (2.0 * sigma * sigma)
     step = min(sigma / 4.0, sigma * sigma)
-    if (float(_RDP_ORDERS[-1]) + 1.0 + 28.0 * sigma) / step > _MOMENT_GRID_MAX:
-        return _log_moments_integer(sigma, q)
-    omega = np.arange(-14.0 * sigma, float(_RDP_ORDERS[-1]) + 1.0 + 14.0 * sigma, step)
+    if (float(RDP_ORDERS[-1]) + 1.0 + 28.0 * sigma) / step > _MOMENT_GRID_MAX:
+        return log_moments_integer(sigma, q)
+    omega = np.arange(-14.0 * sigma, float(RDP_ORDERS[-1]) + 1.0 + 14.0 * sigma, step)
     log_phi = -0.5 * (omega / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi))
     g = _loss(omega, sigma, q)
-    out = np.empty(len(_RDP_ORDERS))
-    for s in range(0, len(_RDP_ORDERS), 16):
-        x = log_phi[None, :] + _RDP_ORDERS[s : s + 16, None] * g[None, :]
+    out = np.empty(len(RDP_ORDERS))
+    for s in range(0, len(RDP_ORDERS), 16):
+        x = log_phi[None, :] + RDP_ORDERS[s : s + 16, None] * g[None, :]
         m = x.max(axis=1, keepdims=True)
         out[s : s + 16] = m[:, 0] + np.log(np.exp(x - m).sum(axis=1)) + math.log(step)
     return np.maximum(out, 0.0)
 
 
-def _log_moments_integer(sigma: float, q: float) -> np.ndarray:
-    """Upper bounds on ``log A_a`` at ``_RDP_ORDERS`` without quadrature (small ``sigma``).
+def log_moments_integer(sigma: float, q: float) -> np.ndarray:
+    """Upper bounds on ``log A_a`` at ``RDP_ORDERS`` without quadrature (small ``sigma``).
 
     At integer orders the moment is the binomial sum (Mironov, Talwar & Zhang 2019)
     ``A_k = sum_j C(k, j) (1-q)^(k-j) q^j exp(j (j-1) / (2 sigma^2))``, summed in log
@@ -223,7 +223,7 @@ def _log_moments_integer(sigma: float, q: float) -> np.ndarray:
     bound, which is all the tail bounds and the Renyi-DP cap need.  Memory: a few
     arrays of ``257 x 258`` numbers, whatever ``sigma``.
     """
-    k_max = math.ceil(float(_RDP_ORDERS[-1]))
+    k_max = math.ceil(float(RDP_ORDERS[-1]))
     ks = np.arange(1, k_max + 1, dtype=float)
     j = np.arange(k_max + 1, dtype=float)
     inv = 1.0 / (2.0 * sigma * sigma)  # may be inf
@@ -241,7 +241,7 @@ def _log_moments_integer(sigma: float, q: float) -> np.ndarray:
             np.inf,
         )
     log_a = np.concatenate([[0.0], np.maximum(log_a, 0.0)])  # index k = order k (log A_0 unused)
-    a = _RDP_ORDERS
+    a = RDP_ORDERS
     lo = np.floor(a).astype(int)
     t = a - lo
     hi = np.minimum(lo + 1, k_max)
@@ -252,7 +252,7 @@ def _log_moments_integer(sigma: float, q: float) -> np.ndarray:
 
 
 def _group_log_moments(g: Group) -> np.ndarray:
-    """``log`` of the Renyi moments of one round of group ``g`` at ``_RDP_ORDERS``.
+    """``log`` of the Renyi moments of one round of group ``g`` at ``RDP_ORDERS``.
 
     With participation ``p`` the round is the mixture (prob. ``p``: Theorem 5's pair,
     else the identical pair ``(P, P)``, the branch revealed), whose moment generating
@@ -260,18 +260,18 @@ def _group_log_moments(g: Group) -> np.ndarray:
     ordering's moments, so the bound by the remove ordering (Mironov et al.) carries
     over.
     """
-    lm = _log_moments(g.sigma, g.q)
+    lm = log_moments(g.sigma, g.q)
     if g.p == 1.0:
         return lm
     return np.logaddexp(math.log(g.p) + lm, math.log1p(-g.p))
 
 
 def _total_moments(groups: Sequence[Group]) -> np.ndarray:
-    total = np.zeros(len(_RDP_ORDERS))
+    total = np.zeros(len(RDP_ORDERS))
     for g in groups:
-        g = _as_group(g)
+        g = as_group(g)
         if g.p == 1.0:
-            total += g.count * _log_moments(g.sigma, g.q)
+            total += g.count * log_moments(g.sigma, g.q)
         else:
             total += g.count * _group_log_moments(g)
     return total
@@ -280,7 +280,7 @@ def _total_moments(groups: Sequence[Group]) -> np.ndarray:
 def chernoff_upper(groups: Sequence[Group], prob: float) -> float:
     """``L`` with ``Pr[sum of losses > L] <= prob``, either ordering (Chernoff)."""
     total = _total_moments(groups)
-    return float(np.min((total + math.log(1.0 / prob)) / (_RDP_ORDERS - 1.0)))
+    return float(np.min((total + math.log(1.0 / prob)) / (RDP_ORDERS - 1.0)))
 
 
 def chernoff_lower(groups: Sequence[Group], prob: float) -> float:
@@ -292,7 +292,7 @@ def chernoff_lower(groups: Sequence[Group], prob: float) -> float:
     """
     total = _total_moments(groups)
     log_inv = math.log(1.0 / prob)
-    return float(min(log_inv, np.min((total + log_inv) / _RDP_ORDERS)))
+    return float(min(log_inv, np.min((total + log_inv) / RDP_ORDERS)))
 
 
 def rdp_epsilon(groups: Sequence[Group], delta: float) -> float:
@@ -305,16 +305,16 @@ def rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
 
     ``+inf`` when every moment overflows (a vacuous but valid bound).
     """
-    a = _RDP_ORDERS
+    a = RDP_ORDERS
     eps = (_total_moments(groups) - log_delta - np.log(a)) / (a - 1.0) + np.log1p(-1.0 / a)
     return max(0.0, float(np.min(eps)))
 
 
-def _rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
+def rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
     """Renyi-DP upper bound on either ordering's ``delta(eps)``: the inverse of the
     conversion in :func:`rdp_epsilon`, minimised over the orders (capped at 1)."""
     eps = np.asarray(eps, dtype=float)
-    a = _RDP_ORDERS[:, None]
+    a = RDP_ORDERS[:, None]
     total = _total_moments(groups)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
         log_d = total - np.log(a) - (a - 1.0) * (eps.ravel()[None, :] - np.log1p(-1.0 / a))
@@ -333,7 +333,7 @@ def tv_bound(groups: Sequence[Group]) -> float:
     """
     log_none = 0.0  # log Pr[no round touches the record]
     for g in groups:
-        g = _as_group(g)
+        g = as_group(g)
         touch = g.p * g.q
         if touch >= 1.0:
             return 1.0
@@ -379,7 +379,7 @@ class DiscretisationError(RuntimeError):
     falls back to the Renyi-DP bound."""
 
 
-def _support_length(sigma: float, q: float, direction: str, h: float, eta: float) -> float:
+def support_length(sigma: float, q: float, direction: str, h: float, eta: float) -> float:
     """Number of cells :func:`discretise` would use (``inf`` if the loss overflows)."""
     with np.errstate(over="ignore", invalid="ignore"):
         a, b = _truncation(sigma, q, direction, eta)

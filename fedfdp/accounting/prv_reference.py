@@ -34,7 +34,7 @@ from fedfdp.accounting.prv import loss_inv
 __all__ = ["epsilon_prv_accountant"]
 
 
-def _prv_add_ordering(q: float, sigma: float) -> Any:
+def prv_add_ordering(q: float, sigma: float) -> Any:
     """prv-accountant ``PrivacyRandomVariable`` of the add ordering, ``log(P/Q)`` under ``P``.
 
     ``CDF(t) = Pr_P[-log(Q/P)(w) <= t] = Phi(-w(-t) / sigma)`` with ``w`` the inverse of
@@ -126,7 +126,7 @@ def epsilon_prv_accountant(
             elif ordering == "remove":
                 prv = PoissonSubsampledGaussianMechanism(q, s)
             else:
-                prv = _prv_add_ordering(q, s)
+                prv = prv_add_ordering(q, s)
             if g.p < 1.0:
                 prv = _prv_participation(prv, g.p)
             prvs.append(prv)

@@ -28,15 +28,15 @@ import torch
 from torch import nn
 
 from fedfdp.clipping.common import (
+    Batch,
     ClippedSum,
+    GhostUnsupportedError,
     LossFn,
-    _Batch,
-    _GhostUnsupportedError,
-    _VmapUnsupportedError,
+    VmapUnsupportedError,
 )
-from fedfdp.clipping.ghost import _ghost, _ghost_problem
-from fedfdp.clipping.loop import _loop, _plain
-from fedfdp.clipping.vmap import _vmap
+from fedfdp.clipping.ghost import ghost_clipped_sum, ghost_problem
+from fedfdp.clipping.loop import loop_clipped_sum, plain_sum
+from fedfdp.clipping.vmap import vmap_clipped_sum
 
 __all__ = ["METHODS", "clipped_grad_sum"]
 
@@ -113,11 +113,11 @@ def clipped_grad_sum(
     if clip is None:
         resolved = "plain"
     elif method == "auto":
-        resolved = "ghost" if _ghost_problem(model) is None else "vmap"
+        resolved = "ghost" if ghost_problem(model) is None else "vmap"
     else:
         resolved = method
         if method == "ghost":
-            problem = _ghost_problem(model)
+            problem = ghost_problem(model)
             if problem is not None:
                 raise ValueError(f"method='ghost' cannot handle this model: {problem}")
 
@@ -129,12 +129,12 @@ def clipped_grad_sum(
             norms = torch.full((n,), math.nan, dtype=dtype, device=device)
         return ClippedSum([torch.zeros_like(p) for p in params], norms, resolved)
 
-    batch = _Batch(model, xs, targets, loss_fn, params)
+    batch = Batch(model, xs, targets, loss_fn, params)
     with torch.enable_grad():
         if resolved == "plain":
-            return _plain(batch)
+            return plain_sum(batch)
         if resolved == "loop":
-            return _loop(batch, clip)
+            return loop_clipped_sum(batch, clip)
         result = _batched(batch, clip, method, resolved)
         # A record whose gradient is not finite (NaN/inf loss) contributes 0,
         # which keeps the sensitivity C; multiplying its NaNs by 0 would not,
@@ -153,22 +153,22 @@ def clipped_grad_sum(
         return result
 
 
-def _batched(batch: _Batch, clip: float, method: str, resolved: str) -> ClippedSum:
+def _batched(batch: Batch, clip: float, method: str, resolved: str) -> ClippedSum:
     """Run the ghost or vmap engine, falling back as ``method`` allows."""
     if resolved == "loop":
-        return _loop(batch, clip)
+        return loop_clipped_sum(batch, clip)
     if resolved == "ghost":
         try:
-            return _ghost(batch, clip)
-        except _GhostUnsupportedError as exc:
+            return ghost_clipped_sum(batch, clip)
+        except GhostUnsupportedError as exc:
             if method == "ghost":
                 raise ValueError(f"method='ghost' cannot handle this model: {exc}") from None
     try:
-        return _vmap(batch, clip)
-    except _VmapUnsupportedError as exc:
+        return vmap_clipped_sum(batch, clip)
+    except VmapUnsupportedError as exc:
         if method == "vmap":
             raise ValueError(f"method='vmap' cannot handle this model: {exc}; use method='loop'") from exc
-        return _loop(batch, clip)
+        return loop_clipped_sum(batch, clip)
 
 
 # --------------------------------------------------------------------------- #

@@ -6,7 +6,7 @@ Every engine computes the clipped sum ``S = sum_i g_i min(1, C/||g_i||)`` of
 Algorithm 1 (private gradient, clipping as in Remark 1), whose L2 sensitivity is
 ``C`` under add/remove (Definition 6); the noise ``N(0, sigma^2 C^2 I)`` of
 Theorem 5 is added by the server.  This module holds what they share: the
-:class:`ClippedSum` result, the :class:`_Batch` they run on, one forward pass over
+:class:`ClippedSum` result, the :class:`Batch` they run on, one forward pass over
 the ``K`` stacked inputs of a record, the per-record loss check and the clip
 coefficients ``min(1, C/||g_i||)`` (0 for a non-finite norm, which keeps the
 sensitivity ``C``).
@@ -24,9 +24,9 @@ from torch import nn
 LossFn = Callable[[Sequence[Any], torch.Tensor], torch.Tensor]
 
 # Elements of a temporary tensor (per-record grads, Gram matrices) per chunk.
-_CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 22
 # Per-record gradients of one layer up to this size are kept for the clipped sum.
-_KEEP_ELEMENTS = 1 << 24
+KEEP_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,15 @@ class ClippedSum:
     method: str
 
 
-class _GhostUnsupportedError(Exception):
+class GhostUnsupportedError(Exception):
     """The ghost engine cannot handle this model (auto falls back to vmap)."""
 
 
-class _VmapUnsupportedError(Exception):
+class VmapUnsupportedError(Exception):
     """torch.func.vmap cannot run this model (auto falls back to the loop)."""
 
 
-class _Batch(NamedTuple):
+class Batch(NamedTuple):
     """What every engine runs on (unpacks as ``model, xs, targets, loss_fn, params``).
 
     ``xs`` are the ``K`` input tensors of the records (record ``i`` is
@@ -80,9 +80,9 @@ class _Batch(NamedTuple):
         """Number of records."""
         return self.targets.shape[0]
 
-    def subset(self, keep: torch.Tensor) -> _Batch:
+    def subset(self, keep: torch.Tensor) -> Batch:
         """The same batch restricted to the records ``keep``."""
-        return _Batch(self.model, [x[keep] for x in self.xs], self.targets[keep], self.loss_fn, self.params)
+        return Batch(self.model, [x[keep] for x in self.xs], self.targets[keep], self.loss_fn, self.params)
 
     def accumulators(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Zero sums aligned with ``params`` and an uninitialised ``(n,)`` norm vector."""
@@ -91,7 +91,7 @@ class _Batch(NamedTuple):
         return sums, norms
 
 
-def _direct_trainable(module: nn.Module) -> list[nn.Parameter]:
+def direct_trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters(recurse=False) if p.requires_grad]
 
 
@@ -126,7 +126,7 @@ def _stackable(xs: list[torch.Tensor]) -> bool:
     )
 
 
-def _forward(
+def stacked_forward(
     model: nn.Module,
     xs: list[torch.Tensor],
     copies: list[int] | None = None,
@@ -156,7 +156,7 @@ def _forward(
     return outs
 
 
-def _losses(loss_fn: LossFn, outs: list[Any], targets: torch.Tensor, n: int) -> torch.Tensor:
+def checked_losses(loss_fn: LossFn, outs: list[Any], targets: torch.Tensor, n: int) -> torch.Tensor:
     losses = loss_fn(outs, targets)
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (n,):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses)
@@ -167,13 +167,13 @@ def _losses(loss_fn: LossFn, outs: list[Any], targets: torch.Tensor, n: int) -> 
     return losses
 
 
-def _coefficients(norms: torch.Tensor, clip: float) -> torch.Tensor:
+def clip_coefficients(norms: torch.Tensor, clip: float) -> torch.Tensor:
     """``min(1, C/‖g_i‖)``; a zero norm gives 1, a non-finite norm 0."""
     coef = (clip / norms).clamp(max=1.0)
     return torch.where(torch.isfinite(norms), coef, torch.zeros_like(coef))
 
 
-def _grad_or_zeros(
+def grad_or_zeros(
     grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]

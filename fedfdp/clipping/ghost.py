@@ -8,7 +8,7 @@ Per-record squared norms ``||g_i||^2`` are assembled layer by layer
 (:mod:`fedfdp.clipping.ghost_layers`), and the clipped sum
 ``S = sum_i g_i min(1, C/||g_i||)`` of Algorithm 1 (Remark 1) by book-keeping (one
 weighted GEMM per layer).  L2 sensitivity ``C`` under add/remove (Definition 6),
-as for every engine.  The engine refuses (``_GhostUnsupportedError``) models whose
+as for every engine.  The engine refuses (``GhostUnsupportedError``) models whose
 trainable parameters are not all owned by a layer of :func:`supported_layers` or
 are used outside that layer's ``forward``: their gradients would be incomplete.
 """
@@ -22,16 +22,16 @@ from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
 from fedfdp.clipping.common import (
+    Batch,
     ClippedSum,
-    _Batch,
-    _coefficients,
-    _direct_trainable,
-    _forward,
-    _GhostUnsupportedError,
-    _grad_or_zeros,
-    _losses,
+    GhostUnsupportedError,
+    checked_losses,
+    clip_coefficients,
+    direct_trainable,
+    grad_or_zeros,
+    stacked_forward,
 )
-from fedfdp.clipping.ghost_layers import _Capture, _layer_terms
+from fedfdp.clipping.ghost_layers import Capture, layer_terms
 
 # Layers with trainable parameters that the ghost engine handles. Matched by
 # exact type: a subclass may use its parameters differently in ``forward``.
@@ -61,11 +61,11 @@ def supported_layers() -> tuple[type, ...]:
     return _GHOST_TYPES
 
 
-def _ghost_problem(model: nn.Module) -> str | None:
+def ghost_problem(model: nn.Module) -> str | None:
     """Why the ghost engine cannot run on ``model`` (None: it can)."""
     owners: dict[int, str] = {}
     for name, module in model.named_modules():
-        own = _direct_trainable(module)
+        own = direct_trainable(module)
         if not own:
             continue
         label = f"{name or '<root>'!r} ({type(module).__name__})"
@@ -80,7 +80,7 @@ def _ghost_problem(model: nn.Module) -> str | None:
     return None
 
 
-def _ghost(batch: _Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
+def ghost_clipped_sum(batch: Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
     """Ghost clipping.
 
     One forward pass (K inputs stacked into K·n rows) with forward hooks that
@@ -96,8 +96,8 @@ def _ghost(batch: _Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
     """
     model, xs, targets, loss_fn, params = batch
     n = batch.n
-    hooked = [m for m in model.modules() if _direct_trainable(m)]
-    captures: list[_Capture] = []
+    hooked = [m for m in model.modules() if direct_trainable(m)]
+    captures: list[Capture] = []
     copies = [1]
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -107,22 +107,22 @@ def _ghost(batch: _Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
         rows = copies[0] * n
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[0] != rows:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise _GhostUnsupportedError(
+            raise GhostUnsupportedError(
                 f"{type(module).__name__} received input {shape} in a forward pass of "
                 f"{rows} rows; the ghost engine needs the record axis first"
             )
         in_node = get_gradient_edge(x).node if x.requires_grad else None
         captures.append(
-            _Capture(module, x.detach(), get_gradient_edge(output), copies[0], output.grad_fn, in_node)
+            Capture(module, x.detach(), get_gradient_edge(output), copies[0], output.grad_fn, in_node)
         )
 
     handles = [m.register_forward_hook(hook) for m in hooked]
     try:
-        outs = _forward(model, xs, copies, on_retry=captures.clear)
+        outs = stacked_forward(model, xs, copies, on_retry=captures.clear)
     finally:
         for h in handles:
             h.remove()
-    losses = _losses(loss_fn, outs, targets, n)
+    losses = checked_losses(loss_fn, outs, targets, n)
     total = losses.sum()
     _check_graph(total, captures, {id(p) for p in params})
 
@@ -132,22 +132,22 @@ def _ghost(batch: _Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
         )
     else:
         out_grads = (None,) * len(captures)
-    by_module: dict[nn.Module, list[tuple[_Capture, torch.Tensor]]] = {}
+    by_module: dict[nn.Module, list[tuple[Capture, torch.Tensor]]] = {}
     for cap, g in zip(captures, out_grads, strict=True):
         if g is not None:
             by_module.setdefault(cap.module, []).append((cap, g))
 
     dtype, device = params[0].dtype, params[0].device
-    terms = [_layer_terms(m, calls, n) for m, calls in by_module.items()]
+    terms = [layer_terms(m, calls, n) for m, calls in by_module.items()]
     norm2 = torch.zeros(n, dtype=dtype, device=device)
     for t in terms:
         norm2 += t.norm2
     norms = norm2.clamp(min=0).sqrt()
-    coef = _coefficients(norms, clip)
+    coef = clip_coefficients(norms, clip)
 
     if not bookkeeping and losses.requires_grad:
         grads = torch.autograd.grad((losses * coef).sum(), params, allow_unused=True)
-        return ClippedSum(_grad_or_zeros(grads, params), norms, "ghost")
+        return ClippedSum(grad_or_zeros(grads, params), norms, "ghost")
 
     sums: dict[int, torch.Tensor] = {}
     for t in terms:
@@ -159,7 +159,7 @@ def _ghost(batch: _Batch, clip: float, bookkeeping: bool = True) -> ClippedSum:
     return ClippedSum(grads_out, norms, "ghost")
 
 
-def _check_graph(root: torch.Tensor, captures: list[_Capture], param_ids: set[int]) -> None:
+def _check_graph(root: torch.Tensor, captures: list[Capture], param_ids: set[int]) -> None:
     """Refuse if a trainable parameter is reached other than through a hooked call.
 
     Walks the autograd graph from the loss; at a hooked module's output node it
@@ -181,7 +181,7 @@ def _check_graph(root: torch.Tensor, captures: list[_Capture], param_ids: set[in
             continue
         variable = getattr(node, "variable", None)
         if variable is not None and id(variable) in param_ids:
-            raise _GhostUnsupportedError(
+            raise GhostUnsupportedError(
                 f"a trainable parameter of shape {tuple(variable.shape)} is used outside the "
                 "forward of a supported layer"
             )

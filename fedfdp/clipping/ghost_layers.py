@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedfdp.clipping.common import _CHUNK_ELEMENTS, _KEEP_ELEMENTS, _GhostUnsupportedError
+from fedfdp.clipping.common import CHUNK_ELEMENTS, KEEP_ELEMENTS, GhostUnsupportedError
 
 
 @dataclass
-class _Capture:
+class Capture:
     """One call of a hooked module during the forward pass."""
 
     module: nn.Module
@@ -49,13 +49,13 @@ class _LayerTerms:
     build: Callable[[torch.Tensor], dict[int, torch.Tensor]] = field(repr=False)
 
 
-def _layer_terms(module: nn.Module, calls: list[tuple[_Capture, torch.Tensor]], n: int) -> _LayerTerms:
+def layer_terms(module: nn.Module, calls: list[tuple[Capture, torch.Tensor]], n: int) -> _LayerTerms:
     if isinstance(module, nn.Linear):
         blocks = []
         for cap, g in calls:
             a = cap.x
             if a.dim() < 2:
-                raise _GhostUnsupportedError("Linear called without a record axis")
+                raise GhostUnsupportedError("Linear called without a record axis")
             a = a.reshape(cap.copies, n, -1, 1, a.shape[-1])
             blocks.append((a, g.reshape(cap.copies, n, -1, 1, g.shape[-1])))
         return _matrix_terms(module, blocks, n, groups=1)
@@ -66,7 +66,7 @@ def _layer_terms(module: nn.Module, calls: list[tuple[_Capture, torch.Tensor]], 
             patches = _conv_patches(module, cap.x)  # (R, L, C_in·k)
             go = g.flatten(2)  # (R, C_out, L)
             if patches.shape[1] != go.shape[-1]:
-                raise _GhostUnsupportedError(f"{type(module).__name__}: unexpected output size")
+                raise GhostUnsupportedError(f"{type(module).__name__}: unexpected output size")
             d_in, d_out = patches.shape[-1] // groups, go.shape[1] // groups
             a = patches.reshape(cap.copies, n, -1, groups, d_in)
             blocks.append((a, go.transpose(1, 2).reshape(cap.copies, n, -1, groups, d_out)))
@@ -75,7 +75,7 @@ def _layer_terms(module: nn.Module, calls: list[tuple[_Capture, torch.Tensor]], 
         return _embedding_terms(module, calls, n)
     if isinstance(module, nn.LayerNorm | nn.GroupNorm):
         return _norm_layer_terms(module, calls, n)
-    raise _GhostUnsupportedError(f"{type(module).__name__} is not supported")  # pragma: no cover
+    raise GhostUnsupportedError(f"{type(module).__name__} is not supported")  # pragma: no cover
 
 
 def _conv_patches(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def _conv_patches(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tenso
     """
     nd = 1 if isinstance(module, nn.Conv1d) else 2
     if x.dim() != nd + 2:
-        raise _GhostUnsupportedError(f"{type(module).__name__} called on unbatched input")
+        raise GhostUnsupportedError(f"{type(module).__name__} called on unbatched input")
     padding: Any = module.padding
     if module.padding_mode != "zeros":
         x = F.pad(x, module._reversed_padding_repeated_twice, mode=module.padding_mode)
@@ -217,7 +217,7 @@ def _weight_norm2(
                 av, gv = units[v]
                 weight = 1.0 if u == v else 2.0
                 size = groups * au.shape[1] * av.shape[1]
-                chunk = max(1, _CHUNK_ELEMENTS // size)
+                chunk = max(1, CHUNK_ELEMENTS // size)
                 for s in range(0, n, chunk):
                     e = min(n, s + chunk)
                     gram_a = au[s:e].permute(0, 2, 1, 3) @ av[s:e].permute(0, 2, 3, 1)
@@ -225,8 +225,8 @@ def _weight_norm2(
                     out[s:e] += weight * ((gram_a + extra) * gram_g).sum((1, 2, 3))
         return out, None, with_bias
     # instantiate per-record gradients, in chunks of records if they are large
-    keep = n * groups * d_in * d_out <= _KEEP_ELEMENTS
-    chunk = n if keep else max(1, _CHUNK_ELEMENTS // (groups * d_in * d_out))
+    keep = n * groups * d_in * d_out <= KEEP_ELEMENTS
+    chunk = n if keep else max(1, CHUNK_ELEMENTS // (groups * d_in * d_out))
     out = torch.empty(n, dtype=dtype, device=device)
     w = None
     for s in range(0, n, chunk):
@@ -251,7 +251,7 @@ def _copies_axis(blocks: list[tuple[torch.Tensor, torch.Tensor]], which: int) ->
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
-def _embedding_terms(module: nn.Embedding, calls: list[tuple[_Capture, torch.Tensor]], n: int) -> _LayerTerms:
+def _embedding_terms(module: nn.Embedding, calls: list[tuple[Capture, torch.Tensor]], n: int) -> _LayerTerms:
     vocab, dim = module.weight.shape
     idx_list, g_list = [], []
     for cap, g in calls:
@@ -281,7 +281,7 @@ def _embedding_terms(module: nn.Embedding, calls: list[tuple[_Capture, torch.Ten
 
 
 def _norm_layer_terms(
-    module: nn.LayerNorm | nn.GroupNorm, calls: list[tuple[_Capture, torch.Tensor]], n: int
+    module: nn.LayerNorm | nn.GroupNorm, calls: list[tuple[Capture, torch.Tensor]], n: int
 ) -> _LayerTerms:
     """LayerNorm / GroupNorm: per-record gradients are small; build them directly."""
     gw = gb = None
@@ -298,7 +298,7 @@ def _norm_layer_terms(
             w_i, b_i = (g * xhat).sum(dim=(0, 2)), g.sum(dim=(0, 2))
         else:
             if x.dim() < 2:
-                raise _GhostUnsupportedError("GroupNorm called without a record axis")
+                raise GhostUnsupportedError("GroupNorm called without a record axis")
             rows, channels = x.shape[0], x.shape[1]
             xg = x.reshape(rows, module.num_groups, -1)
             mean = xg.mean(dim=-1, keepdim=True)

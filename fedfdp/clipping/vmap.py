@@ -6,7 +6,7 @@ Record ``i``'s gradient ``g_i`` (all trainable parameters jointly) is instantiat
 for a chunk of records, scaled by ``min(1, C/||g_i||)`` and summed: the clipped sum
 of Algorithm 1 (Remark 1), L2 sensitivity ``C`` under add/remove (Definition 6).
 Any model of standard torch operations that is separable per record works;
-``_VmapUnsupportedError`` lets ``method="auto"`` fall back to the loop.
+``VmapUnsupportedError`` lets ``method="auto"`` fall back to the loop.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from fedfdp.clipping.common import (
-    _CHUNK_ELEMENTS,
+    CHUNK_ELEMENTS,
+    Batch,
     ClippedSum,
-    _Batch,
-    _coefficients,
-    _losses,
-    _VmapUnsupportedError,
+    VmapUnsupportedError,
+    checked_losses,
+    clip_coefficients,
 )
 
 
-def _vmap(batch: _Batch, clip: float) -> ClippedSum:
+def vmap_clipped_sum(batch: Batch, clip: float) -> ClippedSum:
     model, xs, targets, loss_fn, params = batch
     n = batch.n
     trainable_ids = {id(p) for p in params}
@@ -42,12 +42,12 @@ def _vmap(batch: _Batch, clip: float) -> ClippedSum:
     ) -> torch.Tensor:
         # functional_call ties shared parameters (tie_weights=True).
         outs = [functional_call(model, (weights, frozen, buffers), (x.unsqueeze(0),)) for x in xs_i]
-        return _losses(loss_fn, outs, y_i.unsqueeze(0), 1).sum()
+        return checked_losses(loss_fn, outs, y_i.unsqueeze(0), 1).sum()
 
     per_record = vmap(grad(record_loss), in_dims=(None, 0, 0), randomness="different")
     weights = {name: p.detach() for name, p in named}
     size = sum(p.numel() for p in params)
-    chunk = max(1, min(n, _CHUNK_ELEMENTS // max(size, 1)))
+    chunk = max(1, min(n, CHUNK_ELEMENTS // max(size, 1)))
     sums, norms = batch.accumulators()
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -55,11 +55,11 @@ def _vmap(batch: _Batch, clip: float) -> ClippedSum:
             g = per_record(weights, tuple(x[start:stop] for x in xs), targets[start:stop])
         except (RuntimeError, NotImplementedError) as exc:
             # e.g. nn.GRU/LSTM: in-place updates of an unbatched initial state
-            raise _VmapUnsupportedError(str(exc).split("\n")[0]) from exc
+            raise VmapUnsupportedError(str(exc).split("\n")[0]) from exc
         flat = [g[name].reshape(stop - start, -1) for name in names]
         norm = torch.sqrt(sum(f.square().sum(1) for f in flat))
         norms[start:stop] = norm
-        coef = _coefficients(norm, clip)
+        coef = clip_coefficients(norm, clip)
         for s, f in zip(sums, flat, strict=True):
             s.view(-1).add_(coef @ f)
     return ClippedSum(sums, norms, "vmap")

@@ -47,7 +47,7 @@ def init_parameters(model: nn.Module, generator: torch.Generator) -> nn.Module:
     return model
 
 
-def _groups(channels: int, groups: int) -> int:
+def group_count(channels: int, groups: int) -> int:
     """The largest divisor of ``channels`` that is ``<= groups``."""
     g = max(1, min(groups, channels))
     while channels % g:
@@ -91,13 +91,13 @@ class DigitCNN(nn.Module):
         c, w = shape.channels, width
         self.body = nn.Sequential(
             nn.Conv2d(c, w, 3, padding=1),
-            nn.GroupNorm(_groups(w, groups), w),
+            nn.GroupNorm(group_count(w, groups), w),
             nn.ReLU(),
             nn.Conv2d(w, w, 3, stride=2, padding=1),
-            nn.GroupNorm(_groups(w, groups), w),
+            nn.GroupNorm(group_count(w, groups), w),
             nn.ReLU(),
             nn.Conv2d(w, 2 * w, 3, stride=2, padding=1),
-            nn.GroupNorm(_groups(2 * w, groups), 2 * w),
+            nn.GroupNorm(group_count(2 * w, groups), 2 * w),
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
             nn.Flatten(),

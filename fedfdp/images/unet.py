@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedfdp.images.data import ImageShape
-from fedfdp.images.models import _groups, init_parameters
+from fedfdp.images.models import group_count, init_parameters
 
 __all__ = ["UNet", "build_unet", "timestep_embedding"]
 
@@ -54,10 +54,10 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10_000.0) 
 class _ResBlock(nn.Module):
     def __init__(self, c_in: int, c_out: int, c_emb: int, groups: int) -> None:
         super().__init__()
-        self.norm1 = nn.GroupNorm(_groups(c_in, groups), c_in)
+        self.norm1 = nn.GroupNorm(group_count(c_in, groups), c_in)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1)
         self.emb = nn.Linear(c_emb, c_out)
-        self.norm2 = nn.GroupNorm(_groups(c_out, groups), c_out)
+        self.norm2 = nn.GroupNorm(group_count(c_out, groups), c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1)
         self.skip = nn.Conv2d(c_in, c_out, 1) if c_in != c_out else nn.Identity()
 
@@ -125,7 +125,7 @@ class UNet(nn.Module):
                 self.upsample.append(nn.Conv2d(c, c, 3, padding=1))
             self.up.append(_ResBlock(c + widths[i], widths[i], c_emb, groups))
             c = widths[i]
-        self.norm_out = nn.GroupNorm(_groups(c, groups), c)
+        self.norm_out = nn.GroupNorm(group_count(c, groups), c)
         self.conv_out = nn.Conv2d(c, shape.channels, 3, padding=1)
 
     def unpack(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
