@@ -77,11 +77,10 @@ from fedfdp.config import (
     load_toml_file,
     parse_override,
 )
-from simulations.compare_report import METRIC_TITLES, PLOT_FILE, SUMMARY_FILE, write_report
+from simulations.compare_report import METRIC_TITLES, PLOT_FILE, SUMMARY_FILE, SWEEP_FILE, write_report
 from simulations.compare_results import RESULTS_FILE, append_result, done_runs, read_results
 
 SWEEP_KEYS = ("modes", "target-epsilons", "seeds")
-SWEEP_FILE = "sweep.toml"
 ENGINES = ("centralised", "flower")
 #: Keys fixed per run by the sweep itself.
 _PER_RUN = ("mode", "seed", "target-epsilon", "noise-multiplier", "out-dir", "progress")

@@ -26,6 +26,12 @@ from simulations.compare_results import read_results
 
 PLOT_FILE = "privacy_utility.png"
 SUMMARY_FILE = "summary.md"
+#: The sweep as run (written by ``fedfdp compare``); its ``[mode.NAME]`` tables are named in the summary.
+SWEEP_FILE = "sweep.toml"
+SELECTION_NOTE = (
+    "Settings chosen by comparing held-out results on this data are hyper-parameter selection "
+    "outside the privacy guarantee (no private selection is accounted): report such rows as tuned."
+)
 #: Modes whose ε is not an add/remove (DP or FDP) ε, with the column holding it.
 OTHER_RELATION = {"corrdp": "epsilon_corrdp"}
 CORRDP_NOTE = (
@@ -196,10 +202,12 @@ def _title(dataset: str, rows, titles: Mapping[str, str] | None) -> str:
 
 
 def write_summary(
-    frame, path: Path, *, command: str = "", titles: Mapping[str, str] | None = None
+    frame, path: Path, *, command: str = "", titles: Mapping[str, str] | None = None,
+    per_mode: Mapping[str, Mapping[str, object]] | None = None,
 ) -> None:
     """``summary.md``: every metric (mean ± sd over seeds) per mode and target ε,
-    the best private mode per ε in bold."""
+    the best private mode per ε in bold; ``per_mode`` (the sweep's ``[mode.NAME]``
+    tables) is listed with :data:`SELECTION_NOTE`."""
     from fedfdp.outputs import atomic_write
 
     table = summarise(frame)
@@ -221,6 +229,12 @@ def write_summary(
         )
         if part["mode"].isin(list(OTHER_RELATION)).any():
             lines += ["", CORRDP_NOTE]
+        mine = {m: keys for m, keys in (per_mode or {}).items() if keys and m in set(part["mode"])}
+        if mine:
+            listed = "; ".join(
+                f"`{m}`: " + ", ".join(f"{k} = {v!r}" for k, v in keys.items()) for m, keys in mine.items()
+            )
+            lines += ["", f"Per-mode settings (every other key as the sweep's): {listed}. {SELECTION_NOTE}"]
         if "noise_source" in rows and (rows["noise_source"].astype(str) != NOISE_SOURCE_SECRET).any():
             lines.append("")
             lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
@@ -345,5 +359,10 @@ def write_report(out: Path, *, command: str = "", title: str = "", metric: str =
         return
     datasets = frame["dataset"].unique()
     titles = {datasets[0]: title} if title and len(datasets) == 1 else None
-    write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles)
+    per_mode = {}
+    if (out / SWEEP_FILE).is_file():
+        import tomllib
+
+        per_mode = tomllib.loads((out / SWEEP_FILE).read_text()).get("mode", {})
+    write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles, per_mode=per_mode)
     plot_privacy_utility(frame, out / PLOT_FILE, titles=titles, metric=metric)

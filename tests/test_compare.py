@@ -225,3 +225,9 @@ def test_summary_reports_fdp_minus_the_best_baseline(tmp_path):
     assert ("| 1 | 82.5 | 83.0 (`fdp-dpsgd`) | -0.50 | 0.1750 | 0.1700 (`fdp-dpsgd`) | +0.0050 | **no** |"
             in text)
     assert "| 2 | 87.0 | 86.0 (`dp`) | +1.00 | 0.1300 | 0.1400 (`dp`) | -0.0100 | yes |" in text
+    assert "Per-mode settings" not in text
+    write_summary(pd.DataFrame(rows), tmp_path / "tuned.md",
+                  per_mode={"dp": {"learning-rate": 1.0}, "corrdp": {"corrdp-tv-floor": 0.25}})
+    tuned = (tmp_path / "tuned.md").read_text()
+    assert "Per-mode settings (every other key as the sweep's): `dp`: learning-rate = 1.0." in tuned
+    assert "outside the privacy guarantee" in tuned and "corrdp-tv-floor" not in tuned  # no corrdp rows
