@@ -124,6 +124,15 @@ def training_loss(run_dir: Path) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
+def insensitive_std_factor(run_dir: Path, rho: float) -> float:
+    """``√max(ρ, floor)``: Eq. (3)'s noise std on an insensitive block over the sensitive
+    block's, for a ``corrdp`` run declaring TV = ρ (floor: ``[resolved]`` of its ``config.toml``)."""
+    import tomllib
+
+    resolved = tomllib.loads((run_dir / "config.toml").read_text()).get("resolved", {})
+    return math.sqrt(max(rho, float(resolved.get("corrdp-tv-floor", 0.0))))
+
+
 def gather(out: Path, points: Sequence[dict[str, Any]], columns: int,
            all_sensitive: bool = False):  # -> pd.DataFrame
     """Every run of every point with its training loss and excess empirical risk."""
@@ -138,8 +147,14 @@ def gather(out: Path, points: Sequence[dict[str, Any]], columns: int,
             eps = frame["target_epsilon"].map(lambda t: "ref" if pd.isna(t) else f"eps{t:g}")
             tags = frame["mode"] + "_" + eps + "_seed" + frame["seed"].astype(str)
             frame["train_loss"] = [training_loss(d / "runs" / t) for t in tags]
+            frame["insensitive_noise_multiplier"] = frame["noise_multiplier"]
             if name.endswith("_all-sensitive"):
                 frame["mode"] = ALL_SENSITIVE
+            else:
+                corr = frame["mode"] == "corrdp"
+                factors = [insensitive_std_factor(d / "runs" / t, point["correlation"]) for t in tags[corr]]
+                scaled = frame.loc[corr, "noise_multiplier"] * factors
+                frame.loc[corr, "insensitive_noise_multiplier"] = scaled
             parts.append(frame)
         frame = pd.concat(parts, ignore_index=True)
         frame["num_sensitive"] = point["num-sensitive"]
@@ -165,7 +180,7 @@ def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
     atomic_write(out / SWEEP_CSV, frame.to_csv(index=False).encode())
     private = frame[frame["target_epsilon"].notna()]
     has_all = bool((private["mode"] == ALL_SENSITIVE).any())
-    seeds = sorted(frame["seed"].unique())
+    seeds = [int(v) for v in sorted(frame["seed"].unique())]
     head = "| m_s/m | ρ = TV | ε | `dp` | `fdp` | `corrdp` |"
     rule = "|---|---|---|---|---|---|"
     if has_all:
@@ -212,6 +227,26 @@ def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
         theory = theory_ratio(m, int(ms), (m - int(ms)) * float(rho))
         row += f" {ratio(cells['dp'], cells['corrdp'])} | {theory:.2f} |"
         lines.append(row)
+    lines += [
+        "",
+        "Noise multipliers σ (noise std over C on a coordinate of the clipped sum), mean over seeds: "
+        "`corrdp` has σ on the sensitive block and the bias, σ·√max(TV, floor) on every insensitive "
+        "block (Eq. (3)).",
+        "",
+        "| m_s/m | ρ = TV | ε | `dp` | `corrdp`, all sensitive | `corrdp` sensitive | `corrdp` insensitive |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (ms, rho, eps), part in private.groupby(["num_sensitive", "correlation", "target_epsilon"]):
+        m = int(part["columns"].iloc[0])
+
+        def sigma(mode: str, column: str = "noise_multiplier", part=part) -> str:
+            sub = part[part["mode"] == mode][column]
+            return f"{sub.mean():.1f}" if len(sub) else "—"
+
+        lines.append(
+            f"| {int(ms)}/{m} | {rho:g} | {eps:g} | {sigma('dp')} | {sigma(ALL_SENSITIVE)} | "
+            f"{sigma('corrdp')} | {sigma('corrdp', 'insensitive_noise_multiplier')} |"
+        )
     atomic_write(out / SWEEP_MD, ("\n".join(lines) + "\n").encode())
     plot(private, out / SWEEP_PNG)
 

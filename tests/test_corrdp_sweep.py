@@ -87,6 +87,12 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert every.privacy.sensitive_columns == ("s0", "u0", "u1", "u2")
     assert every.privacy.insensitive_tv == ()
     table = (out / "corrdp_sweep.md").read_text()
-    assert "all-sensitive / `corrdp`" in table
+    assert "all-sensitive / `corrdp`" in table and "| `corrdp` insensitive |" in table
+    # Eq. (3): insensitive std = sigma * sqrt(max(TV, (m_s/m)^2)); m_s/m = 1/4, TV = rho
+    corr = frame[frame["mode"] == "corrdp"].set_index("correlation")
+    insensitive, sigma = corr["insensitive_noise_multiplier"], corr["noise_multiplier"]
+    assert insensitive[0.0] == pytest.approx(sigma[0.0] / 4)
+    assert insensitive[1.0] == pytest.approx(sigma[1.0])
+    assert "[np." not in table
     assert "| 1/4 | 0 | 2 |" in table and "| 1/4 | 1 | 2 |" in table
     assert (out / "corrdp_sweep.png").stat().st_size > 1000
