@@ -166,8 +166,10 @@ def run_one(job: tuple[str, str, float, int]) -> dict:
     base = {"dataset": dataset, "seed": seed, "data-seed": 0, "progress": False, "target-epsilon": eps}
     if keys["mode"] in ("nonprivate", "public"):
         base["target-epsilon"] = 0
-    if dataset == "csv":
-        base["data-path"] = "unused.csv"
+    if dataset == "csv":  # the frame is loaded above; the keys describe it
+        _, _, _, public, private, device, _ = CSV_TASKS[task]
+        base.update({"data-path": f"{task}.csv", "label-column": "y", "public-columns": list(public),
+                     "private-columns": list(private), "device-column": device})
     cfg = load_config({**base, **keys})
     start = time.time()
     model, _ = run_centralised(cfg, data)
