@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
 from fedfdp.config import Config, ConfigError
-from fedfdp.quantile_clipping import split_noise
+from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import AccountedEvent, SamplingSettings
 
 
@@ -199,6 +199,36 @@ def plan_privacy(
     return PrivacyPlan(True, float(sigma), rate, delta, rounds, cap, relation=accounting.relation,
                        unit=p.privacy_unit, participation=share, count_noise=count_noise,
                        accounted_noise_multiplier=float(accounted))
+
+
+def plan_with_clipping(
+    cfg: Config, num_records: int, num_params: int, num_devices: int, event: AccountedEvent | None = None,
+    accounting: Accounting | None = None,
+) -> tuple[PrivacyPlan, float]:
+    """The plan of :func:`plan_privacy` and ``γ`` of adaptive clipping (0: a fixed ``C``),
+    decided once for every engine (the server, ``fedfdp compare``'s checks).
+
+    ``γ`` is ``clipping-quantile`` when set, else (``"auto"``) the ``fdp`` recipe's
+    :func:`~fedfdp.quantile_clipping.recipe_quantile` from the split plan's σ and
+    ``σ_b``, the model's ``num_params`` and the expected batch ``q·participation``
+    times the units (records, or ``num_devices`` for the device unit): public
+    quantities only. When it resolves to a fixed ``C`` no count is released, and
+    the plan is made again without the split (the gradient gets the whole budget:
+    ``σ = σ_eff``, the same ε).
+    """
+    plan = plan_privacy(cfg, num_records, event=event, accounting=accounting)
+    p = cfg.privacy
+    if plan.count_noise is None or plan.noise_multiplier is None:
+        return plan, 0.0
+    if p.clipping_quantile is not None:
+        return plan, float(p.clipping_quantile)
+    units = num_devices if plan.unit == "device" else num_records
+    expected = plan.sampling_rate * plan.participation * units
+    gamma = recipe_quantile(plan.noise_multiplier, plan.count_noise, num_params, expected)
+    if gamma == 0.0:
+        fixed = replace(cfg, privacy=replace(p, clipping_quantile=0.0))
+        plan = plan_privacy(fixed, num_records, event=event, accounting=accounting)
+    return plan, gamma
 
 
 class Budget:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from fedfdp.budget import PrivacyPlan, plan_privacy
+from fedfdp.budget import PrivacyPlan, plan_with_clipping
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts
 from fedfdp.corrdp.noise import corrdp_mechanism_factory, project_weights_
@@ -93,7 +93,9 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
 
 def privacy_plan_for(cfg: Config, data: FederatedData) -> PrivacyPlan:
     """σ, δ and the cap of ``cfg`` on ``data`` with the accounting its mode needs
-    (what the server will resolve over every device: the CLI's checks before a run).
+    and the clipping decision of :func:`fedfdp.budget.plan_with_clipping` (what the
+    server will resolve over every device: the CLI's checks before a run, the σ
+    ``fedfdp compare`` records).
 
     Examples
     --------
@@ -103,4 +105,10 @@ def privacy_plan_for(cfg: Config, data: FederatedData) -> PrivacyPlan:
     >>> privacy_plan_for(cfg, load_dataset(cfg.data)).relation
     'add-remove'
     """
-    return plan_privacy(cfg, data.num_records, accounting=server_parts_for(cfg, data).accounting)
+    from fedfdp.contribution import trainable
+    from fedfdp.models import build_model_for
+
+    num_params = sum(int(t.numel()) for t in trainable(build_model_for(cfg, data)))
+    plan, _ = plan_with_clipping(cfg, data.num_records, num_params, len(data.sizes),
+                                 accounting=server_parts_for(cfg, data).accounting)
+    return plan

@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedfdp.accounting import PrivacyBudgetExhausted
-from fedfdp.budget import FDP_ACCOUNTING, Accounting, Budget, PrivacyPlan, plan_privacy, sampling_settings
+from fedfdp.budget import (
+    FDP_ACCOUNTING,
+    Accounting,
+    Budget,
+    PrivacyPlan,
+    plan_with_clipping,
+    sampling_settings,
+)
 from fedfdp.checkpoint import (
     CHECKPOINT_FILE,
     LEDGER_FILE,
@@ -65,7 +72,7 @@ from fedfdp.evaluation import held_out_metrics
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
-from fedfdp.quantile_clipping import adapt_clipping_norm, recipe_quantile
+from fedfdp.quantile_clipping import adapt_clipping_norm
 from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
@@ -236,32 +243,16 @@ class FDPServer:
         δ and the budget for the event it charges."""
         self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), device_sizes, device_nodes)
         accounting = self.parts.accounting
-        plan = plan_privacy(self.cfg, self.sampling.num_records, event=self.sampling.event,
-                            accounting=accounting)
-        self.clipping_quantile = self._quantile(plan)
-        if plan.count_noise is not None and self.clipping_quantile == 0.0:
-            # "auto" chose a fixed C: no count is released, so none of the budget goes to it
-            fixed = replace(self.cfg, privacy=replace(self.cfg.privacy, clipping_quantile=0.0))
-            plan = plan_privacy(fixed, self.sampling.num_records,
-                                event=self.sampling.event, accounting=accounting)
+        num_params = sum(int(t.numel()) for t in self.params)
+        plan, self.clipping_quantile = plan_with_clipping(
+            self.cfg, self.sampling.num_records, num_params, len(self.sampling.device_sizes),
+            event=self.sampling.event, accounting=accounting,
+        )
         self.plan = plan
         self.budget = Budget(plan, accounting.new())
         if self.parts.project is not None:
             self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
         return self.plan
-
-    def _quantile(self, plan: PrivacyPlan) -> float:
-        """``γ`` of adaptive clipping (0: a fixed ``C``): the configured value, or
-        the ``fdp`` recipe's from the noise level (:func:`recipe_quantile`)."""
-        p = self.cfg.privacy
-        if plan.count_noise is None or plan.noise_multiplier is None or self.sampling is None:
-            return 0.0
-        if p.clipping_quantile is not None:
-            return p.clipping_quantile
-        units = len(self.sampling.device_sizes) if plan.unit == "device" else self.num_records
-        expected = plan.sampling_rate * plan.participation * units
-        num_params = sum(int(t.numel()) for t in self.params)
-        return recipe_quantile(plan.noise_multiplier, plan.count_noise, num_params, expected)
 
     @property
     def num_records(self) -> int:

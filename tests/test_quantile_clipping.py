@@ -231,6 +231,9 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
     batch = cfg.privacy.sampling_rate * sum(data.sizes.tolist())
     ref = _recipe_reference(split.noise_multiplier, split.count_noise, d, batch)
     assert server.clipping_quantile == pytest.approx(ref, abs=1e-9)
+    from fedfdp.parts import privacy_plan_for
+
+    assert privacy_plan_for(cfg, data) == plan  # compare's checks record the σ the run uses
     if ref == 0.0:
         # a fixed C releases no count: the whole budget goes to the gradient (σ = σ_eff, same ε)
         assert plan.count_noise is None
