@@ -177,28 +177,10 @@ def _fleet_config(args: argparse.Namespace, out_dir: str) -> Any:
 
 def make_client_app(cfg: Any) -> Any:
     """FDP messages go to the project's ClientApp; others are echoed (FedAvg)."""
-    from flwr.app import Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-
+    from benchmarks.echo import fdp_or_echo
     from clients.client_app import make_client_app as fdp_client_app
-    from fedfdp import protocol as P
 
-    fdp = fdp_client_app(cfg)
-    app = ClientApp()
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        return fdp(msg, context)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        config = msg.content.config_records.get(P.CONFIG)
-        if config is not None and P.PHASE in config:
-            return fdp(msg, context)
-        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
-        return Message(content, reply_to=msg)
-
-    return app
+    return fdp_or_echo(fdp_client_app(cfg))
 
 
 def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:

@@ -231,27 +231,10 @@ def _make_server_app() -> Any:
 
 def _make_client_app() -> Any:
     """FDP messages go to ``fedfdp run``'s ClientApp; others are echoed (FedAvg)."""
-    from flwr.app import Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-
+    from benchmarks.echo import fdp_or_echo
     from clients.client_app import simulation_app as fdp
-    from fedfdp import protocol as P
 
-    app = ClientApp()
-
-    @app.query()
-    def query(msg: Message, context: Context) -> Message:
-        return fdp(msg, context)
-
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        config = msg.content.config_records.get(P.CONFIG)
-        if config is not None and P.PHASE in config:
-            return fdp(msg, context)
-        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
-        return Message(content, reply_to=msg)
-
-    return app
+    return fdp_or_echo(fdp)
 
 
 #: The components of the staged benchmark app (loaded by Flower in the simulation's processes).
