@@ -267,13 +267,51 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def figure(outs: list[Path], path: Path) -> None:
+    """Tile the sample grids of finished ``ddpm`` runs (``real.png``, ``blurred.png`` of the
+    first, then every method's ``samples_<method>_seed<k>.png`` of each, labelled with its ε)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+
+    panels = [(outs[0] / "real.png", "real digits"), (outs[0] / "blurred.png", "Ψ: blurred")]
+    for out in outs:
+        rows = json.loads((out / "results.json").read_text())["rows"]
+        for method in METHODS:
+            for r in rows:
+                if r.get("method") != method or r["seed"] != rows[-1]["seed"]:
+                    continue
+                eps = "∞" if method == "nonprivate" else f"{r['epsilon']:.3g}"
+                label = f"{method}, ε = {eps}\nFD {r['fid']:.1f}"
+                if method in ("public", "nonprivate") and out != outs[0]:
+                    continue
+                panels.append((out / f"samples_{method}_seed{r['seed']}.png", label))
+    cols = 4
+    rows_n = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3 * cols, 3.3 * rows_n))
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (png, label) in zip(axes.flat, panels, strict=False):
+        ax.imshow(mpimg.imread(png), cmap="gray")
+        ax.set_title(label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "task", choices=["classify", "ddpm", "table"], help="table: print results.json of --out"
+        "task",
+        choices=["classify", "ddpm", "table", "figure"],
+        help="table: print results.json of --out; figure: tile the sample grids of --out (and --also)",
     )
+    parser.add_argument("--also", type=Path, nargs="*", default=[], help="figure: further ddpm outputs")
+    parser.add_argument("--figure", type=Path, default=None, help="figure: the PNG to write")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--epsilon", type=float, default=8.0)
@@ -305,6 +343,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.task == "table":
         print(table(args.out))
+        return
+    if args.task == "figure":
+        figure([args.out, *args.also], args.figure or args.out / "samples.png")
         return
     defaults = {
         "classify": {
