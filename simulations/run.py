@@ -138,6 +138,19 @@ def stage_simulation_app(dest: Path, cfg: Config) -> Path:
     return dest
 
 
+def die_with_parent() -> None:
+    """Run in a child between fork and exec: ask the kernel for SIGTERM when the
+    thread that started it dies (Linux ``PR_SET_PDEATHSIG``; a no-op elsewhere), so
+    a ``fedfdp run`` killed with SIGKILL leaves no SuperLink or ``flwr`` behind
+    (they run in sessions of their own, out of reach of a process-group kill)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalSimulation:
     """A SuperLink of this process's own, in simulation mode, on a free loopback port.
 
@@ -165,10 +178,13 @@ class LocalSimulation:
 
     # ----------------------------------------------------------- processes
     def env(self) -> dict[str, str]:
+        from strategies.launcher import LAUNCHER_ENV, launcher_token
+
         env = dict(os.environ)
         env["FLWR_HOME"] = str(self.home)
         env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+        env[LAUNCHER_ENV] = launcher_token()  # the ServerApp stops if this process dies
         env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.05")  # default 1 s before a run starts
         env.setdefault("RAY_DEDUP_LOGS", "0")
         paths = [p for p in sys.path if p and Path(p).is_dir()]
@@ -201,7 +217,8 @@ class LocalSimulation:
                "--port", str(self.port), "--disable-runtime-dependency-installation"]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         env=self.env(), cwd=os.getcwd(), start_new_session=True)
+                                         env=self.env(), cwd=os.getcwd(), start_new_session=True,
+                                         preexec_fn=die_with_parent)
         self._seen[self.proc.pid] = _start_time(self.proc.pid)
         if self._tracker is None:
             self._tracker = threading.Thread(target=self._track_loop, name="fedfdp-sim-tracker", daemon=True)
@@ -287,7 +304,8 @@ class LocalSimulation:
         cmd = [_tool("flwr"), "run", str(app), _CONNECTION, "--stream", "--federation-config", federation]
         tail = _Tail()
         with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=self.env(), cwd=str(self.root), start_new_session=True) as proc:
+                              env=self.env(), cwd=str(self.root), start_new_session=True,
+                              preexec_fn=die_with_parent) as proc:
             self._seen[proc.pid] = _start_time(proc.pid)
             assert proc.stdout is not None
             _echo(proc.stdout, tail, self.verbose)

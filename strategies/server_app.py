@@ -27,6 +27,7 @@ from fedfdp.models import build_model_for
 from fedfdp.parts import server_parts_for
 from fedfdp.server import held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
+from strategies.launcher import LAUNCHER_ENV, watch_launcher
 
 
 def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> FDPStrategy:
@@ -73,6 +74,8 @@ def make_server_app(
                 f"out-dir={out!r}: must be an absolute path under flwr run (the ServerApp "
                 "runs in the SuperLink's working directory, not yours)"
             )
+        if simulation:  # stop with the fedfdp run that launched us (strategies/launcher.py)
+            watch_launcher(os.environ.get(LAUNCHER_ENV), lambda: os._exit(1))
         run_server(grid, run_cfg, node_choice=node_choice)
 
     return app

@@ -272,10 +272,37 @@ def _stopping_parts(after):
 
 
 @pytest.mark.slow
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    from pathlib import Path
+
+    out, todo = [], [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie is dead: it only awaits its reaper)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_kill_real_subprocess_and_resume(tmp_path):
-    """A real `fedfdp run` killed with SIGKILL mid-run, then `fedfdp run --resume`:
-    its ledger equals an uninterrupted run's, plus the aborted attempt if the kill
-    landed inside a round; ε never below the uninterrupted run's."""
+    """A real `fedfdp run` killed with SIGKILL mid-run leaves no Flower process
+    behind, then `fedfdp run --resume`: its ledger equals an uninterrupted run's,
+    plus the aborted attempt if the kill landed inside a round; ε never below the
+    uninterrupted run's."""
     common = [
         "--set",
         "num-devices=3",
@@ -315,8 +342,15 @@ def test_kill_real_subprocess_and_resume(tmp_path):
     finally:
         import os
 
+        descendants = _descendants(proc.pid)  # the SuperLink and flwr run: sessions of their own
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    # the SuperLink and flwr go at once (PR_SET_PDEATHSIG); Ray's agents exit on their
+    # own once their raylet is gone (measured: within two minutes)
+    deadline = time.monotonic() + 180
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert descendants and not [pid for pid in descendants if _alive(pid)], "orphans left running"
     killed_at = len(read_ledger(run).charges)
     assert killed_at < 20
     done = subprocess.run([*cli, "--resume", str(run)], capture_output=True, text=True, timeout=300)
