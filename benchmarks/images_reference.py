@@ -278,13 +278,15 @@ def figure(outs: list[Path], path: Path) -> None:
 
     panels = [(outs[0] / "real.png", "real digits"), (outs[0] / "blurred.png", "Ψ: blurred")]
     for out in outs:
-        rows = json.loads((out / "results.json").read_text())["rows"]
+        saved = json.loads((out / "results.json").read_text())
+        rows, alpha = saved["rows"], saved["config"].get("alpha", 1.0)
         for method in METHODS:
             for r in rows:
                 if r.get("method") != method or r["seed"] != rows[-1]["seed"]:
                     continue
                 eps = "∞" if method == "nonprivate" else f"{r['epsilon']:.3g}"
-                label = f"{method}, ε = {eps}\nFD {r['fid']:.1f}"
+                name = f"{method} (α = {alpha:g})" if alpha != 1 and method == "fdp" else method
+                label = f"{name}, ε = {eps}\nFD {r['fid']:.1f}"
                 if method in ("public", "nonprivate") and out != outs[0]:
                     continue
                 panels.append((out / f"samples_{method}_seed{r['seed']}.png", label))
