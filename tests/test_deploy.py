@@ -43,6 +43,7 @@ from tests.site_tables import DECLARED, trips
 
 # Small and quick: 3 devices of ~60 records, one per SuperNode.
 RUN = {
+    "clipping-quantile": 0,  # a fixed C: the expected ε below is per σ (adaptive C: test_quantile_clipping)
     "num-devices": 3,
     "records-per-device": 60,
     "public-batch-size": 32,

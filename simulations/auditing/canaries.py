@@ -296,6 +296,9 @@ def design(setup: AuditSetup) -> CanaryDesign:
             "target-epsilon": 0,
             "sampling-rate": setup.sampling_rate,
             "clipping-norm": setup.clipping_norm,
+            # the crafted canaries are +C on one coordinate: a fixed C (the count of
+            # adaptive clipping is accounted and tested in tests/test_quantile_clipping.py)
+            "clipping-quantile": 0,
             "public-batch-size": setup.public_batch_size,
             "device-sampling-rate": setup.device_sampling_rate or 0.0,
             "delta": setup.delta,
