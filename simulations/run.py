@@ -307,7 +307,8 @@ class LocalSimulation:
                               env=self.env(), cwd=str(self.root), start_new_session=True,
                               preexec_fn=die_with_parent) as proc:
             self._seen[proc.pid] = _start_time(proc.pid)
-            assert proc.stdout is not None
+            if proc.stdout is None:  # stdout=PIPE: never, but say so rather than assert
+                raise SimulationError("flwr run: no output stream")
             _echo(proc.stdout, tail, self.verbose)
             code = proc.wait()
         status = self.status()

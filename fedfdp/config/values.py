@@ -194,10 +194,11 @@ def _names(key: str, value: Any) -> list[str]:
 
 
 def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
-    """``{col = [...]}`` tables or ``"col=...,col=..."`` strings, as (col, raw) pairs."""
+    """``{col = [...]}`` tables or ``"col=...,col=..."`` strings, as (col, raw) pairs;
+    a column named twice is refused."""
     if isinstance(value, Mapping):
-        return [(str(k), v) for k, v in value.items()]
-    if isinstance(value, str):
+        out = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, str):
         out = []
         for part in (p.strip() for p in value.split(",")):
             if not part:
@@ -206,8 +207,12 @@ def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
                 raise _fail(key, value, f"entry {part!r} is not column=...")
             name, raw = part.split("=", 1)
             out.append((name.strip(), raw.strip()))
-        return out
-    raise _fail(key, value, "must be a table {column = ...} or a string 'column=...,column=...'")
+    else:
+        raise _fail(key, value, "must be a table {column = ...} or a string 'column=...,column=...'")
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise _fail(key, value, "a column is declared twice")
+    return out
 
 
 def _parse_ranges(key: str, value: Any) -> tuple[tuple[str, float, float], ...]:
@@ -232,9 +237,6 @@ def _parse_ranges(key: str, value: Any) -> tuple[tuple[str, float, float], ...]:
         if not low < high:
             raise _fail(key, value, f"range of {name!r}: low={low} must be below high={high}")
         out.append((name, low, high))
-    names = [n for n, _, _ in out]
-    if len(set(names)) != len(names):
-        raise _fail(key, value, "a column is declared twice")
     return tuple(out)
 
 
@@ -250,9 +252,6 @@ def _parse_categories(key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]]
         if not cats or any(not c for c in cats) or len(set(cats)) != len(cats):
             raise _fail(key, value, f"categories of {name!r} must be distinct, non-empty names")
         out.append((name, tuple(cats)))
-    names = [n for n, _ in out]
-    if len(set(names)) != len(names):
-        raise _fail(key, value, "a column is declared twice")
     return tuple(out)
 
 
@@ -286,9 +285,6 @@ def _parse_tvs(key: str, value: Any) -> tuple[tuple[str, float], ...]:
         if not (math.isfinite(tv) and 0.0 <= tv <= 1.0):
             raise _fail(key, value, f"TV of {name!r} = {raw!r} must be in [0, 1]")
         out.append((name, tv))
-    names = [n for n, _ in out]
-    if len(set(names)) != len(names):
-        raise _fail(key, value, "a column is declared twice")
     return tuple(out)
 
 
@@ -311,9 +307,6 @@ def _parse_bins(key: str, value: Any) -> tuple[tuple[str, tuple[float, ...]], ..
         ):
             raise _fail(key, value, f"cut points of {name!r} must be finite and strictly increasing")
         out.append((name, edges))
-    names = [n for n, _ in out]
-    if len(set(names)) != len(names):
-        raise _fail(key, value, "a column is declared twice")
     return tuple(out)
 
 

@@ -608,7 +608,10 @@ def glm_clipped_sum(
     """
     design.check_model(model)
     linear = _linear(model)
-    assert linear is not None  # checked above
+    if linear is None:  # check_model refuses these; kept for callers that skip it
+        raise ValueError(
+            f"corrdp clips a generalized linear model's single Linear layer; got {_describe(model)}"
+        )
     col_norms = linear.weight.detach().double().norm(dim=0)
     worst = float(col_norms.max())
     if worst > design.weight_bound:
