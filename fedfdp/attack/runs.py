@@ -183,9 +183,9 @@ def read_run(run_dir: Path) -> Config:
 
 def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FDPAccountant | None:
     """The run's ledger (``ledger.json``), or the ledger its configuration implies."""
-    from fedfdp.budget import plan_privacy
     from fedfdp.checkpoint import read_ledger
     from fedfdp.data import load_dataset
+    from fedfdp.parts import privacy_plan_for
 
     if not cfg.privacy.is_private:
         return None
@@ -194,7 +194,7 @@ def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FD
     if ledger is not None:
         acc.load_state_dict(ledger.accountant)
         return acc
-    plan = plan_privacy(cfg, load_dataset(cfg.data).num_records)
+    plan = privacy_plan_for(cfg, load_dataset(cfg.data))  # the plan the run's server resolved
     rounds = plan.private_rounds if private_rounds is None else private_rounds
     if rounds > 0:
         if plan.noise_multiplier is None:
