@@ -148,9 +148,9 @@ class TrainInstruction:
             raw = config[key]
             if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
                 raise InvalidInstruction(f"{key}={raw!r}: must be a list of integers")
-            if any(isinstance(v, bool) or not float(v).is_integer() for v in raw):  # type: ignore[arg-type]
+            if any(isinstance(v, bool) or not float(v).is_integer() for v in raw):
                 raise InvalidInstruction(f"{key}={list(raw)}: must be a list of integers")
-            return tuple(int(v) for v in raw)  # type: ignore[call-overload]
+            return tuple(int(v) for v in raw)
 
         def number(key: str, kind: type) -> float:
             raw = config[key]
@@ -281,8 +281,3 @@ def validate_reply(
         if not math.isfinite(loss):
             raise InvalidReply(f"public-loss-sum={loss}: not finite")
     return ValidReply(priv, pub, count, loss, unclipped)
-
-
-def shapes_of(names: Sequence[str], arrays: Sequence[np.ndarray]) -> dict[str, tuple[int, ...]]:
-    """Name → shape mapping in parameter order."""
-    return {n: tuple(a.shape) for n, a in zip(names, arrays, strict=True)}
