@@ -84,6 +84,7 @@ from fedfdp.accounting.curves import ArrayCurve, CurveBase, SpectralCurve
 from fedfdp.accounting.prv import (
     DiscretisationError,
     Group,
+    GroupLike,
     as_group,
     chernoff_lower,
     chernoff_upper,
@@ -97,7 +98,7 @@ from fedfdp.accounting.prv import (
 )
 
 if TYPE_CHECKING:
-    from fedfdp.accounting.accountant import PrivacyEvent
+    from fedfdp.accounting.accountant import Repeated
 
 # Share of ``eps_error`` given to the discretisation; the rest absorbs the effect of
 # ``delta_error`` on the interval.
@@ -179,9 +180,9 @@ def _dft(
         return np.concatenate(
             [_dft(pmf, k_first, freqs[i : i + block], n, dtype) for i in range(0, len(freqs), block)]
         )
-    p = np.zeros(a * b, dtype=dtype)
-    p[:s] = pmf
-    p = p.reshape(a, b)
+    flat: np.ndarray = np.zeros(a * b, dtype=dtype)
+    flat[:s] = pmf
+    p = flat.reshape(a, b)
     two_pi_n = dtype(2) * np.arccos(dtype(-1)) / dtype(n)
     f = freqs.astype(np.int64)
     ang_b = ((np.arange(b, dtype=np.int64)[:, None] * f[None, :]) % n).astype(dtype) * two_pi_n
@@ -206,7 +207,7 @@ class _Grid:
 
 
 def _make_grid(groups: Sequence[Group], eps_disc: float, delta_error: float) -> _Grid:
-    n_total = sum(g.count for g in groups)
+    n_total = sum(g.rounds for g in groups)
     h = eps_disc / math.sqrt(n_total / 2.0 * math.log(12.0 / delta_error))
     return _Grid(
         h=h,
@@ -282,7 +283,7 @@ def _compose_direction(
     """
     h = grid.h
     parts: list[Part] = [
-        (discretise(g.sigma, g.q, direction, h, grid.eta, g.p), g.count) for g in groups
+        (discretise(g.sigma, g.q, direction, h, grid.eta, g.p), g.rounds) for g in groups
     ]
     shift = sum(n * s for (_, _, s), n in parts)
     n_total = sum(n for _, n in parts)
@@ -303,11 +304,13 @@ def _compose_direction(
         if factor > 1.0:
             raise _TooLarge(factor)
 
-    freqs = _candidate_frequencies(parts, n_fft, h)
-    full = freqs is None
-    if full:
+    candidates = _candidate_frequencies(parts, n_fft, h)
+    full = candidates is None
+    if candidates is None:
         check_full()
         freqs = np.arange(n_fft // 2 + 1)
+    else:
+        freqs = candidates
     # log G = sum_i n_i log F_i, accumulated without keeping the spectra
     log_mod = np.zeros(len(freqs))
     phase = np.zeros(len(freqs))
@@ -452,7 +455,7 @@ class _Profile:
         return np.minimum(out, 1.0)
 
 
-def ledger_groups(events: Iterable[PrivacyEvent]) -> tuple[Group, ...]:
+def ledger_groups(events: Iterable[Repeated]) -> tuple[Group, ...]:
     """Aggregate counts per distinct ``(sigma, q, participation)`` (composition is
     commutative)."""
     acc: dict[tuple[float, float, float], int] = {}
@@ -475,9 +478,9 @@ def _merge_gaussians(groups: Sequence[Group]) -> tuple[Group, ...]:
 
 
 def group_precision(g: Group) -> float:
-    """``count / sigma^2`` of a Gaussian group (``inf`` when ``sigma^2`` underflows)."""
+    """``rounds / sigma^2`` of a Gaussian group (``inf`` when ``sigma^2`` underflows)."""
     s2 = g.sigma * g.sigma
-    return g.count / s2 if s2 > 0.0 else math.inf
+    return g.rounds / s2 if s2 > 0.0 else math.inf
 
 
 class _ProfileCache:
@@ -514,7 +517,7 @@ _PROFILE_CACHE = _ProfileCache(6, MEMORY_LIMIT_BYTES // 8)
 
 
 def _profile(
-    groups: Sequence[Sequence[float]], eps_disc: float, delta_error: float, max_grid_points: int
+    groups: Sequence[GroupLike], eps_disc: float, delta_error: float, max_grid_points: int
 ) -> _Profile:
     """Compose a ledger (aggregated by ``ledger_groups``) into both hockey-stick curves.
 
@@ -636,7 +639,7 @@ class Bounds:
 
 
 def compose_bounds(
-    events: Sequence[PrivacyEvent], eps_disc: float, delta_error: float, max_grid_points: int
+    events: Sequence[Repeated], eps_disc: float, delta_error: float, max_grid_points: int
 ) -> Bounds:
     groups = ledger_groups(events)
     delta_error = max(delta_error, DELTA_ERROR_FLOOR)

@@ -60,18 +60,26 @@ _MOMENT_GRID_MAX = 2**19
 
 
 class Group(NamedTuple):
-    """``count`` rounds with noise multiplier ``sigma``, sampling rate ``q`` and
+    """``rounds`` rounds with noise multiplier ``sigma``, sampling rate ``q`` and
     participation ``p`` (probability that the round touches the record at all)."""
 
     sigma: float
     q: float
-    count: int
+    rounds: int
     p: float = 1.0
 
 
-def as_group(g: Sequence[float]) -> Group:
-    """``Group`` from a ``(sigma, q, count)`` or ``(sigma, q, count, p)`` tuple."""
-    return g if isinstance(g, Group) else Group(*g)
+#: A :class:`Group` or a plain ``(sigma, q, rounds)`` / ``(sigma, q, rounds, p)`` tuple.
+GroupLike = Group | tuple[float, float, int] | tuple[float, float, int, float]
+
+
+def as_group(g: GroupLike) -> Group:
+    """``Group`` from a ``(sigma, q, rounds)`` or ``(sigma, q, rounds, p)`` tuple."""
+    if isinstance(g, Group):
+        return g
+    if len(g) not in (3, 4):
+        raise ValueError(f"group={g!r}: expected (sigma, q, rounds) or (sigma, q, rounds, p)")
+    return Group(float(g[0]), float(g[1]), int(g[2]), float(g[3]) if len(g) == 4 else 1.0)
 
 
 def _loss(omega: np.ndarray | float, sigma: float, q: float) -> np.ndarray:
@@ -266,24 +274,24 @@ def _group_log_moments(g: Group) -> np.ndarray:
     return np.logaddexp(math.log(g.p) + lm, math.log1p(-g.p))
 
 
-def _total_moments(groups: Sequence[Group]) -> np.ndarray:
+def _total_moments(groups: Sequence[GroupLike]) -> np.ndarray:
     total = np.zeros(len(RDP_ORDERS))
     for g in groups:
         g = as_group(g)
         if g.p == 1.0:
-            total += g.count * log_moments(g.sigma, g.q)
+            total += g.rounds * log_moments(g.sigma, g.q)
         else:
-            total += g.count * _group_log_moments(g)
+            total += g.rounds * _group_log_moments(g)
     return total
 
 
-def chernoff_upper(groups: Sequence[Group], prob: float) -> float:
+def chernoff_upper(groups: Sequence[GroupLike], prob: float) -> float:
     """``L`` with ``Pr[sum of losses > L] <= prob``, either ordering (Chernoff)."""
     total = _total_moments(groups)
     return float(np.min((total + math.log(1.0 / prob)) / (RDP_ORDERS - 1.0)))
 
 
-def chernoff_lower(groups: Sequence[Group], prob: float) -> float:
+def chernoff_lower(groups: Sequence[GroupLike], prob: float) -> float:
     """``x`` with ``Pr[sum of losses < -x] <= prob``, either ordering.
 
     ``E_Q[(P/Q)^l] = exp((l-1) D_l(P||Q)) <= A_l`` for ``l >= 1`` (Mironov et al.) and
@@ -295,12 +303,12 @@ def chernoff_lower(groups: Sequence[Group], prob: float) -> float:
     return float(min(log_inv, np.min((total + log_inv) / RDP_ORDERS)))
 
 
-def rdp_epsilon(groups: Sequence[Group], delta: float) -> float:
+def rdp_epsilon(groups: Sequence[GroupLike], delta: float) -> float:
     """Renyi-DP upper bound on the add/remove epsilon (Balle et al. 2020 conversion)."""
     return rdp_epsilon_log(groups, math.log(delta))
 
 
-def rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
+def rdp_epsilon_log(groups: Sequence[GroupLike], log_delta: float) -> float:
     """:func:`rdp_epsilon` at ``delta = exp(log_delta)`` (any ``log_delta``, no underflow).
 
     ``+inf`` when every moment overflows (a vacuous but valid bound).
@@ -310,7 +318,7 @@ def rdp_epsilon_log(groups: Sequence[Group], log_delta: float) -> float:
     return max(0.0, float(np.min(eps)))
 
 
-def rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
+def rdp_delta(groups: Sequence[GroupLike], eps: np.ndarray) -> np.ndarray:
     """Renyi-DP upper bound on either ordering's ``delta(eps)``: the inverse of the
     conversion in :func:`rdp_epsilon`, minimised over the orders (capped at 1)."""
     eps = np.asarray(eps, dtype=float)
@@ -323,7 +331,7 @@ def rdp_delta(groups: Sequence[Group], eps: np.ndarray) -> np.ndarray:
     return out.reshape(eps.shape)
 
 
-def tv_bound(groups: Sequence[Group]) -> float:
+def tv_bound(groups: Sequence[GroupLike]) -> float:
     """Upper bound on the total variation between the composed pair's two sides.
 
     A round touches the record with probability ``p q`` (participation times
@@ -337,7 +345,7 @@ def tv_bound(groups: Sequence[Group]) -> float:
         touch = g.p * g.q
         if touch >= 1.0:
             return 1.0
-        log_none += g.count * math.log1p(-touch)
+        log_none += g.rounds * math.log1p(-touch)
     return min(1.0, -math.expm1(log_none) * (1.0 + 1e-9))
 
 

@@ -48,7 +48,7 @@ def prv_add_ordering(q: float, sigma: float) -> Any:
     q = check_rate(q)
     sigma = check_sigma(sigma)
 
-    class _AddOrdering(PrivacyRandomVariable):  # type: ignore[misc]
+    class _AddOrdering(PrivacyRandomVariable):
         def __init__(self) -> None:
             self._remove = PoissonSubsampledGaussianMechanism(q, sigma)
 
@@ -74,7 +74,7 @@ def _prv_participation(prv: Any, p: float) -> Any:
 
     p = check_rate(p, "participation")
 
-    class _Participation(PrivacyRandomVariable):  # type: ignore[misc]
+    class _Participation(PrivacyRandomVariable):
         def cdf(self, t: Any) -> Any:
             t = np.asarray(t, dtype=float)
             return p * prv.cdf(t) + (1.0 - p) * (t >= 0.0)
@@ -115,7 +115,7 @@ def epsilon_prv_accountant(
     groups = ledger_groups(as_events(ledger_or_accountant))
     if not groups:
         return EpsilonBound(0.0, 0.0, 0.0, delta, "add-remove")
-    counts = [g.count for g in groups]
+    counts = [g.rounds for g in groups]
     out = np.zeros(3)
     for ordering in ("remove", "add"):
         prvs = []

@@ -37,17 +37,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedfdp.accounting.composition import Bounds, bucket_groups, group_precision, ledger_groups
-from fedfdp.accounting.prv import gaussian_epsilon, rdp_epsilon, rdp_epsilon_log, tv_bound
+from fedfdp.accounting.prv import Group, gaussian_epsilon, rdp_epsilon, rdp_epsilon_log, tv_bound
 
 if TYPE_CHECKING:
-    from fedfdp.accounting.accountant import PrivacyEvent
+    from fedfdp.accounting.accountant import Repeated
 
 #: ``profile_for(events, delta_abs_error)``: the accountant's add/remove bounds.
-ProfileFor = Callable[[Sequence["PrivacyEvent"], float], Bounds]
+ProfileFor = Callable[[Sequence["Repeated"], float], Bounds]
 
 
 def replacement_epsilon(
-    events: Sequence[PrivacyEvent],
+    events: Sequence[Repeated],
     delta_r: float,
     profile_for: ProfileFor,
     relative_delta_error: float,
@@ -64,7 +64,7 @@ def replacement_epsilon(
 
     Parameters
     ----------
-    events : sequence of PrivacyEvent
+    events : sequence of Repeated
         The ledger (non-empty).
     delta_r : float
         Target replacement delta, in ``(0, 1)``.
@@ -136,7 +136,7 @@ _TINY = 1e-250
 
 
 def _rdp_replacement(
-    groups: Sequence[tuple[float, ...]], delta_r: float, lower: float = 0.0
+    groups: Sequence[Group], delta_r: float, lower: float = 0.0
 ) -> tuple[float, float, float]:
     """Proposition 1 on the Renyi-DP bound alone, in log space (any ``delta_r > 0``).
 
