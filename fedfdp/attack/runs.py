@@ -46,10 +46,9 @@ def fleet_grid() -> AttributeGrid:
     (1 unit ≈ 10 km; values outside fall in the edge cells): 180 cells."""
     from fedfdp.data import fleet
 
-    # the fleet's declared (public) scaling of heart rate: (bpm − shift) / scale
-    shift, scale = fleet._SHIFT["heart_rate"], fleet._SCALE["heart_rate"]
-    hr_edges = (np.array([80.0, 100.0, 120.0, 140.0]) - shift) / scale
-    hr_centres = (np.array([70.0, 90.0, 110.0, 130.0, 155.0]) - shift) / scale
+    heart = fleet.column_scaling("heart_rate")  # declared (public): (bpm − shift) / scale
+    hr_edges = heart.encode(np.array([80.0, 100.0, 120.0, 140.0]))
+    hr_centres = heart.encode(np.array([70.0, 90.0, 110.0, 130.0, 155.0]))
     loc_edges = np.linspace(-1.2, 1.2, 7)[1:-1]
     loc_centres = np.linspace(-1.0, 1.0, 6)
     return AttributeGrid(
@@ -236,7 +235,8 @@ def attribute_attack_run(
     cfg = read_run(run_dir)
     data = load_dataset(cfg.data)
     grid = fleet_grid() if cfg.data.dataset == "fleet" else None
-    if grid is None or tuple(data.spec.private) != grid.columns:
+    spec = data.spec
+    if grid is None or spec is None or tuple(spec.private) != grid.columns:
         raise ValueError(
             "the attribute attack needs the fleet's private columns (heart_rate, latitude, longitude)"
         )
@@ -250,7 +250,8 @@ def attribute_attack_run(
         model, rows = run_centralised(load_config({"out-dir": "", "resume": False}, base=cfg), data)
         private_rounds = sum(1 for r in rows if PHASES[r["phase"]].noise)
         source = "trained here (centralised reference)"
-    marginal, conditional = reference_priors(cfg, grid, data.spec, data.num_classes)
+    pi = [int(i) for i in spec.private_index]
+    marginal, conditional = reference_priors(cfg, grid, spec, data.num_classes)
     refs = train_references(cfg, references)
     weight_success: dict[float, float] = {}
     if weight is None:
@@ -259,13 +260,12 @@ def attribute_attack_run(
         if refs:
             key = (load_config({"data-seed": 0, "seed": 0, "out-dir": ""}, base=cfg), references)
             if key not in _WEIGHTS:  # the references are shared by such runs, and so is λ
-                _WEIGHTS[key] = choose_weight(refs, data.spec.private_index, grid, conditional)
+                _WEIGHTS[key] = choose_weight(refs, pi, grid, conditional)
             weight, weight_success = _WEIGHTS[key]
         else:
             weight = 0.0
     x = np.concatenate([d.x for d in data.devices])
     y = np.concatenate([d.y for d in data.devices])
-    pi = list(data.spec.private_index)
     ref_models = [r.model for r in refs]
     train = attribute_attack(model, x, y, pi, grid, marginal, conditional, ref_models, weight)
     held = attribute_attack(

@@ -28,7 +28,8 @@ Speeds of ``run``, ``bike`` and ``vehicle`` overlap heavily and the
 accelerometer only partly separates them, so the public readings alone give a
 mediocre classifier; heart rate and location (private) resolve most of the
 remaining confusion. Inputs are scaled with fixed, declared constants (not
-statistics of the data, which would disclose private values).
+statistics of the data, which would disclose private values); :func:`column_scaling`
+returns them (e.g. the heart-rate encoding an attribute attack places its bins on).
 
 Each device's records are split into training records and a held-out part;
 the held-out parts of all devices form the test set used only for evaluation.
@@ -36,13 +37,16 @@ the held-out parts of all devices form the test set used only for evaluation.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec, PublicStatistics
 
 CLASSES = ("still", "walk", "run", "bike", "vehicle")
-PUBLIC_COLUMNS = (
+PUBLIC_COLUMNS: tuple[str, ...] = (
     "speed",
     "heading_sin",
     "heading_cos",
@@ -63,9 +67,55 @@ _ACCEL_STD = np.array([0.05, 0.5, 0.9, 0.5, 0.5])
 SPECTRUM_SNR = 0.12
 _HEART = np.array([70.0, 92.0, 150.0, 128.0, 74.0])  # bpm
 
-# Declared (public) scaling constants: value -> (value - shift) / scale
-_SHIFT = {"speed": 2.5, "accel_mean": 0.8, "accel_std": 0.5, "heart_rate": 100.0}
-_SCALE = {"speed": 2.5, "accel_mean": 0.6, "accel_std": 0.4, "heart_rate": 35.0}
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A declared (public) affine encoding of one column: ``encoded = (value − shift) / scale``.
+
+    The constants are part of the generative model, not statistics of the
+    data, so publishing them discloses nothing about any record.
+    """
+
+    shift: float
+    scale: float
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.shift):
+            raise ValueError(f"shift={self.shift!r}: must be finite")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale={self.scale!r}: must be finite and > 0")
+
+    def encode(self, value: np.ndarray | float) -> np.ndarray:
+        """Raw units (e.g. bpm) to the model's input scale."""
+        return (np.asarray(value, dtype=np.float64) - self.shift) / self.scale
+
+    def decode(self, encoded: np.ndarray | float) -> np.ndarray:
+        """The model's input scale back to raw units."""
+        return np.asarray(encoded, dtype=np.float64) * self.scale + self.shift
+
+
+# Declared (public) scaling of the columns the generator rescales; the others
+# are already in model units (sin/cos, city coordinates, standardised bands).
+_SCALINGS = {
+    "speed": Scaling(2.5, 2.5),  # m/s
+    "accel_mean": Scaling(0.8, 0.6),  # g
+    "accel_std": Scaling(0.5, 0.4),  # g
+    "heart_rate": Scaling(100.0, 35.0),  # bpm
+}
+
+
+def column_scaling(column: str) -> Scaling:
+    """The declared encoding of ``column`` (``speed``, ``accel_mean``,
+    ``accel_std`` or ``heart_rate``): how the fleet turns raw units into the
+    values in :attr:`FederatedData.devices`. An attacker or an analyst uses it
+    to place raw-unit thresholds (e.g. 100 bpm) on the encoded scale."""
+    try:
+        return _SCALINGS[column]
+    except KeyError:
+        raise ValueError(
+            f"column={column!r}: not a scaled fleet column (one of {sorted(_SCALINGS)})"
+        ) from None
 
 
 def _hours(rng: np.random.Generator, c: np.ndarray) -> np.ndarray:
@@ -122,14 +172,14 @@ def _device_records(
     heart = rng.normal(_HEART[c] + offset, 12.0)
     lat, lon = _locations(rng, c, home)
     cols = {
-        "speed": (speed - _SHIFT["speed"]) / _SCALE["speed"],
+        "speed": _SCALINGS["speed"].encode(speed),
         "heading_sin": np.sin(heading),
         "heading_cos": np.cos(heading),
-        "accel_mean": (accel_mean - _SHIFT["accel_mean"]) / _SCALE["accel_mean"],
-        "accel_std": (accel_std - _SHIFT["accel_std"]) / _SCALE["accel_std"],
+        "accel_mean": _SCALINGS["accel_mean"].encode(accel_mean),
+        "accel_std": _SCALINGS["accel_std"].encode(accel_std),
         "hour_sin": np.sin(2 * np.pi * hour / 24),
         "hour_cos": np.cos(2 * np.pi * hour / 24),
-        "heart_rate": (heart - _SHIFT["heart_rate"]) / _SCALE["heart_rate"],
+        "heart_rate": _SCALINGS["heart_rate"].encode(heart),
         "latitude": lat,
         "longitude": lon,
     }
@@ -182,7 +232,7 @@ def make_fleet(
     # Public-mean imputation constants: population values declared by the
     # generative model (a resting heart rate of 80 bpm, the city centre).
     stats = PublicStatistics.from_public(
-        spec, [(80.0 - _SHIFT["heart_rate"]) / _SCALE["heart_rate"], 0.0, 0.0]
+        spec, [float(_SCALINGS["heart_rate"].encode(80.0)), 0.0, 0.0]
     )
     return FederatedData(
         name="fleet",
