@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from fedfdp.clipping import clipped_grad_sum
+from fedfdp.clipping.common import LossFn, tensor_sum
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
 from fedfdp.losses import FeatureMap, cross_entropy
 from fedfdp.modes import PHASES, Phase
@@ -94,7 +95,7 @@ def trainable(model: nn.Module) -> list[torch.Tensor]:
 
 def clip_vector(tensors: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
     """Scale the tensor list, seen as one vector, to L2 norm at most ``max_norm``."""
-    norm = torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)) if tensors else torch.tensor(0.0)
+    norm = torch.sqrt(tensor_sum((t.double() ** 2).sum() for t in tensors)) if tensors else torch.tensor(0.0)
     factor = min(1.0, max_norm / float(norm)) if float(norm) > 0 else 1.0
     return [t * factor for t in tensors]
 
@@ -202,7 +203,7 @@ class PrivateAggregator(Protocol):
 
 def _loss_and_inputs(
     decomposition: FeatureMap, phase: Phase, batch: PrivateBatch
-) -> tuple[object, list[torch.Tensor]]:
+) -> tuple[LossFn, list[torch.Tensor]]:
     if phase.private_loss == "private":
         return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
     if phase.private_loss == "full":
@@ -235,11 +236,9 @@ def private_clipped_sum(
     was already within ``clipping_norm`` (0 without clipping)."""
     if not batches or not any(len(b.y) for b in batches):
         return PrivateSum([torch.zeros_like(p) for p in trainable(model)], 0)
-    loss_fn = None
-    parts: list[list[torch.Tensor]] = []
-    for batch in batches:
-        loss_fn, inputs = _loss_and_inputs(decomposition, phase, batch)
-        parts.append(inputs)
+    pairs = [_loss_and_inputs(decomposition, phase, batch) for batch in batches]
+    loss_fn = pairs[-1][0]
+    parts = [p for _, p in pairs]
     inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
     targets = torch.cat([b.y for b in batches])
     out = clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method)

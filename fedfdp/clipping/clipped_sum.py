@@ -131,7 +131,7 @@ def clipped_grad_sum(
 
     batch = Batch(model, xs, targets, loss_fn, params)
     with torch.enable_grad():
-        if resolved == "plain":
+        if clip is None:  # resolved == "plain"
             return plain_sum(batch)
         if resolved == "loop":
             return loop_clipped_sum(batch, clip)

@@ -14,7 +14,7 @@ sensitivity ``C``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -177,3 +177,15 @@ def grad_or_zeros(
     grads: Sequence[torch.Tensor | None], params: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
+
+
+def tensor_sum(terms: Iterable[torch.Tensor], start: torch.Tensor | None = None) -> torch.Tensor:
+    """``start + t_1 + t_2 + ...`` left to right, like the builtin ``sum`` but typed as a
+    tensor: without ``start`` the first term starts the sum (``0 + t_1`` would equal
+    ``t_1``); no term and no ``start`` is an error."""
+    total = start
+    for t in terms:
+        total = t if total is None else total + t
+    if total is None:
+        raise ValueError("tensor_sum: no terms and no start")
+    return total

@@ -15,6 +15,7 @@ are used outside that layer's ``forward``: their gradients would be incomplete.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -126,12 +127,11 @@ def ghost_clipped_sum(batch: Batch, clip: float, bookkeeping: bool = True) -> Cl
     total = losses.sum()
     _check_graph(total, captures, {id(p) for p in params})
 
+    out_grads: Sequence[torch.Tensor | None] = (None,) * len(captures)
     if captures and total.requires_grad:
         out_grads = torch.autograd.grad(
             total, [c.edge for c in captures], allow_unused=True, retain_graph=not bookkeeping
         )
-    else:
-        out_grads = (None,) * len(captures)
     by_module: dict[nn.Module, list[tuple[Capture, torch.Tensor]]] = {}
     for cap, g in zip(captures, out_grads, strict=True):
         if g is not None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedfdp.clipping.common import CHUNK_ELEMENTS, KEEP_ELEMENTS, GhostUnsupportedError
+from fedfdp.clipping.common import CHUNK_ELEMENTS, KEEP_ELEMENTS, GhostUnsupportedError, tensor_sum
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _conv_patches(module: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tenso
 
 
 def _matrix_terms(
-    module: nn.Module,
+    module: nn.Linear | nn.Conv1d | nn.Conv2d,
     blocks: list[tuple[torch.Tensor, torch.Tensor]],
     n: int,
     groups: int,
@@ -118,8 +118,8 @@ def _matrix_terms(
     ``g: (copies, n, T, G, O)`` (views of the captured tensors); the per-record
     weight gradient is ``Σ_{copies, T} g aᵀ`` per group.
     """
-    weight: nn.Parameter = module.weight
-    bias: nn.Parameter | None = module.bias
+    weight: torch.Tensor = module.weight
+    bias: torch.Tensor | None = module.bias
     a0, g0 = blocks[0]
     dtype = g0.dtype
     d_in, d_out = a0.shape[-1], g0.shape[-1]
@@ -128,37 +128,41 @@ def _matrix_terms(
     norm2, per_record, folded = _weight_norm2(blocks, n, groups, d_in, d_out, with_weight, with_bias)
     gb = None
     if with_bias and not folded:
-        gb = sum(g.sum(dim=(0, 2)) for _, g in blocks).reshape(n, -1)  # (n, G·O)
+        gb = tensor_sum(g.sum(dim=(0, 2)) for _, g in blocks).reshape(n, -1)  # (n, G·O)
         norm2 = norm2 + gb.square().sum(1)
 
     def build(coef: torch.Tensor) -> dict[int, torch.Tensor]:
         out: dict[int, torch.Tensor] = {}
         coef = coef.to(dtype)
         c = coef.view(1, n, 1, 1, 1)
-        w = b = None
+        w: torch.Tensor | None = None
+        b: torch.Tensor | None = None
         if with_weight and per_record is not None:
             w = coef @ per_record.reshape(n, -1)
         for a, g in blocks:
             if not with_weight or per_record is not None:
                 break
-            gc = g * c if (with_bias or d_out <= d_in or groups != 1) else None
-            if groups != 1:
-                term = torch.einsum(
-                    "rgo,rgi->goi", gc.reshape(-1, groups, d_out), a.reshape(-1, groups, d_in)
-                )
-            elif gc is not None:
-                term = gc.reshape(-1, d_out).T @ a.reshape(-1, d_in)
+            if with_bias or d_out <= d_in or groups != 1:
+                gc = g * c
+                if groups != 1:
+                    term = torch.einsum(
+                        "rgo,rgi->goi", gc.reshape(-1, groups, d_out), a.reshape(-1, groups, d_in)
+                    )
+                else:
+                    term = gc.reshape(-1, d_out).T @ a.reshape(-1, d_in)
+                if with_bias:
+                    term_b = gc.sum(dim=(0, 1, 2)).reshape(-1)
+                    b = term_b if b is None else b + term_b
             else:
                 term = g.reshape(-1, d_out).T @ (a * c).reshape(-1, d_in)
             w = term if w is None else w + term
-            if with_bias:
-                term_b = gc.sum(dim=(0, 1, 2)).reshape(-1)
-                b = term_b if b is None else b + term_b
         if with_weight:
+            if w is None:  # blocks holds at least one capture
+                raise RuntimeError("ghost norms: a layer was captured without activations")
             out[id(weight)] = w
-        if with_bias:
+        if with_bias and bias is not None:
             if b is None:
-                g_sum = gb if gb is not None else sum(g.sum(dim=(0, 2)) for _, g in blocks)
+                g_sum = gb if gb is not None else tensor_sum(g.sum(dim=(0, 2)) for _, g in blocks)
                 b = coef @ g_sum.reshape(n, -1)
             out[id(bias)] = b.reshape(-1)
         return out
@@ -317,7 +321,8 @@ def _norm_layer_terms(
         parts.append((weight, gw))
     if bias is not None and bias.requires_grad:
         parts.append((bias, gb))
-    norm2 = sum(per.square().sum(1) for _, per in parts)
+    zero = torch.zeros(n, dtype=gw.dtype, device=gw.device)
+    norm2 = tensor_sum((per.square().sum(1) for _, per in parts), start=zero)
 
     def build(coef: torch.Tensor) -> dict[int, torch.Tensor]:
         c = coef.to(gw.dtype)

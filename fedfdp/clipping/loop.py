@@ -22,6 +22,7 @@ from fedfdp.clipping.common import (
     clip_coefficients,
     grad_or_zeros,
     stacked_forward,
+    tensor_sum,
 )
 
 
@@ -41,7 +42,7 @@ def loop_clipped_sum(batch: Batch, clip: float) -> ClippedSum:
         outs = [model(x[i : i + 1]) for x in xs]
         loss = checked_losses(loss_fn, outs, targets[i : i + 1], 1).sum()
         grads = grad_or_zeros(torch.autograd.grad(loss, params, allow_unused=True), params)
-        norm = torch.sqrt(sum(g.detach().square().sum() for g in grads))
+        norm = torch.sqrt(tensor_sum(g.detach().square().sum() for g in grads))
         norms[i] = norm
         if torch.isfinite(norm):
             coef = clip_coefficients(norm, clip)
