@@ -261,7 +261,6 @@ def table_encoding(
         Strict mode with an undeclared column or label classes; a private
         column without any value.
     """
-    strict = frame is None
     if frame is not None and train is None:
         train = np.ones(len(frame), dtype=bool)
     computed: list[str] = []
@@ -280,17 +279,19 @@ def table_encoding(
             public.append(ColumnEncoding(col, "range", *ranges[col]))
         elif col in cats:
             public.append(ColumnEncoding(col, "onehot", categories=cats[col]))
-        elif strict:
+        elif frame is None or train is None:  # strict
             raise undeclared(col, "public")
-        elif check_numeric_cells(frame[col], col) or is_numeric(frame[col]):
-            ref = _as_float(frame[col])[train]
-            ref = ref[~np.isnan(ref)]
-            mean = float(ref.mean()) if len(ref) else 0.0
-            std = float(ref.std()) if len(ref) else 1.0
-            public.append(ColumnEncoding(col, "standard", mean, std))
         else:
-            seen = tuple(sorted({v for v in _text(frame[col])[train] if v is not None}))
-            public.append(ColumnEncoding(col, "onehot", categories=seen))
+            check_numeric_cells(frame[col], col)
+            if is_numeric(frame[col]):
+                ref = _as_float(frame[col])[train]
+                ref = ref[~np.isnan(ref)]
+                mean = float(ref.mean()) if len(ref) else 0.0
+                std = float(ref.std()) if len(ref) else 1.0
+                public.append(ColumnEncoding(col, "standard", mean, std))
+            else:
+                categories = tuple(sorted({v for v in _text(frame[col])[train] if v is not None}))
+                public.append(ColumnEncoding(col, "onehot", categories=categories))
 
     private: list[ColumnEncoding] = []
     ranges = {n: (lo, hi) for n, lo, hi in cfg.private_ranges}
@@ -302,7 +303,7 @@ def table_encoding(
         if col in cats:
             private.append(ColumnEncoding(col, "onehot", categories=cats[col]))
             continue
-        if strict:
+        if frame is None:  # strict
             raise undeclared(col, "private")
         series = frame[col]
         check_numeric_cells(series, col)

@@ -57,6 +57,8 @@ ACCEL_SCALE_G = 1.0
 def watch_file() -> str:
     """Path of ``watch_dataset.npy`` inside the installed ``seglearn`` package."""
     seglearn = require("seglearn", "watch")
+    if seglearn.__file__ is None:
+        raise DataError("dataset='watch': the installed seglearn package has no file location")
     path = os.path.join(os.path.dirname(seglearn.__file__), "data", "watch_dataset.npy")
     if not os.path.isfile(path):
         raise DataError(f"dataset='watch': {path!r} not found in the installed seglearn package")
