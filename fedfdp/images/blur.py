@@ -315,18 +315,19 @@ def check_public_map(
     def seeded() -> torch.Generator:
         return torch.Generator(device=probe.device).manual_seed(seed)
 
+    first: torch.Tensor | None = None
+    second: torch.Tensor | None = None
     try:
         first, second = call(None), call(None)
     except ValueError as exc:
         if str(exc).startswith(f"public map {name!r}"):
             raise
-        first = second = None
     except (TypeError, RuntimeError):
-        first = second = None
+        pass  # a map that needs its generator argument
     if not torch.equal(probe, before):
         raise ValueError(f"public map {name!r}: modified its input in place")
     needs_generator = first is None or second is None or not torch.equal(first, second)
-    if needs_generator:
+    if first is None or second is None or needs_generator:
         first, second = call(seeded()), call(seeded())
         if not torch.equal(first, second):
             raise ValueError(

@@ -444,9 +444,10 @@ def _read_png(path: Path) -> np.ndarray:
     except ImportError:
         raise _missing("pillow", f"{path}") from None
     try:
-        with Image.open(path) as img:
-            if img.format != "PNG":
-                raise ImageDataError(f"{path}: format {img.format}; need PNG")
+        with Image.open(path) as opened:
+            if opened.format != "PNG":
+                raise ImageDataError(f"{path}: format {opened.format}; need PNG")
+            img: Image.Image = opened
             mode = img.mode
             if mode == "P":
                 img = img.convert("RGBA" if "transparency" in img.info else "RGB")

@@ -57,6 +57,7 @@ as in the paper's class-conditional AFHQ model. ``conditional=False`` packs the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -256,17 +257,17 @@ class DiffusionLoss:
         return self.full_inputs(x, y, draw) + self.public_inputs(x, y, draw, generator)
 
     @staticmethod
-    def full_loss(outputs: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+    def full_loss(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Per-record ``ℓ`` (input 0)."""
         return mse_per_record(outputs[0], targets)
 
     @staticmethod
-    def public_loss(outputs: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+    def public_loss(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Per-record ``ℓ_pub`` (input 0 is the public input)."""
         return mse_per_record(outputs[0], targets)
 
     @staticmethod
-    def private_loss(outputs: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+    def private_loss(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Per-record ``ℓ_priv = ℓ − ℓ_pub`` (inputs 0 and 1)."""
         return mse_per_record(outputs[0], targets) - mse_per_record(outputs[1], targets)
 

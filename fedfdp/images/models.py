@@ -15,16 +15,19 @@ scheme: weights and biases uniform in ``±1/√fan_in``); no global RNG.
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from fedfdp.images.data import ImageShape
 
+M = TypeVar("M", bound=nn.Module)
+
 __all__ = ["DigitCNN", "build_classifier", "init_parameters"]
 
 
-def init_parameters(model: nn.Module, generator: torch.Generator) -> nn.Module:
+def init_parameters(model: M, generator: torch.Generator) -> M:
     """Re-initialise ``model`` from ``generator`` (in place; returns it).
 
     ``Linear``/``Conv2d``: weight and bias uniform in ``±1/√fan_in`` (PyTorch's
