@@ -291,11 +291,11 @@ class CorrDPDesign:
         if self.bias:
             blocks.append(Block(BIAS, "bias", (), 1.0, 1.0))
         object.__setattr__(self, "blocks", tuple(blocks))
-        for b in blocks:
-            if b.kind == "feature" and max(b.tv, floor) <= 0.0:
+        for block in blocks:
+            if block.kind == "feature" and max(block.tv, floor) <= 0.0:
                 raise ValueError(
-                    f"insensitive feature {b.name[len(FEATURE_PREFIX) :]!r}: tv=0 with tv_floor=0 gives its "
-                    "block no noise; set tv_floor > 0"
+                    f"insensitive feature {block.name[len(FEATURE_PREFIX) :]!r}: tv=0 with tv_floor=0 "
+                    "gives its block no noise; set tv_floor > 0"
                 )
         if self.clip_shares is None:
             total = math.sqrt(sum(b.bound**2 for b in blocks))
