@@ -113,9 +113,9 @@ def prepare_output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
-def write_metrics(out_dir: str | Path, rows: Sequence[Mapping[str, Any] | Any]) -> Path:
+def write_metrics(out_dir: str | Path, rows: Sequence[Any]) -> Path:
     """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv``."""
-    records = [asdict(r) if is_dataclass(r) else dict(r) for r in rows]
+    records = [asdict(r) if is_dataclass(r) and not isinstance(r, type) else dict(r) for r in rows]
     frame = pd.DataFrame.from_records(records)
     ordered = [c for c in METRIC_COLUMNS if c in frame.columns]
     frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
