@@ -1,0 +1,319 @@
+"""Cryptographic primitives of SecAgg+: key agreement, key derivation, authenticated
+encryption, Shamir sharing of 32-byte secrets and the mask PRG.
+
+Everything here calls two maintained libraries directly, ``cryptography`` (X25519,
+HKDF-SHA256, AES-256-GCM, AES-256-CTR) and PyCryptodome (Shamir sharing over
+GF(2¹²⁸)); Flower's secure-aggregation helpers are not used.
+
+Security model
+--------------
+The protocol built on these primitives (:mod:`fedfdp.secagg.session`; Bonawitz et
+al., CCS 2017, with the sparse neighbour graph of Bell et al., CCS 2020) protects the
+clients' inputs from an *honest-but-curious* server that may collude with fewer than
+``t`` clients of any neighbourhood. It rests on computational assumptions: the
+hardness of the computational Diffie-Hellman problem on Curve25519 (X25519), HKDF
+with HMAC-SHA256 as a key-derivation function, AES-256 as a pseudo-random function
+(the CTR keystream of the masks), and the IND-CPA/INT-CTXT security of AES-256-GCM.
+Shamir sharing is information-theoretic: fewer than ``t`` shares reveal nothing.
+Out of scope: a malicious server that substitutes public keys (there is no PKI and
+no consistency round), and poisoning by clients.
+
+Secrets (private keys, seeds, Shamir coefficients, nonces) come from the operating
+system's CSPRNG only: ``cryptography`` draws X25519 keys from OpenSSL's CSPRNG,
+:func:`random_secret` and the AEAD nonces read :func:`os.urandom`, and PyCryptodome's
+``Shamir.split`` draws its coefficients from ``Crypto.Random.get_random_bytes``
+(``os.urandom``). Nothing here takes a seed.
+
+Domain separation
+-----------------
+Every symmetric key is ``HKDF-SHA256(ikm, salt=None, info)`` with
+``info = b"fedfdp/secagg/v1/" + purpose + b"/" + round ‖ first ‖ second`` (three
+8-byte big-endian integers), so keys for different purposes, rounds or node pairs are
+independent. Pairwise mask keys use the *sorted* pair (both ends derive the same
+key); encryption keys use the directed pair (source, destination).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from fedfdp.secagg.errors import AuthenticationError
+
+#: Length of every secret, key and public key handled here, in bytes.
+KEY_BYTES = 32
+#: Length of an AES-GCM nonce (prepended to each ciphertext), in bytes.
+NONCE_BYTES = 12
+#: Length of an AES-GCM authentication tag, in bytes.
+TAG_BYTES = 16
+#: Length of a serialised :class:`Share`: a 2-byte index and two 16-byte halves.
+SHARE_BYTES = 2 + KEY_BYTES
+#: Largest Shamir share index (it is serialised on two bytes).
+MAX_SHARES = 2**16 - 1
+#: Largest node id (Flower node ids are unsigned 64-bit integers).
+MAX_NODE_ID = 2**64 - 1
+
+_INFO_PREFIX = b"fedfdp/secagg/v1/"
+_HALF = KEY_BYTES // 2
+_U64 = 2**64
+
+
+class KeyPurpose(Enum):
+    """What a derived symmetric key is used for (part of the HKDF info string)."""
+
+    #: Pairwise mask PRG key from the X25519 secret of the mask key pairs.
+    MASK = "pair-mask"
+    #: Self-mask PRG key from a node's seed ``b_u``.
+    SELF_MASK = "self-mask"
+    #: AES-GCM key for the share ciphertexts, from the encryption key pairs.
+    ENCRYPTION = "share-encryption"
+
+
+def _u64(name: str, value: int) -> bytes:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < _U64:
+        raise ValueError(f"{name}={value!r}: must be an integer in [0, 2**64)")
+    return int(value).to_bytes(8, "big")
+
+
+def _key(name: str, value: bytes) -> bytes:
+    if not isinstance(value, bytes) or len(value) != KEY_BYTES:
+        got = f"{len(value)} bytes" if isinstance(value, bytes) else type(value).__name__
+        raise ValueError(f"{name}: must be {KEY_BYTES} bytes, got {got}")
+    return value
+
+
+def random_secret() -> bytes:
+    """32 bytes from the operating system's CSPRNG (a seed ``b_u``)."""
+    return os.urandom(KEY_BYTES)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """An X25519 key pair.
+
+    Attributes
+    ----------
+    private : X25519PrivateKey
+    public : bytes
+        The 32-byte raw public key (what is sent to the server).
+    """
+
+    private: X25519PrivateKey
+    public: bytes
+
+    @staticmethod
+    def generate() -> KeyPair:
+        """A fresh key pair from OpenSSL's CSPRNG."""
+        private = X25519PrivateKey.generate()
+        return KeyPair(private, private.public_key().public_bytes_raw())
+
+    @staticmethod
+    def from_private_bytes(raw: bytes) -> KeyPair:
+        """The key pair whose raw private key is ``raw`` (32 bytes)."""
+        private = X25519PrivateKey.from_private_bytes(_key("private key", raw))
+        return KeyPair(private, private.public_key().public_bytes_raw())
+
+    def private_bytes(self) -> bytes:
+        """The raw 32-byte private key (what is secret-shared)."""
+        return self.private.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+
+    def agree(self, peer_public: bytes) -> bytes:
+        """The X25519 shared secret with the holder of ``peer_public``.
+
+        Raises
+        ------
+        ValueError
+            ``peer_public`` is not 32 bytes, or is a low-order point (all-zero secret).
+        """
+        peer = X25519PublicKey.from_public_bytes(_key("peer public key", peer_public))
+        return self.private.exchange(peer)
+
+
+def derive_key(secret: bytes, purpose: KeyPurpose, round_: int, first: int, second: int) -> bytes:
+    """A 32-byte key ``HKDF-SHA256(secret, info(purpose, round_, first, second))``.
+
+    Parameters
+    ----------
+    secret : bytes
+        Input keying material: an X25519 shared secret or a seed (32 bytes).
+    purpose : KeyPurpose
+    round_ : int
+        Round number (binds the key to one round).
+    first, second : int
+        Node ids. The caller orders them: sorted for a pairwise mask key,
+        (source, destination) for an encryption key, (u, u) for a self mask.
+    """
+    if not isinstance(purpose, KeyPurpose):
+        raise ValueError(f"purpose={purpose!r}: must be a KeyPurpose")
+    info = (
+        _INFO_PREFIX
+        + purpose.value.encode()
+        + b"/"
+        + _u64("round", round_)
+        + _u64("first node id", first)
+        + _u64("second node id", second)
+    )
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info)
+    return hkdf.derive(_key("secret", secret))
+
+
+def pair_mask_key(shared_secret: bytes, round_: int, u: int, v: int) -> bytes:
+    """The pairwise mask key of nodes ``u`` and ``v`` (symmetric in ``u``, ``v``)."""
+    if u == v:
+        raise ValueError(f"u=v={u}: a pairwise mask needs two distinct nodes")
+    lo, hi = (u, v) if u < v else (v, u)
+    return derive_key(shared_secret, KeyPurpose.MASK, round_, lo, hi)
+
+
+def self_mask_key(seed: bytes, round_: int, u: int) -> bytes:
+    """The key of node ``u``'s self mask, derived from its seed ``b_u``."""
+    return derive_key(seed, KeyPurpose.SELF_MASK, round_, u, u)
+
+
+def encryption_key(shared_secret: bytes, round_: int, src: int, dst: int) -> bytes:
+    """The AES-256-GCM key for shares sent from ``src`` to ``dst`` in ``round_``."""
+    return derive_key(shared_secret, KeyPurpose.ENCRYPTION, round_, src, dst)
+
+
+def _associated_data(round_: int, src: int, dst: int) -> bytes:
+    return (
+        _INFO_PREFIX
+        + b"share/"
+        + _u64("round", round_)
+        + _u64("source node id", src)
+        + _u64("destination node id", dst)
+    )
+
+
+def seal(key: bytes, plaintext: bytes, *, round_: int, src: int, dst: int) -> bytes:
+    """AES-256-GCM encryption of ``plaintext`` with associated data (round, src, dst).
+
+    Returns ``nonce ‖ ciphertext ‖ tag`` with a fresh random 12-byte nonce, i.e.
+    ``len(plaintext) + 28`` bytes.
+    """
+    nonce = os.urandom(NONCE_BYTES)
+    aad = _associated_data(round_, src, dst)
+    return nonce + AESGCM(_key("key", key)).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes, sealed: bytes, *, round_: int, src: int, dst: int) -> bytes:
+    """Inverse of :func:`seal`.
+
+    Raises
+    ------
+    AuthenticationError
+        The bytes were altered, or the key, round, source or destination differ from
+        those used to seal them.
+    """
+    if not isinstance(sealed, bytes) or len(sealed) < NONCE_BYTES + TAG_BYTES:
+        raise AuthenticationError(
+            f"ciphertext from node {src} to node {dst}: too short", field="ciphertexts", node_id=src
+        )
+    aad = _associated_data(round_, src, dst)
+    try:
+        return AESGCM(_key("key", key)).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
+    except InvalidTag:
+        raise AuthenticationError(
+            f"ciphertext from node {src} to node {dst} in round {round_} fails authentication "
+            "(tampered, or wrong key or associated data)",
+            field="ciphertexts",
+            node_id=src,
+        ) from None
+
+
+@dataclass(frozen=True)
+class Share:
+    """One Shamir share of a 32-byte secret.
+
+    The secret is split as two independent 16-byte halves, each shared with
+    PyCryptodome's ``Shamir`` (a random polynomial of degree ``t − 1`` over
+    GF(2¹²⁸)) at the same index; ``value`` is the two 16-byte share halves.
+
+    Attributes
+    ----------
+    index : int
+        The evaluation point, in [1, 65535].
+    value : bytes
+        32 bytes.
+    """
+
+    index: int
+    value: bytes
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.index, bool)
+            or not isinstance(self.index, int)
+            or not 1 <= self.index <= MAX_SHARES
+        ):
+            raise ValueError(f"share index={self.index!r}: must be an integer in [1, {MAX_SHARES}]")
+        _key("share value", self.value)
+
+    def to_bytes(self) -> bytes:
+        """``index`` (2 bytes, big-endian) followed by ``value``: :data:`SHARE_BYTES` bytes."""
+        return self.index.to_bytes(2, "big") + self.value
+
+    @staticmethod
+    def from_bytes(raw: bytes) -> Share:
+        """Inverse of :meth:`to_bytes`."""
+        if not isinstance(raw, bytes) or len(raw) != SHARE_BYTES:
+            raise ValueError(f"share: must be {SHARE_BYTES} bytes")
+        return Share(int.from_bytes(raw[:2], "big"), raw[2:])
+
+
+def share_secret(secret: bytes, threshold: int, count: int) -> list[Share]:
+    """Split a 32-byte secret into ``count`` shares, any ``threshold`` of which recover it.
+
+    Fewer than ``threshold`` shares carry no information about the secret (each half
+    is shared with fresh random coefficients). Shares have indices ``1..count``.
+    """
+    _key("secret", secret)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARES:
+        raise ValueError(f"count={count!r}: must be an integer in [1, {MAX_SHARES}]")
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= count:
+        raise ValueError(f"threshold={threshold!r}: must be an integer in [1, count={count}]")
+    low = Shamir.split(threshold, count, secret[:_HALF])
+    high = Shamir.split(threshold, count, secret[_HALF:])
+    return [Share(i, a + b) for (i, a), (_, b) in zip(low, high, strict=True)]
+
+
+def combine_shares(shares: list[Share] | tuple[Share, ...]) -> bytes:
+    """The secret whose polynomial passes through ``shares`` (Lagrange interpolation at 0).
+
+    The caller passes exactly ``threshold`` shares with distinct indices; with fewer,
+    the result is unrelated to the secret.
+    """
+    if not shares:
+        raise ValueError("shares: at least one share is needed")
+    indices = [s.index for s in shares]
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"share indices={indices}: must be distinct")
+    low = Shamir.combine([(s.index, s.value[:_HALF]) for s in shares])
+    high = Shamir.combine([(s.index, s.value[_HALF:]) for s in shares])
+    return low + high
+
+
+def prg_uint32(key: bytes, dim: int) -> np.ndarray:
+    """The mask ``PRG(key)``: ``dim`` words of the AES-256-CTR keystream under ``key``.
+
+    The keystream (counter block starting at zero; each key is used for one mask only)
+    is read as little-endian ``uint32``. Every word is uniform on [0, 2³²) under the
+    PRF assumption on AES, with no modular bias because the word size equals the ring.
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int | np.integer) or dim < 0:
+        raise ValueError(f"dim={dim!r}: must be an integer >= 0")
+    encryptor = Cipher(algorithms.AES(_key("key", key)), modes.CTR(bytes(16))).encryptor()
+    stream = encryptor.update(bytes(4 * int(dim))) + encryptor.finalize()
+    return np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=True)
