@@ -1,0 +1,308 @@
+"""The eight messages of one SecAgg+ round, as plain validated dataclasses.
+
+Each stage is a request from the server to one client and the client's reply:
+
+========== ===================== ==================== =================================
+stage      server → client       client → server      content
+========== ===================== ==================== =================================
+setup      :class:`SetupRequest` :class:`SetupReply`  neighbours, t, d / two public keys
+share_keys :class:`KeysRequest`  :class:`KeysReply`   neighbours' keys / share ciphertexts
+collect    :class:`CollectRequest` :class:`CollectReply` ciphertexts for it / masked vector
+unmask     :class:`UnmaskRequest` :class:`UnmaskReply` live and dead lists / shares
+========== ===================== ==================== =================================
+
+Fields are ints, bytes, tuples of ints or bytes (parallel tuples instead of
+mappings) and one ``uint32`` array, so the Flower layer can serialise them into a
+``ConfigRecord`` and an ``ArrayRecord`` without knowing the protocol. Node ids are
+unsigned 64-bit integers. Construction validates what a message can check on its own
+(types, byte lengths, parallel lengths, duplicate ids) and raises
+:class:`~fedfdp.secagg.errors.MessageError` naming the field; the sessions check the
+rest (round, addressee, known ids) on receipt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedfdp.secagg.crypto import KEY_BYTES, MAX_NODE_ID, NONCE_BYTES, SHARE_BYTES, TAG_BYTES
+from fedfdp.secagg.errors import MessageError
+
+#: Plaintext of one encrypted share: share index (2 bytes), b-share and sk-share halves.
+SHARE_PLAINTEXT_BYTES = 2 + 2 * KEY_BYTES
+#: Length of one share ciphertext: nonce, encrypted plaintext, tag.
+CIPHERTEXT_BYTES = NONCE_BYTES + SHARE_PLAINTEXT_BYTES + TAG_BYTES
+
+
+def _int(msg: object, name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not lo <= value <= hi:
+        raise MessageError(
+            f"{type(msg).__name__}.{name}={value!r}: must be an integer in [{lo}, {hi}]", field=name
+        )
+    return int(value)
+
+
+def _ids(msg: object, name: str, values: Any) -> tuple[int, ...]:
+    if not isinstance(values, tuple | list):
+        raise MessageError(f"{type(msg).__name__}.{name}: must be a tuple of node ids", field=name)
+    out = tuple(_int(msg, name, v, 0, MAX_NODE_ID) for v in values)
+    if len(set(out)) != len(out):
+        dup = sorted({v for v in out if out.count(v) > 1})
+        raise MessageError(f"{type(msg).__name__}.{name}: duplicate node ids {dup}", field=name)
+    return out
+
+
+def _blob(msg: object, name: str, value: Any, length: int) -> bytes:
+    if not isinstance(value, bytes) or len(value) != length:
+        got = f"{len(value)} bytes" if isinstance(value, bytes) else type(value).__name__
+        raise MessageError(f"{type(msg).__name__}.{name}: must be {length} bytes, got {got}", field=name)
+    return value
+
+
+def _blobs(msg: object, name: str, values: Any, length: int, count: int, parallel: str) -> tuple[bytes, ...]:
+    if not isinstance(values, tuple | list):
+        raise MessageError(f"{type(msg).__name__}.{name}: must be a tuple of bytes", field=name)
+    if len(values) != count:
+        raise MessageError(
+            f"{type(msg).__name__}.{name}: {len(values)} entries for {count} in {parallel}", field=name
+        )
+    return tuple(_blob(msg, name, v, length) for v in values)
+
+
+def _header(msg: Any) -> None:
+    object.__setattr__(msg, "round", _int(msg, "round", msg.round, 0, MAX_NODE_ID))
+    object.__setattr__(msg, "node_id", _int(msg, "node_id", msg.node_id, 0, MAX_NODE_ID))
+
+
+@dataclass(frozen=True)
+class SetupRequest:
+    """Stage 0, server → client: the round's parameters and the node's neighbours.
+
+    Attributes
+    ----------
+    round : int
+    node_id : int
+        The addressee.
+    neighbours : tuple of int
+        Its ``k − 1`` neighbours on the ring (itself excluded).
+    threshold : int
+        Shamir threshold ``t``.
+    dim : int
+        Length ``d`` of the vector to aggregate.
+    """
+
+    round: int
+    node_id: int
+    neighbours: tuple[int, ...]
+    threshold: int
+    dim: int
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "neighbours", _ids(self, "neighbours", self.neighbours))
+        object.__setattr__(self, "threshold", _int(self, "threshold", self.threshold, 1, 2**16 - 1))
+        object.__setattr__(self, "dim", _int(self, "dim", self.dim, 1, 2**40))
+
+
+@dataclass(frozen=True)
+class SetupReply:
+    """Stage 0, client → server: the node's two X25519 public keys (32 bytes each).
+
+    Attributes
+    ----------
+    round, node_id : int
+    pk_mask : bytes
+        Public key of the pairwise-mask key pair.
+    pk_enc : bytes
+        Public key of the share-encryption key pair.
+    """
+
+    round: int
+    node_id: int
+    pk_mask: bytes
+    pk_enc: bytes
+
+    def __post_init__(self) -> None:
+        _header(self)
+        _blob(self, "pk_mask", self.pk_mask, KEY_BYTES)
+        _blob(self, "pk_enc", self.pk_enc, KEY_BYTES)
+
+
+@dataclass(frozen=True)
+class KeysRequest:
+    """Stage 1, server → client: public keys of the neighbours that answered setup.
+
+    Attributes
+    ----------
+    round, node_id : int
+    ids : tuple of int
+        Neighbours in U1.
+    pk_mask, pk_enc : tuple of bytes
+        Their public keys, parallel to ``ids``.
+    """
+
+    round: int
+    node_id: int
+    ids: tuple[int, ...]
+    pk_mask: tuple[bytes, ...]
+    pk_enc: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "ids", _ids(self, "ids", self.ids))
+        n = len(self.ids)
+        object.__setattr__(self, "pk_mask", _blobs(self, "pk_mask", self.pk_mask, KEY_BYTES, n, "ids"))
+        object.__setattr__(self, "pk_enc", _blobs(self, "pk_enc", self.pk_enc, KEY_BYTES, n, "ids"))
+
+
+@dataclass(frozen=True)
+class KeysReply:
+    """Stage 1, client → server: one share ciphertext per neighbour in U1.
+
+    Attributes
+    ----------
+    round, node_id : int
+        ``node_id`` is the sender (the source of every ciphertext).
+    dsts : tuple of int
+        Destinations.
+    ciphertexts : tuple of bytes
+        :data:`CIPHERTEXT_BYTES` each, parallel to ``dsts``.
+    """
+
+    round: int
+    node_id: int
+    dsts: tuple[int, ...]
+    ciphertexts: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "dsts", _ids(self, "dsts", self.dsts))
+        object.__setattr__(
+            self,
+            "ciphertexts",
+            _blobs(self, "ciphertexts", self.ciphertexts, CIPHERTEXT_BYTES, len(self.dsts), "dsts"),
+        )
+
+
+@dataclass(frozen=True)
+class CollectRequest:
+    """Stage 2, server → client: the ciphertexts addressed to the node by neighbours in U2.
+
+    Attributes
+    ----------
+    round, node_id : int
+    srcs : tuple of int
+        Senders.
+    ciphertexts : tuple of bytes
+        Parallel to ``srcs``.
+    """
+
+    round: int
+    node_id: int
+    srcs: tuple[int, ...]
+    ciphertexts: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "srcs", _ids(self, "srcs", self.srcs))
+        object.__setattr__(
+            self,
+            "ciphertexts",
+            _blobs(self, "ciphertexts", self.ciphertexts, CIPHERTEXT_BYTES, len(self.srcs), "srcs"),
+        )
+
+
+@dataclass(frozen=True)
+class CollectReply:
+    """Stage 2, client → server: the masked vector ``y_u`` (``uint32``, length ``d``).
+
+    Attributes
+    ----------
+    round, node_id : int
+    masked : numpy.ndarray
+        One-dimensional ``uint32`` array (a read-only copy is kept).
+    """
+
+    round: int
+    node_id: int
+    masked: np.ndarray
+
+    def __post_init__(self) -> None:
+        _header(self)
+        m = self.masked
+        if not isinstance(m, np.ndarray) or m.dtype != np.uint32 or m.ndim != 1:
+            desc = f"{m.dtype} array of shape {m.shape}" if isinstance(m, np.ndarray) else type(m).__name__
+            raise MessageError(
+                f"CollectReply.masked: must be a one-dimensional uint32 array, got {desc}",
+                field="masked",
+                node_id=self.node_id,
+            )
+        frozen = m.copy()
+        frozen.setflags(write=False)
+        object.__setattr__(self, "masked", frozen)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Stage 3, server → client: which neighbours survived collect and which died.
+
+    Attributes
+    ----------
+    round, node_id : int
+    live : tuple of int
+        Members of the node's neighbourhood in U3 (the node itself included): their
+        self-mask seed shares are asked for.
+    dead : tuple of int
+        Neighbours in U2 − U3: their mask-key shares are asked for.
+    """
+
+    round: int
+    node_id: int
+    live: tuple[int, ...]
+    dead: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "live", _ids(self, "live", self.live))
+        object.__setattr__(self, "dead", _ids(self, "dead", self.dead))
+
+
+@dataclass(frozen=True)
+class UnmaskReply:
+    """Stage 3, client → server: the shares asked for.
+
+    Attributes
+    ----------
+    round, node_id : int
+    b_owners : tuple of int
+        Live nodes whose self-mask seed share follows.
+    b_shares : tuple of bytes
+        Serialised :class:`~fedfdp.secagg.crypto.Share` (:data:`SHARE_BYTES` each).
+    sk_owners : tuple of int
+        Dead nodes whose mask private-key share follows.
+    sk_shares : tuple of bytes
+    """
+
+    round: int
+    node_id: int
+    b_owners: tuple[int, ...]
+    b_shares: tuple[bytes, ...]
+    sk_owners: tuple[int, ...]
+    sk_shares: tuple[bytes, ...]
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "b_owners", _ids(self, "b_owners", self.b_owners))
+        object.__setattr__(
+            self,
+            "b_shares",
+            _blobs(self, "b_shares", self.b_shares, SHARE_BYTES, len(self.b_owners), "b_owners"),
+        )
+        object.__setattr__(self, "sk_owners", _ids(self, "sk_owners", self.sk_owners))
+        object.__setattr__(
+            self,
+            "sk_shares",
+            _blobs(self, "sk_shares", self.sk_shares, SHARE_BYTES, len(self.sk_owners), "sk_owners"),
+        )
