@@ -1,0 +1,151 @@
+"""Crypto cost of one SecAgg+ round (fedfdp.secagg), in process, no network.
+
+For each configuration (n parties, k neighbours, dimension d, with no dropout or with
+one node dropping at collect, which makes the server reconstruct its mask key and
+remove its k − 1 pairwise masks), one round is driven through
+:class:`~fedfdp.secagg.ServerSession` and n :class:`~fedfdp.secagg.ClientSession`;
+every call is timed with ``perf_counter`` (wall time on a shared machine: take the
+median of ``--repeats``)::
+
+    server_s         all server calls of the round (setup_requests .. receive_unmask)
+    client_mean_s    one client's four calls (key generation, sharing, encryption,
+                     decryption, masking, unmasking), mean over clients
+    client_max_s     the slowest client
+    upload_B         bytes one client sends (public keys, ciphertexts, the uint32
+                     vector, its unmask shares): the private part is 4·d + small
+
+The inputs are random uint32 vectors (the encoding is not part of the crypto cost).
+Run::
+
+    python benchmarks/secagg.py             # table
+    python benchmarks/secagg.py --json      # machine-readable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from fedfdp.secagg import ClientSession, ServerSession
+
+CONFIGS = [(10, 7), (10, 9), (100, 15)]
+DIMS = [10_000, 100_000]
+
+
+def _upload(*msgs: Any) -> int:
+    total = 0
+    for m in msgs:
+        for v in vars(m).values():
+            if isinstance(v, bytes):
+                total += len(v)
+            elif isinstance(v, np.ndarray):
+                total += v.nbytes
+            elif isinstance(v, tuple):
+                total += sum(len(x) if isinstance(x, bytes) else 8 for x in v)
+            else:
+                total += 8
+    return total
+
+
+def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Generator) -> dict[str, float]:
+    ids = [int(x) for x in rng.choice(2**31, n, replace=False)]
+    xs = {u: rng.integers(0, 2**32, d, dtype=np.uint64).astype(np.uint32) for u in ids}
+    clients = {u: ClientSession(u) for u in ids}
+    ctime: dict[int, float] = defaultdict(float)
+    up: dict[int, int] = defaultdict(int)
+    stime = 0.0
+
+    def srv(fn: Any, *a: Any) -> Any:
+        nonlocal stime
+        t0 = time.perf_counter()
+        out = fn(*a)
+        stime += time.perf_counter() - t0
+        return out
+
+    def cli(u: int, fn: Any, *a: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*a)
+        ctime[u] += time.perf_counter() - t0
+        up[u] += _upload(out)
+        return out
+
+    t0 = time.perf_counter()
+    server = ServerSession(1, ids, d, neighbours=k)
+    stime += time.perf_counter() - t0
+    reqs = srv(server.setup_requests)
+    keys = srv(server.receive_setup, [cli(u, clients[u].setup, r) for u, r in reqs.items()])
+    coll = srv(server.receive_keys, [cli(u, clients[u].share_keys, r) for u, r in keys.items()])
+    gone = ids[0] if drop_at_collect else None
+    unm = srv(
+        server.receive_collect, [cli(u, clients[u].collect, r, xs[u]) for u, r in coll.items() if u != gone]
+    )
+    result = srv(server.receive_unmask, [cli(u, clients[u].unmask, r) for u, r in unm.items()])
+    expected = np.zeros(d, dtype=np.uint64)
+    for u in result.u3:
+        expected += xs[u].astype(np.uint64)
+    if not np.array_equal(result.total.astype(np.uint64), expected % np.uint64(2**32)):
+        raise RuntimeError(f"n={n} k={k} d={d}: wrong sum")
+    live = [u for u in ids if u != gone]
+    return {
+        "server_s": stime,
+        "client_mean_s": statistics.fmean(ctime[u] for u in live),
+        "client_max_s": max(ctime[u] for u in live),
+        "upload_B": statistics.fmean(up[u] for u in live),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds per configuration (median reported)")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats}: must be >= 1")
+    rng = np.random.default_rng(0)  # public inputs only; every secret comes from the OS CSPRNG
+    rows = []
+    for n, k in CONFIGS:
+        for d in DIMS:
+            for drop in (False, True):
+                runs = [one_round(n, k, d, drop, rng) for _ in range(args.repeats)]
+                row: dict[str, Any] = {"n": n, "k": k, "t": k // 2 + 1, "d": d, "dropout_at_collect": drop}
+                for key in runs[0]:
+                    row[key] = statistics.median(r[key] for r in runs)
+                rows.append(row)
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "repeats": args.repeats,
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        return
+    print(
+        f"SecAgg+ crypto per round (median of {args.repeats}; {meta['cpus']} CPUs, Python {meta['python']})"
+    )
+    cols = [("n", 4), ("k", 3), ("t", 3), ("d", 7), ("dropout", 8)]
+    cols += [("server s", 9), ("client s", 9), ("max cl s", 9), ("upload B", 10)]
+    print(" ".join(f"{name:>{w}}" for name, w in cols))
+    for r in rows:
+        cells = [
+            str(r["n"]),
+            str(r["k"]),
+            str(r["t"]),
+            str(r["d"]),
+            "collect" if r["dropout_at_collect"] else "-",
+        ]
+        cells += [f"{r['server_s']:.3f}", f"{r['client_mean_s']:.4f}", f"{r['client_max_s']:.4f}"]
+        cells += [f"{r['upload_B']:.0f}"]
+        print(" ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols, strict=True)))
+
+
+if __name__ == "__main__":
+    main()
