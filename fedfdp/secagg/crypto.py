@@ -284,8 +284,8 @@ def share_secret(secret: bytes, threshold: int, count: int) -> list[Share]:
         raise ValueError(f"count={count!r}: must be an integer in [1, {MAX_SHARES}]")
     if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= count:
         raise ValueError(f"threshold={threshold!r}: must be an integer in [1, count={count}]")
-    low = Shamir.split(threshold, count, secret[:_HALF])
-    high = Shamir.split(threshold, count, secret[_HALF:])
+    low = Shamir.split(threshold, count, secret[:_HALF], ssss=False)
+    high = Shamir.split(threshold, count, secret[_HALF:], ssss=False)
     return [Share(i, a + b) for (i, a), (_, b) in zip(low, high, strict=True)]
 
 
@@ -300,8 +300,8 @@ def combine_shares(shares: list[Share] | tuple[Share, ...]) -> bytes:
     indices = [s.index for s in shares]
     if len(set(indices)) != len(indices):
         raise ValueError(f"share indices={indices}: must be distinct")
-    low = Shamir.combine([(s.index, s.value[:_HALF]) for s in shares])
-    high = Shamir.combine([(s.index, s.value[_HALF:]) for s in shares])
+    low = Shamir.combine([(s.index, s.value[:_HALF]) for s in shares], ssss=False)
+    high = Shamir.combine([(s.index, s.value[_HALF:]) for s in shares], ssss=False)
     return low + high
 
 
