@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import hmac
 import math
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -890,3 +891,22 @@ def test_end_to_end_encode_mask_aggregate_decode():
     truth = np.sum([xs[u] for u in result.u3], axis=0)
     assert gone[0] not in result.u3 and gone[1] in result.u3
     assert np.max(np.abs(xhat - truth)) < len(result.u3) * clip / s
+
+
+def test_secrets_are_read_from_os_urandom(monkeypatch):
+    """Keys, seeds and nonces come from os.urandom (the OS CSPRNG), nothing else."""
+    calls: list[int] = []
+
+    def fake(n: int) -> bytes:
+        calls.append(n)
+        return bytes([7]) * n
+
+    monkeypatch.setattr(os, "urandom", fake)
+    assert random_secret() == bytes([7]) * 32
+    # X25519 clamps the 32 bytes (RFC 7748 §5): clear bits 0-2 of byte 0 and bit 7 of byte 31, set bit 6
+    expected = bytearray([7]) * 32
+    expected[0] &= 0xF8
+    expected[31] = (expected[31] & 0x7F) | 0x40
+    assert KeyPair.from_private_bytes(bytes(expected)).public == KeyPair.generate().public
+    assert seal(bytes(32), b"x", round_=0, src=0, dst=1)[:12] == bytes([7]) * 12
+    assert calls == [32, 32, 12]

@@ -19,8 +19,8 @@ Out of scope: a malicious server that substitutes public keys (there is no PKI a
 no consistency round), and poisoning by clients.
 
 Secrets (private keys, seeds, Shamir coefficients, nonces) come from the operating
-system's CSPRNG only: ``cryptography`` draws X25519 keys from OpenSSL's CSPRNG,
-:func:`random_secret` and the AEAD nonces read :func:`os.urandom`, and PyCryptodome's
+system's CSPRNG only: X25519 private keys, :func:`random_secret` and the AEAD
+nonces read :func:`os.urandom`, and PyCryptodome's
 ``Shamir.split`` draws its coefficients from ``Crypto.Random.get_random_bytes``
 (``os.urandom``). Nothing here takes a seed.
 
@@ -113,9 +113,9 @@ class KeyPair:
 
     @staticmethod
     def generate() -> KeyPair:
-        """A fresh key pair from OpenSSL's CSPRNG."""
-        private = X25519PrivateKey.generate()
-        return KeyPair(private, private.public_key().public_bytes_raw())
+        """A fresh key pair whose private key is 32 bytes of :func:`os.urandom`
+        (X25519 clamps them, RFC 7748 §5)."""
+        return KeyPair.from_private_bytes(os.urandom(KEY_BYTES))
 
     @staticmethod
     def from_private_bytes(raw: bytes) -> KeyPair:
