@@ -11,7 +11,11 @@ same way; ``--with-prv`` also times prv-accountant 0.2.0 itself (slow).
 Other rows: a few ledgers (one with participation ``p < 1``, referenced by the
 binomial mixture of dp-accounting's k-fold PLDs from ``tests/references.py``),
 replacement, calibration, the trade-off curve, and the formerly pathological
-inputs (bounded memory and time)::
+inputs (bounded memory and time).
+
+Last, the time limits ``tests/test_accounting.py`` used to assert (the tests now
+check correctness only): each case's seconds, the former limit and their ratio
+(above 1: slower than the tests once allowed)::
 
     python benchmarks/accounting.py            # table
     python benchmarks/accounting.py --json     # machine-readable
@@ -49,7 +53,7 @@ def _fresh_bound(
     t0 = time.perf_counter()
     acc = FDPAccountant()
     for sigma, q, n, *p in events:
-        acc.compose(sigma, q, n, participation=p[0] if p else 1.0)
+        acc.compose(acc_mod.SubsampledGaussian(sigma, q, p[0] if p else 1.0), n)
     bound = acc.epsilon_bound(delta, relation)
     return bound, time.perf_counter() - t0
 
@@ -97,6 +101,48 @@ def _prv_accountant(sigma: float, q: float, rounds: int, delta: float, eps_error
             delta_error=delta / 1000,
         )
         return acc.compute_epsilon(delta, [rounds])
+
+
+#: Seconds the accounting tests used to allow (``test_participation_speed`` and the
+#: pathological-inputs test); measured here, never asserted.
+FORMER_TEST_LIMITS = {"participation": 1.0, "pathological": 60.0}
+
+
+def _pathological_calls() -> list[Callable[[], Any]]:
+    """The accountant calls of the bounded-memory test in ``tests/test_accounting.py``
+    (every input that once exhausted memory or raised), in its order."""
+    eps, cal = acc_mod.epsilon_for, acc_mod.calibrate_noise_multiplier
+    return [
+        lambda: eps(1e-3, 0.05, 150, 1e-5),
+        lambda: eps(1e-3, 0.05, 150, 1e-5, "replacement"),
+        lambda: cal(target_epsilon=1e12, sampling_rate=0.05, rounds=150, delta=1e-5),
+        lambda: cal(target_epsilon=1e12, sampling_rate=0.05, rounds=150, delta=1e-5, participation=0.3),
+        lambda: eps(0.8, 0.05, 150, 1e-300),
+        lambda: eps(0.8, 0.05, 150, 5e-324, "replacement"),
+        lambda: eps(1.0, 0.05, 10**15, 1e-5),
+        lambda: eps(1.0, 1e-300, 150, 1e-5),
+        lambda: eps(1e-300, 1.0, 150, 1e-5),
+        lambda: eps(1e300, 0.05, 150, 1e-5),
+        lambda: eps(1.0, 0.05, 150, 1e-5, eps_error=1e-3),
+        lambda: eps(0.1, 1e-3, 1000, 1e-5, eps_error=0.004),
+    ]
+
+
+def former_test_limits() -> list[dict[str, Any]]:
+    """Time of each case the tests once limited, with the limit and ``seconds / limit``."""
+    rows = []
+    _clear_caches()
+    _, t = _timed(lambda: acc_mod.epsilon_for(1.34, 0.05, 150, 1.5e-4, participation=0.2))
+    rows.append({"what": "participation p=0.2, q=0.05 s=1.34 T=150 d=1.5e-4 (cold)", "seconds": t,
+                 "limit": FORMER_TEST_LIMITS["participation"]})
+    _clear_caches()
+    calls = _pathological_calls()
+    _, t = _timed(lambda: [call() for call in calls])
+    rows.append({"what": f"pathological inputs ({len(calls)} calls, cold)", "seconds": t,
+                 "limit": FORMER_TEST_LIMITS["pathological"]})
+    for r in rows:
+        r["ratio"] = r["seconds"] / r["limit"]
+    return rows
 
 
 def run(repeats: int, with_prv: bool) -> dict[str, Any]:
@@ -165,10 +211,10 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
     _clear_caches()
     b, t = _fresh_bound([(1.0, 0.01, 1000)], 1e-5, "replacement")
     extra.append({"what": "replacement eps, q=0.01 s=1.0 T=1k d=1e-5", "value": b.upper, "seconds": t})
-    sigma, t = _timed(lambda: acc_mod.calibrate_noise_multiplier(8.0, 1 / 16, 10_000, 1e-5))
+    sigma, t = _timed(lambda: acc_mod.calibrate_noise_multiplier(target_epsilon=8.0, sampling_rate=1 / 16, rounds=10_000, delta=1e-5))
     extra.append({"what": "calibrate sigma for eps=8, q=1/16, T=10k, d=1e-5", "value": sigma, "seconds": t})
     _clear_caches()
-    (_, beta), t = _timed(lambda: acc_mod.tradeoff_curve([acc_mod.PrivacyEvent(1.0, 0.01, 1000)]))
+    (_, beta), t = _timed(lambda: acc_mod.tradeoff_curve([acc_mod.Repeated(acc_mod.SubsampledGaussian(1.0, 0.01), 1000)]))
     what = "trade-off curve (600 alphas), q=0.01 s=1.0 T=1k: min beta"
     extra.append({"what": what, "value": float(np.min(beta)), "seconds": t})
     # formerly pathological inputs: bounded memory and time
@@ -176,7 +222,7 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
         ("sigma=1e-3 q=0.05 T=150 d=1e-5 (was >4 GB)",
          lambda: acc_mod.epsilon_for(1e-3, 0.05, 150, 1e-5).upper),
         ("calibrate target eps=1e12 q=0.05 T=150 (was ~23 GB)",
-         lambda: acc_mod.calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5)),
+         lambda: acc_mod.calibrate_noise_multiplier(target_epsilon=1e12, sampling_rate=0.05, rounds=150, delta=1e-5)),
         ("sigma=0.8 q=0.05 T=150 d=1e-300 (was math domain error)",
          lambda: acc_mod.epsilon_for(0.8, 0.05, 150, 1e-300).upper),
         ("sigma=0.1 q=1e-3 T=1k eps_error=0.004 (full FFT at the limit)",
@@ -186,6 +232,7 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
         v, t = _timed(fn)
         extra.append({"what": what, "value": v, "seconds": t})
     out["extra"] = extra
+    out["former_test_limits"] = former_test_limits()
     out["machine"] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -232,6 +279,10 @@ def main() -> None:
     print()
     for x in res["extra"]:
         print(f"{x['what']:<56} {x['value']:>10.4f}  {x['seconds']:.3f} s")
+    print()
+    print("time limits the tests used to assert (seconds / limit; above 1: slower than allowed)")
+    for x in res["former_test_limits"]:
+        print(f"{x['what']:<56} {x['seconds']:>8.3f} s  limit {x['limit']:>4.0f} s  ratio {x['ratio']:.3f}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,8 @@ from fedfdp.accounting import (
     EpsilonBound,
     FDPAccountant,
     PrivacyBudgetExhausted,
-    PrivacyEvent,
+    Repeated,
+    SubsampledGaussian,
     attribute_inference_bound,
     calibrate_noise_multiplier,
     composition,
@@ -77,6 +78,17 @@ from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
 EPS_ERROR = 0.05
 
 
+def ev(sigma, q, count=1, p=1.0):
+    """``count`` rounds of the subsampled Gaussian ``(σ, q, p)``."""
+    return Repeated(SubsampledGaussian(sigma, q, p), count)
+
+
+def cal(target, q, rounds, delta, **kw):
+    return calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds, delta=delta,
+                                      **kw)
+
+
+
 # --------------------------------------------------------------------------- #
 # independent references
 # --------------------------------------------------------------------------- #
@@ -85,7 +97,7 @@ EPS_ERROR = 0.05
 def composed(events: list[tuple[float, float, int]], **kw: float) -> FDPAccountant:
     acc = FDPAccountant(**kw)
     for sigma, q, count in events:
-        acc.compose(sigma, q, count)
+        acc.compose(SubsampledGaussian(sigma, q), count)
     return acc
 
 
@@ -218,7 +230,7 @@ def test_add_ordering_through_prv_accountant() -> None:
     ).self_compose(100)
     ref_add = pld._pmf_add.get_epsilon_for_delta(1e-5)
     assert abs(est - ref_add) <= 2e-3 and lo <= ref_add <= up
-    events = [PrivacyEvent(1.0, 0.05, 60), PrivacyEvent(2.0, 1.0, 2)]
+    events = [ev(1.0, 0.05, 60), ev(2.0, 1.0, 2)]
     slow = epsilon_prv_accountant(events, 1e-5, eps_error=0.1)
     fast = composed([(1.0, 0.05, 60), (2.0, 1.0, 2)]).epsilon_bound(1e-5)
     assert abs(slow.estimate - fast.estimate) <= 2e-3
@@ -275,10 +287,10 @@ def test_monotone_in_sigma_q_rounds() -> None:
 def test_one_by_one_equals_count() -> None:
     a = FDPAccountant()
     for _ in range(7):
-        a.compose(1.0, 0.05)
+        a.compose(SubsampledGaussian(1.0, 0.05))
     b = FDPAccountant()
-    b.compose(1.0, 0.05, 7)
-    assert a.ledger == b.ledger == (PrivacyEvent(1.0, 0.05, 7),)
+    b.compose(SubsampledGaussian(1.0, 0.05), 7)
+    assert a.ledger == b.ledger == (ev(1.0, 0.05, 7),)
     assert a.epsilon(1e-5) == b.epsilon(1e-5)
     # order of distinct events does not matter either
     c = composed([(1.0, 0.05, 3), (2.0, 0.1, 2), (1.0, 0.05, 4)])
@@ -291,20 +303,20 @@ def test_would_exceed_does_not_mutate() -> None:
     acc = composed([(1.0, 0.01, 500)])
     before = (acc.ledger, acc.state_dict(), acc.epsilon(1e-5))
     after_one = composed([(1.0, 0.01, 501)]).epsilon(1e-5)
-    assert acc.would_exceed(before[2] + 1e-9, 1e-5, 1.0, 0.01) is True
-    assert acc.would_exceed(after_one + 1e-9, 1e-5, 1.0, 0.01) is False
-    assert acc.would_exceed(after_one - 1e-6, 1e-5, 1.0, 0.01) is True
+    assert acc.would_exceed(SubsampledGaussian(1.0, 0.01), max_epsilon=before[2] + 1e-9, delta=1e-5) is True
+    assert acc.would_exceed(SubsampledGaussian(1.0, 0.01), max_epsilon=after_one + 1e-9, delta=1e-5) is False
+    assert acc.would_exceed(SubsampledGaussian(1.0, 0.01), max_epsilon=after_one - 1e-6, delta=1e-5) is True
     assert (acc.ledger, acc.state_dict(), acc.epsilon(1e-5)) == before
 
 
 def test_spend_and_budget_exhausted() -> None:
     acc = composed([(1.0, 0.01, 500)])
     spent = acc.epsilon(1e-5)
-    new = acc.spend(1.0, 0.01, max_epsilon=100.0, delta=1e-5)
+    new = acc.spend(SubsampledGaussian(1.0, 0.01), max_epsilon=100.0, delta=1e-5)
     assert acc.rounds == 501 and new > spent
     ledger = acc.ledger
     with pytest.raises(PrivacyBudgetExhausted) as info:
-        acc.spend(1.0, 0.01, max_epsilon=new, delta=1e-5, count=50)
+        acc.spend(SubsampledGaussian(1.0, 0.01), 50, max_epsilon=new, delta=1e-5)
     err = info.value
     assert acc.ledger == ledger
     assert err.epsilon_spent == pytest.approx(new)
@@ -329,7 +341,7 @@ def test_state_dict_round_trip() -> None:
     other.load_state_dict(state)
     assert other.ledger == acc.ledger
     assert other.epsilon(1e-5) == acc.epsilon(1e-5)
-    other.compose(1.0, 0.01)  # resuming continues the ledger
+    other.compose(SubsampledGaussian(1.0, 0.01))  # resuming continues the ledger
     assert other.rounds == acc.rounds + 1
 
 
@@ -407,7 +419,7 @@ def test_calibrate_never_overshoots() -> None:
         (8.0, 1 / 16, 2000, 1e-6),
         (2.0, 1.0, 50, 1e-5),
     ]:
-        sigma = calibrate_noise_multiplier(target, q, rounds, delta)
+        sigma = cal(target, q, rounds, delta)
         eps = epsilon_for(sigma, q, rounds, delta).upper
         assert target - 0.1 <= eps <= target
         # a clearly smaller sigma overshoots: the answer is (near) the smallest
@@ -415,10 +427,10 @@ def test_calibrate_never_overshoots() -> None:
 
 
 def test_calibrate_replacement_and_unreachable() -> None:
-    sigma = calibrate_noise_multiplier(3.0, 0.02, 50, 1e-5, relation="replacement", rtol=0.1)
+    sigma = cal(3.0, 0.02, 50, 1e-5, relation="replacement", rtol=0.1)
     assert epsilon_for(sigma, 0.02, 50, 1e-5, relation="replacement").upper <= 3.0
     with pytest.raises(ValueError, match="unreachable"):
-        calibrate_noise_multiplier(0.5, 0.5, 1000, 1e-5, max_noise_multiplier=2.0)
+        cal(0.5, 0.5, 1000, 1e-5, max_noise_multiplier=2.0)
 
 
 def test_tradeoff_gaussian_exact() -> None:
@@ -441,7 +453,7 @@ def test_tradeoff_subsampled_against_reference() -> None:
     alphas = np.concatenate([np.geomspace(1e-5, 1e-2, 30), np.linspace(0.02, 1.0, 50)])
     lines = 1 - d_ref[None, :] - np.exp(eps_grid)[None, :] * alphas[:, None]
     f_ref = np.maximum(0.0, lines.max(axis=1))
-    a, b = tradeoff_curve([PrivacyEvent(1.0, 0.05, 100)], alphas)
+    a, b = tradeoff_curve([ev(1.0, 0.05, 100)], alphas)
     np.testing.assert_array_equal(a, alphas)
     assert np.all(b <= f_ref + 2e-3)
     assert np.all(b >= f_ref - 0.06)
@@ -462,7 +474,7 @@ def test_attribute_inference_bound() -> None:
     # q = 1: exactly 1 - G_mu(ball)
     mu = 1.0
     ref = 1 - special.ndtr(special.ndtri(1 - 0.2) - mu)
-    assert attribute_inference_bound([PrivacyEvent(1.0, 1.0)], 0.2) == pytest.approx(ref, abs=1e-9)
+    assert attribute_inference_bound([ev(1.0, 1.0)], 0.2) == pytest.approx(ref, abs=1e-9)
 
 
 def test_tradeoff_files(tmp_path) -> None:
@@ -508,7 +520,7 @@ def test_no_global_rng_and_no_flwr() -> None:
     np_state = np.random.get_state()[1].copy()
     py_state = random.getstate()
     epsilon_for(1.0, 0.01, 100, 1e-5)
-    tradeoff_curve([PrivacyEvent(1.0, 0.01, 100)])
+    tradeoff_curve([ev(1.0, 0.01, 100)])
     assert np.array_equal(np.random.get_state()[1], np_state)
     assert random.getstate() == py_state
     code = "import sys, fedfdp.accounting; assert 'flwr' not in sys.modules"
@@ -538,9 +550,9 @@ def test_no_global_rng_and_no_flwr() -> None:
 )
 def test_event_validation(args: tuple, needle: str) -> None:
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
-        PrivacyEvent(*args)
+        ev(*args)
     with pytest.raises(ValueError, match=needle):
-        FDPAccountant().compose(*args)
+        FDPAccountant().compose(SubsampledGaussian(*args[:2]), *args[2:])
 
 
 def test_input_validation() -> None:
@@ -551,7 +563,7 @@ def test_input_validation() -> None:
     with pytest.raises(ValueError, match="relation='foo'"):
         acc.epsilon(1e-5, relation="foo")
     with pytest.raises(ValueError, match="relation='replace'"):
-        acc.would_exceed(1.0, 1e-5, 1.0, 0.1, relation="replace")
+        acc.would_exceed(SubsampledGaussian(1.0, 0.1), max_epsilon=1.0, delta=1e-5, relation="replace")
     for kw, needle in [
         ({"eps_error": 0.0}, "eps_error=0.0"),
         ({"eps_error": 2.0}, "eps_error=2.0"),
@@ -561,15 +573,15 @@ def test_input_validation() -> None:
         with pytest.raises(ValueError, match=needle):
             FDPAccountant(**kw)
     with pytest.raises(ValueError, match="max_epsilon=-1.0"):
-        acc.would_exceed(-1.0, 1e-5, 1.0, 0.1)
+        acc.would_exceed(SubsampledGaussian(1.0, 0.1), max_epsilon=-1.0, delta=1e-5)
     with pytest.raises(ValueError, match="sampling_rate=1.5"):
-        acc.would_exceed(1.0, 1e-5, 1.0, 1.5)
+        acc.would_exceed(SubsampledGaussian(1.0, 1.5), max_epsilon=1.0, delta=1e-5)
     with pytest.raises(ValueError, match="rounds=0"):
         epsilon_for(1.0, 0.1, 0, 1e-5)
     with pytest.raises(ValueError, match="target_epsilon=-1.0"):
-        calibrate_noise_multiplier(-1.0, 0.1, 10, 1e-5)
+        cal(-1.0, 0.1, 10, 1e-5)
     with pytest.raises(ValueError, match="sampling_rate=1.5"):
-        calibrate_noise_multiplier(1.0, 1.5, 10, 1e-5)
+        cal(1.0, 1.5, 10, 1e-5)
     with pytest.raises(ValueError, match="ball=1.5"):
         attribute_inference_bound(acc, 1.5)
     with pytest.raises(ValueError, match="alphas"):
@@ -629,21 +641,23 @@ def test_participation_properties() -> None:
         assert mixture.upper >= secret_draw.upper
     # participation 1 is the plain event, bit for bit
     a = FDPAccountant()
-    a.compose(1.0, 0.05, 10, participation=1.0)
-    assert a.ledger == (PrivacyEvent(1.0, 0.05, 10),)
+    a.compose(SubsampledGaussian(1.0, 0.05, 1.0), 10)
+    assert a.ledger == (ev(1.0, 0.05, 10),)
     assert a.epsilon(1e-5) == epsilon_for(1.0, 0.05, 10, 1e-5).upper
 
 
 def test_participation_ledger_and_state() -> None:
     acc = FDPAccountant()
-    acc.compose(1.0, 0.05, 3, participation=0.2)
-    acc.compose(1.0, 0.05, 2, participation=0.2)  # merges
-    acc.compose(1.0, 0.05, 1)  # does not
-    assert acc.ledger == (PrivacyEvent(1.0, 0.05, 5, 0.2), PrivacyEvent(1.0, 0.05, 1))
+    acc.compose(SubsampledGaussian(1.0, 0.05, 0.2), 3)
+    acc.compose(SubsampledGaussian(1.0, 0.05, 0.2), 2)  # merges
+    acc.compose(SubsampledGaussian(1.0, 0.05), 1)  # does not
+    assert acc.ledger == (ev(1.0, 0.05, 5, 0.2), ev(1.0, 0.05, 1))
     state = json.loads(json.dumps(acc.state_dict()))
-    assert state["version"] == 2
+    assert state["version"] == 3
     assert state["ledger"][0] == {
-        "noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 5, "participation": 0.2
+        "event": {"kind": "subsampled-gaussian", "noise_multiplier": 1.0, "sampling_rate": 0.05,
+                  "participation": 0.2},
+        "count": 5,
     }
     other = FDPAccountant()
     other.load_state_dict(state)
@@ -651,7 +665,7 @@ def test_participation_ledger_and_state() -> None:
     # a version-1 state (no participation) loads with participation 1
     old = {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4}]}
     other.load_state_dict(old)
-    assert other.ledger == (PrivacyEvent(1.0, 0.05, 4, 1.0),)
+    assert other.ledger == (ev(1.0, 0.05, 4, 1.0),)
     for bad in (
         {"version": 1, "ledger": [{"noise_multiplier": 1.0, "sampling_rate": 0.05, "count": 4,
                                    "participation": 0.5}]},
@@ -663,28 +677,28 @@ def test_participation_ledger_and_state() -> None:
         with pytest.raises(ValueError, match="state"):
             other.load_state_dict(bad)  # type: ignore[arg-type]
     # budget checks carry the participation
-    assert acc.would_exceed(100.0, 1e-5, 1.0, 0.05, participation=0.2) is False
-    spent = acc.spend(1.0, 0.05, max_epsilon=100.0, delta=1e-5, participation=0.2)
-    assert acc.ledger[-1] == PrivacyEvent(1.0, 0.05, 1, 0.2) and spent == acc.epsilon(1e-5)
+    assert acc.would_exceed(SubsampledGaussian(1.0, 0.05, 0.2), max_epsilon=100.0, delta=1e-5) is False
+    spent = acc.spend(SubsampledGaussian(1.0, 0.05, 0.2), max_epsilon=100.0, delta=1e-5)
+    assert acc.ledger[-1] == ev(1.0, 0.05, 1, 0.2) and spent == acc.epsilon(1e-5)
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan"), "0.5", True])
 def test_participation_validation(bad: object) -> None:
     with pytest.raises(ValueError, match="participation="):
-        PrivacyEvent(1.0, 0.1, 1, bad)  # type: ignore[arg-type]
+        ev(1.0, 0.1, 1, bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="participation="):
-        FDPAccountant().compose(1.0, 0.1, participation=bad)  # type: ignore[arg-type]
+        FDPAccountant().compose(SubsampledGaussian(1.0, 0.1, bad))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="participation="):
-        calibrate_noise_multiplier(1.0, 0.1, 10, 1e-5, participation=bad)  # type: ignore[arg-type]
+        cal(1.0, 0.1, 10, 1e-5, participation=bad)  # type: ignore[arg-type]
 
 
 def test_participation_calibration() -> None:
-    sigma = calibrate_noise_multiplier(2.0, 0.05, 150, 1.5e-4, participation=0.2)
+    sigma = cal(2.0, 0.05, 150, 1.5e-4, participation=0.2)
     eps = epsilon_for(sigma, 0.05, 150, 1.5e-4, participation=0.2).upper
     assert 1.9 <= eps <= 2.0
     assert epsilon_for(sigma * 0.99, 0.05, 150, 1.5e-4, participation=0.2).upper > 2.0
     assert participation_eps_ref(sigma, 0.05, 0.2, 150, 1.5e-4) <= 2.0
-    assert sigma < calibrate_noise_multiplier(2.0, 0.05, 150, 1.5e-4)  # p < 1 needs less noise
+    assert sigma < cal(2.0, 0.05, 150, 1.5e-4)  # p < 1 needs less noise
 
 
 def test_participation_discrete_mean_is_exact() -> None:
@@ -725,21 +739,21 @@ def test_participation_tradeoff_and_theorem4() -> None:
     d_ref = np.array([dref(float(e)) for e in eps_grid])
     alphas = np.concatenate([np.geomspace(1e-4, 1e-2, 10), np.linspace(0.02, 1.0, 30)])
     f_ref = np.maximum(0.0, (1 - d_ref[None, :] - np.exp(eps_grid)[None, :] * alphas[:, None]).max(axis=1))
-    _, b = tradeoff_curve([PrivacyEvent(sigma, q, rounds, p)], alphas)
+    _, b = tradeoff_curve([ev(sigma, q, rounds, p)], alphas)
     assert np.all(b <= f_ref + 2e-3)
     assert np.all(b >= f_ref - 0.06)
-    bound = attribute_inference_bound([PrivacyEvent(sigma, q, rounds, p)], 0.2)
-    assert 0.2 <= bound < attribute_inference_bound([PrivacyEvent(sigma, q, rounds)], 0.2)
+    bound = attribute_inference_bound([ev(sigma, q, rounds, p)], 0.2)
+    assert 0.2 <= bound < attribute_inference_bound([ev(sigma, q, rounds)], 0.2)
 
 
 def test_participation_replacement_and_prv_accountant() -> None:
-    ev = PrivacyEvent(1.34, 0.05, 150, 0.2)
+    entry = ev(1.34, 0.05, 150, 0.2)
     acc = FDPAccountant()
-    acc.compose(1.34, 0.05, 150, participation=0.2)
+    acc.compose(SubsampledGaussian(1.34, 0.05, 0.2), 150)
     rep = acc.epsilon_bound(1.5e-4, "replacement")
     assert math.isfinite(rep.upper) and rep.upper >= acc.epsilon(1.5e-4)
     assert rep.upper < epsilon_for(1.34, 0.05, 150, 1.5e-4, "replacement").upper
-    slow = epsilon_prv_accountant([ev], 1.5e-4)
+    slow = epsilon_prv_accountant([entry], 1.5e-4)
     fast = acc.epsilon_bound(1.5e-4)
     assert slow.lower <= fast.estimate <= slow.upper
     assert abs(slow.estimate - fast.estimate) <= 5e-3
@@ -761,27 +775,18 @@ def test_participation_bucketed_conservatively(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(composition, "_MAX_GROUPS", 2)
     composition._profile.cache_clear()
     ps = [0.2 * (1.0 - 3e-4 * k) for k in range(6)]
-    events = [PrivacyEvent(1.34, 0.05, 25, p) for p in ps]
+    events = [ev(1.34, 0.05, 25, p) for p in ps]
     b = FDPAccountant()
-    for ev in events:
-        b.compose(ev.noise_multiplier, ev.sampling_rate, ev.count, participation=ev.participation)
+    for e in events:
+        b.compose(e.event, e.count)
     bound = b.epsilon_bound(1.5e-4)
     assert bound.upper >= participation_eps_ref(1.34, 0.05, max(ps), 150, 1.5e-4, 1e-3) - 1e-6
     assert bound.lower <= participation_eps_ref(1.34, 0.05, min(ps), 150, 1.5e-4, 1e-3) + 1e-3
     composition._profile.cache_clear()
 
 
-def test_participation_speed() -> None:
-    import time
-
-    composition._profile.cache_clear()
-    t0 = time.perf_counter()
-    epsilon_for(1.34, 0.05, 150, 1.5e-4, participation=0.2)
-    assert time.perf_counter() - t0 < 1.0
-
-
 # --------------------------------------------------------------------------- #
-# bounded memory and time for every input
+# bounded memory for every input
 # --------------------------------------------------------------------------- #
 
 
@@ -816,23 +821,28 @@ _MEMORY_SCRIPT = r"""
 import json, math, resource, sys, time, tracemalloc
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
 tracemalloc.start()
-from fedfdp.accounting import (FDPAccountant, PrivacyEvent, attribute_inference_bound,
+from fedfdp.accounting import (FDPAccountant, Repeated, SubsampledGaussian, attribute_inference_bound,
                                calibrate_noise_multiplier, epsilon_for, tradeoff_curve)
+def ev(sigma, q, count=1, p=1.0):
+    return Repeated(SubsampledGaussian(sigma, q, p), count)
+def cal(target, q, rounds, delta, **kw):
+    return calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds, delta=delta,
+                                      **kw)
 from fedfdp.accounting.composition import MEMORY_LIMIT_BYTES
 out, t0 = {}, time.perf_counter()
 def f(x):
     return x if math.isfinite(x) else None
 out["tiny_sigma"] = f(epsilon_for(1e-3, 0.05, 150, 1e-5).upper)
 out["tiny_sigma_replacement"] = f(epsilon_for(1e-3, 0.05, 150, 1e-5, "replacement").upper)
-out["huge_target_sigma"] = calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5)
-out["huge_target_sigma_p"] = calibrate_noise_multiplier(1e12, 0.05, 150, 1e-5, participation=0.3)
+out["huge_target_sigma"] = cal(1e12, 0.05, 150, 1e-5)
+out["huge_target_sigma_p"] = cal(1e12, 0.05, 150, 1e-5, participation=0.3)
 out["tiny_delta"] = f(epsilon_for(0.8, 0.05, 150, 1e-300).upper)
 out["tiny_delta_replacement"] = f(epsilon_for(0.8, 0.05, 150, 5e-324, "replacement").upper)
 out["many_rounds"] = f(epsilon_for(1.0, 0.05, 10**15, 1e-5).upper)
 out["tiny_rate"] = f(epsilon_for(1.0, 1e-300, 150, 1e-5).upper)
 out["no_noise_gaussian"] = f(epsilon_for(1e-300, 1.0, 150, 1e-5).upper)
 out["huge_noise"] = f(epsilon_for(1e300, 0.05, 150, 1e-5).upper)
-out["tiny_sigma_ball"] = attribute_inference_bound([PrivacyEvent(1e-3, 0.05, 150)], 0.1)
+out["tiny_sigma_ball"] = attribute_inference_bound([ev(1e-3, 0.05, 150)], 0.1)
 out["fine_mesh"] = f(epsilon_for(1.0, 0.05, 150, 1e-5, eps_error=1e-3).upper)
 out["fine_mesh_estimate"] = epsilon_for(1.0, 0.05, 150, 1e-5, eps_error=1e-3).estimate
 big = epsilon_for(0.1, 1e-3, 1000, 1e-5, eps_error=0.004)  # full-length FFT at the limit
@@ -844,10 +854,11 @@ print(json.dumps(out))
 """
 
 
-def test_pathological_inputs_bounded_memory_and_time() -> None:
+def test_pathological_inputs_bounded_memory() -> None:
     """Inputs that used to exhaust memory (tiny sigma: >4 GB; an enormous calibration
     target: ~23 GB) or raise (delta = 1e-300) now answer valid bounds inside a 3 GiB
-    address space, in seconds, with the traced peak below MEMORY_LIMIT_BYTES."""
+    address space, with the traced peak below MEMORY_LIMIT_BYTES (their time:
+    ``benchmarks/accounting.py``)."""
     proc = subprocess.run(
         [sys.executable, "-c", _MEMORY_SCRIPT], capture_output=True, text=True, timeout=120,
         check=False,
@@ -855,7 +866,6 @@ def test_pathological_inputs_bounded_memory_and_time() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     r = json.loads(proc.stdout)
     assert r["peak_bytes"] <= r["limit_bytes"]
-    assert r["seconds"] < 60
     # valid: epsilon is monotone (decreasing in sigma and delta, increasing in rounds),
     # so each answer must be above an independent reference at a milder setting
     assert r["tiny_sigma"] >= dp_ref_eps([(0.3, 0.05, 150)], 1e-5)

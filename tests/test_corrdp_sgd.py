@@ -14,7 +14,7 @@ import torch
 from scipy import special, stats
 from torch import nn
 
-from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.corrdp import (
     CorrDPAccountant,
     CorrDPDesign,
@@ -286,7 +286,7 @@ def test_class_epsilons_match_independent_closed_forms():
         res = corrdp_epsilon(d, sigma, clip, q, rounds, delta)
         assert res.relation == "corrdp" and "eps_corrdp" in res.label()
         whole = FDPAccountant()
-        whole.compose(1 / visibility, q, rounds)
+        whole.compose(SubsampledGaussian(1 / visibility, q), rounds)
         assert res.classes[0].whole_record == whole.epsilon(delta, "replacement")
         assert res.classes[0].whole_record >= dp_ref_eps([(1 / visibility, q, rounds)], delta) - 1e-6
         for c in res.classes:
@@ -332,31 +332,32 @@ def test_rate_q_shortcut_is_not_a_dominating_pair():
     assert exact <= revealed * (1 + 1e-3)
     # the accountant's revealed-coin event gives the same δ curve: ε at δ = revealed is ≈ 1
     acc = FDPAccountant(eps_error=0.01)
-    acc.compose(1 / mu, 1.0, participation=q)
+    acc.compose(SubsampledGaussian(1 / mu, 1.0, participation=q))
     assert acc.epsilon(revealed) == pytest.approx(eps, abs=0.02)
 
 
 def test_accountant_ledger_state_would_exceed_and_effective_sigma():
     d = _design()
-    acc = CorrDPAccountant(d)
+    acc = CorrDPAccountant(d.delta_estimation)
+    event = d.round_event(noise_multiplier=2.0, clipping_norm=0.5, sampling_rate=0.2)
     for _ in range(3):
-        acc.compose(2.0, 0.5, 0.2, 10)
+        acc.compose(event, 10)
     assert acc.rounds == 30 and len(acc.ledger) == 1
     e = acc.epsilon_bound(1e-5)
     same = corrdp_epsilon(d, 2.0, 0.5, 0.2, 30, 1e-5)
     assert e.epsilon == same.epsilon and e.binding in {c.name for c in e.classes}
-    clone = CorrDPAccountant(d)
+    clone = CorrDPAccountant(d.delta_estimation)
     clone.load_state_dict(acc.state_dict())
     assert clone.epsilon(1e-5) == e.epsilon
-    assert acc.would_exceed(e.epsilon, 1e-5, 2.0, 0.5, 0.2, 5) and not acc.would_exceed(
-        1e9, 1e-5, 2.0, 0.5, 0.2
+    assert acc.would_exceed(event, 5, max_epsilon=e.epsilon, delta=1e-5) and not acc.would_exceed(
+        event, max_epsilon=1e9, delta=1e-5
     )
     assert acc.rounds == 30
     # a single σ_eff charged to the existing accountant bounds the CorrDP ε
     s_eff = effective_noise_multiplier(d, 2.0, 0.5)
     assert s_eff == pytest.approx(min(1 / m for m in d.class_mu(2.0, 0.5).values()))
     single = FDPAccountant()
-    single.compose(s_eff, 1.0, 30, participation=0.2)
+    single.compose(SubsampledGaussian(s_eff, 1.0, participation=0.2), 30)
     assert single.epsilon(1e-5) >= e.epsilon - 1e-9
     with pytest.raises(ValueError, match="not a CorrDP ledger"):
         clone.load_state_dict({"relation": "add-remove", "rounds": []})

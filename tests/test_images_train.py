@@ -101,7 +101,7 @@ def test_classifier_every_method_runs_and_reports_epsilon(digits, method: str) -
     elif method == "public":
         assert result.epsilon == 0.0 and result.noise_multiplier is None
     else:
-        sigma = calibrate_noise_multiplier(8.0, 0.1, 4, 1 / 480)
+        sigma = calibrate_noise_multiplier(target_epsilon=8.0, sampling_rate=0.1, rounds=4, delta=1 / 480)
         assert result.noise_multiplier == pytest.approx(sigma)
         assert result.epsilon == pytest.approx(epsilon_for(sigma, 0.1, 4, 1 / 480).upper)
         assert result.epsilon <= 8.0

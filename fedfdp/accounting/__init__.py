@@ -19,7 +19,7 @@ and rounds compose adaptively (Theorem 3): a run is ``f-DP_i^Psi`` with
 Participation
 -------------
 With Poisson device sampling (record unit) a round touches a record only if its
-device is drawn, with probability ``p`` (``PrivacyEvent.participation``).  Whether
+device is drawn, with probability ``p`` (``SubsampledGaussian.participation``).  Whether
 it was drawn is not secret (the record's device-mates reveal it), so the round is
 dominated by the mixture ``p (delta_1 x Q) + (1 - p) (delta_0 x P)`` versus
 ``p (delta_1 x P) + (1 - p) (delta_0 x P)``: its privacy loss is the subsampled
@@ -50,8 +50,14 @@ with certified add/remove upper bounds (:mod:`~fedfdp.accounting.replacement`).
 
 Modules
 -------
+:mod:`~fedfdp.accounting.events`
+    The one event vocabulary: :class:`SubsampledGaussian`, :class:`CorrDPRound`
+    (immutable, validated, JSON round-trip), :class:`Relation`.
+:mod:`~fedfdp.accounting.protocol`
+    The one accountant protocol (:class:`Accountant`) and the one calibrator
+    (:func:`calibrate`).
 :mod:`~fedfdp.accounting.accountant`
-    :class:`FDPAccountant` (ledger of :class:`PrivacyEvent`, ``epsilon``, budget
+    :class:`FDPAccountant` (ledger of :class:`Repeated` events, ``epsilon``, budget
     checks, state), :class:`EpsilonBound`, :class:`PrivacyBudgetExhausted`,
     :func:`epsilon_for`.
 :mod:`~fedfdp.accounting.prv`
@@ -82,11 +88,21 @@ from fedfdp.accounting.accountant import (
     EpsilonBound,
     FDPAccountant,
     PrivacyBudgetExhausted,
-    PrivacyEvent,
+    Repeated,
     epsilon_for,
 )
-from fedfdp.accounting.calibration import MIN_NOISE_MULTIPLIER, calibrate_noise_multiplier
+from fedfdp.accounting.calibration import calibrate_noise_multiplier
 from fedfdp.accounting.composition import MEMORY_LIMIT_BYTES
+from fedfdp.accounting.events import (
+    CorrDPClass,
+    CorrDPRound,
+    EventKind,
+    PrivacyEvent,
+    Relation,
+    SubsampledGaussian,
+    event_from_dict,
+)
+from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, calibrate
 from fedfdp.accounting.prv_reference import epsilon_prv_accountant
 from fedfdp.accounting.tradeoff import (
     attribute_inference_bound,
@@ -99,14 +115,23 @@ __all__ = [
     "MEMORY_LIMIT_BYTES",
     "MIN_NOISE_MULTIPLIER",
     "RELATIONS",
+    "Accountant",
+    "CorrDPClass",
+    "CorrDPRound",
     "EpsilonBound",
+    "EventKind",
     "FDPAccountant",
     "PrivacyBudgetExhausted",
     "PrivacyEvent",
+    "Relation",
+    "Repeated",
+    "SubsampledGaussian",
     "attribute_inference_bound",
+    "calibrate",
     "calibrate_noise_multiplier",
     "epsilon_for",
     "epsilon_prv_accountant",
+    "event_from_dict",
     "plot_tradeoff",
     "save_tradeoff_csv",
     "tradeoff_curve",

@@ -34,12 +34,15 @@ from typing import Any
 import numpy as np
 
 from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
+from fedfdp.accounting.events import Relation, SubsampledGaussian, event_from_dict
 from fedfdp.accounting.replacement import replacement_epsilon
 
 RELATIONS = ("add-remove", "replacement")
 # version 2 adds each event's participation; version-1 states load with participation 1
-_STATE_VERSION = 2
-_STATE_FIELDS = {
+# version 3 stores each entry as {"event": SubsampledGaussian.to_dict(), "count": n};
+# versions 1 (no participation) and 2 (flat fields) still load
+_STATE_VERSION = 3
+_LEGACY_FIELDS = {
     1: ("noise_multiplier", "sampling_rate", "count"),
     2: ("noise_multiplier", "sampling_rate", "count", "participation"),
 }
@@ -66,11 +69,12 @@ class PrivacyBudgetExhausted(RuntimeError):
 
     Examples
     --------
-    >>> from fedfdp import FDPAccountant, PrivacyBudgetExhausted
+    >>> from fedfdp import FDPAccountant, PrivacyBudgetExhausted, SubsampledGaussian
     >>> acc = FDPAccountant()
-    >>> acc.compose(1.0, 0.05, 100)
+    >>> round_ = SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05)
+    >>> acc.compose(round_, 100)
     >>> try:
-    ...     acc.spend(1.0, 0.05, max_epsilon=1.0, delta=1e-5)
+    ...     acc.spend(round_, max_epsilon=1.0, delta=1e-5)
     ... except PrivacyBudgetExhausted as err:
     ...     print(round(err.epsilon_spent, 2), err.max_epsilon)
     3.55 1.0
@@ -152,37 +156,37 @@ def check_eps_error(value: Any, name: str = "eps_error") -> float:
 
 
 @dataclass(frozen=True)
-class PrivacyEvent:
-    """``count`` rounds of the Poisson-subsampled Gaussian mechanism.
+class Repeated:
+    """``count`` rounds of one :class:`~fedfdp.accounting.events.SubsampledGaussian`
+    event: an entry of :attr:`FDPAccountant.ledger` (consecutive equal events merge).
 
     Parameters
     ----------
-    noise_multiplier : float
-        ``sigma``: noise std divided by the clip norm (the L2 sensitivity); finite, > 0.
-    sampling_rate : float
-        ``q``: probability that a record joins the private batch given that the round
-        touches it (its device was drawn), in ``(0, 1]``.
+    event : SubsampledGaussian
+        The round's mechanism (``σ``, ``q``, participation ``p``).
     count : int
         Number of identical rounds, ``>= 1``.
-    participation : float
-        ``p``: probability that a round touches the record at all (Poisson device
-        sampling: the record's device is drawn), in ``(0, 1]``; the adversary may know
-        whether it did.  Each round is then the mixture: with probability ``p``
-        Theorem 5's pair at rate ``q``, otherwise the identical pair ``(P, P)``.
-        ``1`` (the default) is the plain subsampled Gaussian.  This is **not** the
-        same as rate ``p q`` (which would treat the device draw as secret).
     """
 
-    noise_multiplier: float
-    sampling_rate: float
+    event: SubsampledGaussian
     count: int = 1
-    participation: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_sigma(self.noise_multiplier))
-        object.__setattr__(self, "sampling_rate", check_rate(self.sampling_rate))
+        if not isinstance(self.event, SubsampledGaussian):
+            raise ValueError(f"event={self.event!r}: the FDP accountant composes SubsampledGaussian events")
         object.__setattr__(self, "count", check_count(self.count))
-        object.__setattr__(self, "participation", check_rate(self.participation, "participation"))
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.event.noise_multiplier
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.event.sampling_rate
+
+    @property
+    def participation(self) -> float:
+        return self.event.participation
 
 
 @dataclass(frozen=True)
@@ -212,44 +216,44 @@ class EpsilonBound:
 # --------------------------------------------------------------------------------------
 
 
-def as_events(ledger_or_accountant: Any) -> tuple[PrivacyEvent, ...]:
+def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
+    """The composed rounds of an accountant, a :class:`Repeated`, a
+    :class:`~fedfdp.accounting.events.SubsampledGaussian` or a sequence of those."""
     if isinstance(ledger_or_accountant, FDPAccountant):
         return ledger_or_accountant.ledger
-    if isinstance(ledger_or_accountant, PrivacyEvent):
+    if isinstance(ledger_or_accountant, Repeated):
         return (ledger_or_accountant,)
+    if isinstance(ledger_or_accountant, SubsampledGaussian):
+        return (Repeated(ledger_or_accountant),)
     if isinstance(ledger_or_accountant, (str, bytes, dict)):
         raise ValueError(
             f"ledger_or_accountant={ledger_or_accountant!r}: expected an FDPAccountant or "
-            "a sequence of PrivacyEvent"
+            "a sequence of Repeated events"
         )
     try:
         events = tuple(ledger_or_accountant)
     except TypeError:
         raise ValueError(
             f"ledger_or_accountant={ledger_or_accountant!r}: expected an FDPAccountant or "
-            "a sequence of PrivacyEvent"
+            "a sequence of Repeated events"
         ) from None
+    out = []
     for ev in events:
-        if not isinstance(ev, PrivacyEvent):
-            raise ValueError(f"ledger entry {ev!r}: expected a PrivacyEvent")
-    return events
+        if isinstance(ev, SubsampledGaussian):
+            ev = Repeated(ev)
+        if not isinstance(ev, Repeated):
+            raise ValueError(f"ledger entry {ev!r}: expected a Repeated or SubsampledGaussian event")
+        out.append(ev)
+    return tuple(out)
 
 
-def _appended(ledger: Sequence[PrivacyEvent], event: PrivacyEvent) -> list[PrivacyEvent]:
-    """``ledger + [event]``, merged into the last event when ``(sigma, q, participation)``
-    agree."""
+def appended(ledger: Sequence[Repeated], entry: Repeated) -> list[Repeated]:
+    """``ledger + [entry]``, merged into the last entry when the events are equal."""
     out = list(ledger)
-    if out and (out[-1].noise_multiplier, out[-1].sampling_rate, out[-1].participation) == (
-        event.noise_multiplier,
-        event.sampling_rate,
-        event.participation,
-    ):
-        last = out[-1]
-        out[-1] = PrivacyEvent(
-            last.noise_multiplier, last.sampling_rate, last.count + event.count, last.participation
-        )
+    if out and out[-1].event == entry.event:
+        out[-1] = Repeated(entry.event, out[-1].count + entry.count)
     else:
-        out.append(event)
+        out.append(entry)
     return out
 
 
@@ -285,15 +289,18 @@ class FDPAccountant:
 
     Examples
     --------
-    >>> from fedfdp import FDPAccountant
+    >>> from fedfdp import FDPAccountant, SubsampledGaussian
     >>> acc = FDPAccountant()
-    >>> acc.compose(1.0, 0.05, 100)          # 100 rounds, sigma = 1, q = 0.05
+    >>> acc.compose(SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05), 100)
     >>> round(acc.epsilon(1e-5), 2)          # upper bound, add/remove, delta = 1e-5
     3.55
-    >>> acc.compose(1.0, 0.05, 100, participation=0.2)   # Poisson devices at p = 0.2
+    >>> acc.compose(SubsampledGaussian(1.0, 0.05, participation=0.2), 100)   # Poisson devices, p = 0.2
     >>> acc.rounds
     200
     """
+
+    #: The relation :meth:`epsilon` reports by default (Definition 6).
+    relation = Relation.ADD_REMOVE
 
     def __init__(
         self,
@@ -313,10 +320,10 @@ class FDPAccountant:
         ):
             raise ValueError(f"max_grid_points={max_grid_points!r}: must be an integer >= 1024")
         self._max_grid_points = int(max_grid_points)
-        self._ledger: list[PrivacyEvent] = []
+        self._ledger: list[Repeated] = []
         # (events, delta, relation) -> bound: a round asks for the same ε up to three
         # times (budget check of ledger + 1 round, the charge, the metrics row)
-        self._memo: dict[tuple[tuple[PrivacyEvent, ...], float, str], EpsilonBound] = {}
+        self._memo: dict[tuple[tuple[Repeated, ...], float, str], EpsilonBound] = {}
 
     # ------------------------------------------------------------------------- ledger
     @property
@@ -330,7 +337,7 @@ class FDPAccountant:
         return self._delta_error
 
     @property
-    def ledger(self) -> tuple[PrivacyEvent, ...]:
+    def ledger(self) -> tuple[Repeated, ...]:
         """Immutable events; consecutive events with equal ``(sigma, q, participation)``
         are merged."""
         return tuple(self._ledger)
@@ -340,26 +347,18 @@ class FDPAccountant:
         """Total number of composed rounds."""
         return sum(ev.count for ev in self._ledger)
 
-    def compose(
-        self,
-        noise_multiplier: float,
-        sampling_rate: float,
-        count: int = 1,
-        *,
-        participation: float = 1.0,
-    ) -> None:
-        """Record ``count`` rounds with noise multiplier ``sigma`` and sampling rate ``q``,
-        each touching the record with probability ``participation`` (see
-        :class:`PrivacyEvent`)."""
-        event = PrivacyEvent(noise_multiplier, sampling_rate, count, participation)
-        self._ledger = _appended(self._ledger, event)
+    def compose(self, event: SubsampledGaussian, count: int = 1) -> None:
+        """Record ``count`` rounds of ``event`` (a
+        :class:`~fedfdp.accounting.events.SubsampledGaussian`: ``σ``, ``q``,
+        participation ``p``)."""
+        self._ledger = appended(self._ledger, Repeated(event, count))
 
     # ------------------------------------------------------------------------- epsilon
-    def _profile_for(self, events: Sequence[PrivacyEvent], delta_abs_error: float) -> Bounds:
+    def _profile_for(self, events: Sequence[Repeated], delta_abs_error: float) -> Bounds:
         eps_disc = DISC_SHARE * self._eps_error
         return compose_bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
 
-    def _bound(self, events: Sequence[PrivacyEvent], delta: float, relation: str) -> EpsilonBound:
+    def _bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
         delta = check_delta(delta)
         relation = check_relation(relation)
         if not events:
@@ -371,14 +370,14 @@ class FDPAccountant:
             self._memo[key] = self._compute_bound(events, delta, relation)
         return self._memo[key]
 
-    def _compute_bound(self, events: Sequence[PrivacyEvent], delta: float, relation: str) -> EpsilonBound:
+    def _compute_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
         if relation == "replacement":
             return self._replacement(events, delta)
         prof = self._profile_for(events, self._delta_error * delta)
         lo, est, up = prof.epsilon_bounds(delta)
         return EpsilonBound(float(lo[0]), float(est[0]), float(up[0]), delta, relation)
 
-    def _replacement(self, events: Sequence[PrivacyEvent], delta_r: float) -> EpsilonBound:
+    def _replacement(self, events: Sequence[Repeated], delta_r: float) -> EpsilonBound:
         """Proposition 1 in (eps, delta) form (see :func:`replacement_epsilon`)."""
         lower, est_r, up_r = replacement_epsilon(
             events, delta_r, self._profile_for, self._delta_error
@@ -403,63 +402,46 @@ class FDPAccountant:
         return self.epsilon_bound(delta, relation).upper
 
     def _prospect(
-        self,
-        max_epsilon: float,
-        noise_multiplier: float,
-        sampling_rate: float,
-        count: int,
-        participation: float,
-    ) -> tuple[float, list[PrivacyEvent]]:
+        self, max_epsilon: float, event: SubsampledGaussian, count: int
+    ) -> tuple[float, list[Repeated]]:
         """The validated cap and the ledger as it would be after ``count`` more rounds."""
         max_epsilon = check_real("max_epsilon", max_epsilon)
         if max_epsilon < 0:
             raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
-        event = PrivacyEvent(noise_multiplier, sampling_rate, count, participation)
-        return max_epsilon, _appended(self._ledger, event)
+        return max_epsilon, appended(self._ledger, Repeated(event, count))
 
     def would_exceed(
         self,
+        event: SubsampledGaussian,
+        count: int = 1,
+        *,
         max_epsilon: float,
         delta: float,
-        noise_multiplier: float,
-        sampling_rate: float,
-        count: int = 1,
         relation: str = "add-remove",
-        *,
-        participation: float = 1.0,
     ) -> bool:
-        """Whether ``count`` more rounds would take the upper epsilon above ``max_epsilon``.
-
-        Does not modify the ledger.
-        """
-        max_epsilon, events = self._prospect(
-            max_epsilon, noise_multiplier, sampling_rate, count, participation
-        )
+        """Whether ``count`` more rounds of ``event`` would take the upper epsilon above
+        ``max_epsilon``. Does not modify the ledger."""
+        max_epsilon, events = self._prospect(max_epsilon, event, count)
         return self._bound(events, delta, relation).upper > max_epsilon
 
     def spend(
         self,
-        noise_multiplier: float,
-        sampling_rate: float,
+        event: SubsampledGaussian,
+        count: int = 1,
         *,
         max_epsilon: float,
         delta: float,
-        count: int = 1,
         relation: str = "add-remove",
-        participation: float = 1.0,
     ) -> float:
-        """Compose ``count`` rounds if the upper epsilon stays within ``max_epsilon``.
-
-        Returns the new upper epsilon.
+        """Compose ``count`` rounds of ``event`` if the upper epsilon stays within
+        ``max_epsilon``; return the new upper epsilon.
 
         Raises
         ------
         PrivacyBudgetExhausted
             Carrying the epsilon already spent; the ledger is left unchanged.
         """
-        max_epsilon, new_events = self._prospect(
-            max_epsilon, noise_multiplier, sampling_rate, count, participation
-        )
+        max_epsilon, new_events = self._prospect(max_epsilon, event, count)
         new_eps = self._bound(new_events, delta, relation).upper
         if new_eps > max_epsilon:
             spent = self._bound(self._ledger, delta, relation).upper
@@ -469,30 +451,21 @@ class FDPAccountant:
 
     # ------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: format version (2), precision knobs and the ledger
-        (each event's ``noise_multiplier``, ``sampling_rate``, ``count``,
-        ``participation``)."""
+        """JSON-serialisable state: format version (3), precision knobs and the ledger
+        (each entry's event, :meth:`SubsampledGaussian.to_dict`, and count)."""
         return {
             "version": _STATE_VERSION,
             "eps_error": self._eps_error,
             "delta_error": self._delta_error,
-            "ledger": [
-                {
-                    "noise_multiplier": ev.noise_multiplier,
-                    "sampling_rate": ev.sampling_rate,
-                    "count": ev.count,
-                    "participation": ev.participation,
-                }
-                for ev in self._ledger
-            ],
+            "ledger": [{"event": ev.event.to_dict(), "count": ev.count} for ev in self._ledger],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the ledger by the one in ``state``; nothing changes on error.
 
         The stored precision knobs are validated but the accountant keeps its own:
-        they change how tightly epsilon is reported, not what was spent.  Version-1
-        states (no participation) load with participation 1.
+        they change how tightly epsilon is reported, not what was spent. Version-1
+        and version-2 states (flat fields; version 1 without participation) load too.
 
         Raises
         ------
@@ -508,9 +481,10 @@ class FDPAccountant:
         if unknown:
             raise ValueError(f"state: unknown keys {sorted(unknown)}")
         version = state["version"]
-        if type(version) is not int or version not in _STATE_FIELDS:
+        if type(version) is not int or version not in (*_LEGACY_FIELDS, _STATE_VERSION):
             raise ValueError(
-                f"state version={version!r}: unsupported (expected one of {sorted(_STATE_FIELDS)})"
+                f"state version={version!r}: unsupported (expected one of "
+                f"{sorted((*_LEGACY_FIELDS, _STATE_VERSION))})"
             )
         if "eps_error" in state:
             check_eps_error(state["eps_error"], "state eps_error")
@@ -519,18 +493,26 @@ class FDPAccountant:
         ledger = state["ledger"]
         if not isinstance(ledger, list):
             raise ValueError(f"state ledger={type(ledger).__name__}: must be a list")
-        events: list[PrivacyEvent] = []
-        names = _STATE_FIELDS[version]
+        events: list[Repeated] = []
         for i, item in enumerate(ledger):
-            if not isinstance(item, dict) or set(item) != set(names):
-                raise ValueError(
-                    f"state ledger[{i}]={item!r}: expected a dict with keys {', '.join(names)}"
-                )
             try:
-                ev = PrivacyEvent(*(item[k] for k in names))
+                if version == _STATE_VERSION:
+                    if not isinstance(item, dict) or set(item) != {"event", "count"}:
+                        raise ValueError(f"{item!r}: expected a dict with keys event, count")
+                    event = event_from_dict(item["event"])
+                    if not isinstance(event, SubsampledGaussian):
+                        raise ValueError(f"event kind {event.kind}: not an FDP event")
+                    entry = Repeated(event, item["count"])
+                else:
+                    names = _LEGACY_FIELDS[version]
+                    if not isinstance(item, dict) or set(item) != set(names):
+                        raise ValueError(f"{item!r}: expected a dict with keys {', '.join(names)}")
+                    p = item.get("participation", 1.0)
+                    entry = Repeated(SubsampledGaussian(item["noise_multiplier"], item["sampling_rate"], p),
+                                     item["count"])
             except ValueError as err:
                 raise ValueError(f"state ledger[{i}]: {err}") from None
-            events = _appended(events, ev)
+            events = appended(events, entry)
         self._ledger = events
 
     def __repr__(self) -> str:
@@ -558,7 +540,6 @@ def epsilon_for(
     """Epsilon bound of ``rounds`` identical rounds (see :class:`FDPAccountant`),
     each touching the record with probability ``participation``."""
     acc = FDPAccountant(eps_error=eps_error)
-    acc.compose(
-        noise_multiplier, sampling_rate, check_count(rounds, "rounds"), participation=participation
-    )
+    event = SubsampledGaussian(noise_multiplier, sampling_rate, participation)
+    acc.compose(event, check_count(rounds, "rounds"))
     return acc.epsilon_bound(delta, relation)

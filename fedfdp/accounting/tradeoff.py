@@ -72,7 +72,7 @@ def tradeoff_curve(
     on attack success (Theorem 4).  For a ledger of ``q = 1`` rounds (all with
     participation 1) the exact ``G_mu(alpha) = Phi(Phi^-1(1 - alpha) - mu)`` is
     returned.  With participation ``p < 1`` the pair of each round is the mixture of
-    :class:`~fedfdp.accounting.PrivacyEvent` and the same construction applies to its
+    :class:`~fedfdp.accounting.Repeated` and the same construction applies to its
     certified delta curve.  When the ledger is too lossy (or too large) for the
     numerical curves, ``delta_up`` is the Renyi-DP bound (and the total-variation
     bound), still a valid, if looser, curve.  Memory and time are bounded like the
@@ -80,7 +80,7 @@ def tradeoff_curve(
 
     Parameters
     ----------
-    ledger_or_accountant : FDPAccountant or sequence of PrivacyEvent
+    ledger_or_accountant : FDPAccountant or sequence of Repeated
     alphas : array, optional
         Type I errors in ``[0, 1]``; default: 600 points, log-spaced below 0.01.
     eps_error : float, optional

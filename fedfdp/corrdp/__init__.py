@@ -53,7 +53,6 @@ from fedfdp.corrdp.laplace import (
 from fedfdp.corrdp.noise import (
     CorrDPDesign,
     CorrDPGaussianMechanism,
-    PrivacyClass,
     clip_per_block,
     coordinate_stds,
     corrdp_mechanism_factory,
@@ -77,7 +76,7 @@ __all__ = [
     "FeatureRoles",
     "InsensitiveFeature",
     "LaplaceRelease",
-    "PrivacyClass",
+
     "TVEstimate",
     "calibrate_noise_multiplier",
     "check_tv",

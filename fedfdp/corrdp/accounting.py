@@ -54,9 +54,13 @@ open work (``docs/corrdp.md`` §8).
 
 The ledger
 ----------
-:class:`CorrDPAccountant` keeps the rounds ``(σ, C, q, p)`` and composes every class
-from them on demand (classes dominated by another, ``d ≤ d'`` with at least as much
-noise in every round, are skipped). :func:`effective_noise_multiplier` is a single
+:class:`CorrDPAccountant` keeps the rounds as
+:class:`~fedfdp.accounting.events.CorrDPRound` events — each names its classes with
+``(d_c, 1/μ_c)``, the whole-record ``1/M``, ``q`` and ``p``, so a ledger is
+re-accounted without the design — and composes every class from them on demand
+(classes dominated by another, ``d ≤ d'`` with at least as much noise in every round,
+are skipped). :meth:`CorrDPDesign.round_event` turns ``(σ, C, q, p)`` into the event.
+:func:`effective_noise_multiplier` is a single
 noise multiplier that the existing ledger may be charged instead,
 ``(σ_eff, 1.0, participation = q·p)``: ``σ_eff = min_c 1/μ_c`` bounds every class's
 ε, hence the CorrDP ε (``d_c ≤ 1``), but ignores the TV weights.
@@ -70,37 +74,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
+from fedfdp.accounting.events import CorrDPRound, Relation, event_from_dict
+from fedfdp.accounting.protocol import calibrate
 from fedfdp.corrdp.noise import CorrDPDesign
-from fedfdp.corrdp.roles import RELATION
 
 #: Explanation of the relation, printed beside every CorrDP ε.
 RELATION_TEXT = (
     "CorrDP: one record's sensitive features replaced -> eps, one insensitive feature j "
     "replaced -> eps/TV(j); labels fixed; membership not protected"
 )
-
-
-@dataclass(frozen=True)
-class Round:
-    """``count`` rounds with base noise multiplier ``σ``, clipping norm ``C``, sampling
-    rate ``q`` and participation ``p``."""
-
-    noise_multiplier: float
-    clipping_norm: float
-    sampling_rate: float
-    participation: float = 1.0
-    count: int = 1
-
-    def __post_init__(self) -> None:
-        for name, v in (("noise-multiplier", self.noise_multiplier), ("clipping-norm", self.clipping_norm)):
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}={v}: must be finite and > 0")
-        for name, v in (("sampling-rate", self.sampling_rate), ("participation", self.participation)):
-            if not (math.isfinite(v) and 0 < v <= 1):
-                raise ValueError(f"{name}={v}: must be in (0, 1]")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ValueError(f"count={self.count!r}: must be an integer >= 1")
+_STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -129,8 +113,8 @@ class CorrDPEpsilon:
         ``max_c d_c ε_c`` (each ``ε_c`` the accountant's certified upper bound).
     delta : float
         Total δ (mechanism + TV estimation).
-    relation : str
-        Always ``"corrdp"``.
+    relation : Relation
+        Always ``Relation.CORRDP``.
     binding : str
         The class attaining the max.
     classes : tuple of ClassEpsilon
@@ -141,7 +125,7 @@ class CorrDPEpsilon:
     >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
     >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
     >>> e = corrdp_epsilon(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0), 4.0, 1.0, 0.1, 20, 1e-5)
-    >>> e.relation, [c.name for c in e.classes], e.label().startswith("eps_corrdp = ")
+    >>> str(e.relation), [c.name for c in e.classes], e.label().startswith("eps_corrdp = ")
     ('corrdp', ['sensitive', 'feature:speed'], True)
     """
 
@@ -151,30 +135,44 @@ class CorrDPEpsilon:
     binding: str
     classes: tuple[ClassEpsilon, ...]
 
+    @property
+    def upper(self) -> float:
+        """The number to print (each class's ε is already a certified upper bound)."""
+        return self.epsilon
+
     def label(self) -> str:
         """``ε = … (corrdp …)``: the form in which a CorrDP ε may be shown."""
         return f"eps_corrdp = {self.epsilon:.4g} (upper bound; {RELATION_TEXT}; delta = {self.delta:.3g})"
 
 
-def _key(r: Round) -> tuple[float, float, float, float]:
-    return (r.noise_multiplier, r.clipping_norm, r.sampling_rate, r.participation)
+Rounds = tuple[tuple[CorrDPRound, int], ...]
 
 
-def _events(
-    design: CorrDPDesign, rounds: Sequence[Round]
-) -> dict[str, tuple[float, list[tuple[float, Round]]]]:
-    weights = design.class_weights()
-    out: dict[str, tuple[float, list[tuple[float, Round]]]] = {
-        c: (w, []) for c, w in weights.items() if w > 0
-    }
-    for r in rounds:
-        for cls in design.classes(r.noise_multiplier, r.clipping_norm):
-            if cls.name in out:
-                out[cls.name][1].append((cls.noise_multiplier, r))
+def _appended(rounds: Sequence[tuple[CorrDPRound, int]], event: CorrDPRound, count: int) -> Rounds:
+    out = list(rounds)
+    if out and out[-1][0] == event:
+        out[-1] = (event, out[-1][1] + count)
+    else:
+        out.append((event, count))
+    return tuple(out)
+
+
+def _class_events(rounds: Rounds) -> dict[str, tuple[float, list[tuple[float, float, int]]]]:
+    """Per class of positive weight: ``(d_c, [(1/μ_c, q·p, count) per entry])``."""
+    out: dict[str, tuple[float, list[tuple[float, float, int]]]] = {}
+    for event, count in rounds:
+        for cls in event.classes:
+            if cls.weight <= 0:
+                continue
+            weight, seq = out.setdefault(cls.name, (cls.weight, []))
+            if weight != cls.weight:
+                raise ValueError(f"class {cls.name}: weight {cls.weight} differs from an earlier "
+                                 f"round's {weight}")
+            seq.append((cls.noise_multiplier, event.sampling_rate * event.participation, count))
     return out
 
 
-def _undominated(events: dict[str, tuple[float, list[tuple[float, Round]]]]) -> list[str]:
+def _undominated(events: dict[str, tuple[float, list[tuple[float, float, int]]]]) -> list[str]:
     names = list(events)
     keep = []
     for c in names:
@@ -184,8 +182,10 @@ def _undominated(events: dict[str, tuple[float, list[tuple[float, Round]]]]) -> 
             if o == c:
                 continue
             wo, eo = events[o]
-            at_least = wo >= wc and all(so <= sc for (so, _), (sc, _) in zip(eo, ec, strict=True))
-            strictly = wo > wc or any(so < sc for (so, _), (sc, _) in zip(eo, ec, strict=True))
+            if len(eo) != len(ec):
+                continue
+            at_least = wo >= wc and all(so <= sc for (so, _, _), (sc, _, _) in zip(eo, ec, strict=True))
+            strictly = wo > wc or any(so < sc for (so, _, _), (sc, _, _) in zip(eo, ec, strict=True))
             if at_least and (strictly or o < c):  # ties: keep one
                 dominated = True
                 break
@@ -194,35 +194,44 @@ def _undominated(events: dict[str, tuple[float, list[tuple[float, Round]]]]) -> 
     return keep
 
 
-def _whole_record_epsilon(
-    design: CorrDPDesign, rounds: Sequence[Round], delta: float, eps_error: float
-) -> float:
+def _whole_record_epsilon(rounds: Rounds, delta: float, eps_error: float) -> float:
     """Bound (ii): add/remove subsampled Gaussians with shift ``M`` per round, replacement by Prop. 1."""
     acc = FDPAccountant(eps_error=eps_error)
-    for r in rounds:
-        visibility = design.record_visibility(r.noise_multiplier, r.clipping_norm)
-        acc.compose(1.0 / visibility, r.sampling_rate, r.count, participation=r.participation)
+    for event, count in rounds:
+        record = SubsampledGaussian(event.record_noise_multiplier, event.sampling_rate, event.participation)
+        acc.compose(record, count)
     return float(acc.epsilon(delta, "replacement"))
 
 
-def _class_epsilon(events: list[tuple[float, Round]], delta: float, eps_error: float) -> float:
+def _class_epsilon(events: list[tuple[float, float, int]], delta: float, eps_error: float) -> float:
     """Bound (i): the revealed-coin participation events of one class."""
     acc = FDPAccountant(eps_error=eps_error)
-    for sigma_c, r in events:
+    for sigma_c, touch, count in events:
         if math.isinf(sigma_c):
             continue  # this class's sensitivity is 0: nothing to compose
-        acc.compose(sigma_c, 1.0, r.count, participation=r.sampling_rate * r.participation)
+        acc.compose(SubsampledGaussian(sigma_c, 1.0, touch), count)
     if acc.rounds == 0:
         return 0.0
     return float(acc.epsilon(delta))
 
 
+#: Bounds computed by any :class:`CorrDPAccountant`, shared (least recently used dropped):
+#: the budget check before a round and the ε after it cost one evaluation, and runs of
+#: the same design and σ (seeds of a sweep, an audit's trials) share them.
+_BOUNDS: OrderedDict[tuple[Any, ...], CorrDPEpsilon] = OrderedDict()
+_BOUNDS_SIZE = 512
+
+
 class CorrDPAccountant:
-    """Ledger and ε of CorrDP-SGD rounds (module docstring).
+    """Ledger and ε of CorrDP-SGD rounds (module docstring); implements
+    :class:`fedfdp.accounting.protocol.Accountant` for
+    :class:`~fedfdp.accounting.events.CorrDPRound` events.
 
     Parameters
     ----------
-    design : CorrDPDesign
+    delta_estimation : float
+        δ spent by in-sample TV estimation (Theorem 3.11): every ε is computed at
+        ``δ − delta_estimation`` and reported at ``δ``.
     eps_error : float
         Passed to every class's :class:`~fedfdp.accounting.FDPAccountant`.
 
@@ -230,63 +239,69 @@ class CorrDPAccountant:
     --------
     >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
     >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
-    >>> acc = CorrDPAccountant(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0))
-    >>> acc.compose(noise_multiplier=4.0, clipping_norm=1.0, sampling_rate=0.1, count=20)
-    >>> acc.rounds, acc.epsilon_bound(1e-5).relation
+    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+    >>> acc = CorrDPAccountant()
+    >>> event = design.round_event(noise_multiplier=4.0, clipping_norm=1.0, sampling_rate=0.1)
+    >>> acc.compose(event, 20)
+    >>> acc.rounds, str(acc.epsilon_bound(1e-5).relation)
     (20, 'corrdp')
-    >>> acc.would_exceed(1e9, 1e-5, 4.0, 1.0, 0.1), acc.rounds
+    >>> acc.would_exceed(event, max_epsilon=1e9, delta=1e-5), acc.rounds
     (False, 20)
     """
 
-    relation = RELATION
+    relation = Relation.CORRDP
 
-    def __init__(self, design: CorrDPDesign, eps_error: float = 0.05) -> None:
-        self.design = design
-        self.eps_error = eps_error
-        self._rounds: list[Round] = []
+    def __init__(self, delta_estimation: float = 0.0, eps_error: float = 0.05) -> None:
+        if not (math.isfinite(delta_estimation) and 0.0 <= delta_estimation < 1.0):
+            raise ValueError(f"delta_estimation={delta_estimation}: must be in [0, 1)")
+        self.delta_estimation = float(delta_estimation)
+        self.eps_error = float(eps_error)
+        self._rounds: Rounds = ()
 
     @property
-    def ledger(self) -> tuple[Round, ...]:
-        return tuple(self._rounds)
+    def ledger(self) -> Rounds:
+        """``(event, count)`` entries (consecutive equal events merged)."""
+        return self._rounds
 
     @property
     def rounds(self) -> int:
-        return sum(r.count for r in self._rounds)
+        return sum(n for _, n in self._rounds)
 
-    def compose(
-        self,
-        noise_multiplier: float,
-        clipping_norm: float,
-        sampling_rate: float,
-        count: int = 1,
-        *,
-        participation: float = 1.0,
-    ) -> None:
-        """Record ``count`` rounds of base ``σ`` and ``C`` at rate ``q``, participation ``p``."""
-        r = Round(noise_multiplier, clipping_norm, sampling_rate, participation, count)
-        last = self._rounds[-1] if self._rounds else None
-        if last is not None and _key(last) == _key(r):
-            self._rounds[-1] = Round(*_key(r), last.count + count)
-        else:
-            self._rounds.append(r)
+    def compose(self, event: CorrDPRound, count: int = 1) -> None:
+        """Record ``count`` rounds of ``event``."""
+        if not isinstance(event, CorrDPRound):
+            raise ValueError(f"event={event!r}: the CorrDP accountant composes CorrDPRound events")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count={count!r}: must be an integer >= 1")
+        self._rounds = _appended(self._rounds, event, count)
 
-    def _bound(self, rounds: Sequence[Round], delta: float) -> CorrDPEpsilon:
-        if not (math.isfinite(delta) and self.design.delta_estimation < delta < 1.0):
-            raise ValueError(
-                f"delta={delta}: must be in (delta_estimation={self.design.delta_estimation}, 1)"
-            )
-        mech_delta = delta - self.design.delta_estimation
-        events = _events(self.design, rounds)
-        whole = _whole_record_epsilon(self.design, rounds, mech_delta, self.eps_error) if rounds else 0.0
+    def _compute(self, rounds: Rounds, delta: float) -> CorrDPEpsilon:
+        mech_delta = delta - self.delta_estimation
+        events = _class_events(rounds)
+        whole = _whole_record_epsilon(rounds, mech_delta, self.eps_error) if rounds else 0.0
         results = []
         for name in _undominated(events):
             weight, ev = events[name]
             revealed = _class_epsilon(ev, mech_delta, self.eps_error)
             results.append(ClassEpsilon(name, weight, min(revealed, whole), revealed, whole))
         if not results:
-            return CorrDPEpsilon(0.0, delta, RELATION, "", ())
+            return CorrDPEpsilon(0.0, delta, Relation.CORRDP, "", ())
         best = max(results, key=lambda c: c.weighted)
-        return CorrDPEpsilon(best.weighted, delta, RELATION, best.name, tuple(results))
+        return CorrDPEpsilon(best.weighted, delta, Relation.CORRDP, best.name, tuple(results))
+
+    def _bound(self, rounds: Rounds, delta: float) -> CorrDPEpsilon:
+        if not (math.isfinite(delta) and self.delta_estimation < delta < 1.0):
+            raise ValueError(f"delta={delta}: must be in (delta_estimation={self.delta_estimation}, 1)")
+        key = (self.delta_estimation, self.eps_error, rounds, delta)
+        found = _BOUNDS.get(key)
+        if found is None:
+            found = self._compute(rounds, delta)
+            _BOUNDS[key] = found
+            while len(_BOUNDS) > _BOUNDS_SIZE:
+                _BOUNDS.popitem(last=False)
+        else:
+            _BOUNDS.move_to_end(key)
+        return found
 
     def epsilon_bound(self, delta: float) -> CorrDPEpsilon:
         """The CorrDP ε of the ledger at total ``δ``, with its breakdown."""
@@ -295,148 +310,42 @@ class CorrDPAccountant:
     def epsilon(self, delta: float) -> float:
         return self.epsilon_bound(delta).epsilon
 
-    def would_exceed(
-        self,
-        max_epsilon: float,
-        delta: float,
-        noise_multiplier: float,
-        clipping_norm: float,
-        sampling_rate: float,
-        count: int = 1,
-        *,
-        participation: float = 1.0,
-    ) -> bool:
-        """Whether ``count`` more such rounds would take ε above ``max_epsilon`` (no mutation)."""
-        extra = Round(noise_multiplier, clipping_norm, sampling_rate, participation, count)
-        return self._bound([*self._rounds, extra], delta).epsilon > max_epsilon
+    def would_exceed(self, event: CorrDPRound, count: int = 1, *, max_epsilon: float, delta: float) -> bool:
+        """Whether ``count`` more rounds of ``event`` would take ε above ``max_epsilon``
+        (no mutation)."""
+        return self._bound(_appended(self._rounds, event, count), delta).epsilon > max_epsilon
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "relation": RELATION,
+            "version": _STATE_VERSION,
+            "relation": str(Relation.CORRDP),
+            "delta_estimation": self.delta_estimation,
             "eps_error": self.eps_error,
-            "rounds": [
-                [r.noise_multiplier, r.clipping_norm, r.sampling_rate, r.participation, r.count]
-                for r in self._rounds
-            ],
+            "ledger": [{"event": ev.to_dict(), "count": n} for ev, n in self._rounds],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("relation") != RELATION:
-            raise ValueError(f"state relation={state.get('relation')!r}: not a CorrDP ledger")
-        rounds = [Round(float(s), float(c), float(q), float(p), int(n)) for s, c, q, p, n in state["rounds"]]
-        self.eps_error = float(state.get("eps_error", self.eps_error))
+        """Replace the ledger by the one in ``state``; nothing changes on error."""
+        if not isinstance(state, dict) or state.get("relation") != Relation.CORRDP:
+            found = state.get("relation") if isinstance(state, dict) else None
+            raise ValueError(f"state relation={found!r}: not a CorrDP ledger")
+        if state.get("version") != _STATE_VERSION or not isinstance(state.get("ledger"), list):
+            raise ValueError(f"state version={state.get('version')!r}: expected {_STATE_VERSION} "
+                             "with a ledger list")
+        if float(state.get("delta_estimation", -1.0)) != self.delta_estimation:
+            raise ValueError(f"state delta_estimation={state.get('delta_estimation')!r}: this accountant "
+                             f"has {self.delta_estimation}")
+        rounds: Rounds = ()
+        for i, item in enumerate(state["ledger"]):
+            if not isinstance(item, dict) or set(item) != {"event", "count"}:
+                raise ValueError(f"state ledger[{i}]={item!r}: expected a dict with keys event, count")
+            event = event_from_dict(item["event"])
+            count = item["count"]
+            if not isinstance(event, CorrDPRound) or isinstance(count, bool) or not isinstance(count, int) \
+                    or count < 1:
+                raise ValueError(f"state ledger[{i}]: not a CorrDP round with a count >= 1")
+            rounds = _appended(rounds, event, count)
         self._rounds = rounds
-
-
-#: Bounds of :class:`CorrDPRunAccountant`, shared by its instances (least recently used dropped).
-_BOUNDS: OrderedDict[tuple[Any, ...], CorrDPEpsilon] = OrderedDict()
-_BOUNDS_SIZE = 512
-
-
-class CorrDPRunAccountant:
-    """A run's CorrDP ledger at a fixed clipping norm, with
-    :class:`~fedfdp.accounting.FDPAccountant`'s run interface (what
-    :class:`fedfdp.budget.Budget` and the write-ahead ledger call).
-
-    ``compose(σ, q, count, participation=p)`` records rounds of base ``σ`` at the
-    design's ``C``; ``epsilon(δ)`` is the CorrDP ε (:class:`CorrDPAccountant`,
-    relation ``"corrdp"``). Every bound computed is memoised (per process, by the
-    design, the rounds and δ), so the budget check before a round and the ε after it
-    cost one evaluation, and runs of the same design and σ (seeds of a sweep, an
-    audit's trials) share them.
-    ``state_dict()["ledger"]`` holds the rounds ``[σ, q, participation, count]``
-    (the ledger's integrity check compares it with a replay of the charges).
-
-    Examples
-    --------
-    >>> from fedfdp.corrdp import FeatureRoles, InsensitiveFeature
-    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
-    >>> acc = CorrDPRunAccountant(CorrDPDesign(roles, 2, (0.5, 0.5), 1.0), clipping_norm=1.0)
-    >>> acc.compose(4.0, 0.1, 20)
-    >>> acc.epsilon(1e-5) == corrdp_epsilon(acc.design, 4.0, 1.0, 0.1, 20, 1e-5).epsilon
-    True
-    >>> acc.would_exceed(1e9, 1e-5, 4.0, 0.1), acc.rounds
-    (False, 20)
-    """
-
-    relation = RELATION
-
-    def __init__(self, design: CorrDPDesign, clipping_norm: float, eps_error: float = 0.05) -> None:
-        self.design = design
-        self.clipping_norm = float(clipping_norm)
-        self.accountant = CorrDPAccountant(design, eps_error)
-
-    @property
-    def rounds(self) -> int:
-        return self.accountant.rounds
-
-    def _epsilon(self, rounds: Sequence[Round], delta: float) -> CorrDPEpsilon:
-        key = (self.design, self.accountant.eps_error, tuple(rounds), delta)
-        found = _BOUNDS.get(key)
-        if found is None:
-            found = self.accountant._bound(rounds, delta)
-            _BOUNDS[key] = found
-            while len(_BOUNDS) > _BOUNDS_SIZE:
-                _BOUNDS.popitem(last=False)
-        else:
-            _BOUNDS.move_to_end(key)
-        return found
-
-    def compose(
-        self, noise_multiplier: float, sampling_rate: float, count: int = 1, *, participation: float = 1.0
-    ) -> None:
-        """Record ``count`` rounds of base ``σ`` at rate ``q`` and participation ``p``."""
-        self.accountant.compose(
-            noise_multiplier, self.clipping_norm, sampling_rate, count, participation=participation
-        )
-
-    def epsilon_bound(self, delta: float) -> CorrDPEpsilon:
-        """The CorrDP ε of the rounds so far with its per-class breakdown."""
-        return self._epsilon(self.accountant.ledger, delta)
-
-    def epsilon(self, delta: float) -> float:
-        return self.epsilon_bound(delta).epsilon
-
-    def would_exceed(
-        self,
-        max_epsilon: float,
-        delta: float,
-        noise_multiplier: float,
-        sampling_rate: float,
-        count: int = 1,
-        *,
-        participation: float = 1.0,
-    ) -> bool:
-        """Whether ``count`` more rounds would take ε above ``max_epsilon`` (no mutation)."""
-        extra = Round(noise_multiplier, self.clipping_norm, sampling_rate, participation, count)
-        ledger = list(self.accountant.ledger)
-        if ledger and _key(ledger[-1]) == _key(extra):
-            ledger[-1] = Round(*_key(extra), ledger[-1].count + count)
-        else:
-            ledger.append(extra)
-        return self._epsilon(ledger, delta).epsilon > max_epsilon
-
-    def state_dict(self) -> dict[str, Any]:
-        rounds = self.accountant.ledger
-        return {
-            "relation": RELATION,
-            "clipping_norm": self.clipping_norm,
-            "eps_error": self.accountant.eps_error,
-            "ledger": [[r.noise_multiplier, r.sampling_rate, r.participation, r.count] for r in rounds],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        relation = state.get("relation") if isinstance(state, dict) else None
-        if relation != RELATION:
-            raise ValueError(f"state relation={relation!r}: not a CorrDP ledger")
-        if float(state.get("clipping_norm", math.nan)) != self.clipping_norm:
-            raise ValueError(
-                f"state clipping_norm={state.get('clipping_norm')!r}: the run clips at {self.clipping_norm}"
-            )
-        c = self.clipping_norm
-        rounds = [[float(s), c, float(q), float(p), int(n)] for s, q, p, n in state["ledger"]]
-        eps_error = state.get("eps_error", self.accountant.eps_error)
-        self.accountant.load_state_dict({"relation": RELATION, "eps_error": eps_error, "rounds": rounds})
 
 
 def corrdp_epsilon(
@@ -461,14 +370,15 @@ def corrdp_epsilon(
     >>> more > less > 0
     True
     """
-    acc = CorrDPAccountant(design, eps_error)
-    acc.compose(noise_multiplier, clipping_norm, sampling_rate, rounds, participation=participation)
+    acc = CorrDPAccountant(design.delta_estimation, eps_error)
+    acc.compose(design.round_event(noise_multiplier=noise_multiplier, clipping_norm=clipping_norm,
+                                   sampling_rate=sampling_rate, participation=participation), rounds)
     return acc.epsilon_bound(delta)
 
 
 def effective_noise_multiplier(design: CorrDPDesign, noise_multiplier: float, clipping_norm: float) -> float:
     """``σ_eff = min_c 1/μ_c`` over classes of positive weight: charging
-    ``FDPAccountant.compose(σ_eff, 1.0, participation=q·p)`` per round bounds every
+    ``SubsampledGaussian(σ_eff, 1.0, participation=q·p)`` per round bounds every
     class's revealed-coin ε and therefore the CorrDP ε (``d_c ≤ 1``), relation
     ``"corrdp"``. Looser than :class:`CorrDPAccountant` (ignores the TV weights and
     bound (ii)).
@@ -498,7 +408,8 @@ def calibrate_noise_multiplier(
     eps_error: float = 0.05,
     rel_tol: float = 1e-3,
 ) -> float:
-    """Smallest base ``σ`` (within ``rel_tol``) whose CorrDP ε is ``≤ target_epsilon``.
+    """Smallest base ``σ`` (within ``rel_tol``) whose CorrDP ε is ``≤ target_epsilon``:
+    :func:`fedfdp.accounting.protocol.calibrate` over :meth:`CorrDPDesign.round_event`.
 
     Every class's noise multiplier is proportional to ``σ``, so ε decreases in ``σ``.
 
@@ -511,23 +422,9 @@ def calibrate_noise_multiplier(
     >>> corrdp_epsilon(design, sigma, 1.0, 1.0, 10, 1e-5).epsilon <= 2.0
     True
     """
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ValueError(f"target-epsilon={target_epsilon}: must be finite and > 0")
-
-    def eps(s: float) -> float:
-        return corrdp_epsilon(
-            design, s, clipping_norm, sampling_rate, rounds, delta,
-            participation=participation, eps_error=eps_error,
-        ).epsilon  # fmt: skip
-
-    lo, hi = 1e-3, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e6:
-            raise ValueError(f"target-epsilon={target_epsilon}: unreachable with noise multiplier <= 1e6")
-    if eps(lo) <= target_epsilon:
-        return lo
-    while hi / lo > 1.0 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if eps(mid) <= target_epsilon else (mid, hi)
-    return hi
+    return calibrate(
+        lambda: CorrDPAccountant(design.delta_estimation, eps_error),
+        lambda s: design.round_event(noise_multiplier=s, clipping_norm=clipping_norm,
+                                     sampling_rate=sampling_rate, participation=participation),
+        target_epsilon=target_epsilon, rounds=rounds, delta=delta, rtol=rel_tol, max_noise_multiplier=1e6,
+    )

@@ -419,7 +419,7 @@ def corrdp_laplace(
     >>> from fedfdp.entropy import SeededEntropy
     >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("u", (1,), 0.5),))
     >>> rel = corrdp_laplace(np.zeros(2), np.array([1.0, 1.0]), roles, 1.0, SeededEntropy(0).noise(0, 0))
-    >>> rel.relation, round(rel.scale, 6)  # Δ_C f = min(1 + 0.5·1, max(1, 1)) = 1
+    >>> str(rel.relation), round(rel.scale, 6)  # Δ_C f = min(1 + 0.5·1, max(1, 1)) = 1
     ('corrdp', 1.0)
     """
     _as_table(coordinate_sensitivity, roles)

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedfdp.accounting.events import CorrDPClass, CorrDPRound
 from fedfdp.corrdp.roles import FeatureRoles
 from fedfdp.entropy import BitStream
 from fedfdp.mechanisms import standard_normals
@@ -181,26 +182,6 @@ class Block:
     columns: tuple[int, ...]
     bound: float
     tv: float
-
-
-@dataclass(frozen=True)
-class PrivacyClass:
-    """One kind of CorrDP neighbour: its name, its weight ``d`` (1 for the sensitive
-    class, ``TV(j)`` for feature ``j``) and the noise multiplier ``1/μ_c`` of its
-    Gaussian pair per round.
-
-    Examples
-    --------
-    >>> from fedfdp.corrdp.roles import InsensitiveFeature
-    >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
-    >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
-    >>> [(c.name, c.weight) for c in design.classes(2.0, 1.0)]
-    [('sensitive', 1.0), ('feature:speed', 0.3)]
-    """
-
-    name: str
-    weight: float
-    noise_multiplier: float
 
 
 @dataclass(frozen=True)
@@ -380,11 +361,35 @@ class CorrDPDesign:
             c: float(np.sqrt(np.sum((d / stds) ** 2))) for c, d in self.sensitivity(clipping_norm).items()
         }
 
-    def classes(self, noise_multiplier: float, clipping_norm: float) -> tuple[PrivacyClass, ...]:
-        """Every class with its weight and per-round noise multiplier ``1/μ_c``."""
+    def classes(self, noise_multiplier: float, clipping_norm: float) -> tuple[CorrDPClass, ...]:
+        """Every class with its weight and per-round noise multiplier ``1/μ_c``.
+
+        Examples
+        --------
+        >>> from fedfdp.corrdp.roles import InsensitiveFeature
+        >>> roles = FeatureRoles(2, (0,), (InsensitiveFeature("speed", (1,), 0.3),))
+        >>> design = CorrDPDesign(roles, 2, (0.5, 0.5), 1.0)
+        >>> [(c.name, c.weight) for c in design.classes(2.0, 1.0)]
+        [('sensitive', 1.0), ('feature:speed', 0.3)]
+        """
         mus = self.class_mu(noise_multiplier, clipping_norm)
         weights = self.class_weights()
-        return tuple(PrivacyClass(c, weights[c], 1.0 / mu if mu > 0 else math.inf) for c, mu in mus.items())
+        return tuple(CorrDPClass(c, weights[c], 1.0 / mu if mu > 0 else math.inf) for c, mu in mus.items())
+
+    def round_event(
+        self,
+        *,
+        noise_multiplier: float,
+        clipping_norm: float,
+        sampling_rate: float,
+        participation: float = 1.0,
+    ) -> CorrDPRound:
+        """The :class:`~fedfdp.accounting.events.CorrDPRound` of one round with base
+        noise multiplier ``σ`` and clipping norm ``C`` at rate ``q``, participation ``p``:
+        every class with its weight and ``1/μ_c``, and the whole record's ``1/M``."""
+        return CorrDPRound(self.classes(noise_multiplier, clipping_norm),
+                           1.0 / self.record_visibility(noise_multiplier, clipping_norm),
+                           sampling_rate, participation)
 
     def record_visibility(self, noise_multiplier: float, clipping_norm: float) -> float:
         """``M = √(Σ_B C̄_B²/σ_B²)``: the largest whitened norm of one record's clipped

@@ -27,8 +27,10 @@ import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from fedfdp.accounting.events import Relation
+
 #: The name under which every CorrDP ε is reported (never "dp" or "fdp").
-RELATION = "corrdp"
+RELATION = Relation.CORRDP
 
 
 def check_tv(name: str, tv: object) -> float:

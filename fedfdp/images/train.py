@@ -55,6 +55,7 @@ from torch import nn
 from fedfdp.accounting import calibrate_noise_multiplier, epsilon_for
 from fedfdp.clipping import METHODS as CLIP_METHODS
 from fedfdp.clipping import clipped_grad_sum
+from fedfdp.config import Mode, Optimizer
 from fedfdp.entropy import BitStream, OSBits, SeededBits
 from fedfdp.images.blur import PublicMap
 from fedfdp.images.data import ImageSet, ImageShape
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 #: The five methods of Section 6.3.
-METHODS: tuple[str, ...] = ("nonprivate", "public", "dp", "fdp-dpsgd", "fdp")
+METHODS: tuple[Mode, ...] = (Mode.NONPRIVATE, Mode.PUBLIC, Mode.DP, Mode.FDP_DPSGD, Mode.FDP)
 
 _PARTS = ("full", "private", "public")
 LossFn = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
@@ -172,7 +173,7 @@ class TrainSettings:
         Call ``evaluate`` every this many steps (0: only at the end).
     """
 
-    method: str
+    method: Mode
     steps: int
     sampling_rate: float
     clipping_norm: float = 1.0
@@ -184,7 +185,7 @@ class TrainSettings:
     alpha: float = 1.0
     learning_rate: float = 0.1
     pretrain_learning_rate: float | None = None
-    optimizer: str = "sgd"
+    optimizer: Optimizer = Optimizer.SGD
     momentum: float = 0.9
     clip_method: str = "auto"
     chunk_size: int = 128
@@ -193,7 +194,8 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"mode={self.method!r}: must be one of {METHODS}")
+            raise ValueError(f"mode={self.method!r}: must be one of {', '.join(METHODS)}")
+        object.__setattr__(self, "method", Mode(self.method))
         for name in ("steps", "public_batch_size", "chunk_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -218,8 +220,9 @@ class TrainSettings:
             math.isfinite(self.pretrain_learning_rate) and self.pretrain_learning_rate > 0
         ):
             raise ValueError(f"pretrain_learning_rate={self.pretrain_learning_rate!r}: must be > 0 or None")
-        if self.optimizer not in ("sgd", "adam"):
+        if self.optimizer not in tuple(Optimizer):
             raise ValueError(f"optimizer={self.optimizer!r}: must be sgd or adam")
+        object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum={self.momentum!r}: must be in [0, 1)")
         if self.clip_method not in CLIP_METHODS:
@@ -228,7 +231,7 @@ class TrainSettings:
     @property
     def private(self) -> bool:
         """Whether the main phase is a private (noised, accounted) one."""
-        return self.method in ("dp", "fdp-dpsgd", "fdp")
+        return self.method.is_private
 
 
 @dataclass
@@ -293,7 +296,7 @@ def _sum_grads(
 
 
 def _optimizer(params: list[nn.Parameter], settings: TrainSettings, lr: float) -> torch.optim.Optimizer:
-    if settings.optimizer == "adam":
+    if settings.optimizer is Optimizer.ADAM:
         return torch.optim.Adam(params, lr=lr)
     return torch.optim.SGD(params, lr=lr, momentum=settings.momentum)
 
@@ -363,11 +366,12 @@ def train(
             log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
     sigma: float | None = None
-    epsilon = math.inf if settings.method == "nonprivate" else 0.0
+    epsilon = math.inf if settings.method is Mode.NONPRIVATE else 0.0
     if settings.private:
         sigma = settings.noise_multiplier
         if sigma is None:
-            sigma = calibrate_noise_multiplier(settings.target_epsilon, q, settings.steps, delta)
+            sigma = calibrate_noise_multiplier(target_epsilon=settings.target_epsilon, sampling_rate=q,
+                                               rounds=settings.steps, delta=delta)
         epsilon = float(epsilon_for(sigma, q, settings.steps, delta).upper)
     m_pub = min(settings.public_batch_size, n)
 
@@ -378,7 +382,7 @@ def train(
 
     start = time.perf_counter()
     pretrain_seconds = 0.0
-    if settings.method in ("fdp-dpsgd", "fdp") and settings.pretrain_steps:
+    if settings.method in (Mode.FDP_DPSGD, Mode.FDP) and settings.pretrain_steps:
         lr = settings.pretrain_learning_rate or settings.learning_rate
         opt = _optimizer(params, settings, lr)
         for s in range(settings.pretrain_steps):
@@ -390,9 +394,9 @@ def train(
     opt = _optimizer(params, settings, settings.learning_rate)
     mechanism = GaussianSumMechanism(sigma, settings.clipping_norm) if sigma is not None else None
     for s in range(settings.steps):
-        if settings.method == "public":
+        if settings.method is Mode.PUBLIC:
             public_step(opt)
-        elif settings.method == "nonprivate":
+        elif settings.method is Mode.NONPRIVATE:
             idx = poisson_sample(n, q, public_coins)
             if len(idx):
                 total = _sum_grads(model, task, "full", x, y, idx, None, settings, gen, params)
@@ -400,13 +404,13 @@ def train(
         else:
             if mechanism is None:  # set whenever settings.private
                 raise RuntimeError("private phase without a mechanism")
-            part = "private" if settings.method == "fdp" else "full"
+            part = "private" if settings.method is Mode.FDP else "full"
             idx = poisson_sample(n, q, secret_stream)
             clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, gen, params)
             noisy = mechanism.privatize(clipped, secret_stream)
-            weight = settings.alpha if settings.method == "fdp" else 1.0
+            weight = settings.alpha if settings.method is Mode.FDP else 1.0
             grad = [weight * t / (q * n) for t in noisy]
-            if settings.method == "fdp":
+            if settings.method is Mode.FDP:
                 pub_idx = uniform_sample(n, m_pub, batch_rng)  # independent of the coins (Prop. 3)
                 pub = _sum_grads(model, task, "public", x, y, pub_idx, None, settings, gen, params)
                 grad = [g + t / m_pub for g, t in zip(grad, pub, strict=True)]

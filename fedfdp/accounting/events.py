@@ -1,0 +1,276 @@
+"""The one vocabulary of privacy events: what a private round releases, in full.
+
+Every charge a run makes, every calibration and every ledger entry is one of these
+immutable events; the accountants (:mod:`fedfdp.accounting.protocol`) compose them.
+Like dp-accounting's ``DpEvent``, an event documents the mechanism completely: a
+ledger of events can be re-accounted without the configuration, the data or the
+code that produced it (``fedfdp account --run``).
+
+===========================  ========================================================
+event                        mechanism of one round (dominating pair, in units of the
+                             sensitivity)
+===========================  ========================================================
+:class:`SubsampledGaussian`  Poisson-subsampled Gaussian (FDP paper, Theorem 5):
+                             ``P = N(0, σ²)``, ``Q = (1−q) N(0, σ²) + q N(1, σ²)``;
+                             with participation ``p < 1`` the mixture "with
+                             probability ``p`` that pair, else ``(P, P)``", the draw
+                             known to the adversary (Poisson device sampling)
+:class:`CorrDPRound`         one round of CorrDP-SGD (CorrDP paper, Algorithm 1,
+                             Eq. (3)): per class of neighbour a Gaussian pair of
+                             noise multiplier ``1/μ_c`` with weight ``d_c``, and the
+                             whole-record shift ``M`` (``fedfdp.corrdp.accounting``)
+===========================  ========================================================
+
+Events are plain data: they import nothing but the standard library, validate on
+construction (``ValueError`` naming the field), and round-trip through JSON
+(:meth:`PrivacyEvent.to_dict`, :func:`event_from_dict`), so the ledger stores events,
+not tuples.
+
+Examples
+--------
+>>> from fedfdp.accounting.events import SubsampledGaussian, event_from_dict
+>>> ev = SubsampledGaussian(noise_multiplier=1.2, sampling_rate=0.05, participation=0.2)
+>>> event_from_dict(ev.to_dict()) == ev
+True
+>>> SubsampledGaussian(noise_multiplier=1.0, sampling_rate=1.5)
+Traceback (most recent call last):
+...
+ValueError: sampling_rate=1.5: must be in (0, 1]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar, assert_never
+
+
+class EventKind(StrEnum):
+    """The kinds of privacy event (the ``kind`` field of a serialised event)."""
+
+    SUBSAMPLED_GAUSSIAN = "subsampled-gaussian"
+    CORRDP_ROUND = "corrdp-round"
+
+
+class Relation(StrEnum):
+    """Neighbouring relations an ε is stated for.
+
+    ``ADD_REMOVE``: FDP paper Definition 6 (one record added or removed, only its Ψ
+    known to the simulator; the headline number). ``REPLACEMENT``: Definition 5 (one
+    record replaced by another with the same Ψ), by Proposition 1. ``CORRDP``: the
+    CorrDP relation (one record's sensitive features, or one insensitive feature,
+    replaced; labels fixed) — a CorrDP ε is never a DP or FDP ε.
+    """
+
+    ADD_REMOVE = "add-remove"
+    REPLACEMENT = "replacement"
+    CORRDP = "corrdp"
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            import numpy as np  # numpy scalars are accepted, nothing else
+
+            if isinstance(value, np.integer | np.floating):
+                return float(value)
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+        raise ValueError(f"{name}={value!r}: must be a real number")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"{name}={value!r}: must not be NaN")
+    return v
+
+
+def check_noise_multiplier(value: Any, name: str = "noise_multiplier", *, allow_inf: bool = False) -> float:
+    """``value`` as a float in ``(0, ∞)`` (``∞`` too with ``allow_inf``), else ``ValueError``."""
+    v = _real(name, value)
+    if not v > 0 or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{name}={value!r}: must be finite and > 0")
+    return v
+
+
+def check_probability(value: Any, name: str) -> float:
+    """``value`` as a float in ``(0, 1]``, else ``ValueError``."""
+    v = _real(name, value)
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
+    return v
+
+
+def check_weight(value: Any, name: str) -> float:
+    """``value`` as a float in ``[0, 1]``, else ``ValueError``."""
+    v = _real(name, value)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be in [0, 1]")
+    return v
+
+
+@dataclass(frozen=True)
+class PrivacyEvent:
+    """Base of every privacy event (abstract: use a subclass).
+
+    Subclasses set :attr:`kind`, validate their fields in ``__post_init__`` and
+    serialise with :meth:`to_dict`.
+    """
+
+    kind: ClassVar[EventKind]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable mapping with ``kind`` and every field."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class SubsampledGaussian(PrivacyEvent):
+    """One round of the Poisson-subsampled Gaussian mechanism (FDP paper, Theorem 5).
+
+    The private sum of per-unit contributions clipped to L2 norm ``C`` (add/remove
+    sensitivity ``C``) over a Poisson sample of rate ``q``, plus ``N(0, σ²C²I)``.
+    Dominating pair in units of ``C``: ``P = N(0, σ²)``,
+    ``Q = (1 − q) N(0, σ²) + q N(1, σ²)``. With ``participation`` ``p < 1`` the round
+    touches the unit only with probability ``p``, and the adversary may know whether it
+    did (a record's device-mates reveal its device's draw): the pair is then the
+    mixture "with probability ``p`` Theorem 5's pair, else ``(P, P)``" — **not** rate
+    ``p·q``.
+
+    Attributes
+    ----------
+    noise_multiplier : float
+        ``σ``: noise std over sensitivity; finite, > 0.
+    sampling_rate : float
+        ``q`` in ``(0, 1]``: probability that the unit joins the private sample given
+        that the round touches it.
+    participation : float
+        ``p`` in ``(0, 1]`` (default 1: the plain subsampled Gaussian).
+    """
+
+    kind: ClassVar[EventKind] = EventKind.SUBSAMPLED_GAUSSIAN
+    noise_multiplier: float
+    sampling_rate: float
+    participation: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
+        object.__setattr__(self, "sampling_rate", check_probability(self.sampling_rate, "sampling_rate"))
+        object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "noise_multiplier": self.noise_multiplier,
+            "sampling_rate": self.sampling_rate,
+            "participation": self.participation,
+        }
+
+
+@dataclass(frozen=True)
+class CorrDPClass:
+    """One class of CorrDP neighbour in a round: its name, its weight ``d_c`` (1 for
+    the sensitive class, ``TV(j)`` for insensitive feature ``j``) and the noise
+    multiplier ``1/μ_c`` of its Gaussian pair (``∞`` when the class's sensitivity is 0).
+    """
+
+    name: str
+    weight: float
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"class name={self.name!r}: must be a non-empty string")
+        object.__setattr__(self, "weight", check_weight(self.weight, f"class {self.name} weight"))
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(
+            self.noise_multiplier, f"class {self.name} noise_multiplier", allow_inf=True))
+
+    def to_list(self) -> list[Any]:
+        sigma = self.noise_multiplier
+        return [self.name, self.weight, sigma if math.isfinite(sigma) else "inf"]
+
+
+@dataclass(frozen=True)
+class CorrDPRound(PrivacyEvent):
+    """One round of CorrDP-SGD (CorrDP paper Algorithm 1 with Eq. (3)'s per-block noise).
+
+    Under the CorrDP relation (one record's sensitive features, or one insensitive
+    feature ``j``, replaced; labels fixed) the noisy sum of a round is, per class
+    ``c`` of neighbour, a Gaussian pair whose whitened shift is at most ``μ_c`` when
+    the changed record is in the batch (probability ``q·p``, the same coin in both
+    worlds), and the whole record's whitened norm is at most ``M``. The accountant
+    (:class:`fedfdp.corrdp.accounting.CorrDPAccountant`) bounds each class's ``ε_c``
+    by the smaller of the revealed-coin and whole-record bounds and reports
+    ``max_c d_c ε_c``.
+
+    Attributes
+    ----------
+    classes : tuple of CorrDPClass
+        Every class with its weight and ``1/μ_c``.
+    record_noise_multiplier : float
+        ``1/M``.
+    sampling_rate, participation : float
+        ``q`` and ``p`` in ``(0, 1]``.
+    """
+
+    kind: ClassVar[EventKind] = EventKind.CORRDP_ROUND
+    classes: tuple[CorrDPClass, ...]
+    record_noise_multiplier: float
+    sampling_rate: float
+    participation: float = 1.0
+
+    def __post_init__(self) -> None:
+        classes = tuple(self.classes)
+        if not classes or not all(isinstance(c, CorrDPClass) for c in classes):
+            raise ValueError(f"classes={self.classes!r}: must be a non-empty tuple of CorrDPClass")
+        names = [c.name for c in classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: duplicate names {names}")
+        object.__setattr__(self, "classes", classes)
+        object.__setattr__(self, "record_noise_multiplier",
+                           check_noise_multiplier(self.record_noise_multiplier, "record_noise_multiplier"))
+        object.__setattr__(self, "sampling_rate", check_probability(self.sampling_rate, "sampling_rate"))
+        object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": str(self.kind),
+            "classes": [c.to_list() for c in self.classes],
+            "record_noise_multiplier": self.record_noise_multiplier,
+            "sampling_rate": self.sampling_rate,
+            "participation": self.participation,
+        }
+
+
+def _fields(doc: Any, kind: EventKind, names: set[str]) -> dict[str, Any]:
+    if set(doc) != names | {"kind"}:
+        raise ValueError(f"{kind} event {doc!r}: expected the fields {sorted(names)}")
+    return {k: doc[k] for k in names}
+
+
+def event_from_dict(doc: Any) -> PrivacyEvent:
+    """The event a :meth:`PrivacyEvent.to_dict` mapping describes; ``ValueError`` naming
+    what is wrong for anything else (an unknown kind included)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"event {doc!r}: must be a mapping")
+    try:
+        kind = EventKind(doc.get("kind"))
+    except ValueError:
+        raise ValueError(f"event kind={doc.get('kind')!r}: unknown (expected one of "
+                         f"{', '.join(k.value for k in EventKind)})") from None
+    if kind is EventKind.SUBSAMPLED_GAUSSIAN:
+        names = {"noise_multiplier", "sampling_rate", "participation"}
+        return SubsampledGaussian(**_fields(doc, kind, names))
+    if kind is EventKind.CORRDP_ROUND:
+        f = _fields(doc, kind, {"classes", "record_noise_multiplier", "sampling_rate", "participation"})
+        if not isinstance(f["classes"], list):
+            raise ValueError(f"corrdp-round classes={f['classes']!r}: must be a list")
+        classes = []
+        for item in f["classes"]:
+            if not isinstance(item, list) or len(item) != 3:
+                raise ValueError(f"corrdp-round class {item!r}: expected [name, weight, noise_multiplier]")
+            name, weight, sigma = item
+            classes.append(CorrDPClass(name, weight, math.inf if sigma == "inf" else sigma))
+        return CorrDPRound(
+            tuple(classes), f["record_noise_multiplier"], f["sampling_rate"], f["participation"]
+        )
+    assert_never(kind)

@@ -1,0 +1,131 @@
+"""The one accountant protocol, and the one calibrator.
+
+Every accountant of fedfdp — :class:`~fedfdp.accounting.FDPAccountant` for
+:class:`~fedfdp.accounting.events.SubsampledGaussian` events,
+:class:`~fedfdp.corrdp.accounting.CorrDPAccountant` for
+:class:`~fedfdp.accounting.events.CorrDPRound` events — implements
+:class:`Accountant`: events in, an ε with its numerical interval out, keyword
+arguments only where a float could be mistaken for another.
+
+:func:`calibrate` is the one search for the smallest noise multiplier that meets a
+target ε, for any accountant and any family of events ``σ ↦ event``: bisection on
+``log σ`` over the certified **upper** ε, so the σ returned never overshoots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from fedfdp.accounting.events import PrivacyEvent
+
+#: The search never goes below this noise multiplier: a target that even this σ meets
+#: returns it (ε ≤ target still holds; a smaller σ is not explored).
+MIN_NOISE_MULTIPLIER = 2.0**-10
+#: Nor above this one: a target it cannot meet is refused.
+MAX_NOISE_MULTIPLIER = 1e4
+
+
+class Bound(Protocol):
+    """An ε with its interval: ``upper`` is the number to print and to compare with
+    budgets (the accountant's certified upper bound)."""
+
+    @property
+    def upper(self) -> float: ...
+
+    @property
+    def delta(self) -> float: ...
+
+
+@runtime_checkable
+class Accountant(Protocol):
+    """What every accountant implements (and all that the budget, the ledger and the
+    calibrator use).
+
+    ``compose(event, count)`` records ``count`` rounds of ``event``;
+    ``epsilon(delta)`` is the certified upper ε of everything composed, at ``delta``,
+    for the accountant's ``relation``; ``epsilon_bound(delta)`` the same with its
+    interval; ``would_exceed(event, count, max_epsilon=, delta=)`` asks, without
+    changing anything, whether ``count`` more rounds of ``event`` would take the
+    upper ε above ``max_epsilon``; ``state_dict``/``load_state_dict`` save and
+    restore the composed events (JSON-serialisable; nothing changes on error).
+    """
+
+    relation: Any
+
+    def compose(self, event: PrivacyEvent, count: int = 1) -> None: ...
+
+    def epsilon(self, delta: float) -> float: ...
+
+    def epsilon_bound(self, delta: float) -> Any: ...
+
+    def would_exceed(
+        self, event: PrivacyEvent, count: int = 1, *, max_epsilon: float, delta: float
+    ) -> bool: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def calibrate(
+    new_accountant: Callable[[], Accountant],
+    event_for: Callable[[float], PrivacyEvent],
+    *,
+    target_epsilon: float,
+    rounds: int,
+    delta: float,
+    rtol: float = 1e-3,
+    max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
+) -> float:
+    """Smallest noise multiplier ``σ`` (to ``rtol``) whose upper ε is ``≤ target``.
+
+    ``rounds`` rounds of ``event_for(σ)`` are composed by a fresh
+    ``new_accountant()`` and its ``epsilon(delta)`` (the certified upper end) is
+    compared with the target; ε must decrease in ``σ`` (true of every event family
+    here: each is a post-processing of a Gaussian whose noise grows with ``σ``). The
+    result satisfies ``ε(σ) ≤ target`` and ``ε(σ/(1 + rtol)) > target`` (up to the
+    bracketing); the search stays in ``[MIN_NOISE_MULTIPLIER, max_noise_multiplier]``.
+
+    Raises
+    ------
+    ValueError
+        On a target that is not finite and > 0, ``rounds < 1``, or a target that no
+        ``σ ≤ max_noise_multiplier`` meets (the message names the target).
+    """
+    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, int | float):
+        raise ValueError(f"target_epsilon={target_epsilon!r}: must be a real number")
+    target = float(target_epsilon)
+    if not (math.isfinite(target) and target > 0):
+        raise ValueError(f"target_epsilon={target_epsilon!r}: must be finite and > 0")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
+    if not 0.0 < rtol < 1.0:
+        raise ValueError(f"rtol={rtol!r}: must be in (0, 1)")
+
+    def eps(sigma: float) -> float:
+        acc = new_accountant()
+        acc.compose(event_for(sigma), rounds)
+        return float(acc.epsilon(delta))
+
+    hi = 1.0
+    while eps(hi) > target:
+        hi *= 2.0
+        if hi > max_noise_multiplier:
+            raise ValueError(
+                f"target-epsilon={target:g}: unreachable with noise-multiplier <= {max_noise_multiplier:g} "
+                f"over {rounds} rounds at delta={delta:g} (raise the target, or run fewer rounds)"
+            )
+    if hi == 1.0 and eps(MIN_NOISE_MULTIPLIER) <= target:
+        return MIN_NOISE_MULTIPLIER
+    lo = hi / 2.0
+    while lo > 1e-3 and eps(lo) <= target:
+        hi, lo = lo, lo / 2.0
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        if eps(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
