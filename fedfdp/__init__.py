@@ -61,6 +61,9 @@ _WHERE = {
     "FDPAccountant": "fedfdp.accounting",
     "PrivacyBudgetExhausted": "fedfdp.accounting",
     "calibrate_noise_multiplier": "fedfdp.accounting",
+    "SubsampledGaussian": "fedfdp.accounting",
+    "ResolvedMechanism": "fedfdp.mechanism",
+    "resolve_mechanism": "fedfdp.mechanism",
 }
 
 __all__ = [
@@ -73,12 +76,15 @@ __all__ = [
     "FederatedData",
     "PrivacyBudgetExhausted",
     "PrivacyConfig",
+    "ResolvedMechanism",
     "RunConfig",
+    "SubsampledGaussian",
     "TrainInstruction",
     "TrainingConfig",
     "calibrate_noise_multiplier",
     "client_update",
     "load_config",
+    "resolve_mechanism",
     "run_centralised",
 ]
 
@@ -96,11 +102,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted, calibrate_noise_multiplier
+    from fedfdp.accounting import (
+        FDPAccountant,
+        PrivacyBudgetExhausted,
+        SubsampledGaussian,
+        calibrate_noise_multiplier,
+    )
     from fedfdp.algorithm import run_centralised
     from fedfdp.config import Config, ConfigError, PrivacyConfig, RunConfig, TrainingConfig, load_config
     from fedfdp.contribution import client_update
     from fedfdp.data import DeviceData, FederatedData
     from fedfdp.losses import FeatureMap
+    from fedfdp.mechanism import ResolvedMechanism, resolve_mechanism
     from fedfdp.protocol import TrainInstruction
     from fedfdp.server import FDPServer

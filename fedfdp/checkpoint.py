@@ -1,207 +1,124 @@
-"""Checkpoints and the write-ahead privacy ledger: budgets that survive crashes
-and cannot be lost.
+"""Checkpoints that load without running code, and the resume rules of the ledger.
 
-A run directory holds
+``checkpoint.pt`` (after each ``checkpoint-every`` rounds, and once before round 1)
+holds tensors only — the model's and the optimizer's state — plus one JSON string of
+metadata: the round, the configuration, ``N``, the resolved mechanism's digest, the
+ledger :class:`~fedfdp.ledger.Head` it saw, the metrics so far and the current ``C``.
+It is read with ``torch.load(weights_only=True)``: no pickle of arbitrary objects, so
+a crafted file cannot execute code (it is refused, naming the file).
 
-``ledger.json``
-    Every privacy charge of the run: ``(round, attempt, σ, q, participation)``
-    per charged round, and the accountant state they compose to. It is written
-    durably (temporary file, fsync, rename, fsync of the directory) **before**
-    a private round draws its batches and noise — write-ahead — so a crash can
-    never release a noisy aggregate whose cost is not on disk. It is never reset.
-``checkpoint.pt``
-    After each completed round: the round, model and optimizer state, the
-    metrics so far, the configuration, and what the ledger must contain at
-    that point (:class:`LedgerSummary`: the number of charges, the ``(σ, q,
-    participation)`` of each, a SHA-256 digest of them).
+Resume (:func:`verify_resume`) refuses, naming the file, a checkpoint and ledger that
+disagree in any combination: either one missing (a ledger with charges but no
+checkpoint, or a checkpoint without its ledger), zeroed or malformed, rolled back (the
+ledger lacks the head the checkpoint recorded), edited (a hash or link of the chain
+differs), written for another mechanism (digest), or a completed round that was never
+charged. Charges that the crashed session may have written after the checkpoint and
+that are missing from the ledger are charged **pessimistically**: a session writes at
+most one charge per private round before its next checkpoint, so the ledger must hold
+at least that many after the recorded head; the shortfall is appended as
+``unrecorded`` charges before anything else happens (with ``checkpoint-every = 1``,
+the default, at most one round per crash). Every resumed session starts by writing a
+fresh checkpoint of the head it continues from, so the bound is per session.
 
-On resume (:func:`verify_resume`) the ledger is authoritative and is checked
-against the checkpoint and the resolved privacy plan. It is refused, naming
-the file and the mismatch, when it is missing, empty, zeroed or rolled back
-(fewer charges than the checkpoint records), edited (digest or a charge's σ,
-q or participation differs), or inconsistent with its own accountant state.
-So deleting, truncating or editing the ledger can never make a resumed run
-report a smaller ε than the uninterrupted run would.
-
-A private round that was charged but not checkpointed (the crash happened
-inside it) is run again with a new ``attempt`` number and charged again. With
-secret entropy the re-run draws fresh batches and noise anyway; in the
-reproducible mode the attempt number gives fresh seeded streams. Reusing the
-old noise on possibly different inputs would reveal their difference without
-noise; charging twice keeps ε a valid upper bound (it overstates the cost of
-the aborted attempt, which may never have been released).
+A private round that was charged but not checkpointed is run again with a new
+``attempt`` number and charged again (fresh secret randomness; reusing the old noise
+on possibly different inputs would reveal their difference).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
 import zipfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedfdp.config import ORCHESTRATION_KEYS, ConfigError
+from fedfdp.config import ORCHESTRATION_KEYS
+from fedfdp.ledger import LEDGER_FILE, Head, Ledger, LedgerError, read_ledger
 from fedfdp.outputs import atomic_write
 
-LEDGER_FILE = "ledger.json"
 CHECKPOINT_FILE = "checkpoint.pt"
-_LEDGER_VERSION = 2
+CHECKPOINT_VERSION = 3
 
 #: Keys that may differ between the run that wrote a checkpoint and the resuming one:
 #: the configuration's orchestration section.
 RESUMABLE_KEYS = ORCHESTRATION_KEYS
 
 
-class CheckpointMismatch(ConfigError):
+class CheckpointMismatch(LedgerError):
     """A checkpoint or ledger that must not be resumed from; the message names the file."""
 
 
 @dataclass(frozen=True)
-class Charge:
-    """One composed privacy event: round, attempt, and the event's parameters."""
+class Checkpoint:
+    """A run's state after ``round`` (module docstring)."""
 
     round: int
-    attempt: int
-    noise_multiplier: float
-    sampling_rate: float
-    participation: float = 1.0
+    config: dict[str, Any]
+    num_records: int
+    mechanism_digest: str
+    head: Head
+    rows: list[dict[str, Any]]
+    clipping_norm: float
+    every: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
 
-    def as_list(self) -> list[float | int]:
-        return [self.round, self.attempt, self.noise_multiplier, self.sampling_rate, self.participation]
-
-    @classmethod
-    def from_list(cls, item: Sequence[Any]) -> Charge:
-        if not isinstance(item, list | tuple) or len(item) != 5:
-            raise ValueError(f"charge {item!r}: expected [round, attempt, sigma, q, participation]")
-        r, a, s, q, p = item
-        for name, v in (("round", r), ("attempt", a)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "round" else 0):
-                raise ValueError(f"charge {item!r}: bad {name} {v!r}")
-        for name, v in (("sigma", s), ("q", q), ("participation", p)):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not float(v) > 0:
-                raise ValueError(f"charge {item!r}: bad {name} {v!r}")
-        return cls(int(r), int(a), float(s), float(q), float(p))
+    def meta(self) -> dict[str, Any]:
+        return {
+            "version": CHECKPOINT_VERSION, "round": self.round, "config": self.config,
+            "num-records": self.num_records, "mechanism": self.mechanism_digest, "head": self.head.as_dict(),
+            "rows": self.rows, "clipping-norm": self.clipping_norm,
+            "checkpoint-every": self.every,
+        }
 
 
-def digest(charges: Sequence[Charge]) -> str:
-    """SHA-256 of the charges in canonical JSON."""
-    doc = json.dumps([c.as_list() for c in charges], separators=(",", ":"))
-    return hashlib.sha256(doc.encode()).hexdigest()
-
-
-@dataclass
-class Ledger:
-    """Write-ahead record of every privacy charge of a run.
-
-    Attributes
-    ----------
-    accountant : dict
-        ``FDPAccountant.state_dict()`` after the charges.
-    charges : list of Charge
-        One entry per composed event, in order.
-    """
-
-    accountant: dict[str, Any]
-    charges: list[Charge] = field(default_factory=list)
-
-    def attempts(self, round_: int) -> int:
-        """How many times ``round_`` has been charged."""
-        return sum(1 for c in self.charges if c.round == round_)
-
-    def summary(self) -> LedgerSummary:
-        """What a checkpoint records of this ledger."""
-        return LedgerSummary.of(self.charges)
-
-
-@dataclass(frozen=True)
-class LedgerSummary:
-    """What the ledger must contain at a checkpoint: the number of charges, the
-    parameters of each (merged runs of equal ones) and their digest."""
-
-    charges: int
-    events: tuple[tuple[float, float, float, int], ...]
-    digest: str
-
-    @classmethod
-    def of(cls, charges: Sequence[Charge]) -> LedgerSummary:
-        events: list[tuple[float, float, float, int]] = []
-        for c in charges:
-            key = (c.noise_multiplier, c.sampling_rate, c.participation)
-            if events and events[-1][:3] == key:
-                events[-1] = (*key, events[-1][3] + 1)
-            else:
-                events.append((*key, 1))
-        return cls(len(charges), tuple(events), digest(charges))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"charges": self.charges, "events": [list(e) for e in self.events], "digest": self.digest}
-
-    @classmethod
-    def from_dict(cls, doc: Any) -> LedgerSummary:
-        if not isinstance(doc, dict) or set(doc) != {"charges", "events", "digest"}:
-            raise ValueError(f"ledger summary {doc!r}: malformed")
-        events = tuple((float(s), float(q), float(p), int(n)) for s, q, p, n in doc["events"])
-        return cls(int(doc["charges"]), events, str(doc["digest"]))
-
-
-def write_ledger(run_dir: str | Path, ledger: Ledger) -> None:
-    """Durably write ``run_dir/ledger.json`` (see :func:`fedfdp.outputs.atomic_write`)."""
-    doc = {
-        "version": _LEDGER_VERSION,
-        "accountant": ledger.accountant,
-        "charges": [c.as_list() for c in ledger.charges],
-    }
-    atomic_write(Path(run_dir) / LEDGER_FILE, json.dumps(doc, indent=1).encode())
-
-
-def read_ledger(run_dir: str | Path) -> Ledger | None:
-    """Read ``run_dir/ledger.json`` (None if absent); refuse a malformed one."""
-    path = Path(run_dir) / LEDGER_FILE
-    if not path.exists():
-        return None
-    try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
-        if not isinstance(doc, dict) or doc.get("version") != _LEDGER_VERSION:
-            raise ValueError(f"version {doc.get('version') if isinstance(doc, dict) else None!r}, "
-                             f"expected {_LEDGER_VERSION}")
-        if not isinstance(doc.get("accountant"), dict) or not isinstance(doc.get("charges"), list):
-            raise ValueError("needs 'accountant' (object) and 'charges' (list)")
-        return Ledger(dict(doc["accountant"]), [Charge.from_list(c) for c in doc["charges"]])
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointMismatch(f"{path}: malformed privacy ledger ({exc}); refusing to resume") from exc
-
-
-def save_checkpoint(run_dir: str | Path, state: Mapping[str, Any]) -> None:
-    """Durably write ``run_dir/checkpoint.pt``."""
+def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint) -> None:
+    """Durably write ``run_dir/checkpoint.pt``: tensors and one JSON string."""
     buf = io.BytesIO()
-    torch.save(dict(state), buf)
+    torch.save({"meta": json.dumps(ckpt.meta()), "model": ckpt.model, "optimizer": ckpt.optimizer}, buf)
     atomic_write(Path(run_dir) / CHECKPOINT_FILE, buf.getvalue())
 
 
-_CHECKPOINT_KEYS = frozenset({"round", "config", "num-records", "model", "optimizer", "rows", "ledger"})
-
-
-def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """Load ``run_dir/checkpoint.pt`` (None if absent); refuse, naming the file,
-    one that cannot be read or lacks a key."""
+def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
+    """Load ``run_dir/checkpoint.pt`` (None if absent) without executing code; refuse,
+    naming the file, one that cannot be read safely or lacks a field."""
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
-        raise CheckpointMismatch(f"{path}: unreadable checkpoint ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from exc
-    if not isinstance(ckpt, dict) or not set(ckpt) >= _CHECKPOINT_KEYS:
-        keys = sorted(_CHECKPOINT_KEYS - set(ckpt)) if isinstance(ckpt, dict) else "all"
-        raise CheckpointMismatch(f"{path}: not a fedfdp checkpoint (missing {keys})")
-    return ckpt
+        doc = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile,
+            AttributeError, TypeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointMismatch(f"{path}: unreadable or unsafe checkpoint ({type(exc).__name__}: "
+                                 f"{first[:200]})") from None
+    try:
+        if not isinstance(doc, dict) or set(doc) != {"meta", "model", "optimizer"}:
+            raise ValueError("expected the fields meta, model, optimizer")
+        meta = json.loads(doc["meta"])
+        if not isinstance(meta, dict) or meta.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"version {meta.get('version') if isinstance(meta, dict) else None!r}, "
+                             f"expected {CHECKPOINT_VERSION}")
+        r = meta["round"]
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise ValueError(f"round {r!r}")
+        if not isinstance(doc["model"], dict) or not isinstance(doc["optimizer"], dict):
+            raise ValueError("model and optimizer must be state dicts")
+        return Checkpoint(
+            round=r, config=dict(meta["config"]), num_records=int(meta["num-records"]),
+            mechanism_digest=str(meta["mechanism"]), head=Head.from_dict(meta["head"]),
+            rows=list(meta["rows"]), clipping_norm=float(meta["clipping-norm"]),
+            every=int(meta["checkpoint-every"]),
+            model=doc["model"], optimizer=doc["optimizer"],
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointMismatch(f"{path}: not a fedfdp checkpoint ({exc})") from None
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
@@ -215,67 +132,86 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> No
 
 
 @dataclass(frozen=True)
-class ExpectedEvent:
-    """The ``(σ, q, participation)`` every charge of the resolved plan carries."""
+class Resume:
+    """What :func:`verify_resume` found: the checkpoint (None: start at round 1), the
+    verified ledger (None: a new run) and how many charges must be added
+    pessimistically before the session starts."""
 
-    noise_multiplier: float
-    sampling_rate: float
-    participation: float
+    checkpoint: Checkpoint | None
+    ledger: Ledger | None
+    unrecorded: int = 0
 
 
-def verify_ledger(
-    run_dir: str | Path,
-    ledger: Ledger | None,
-    summary: LedgerSummary | None,
-    expected: ExpectedEvent | None,
-    replay: Any,
-) -> None:
-    """Refuse a ledger that is not exactly what the run charged.
+def session_bound(ckpt_round: int, every: int, num_rounds: int, private_round: Any) -> int:
+    """The most charges one session can write after a checkpoint at ``ckpt_round``
+    before its next checkpoint: the private rounds up to the next multiple of
+    ``every`` (or the last round; ``every = 0``: the last round)."""
+    last = num_rounds if every <= 0 else min(num_rounds, (ckpt_round // every + 1) * every)
+    return sum(1 for r in range(ckpt_round + 1, last + 1) if private_round(r))
+
+
+def verify_resume(
+    out: str | Path, flat_config: Mapping[str, Any], digest: str, num_records: int, *,
+    resume: bool, num_rounds: int, private_round: Any, occupied: list[str],
+) -> Resume:
+    """The checks of a resume (module docstring), before anything is drawn or written.
 
     Parameters
     ----------
-    ledger
-        The ledger on disk (None: absent).
-    summary
-        What the checkpoint records of the ledger (None: no checkpoint).
-    expected
-        The resolved plan's event (None: a plan that charges nothing).
-    replay
-        ``replay(charges) -> accountant state``: the accountant state the
-        charges compose to, to compare with the ledger's own.
+    digest
+        The resolved mechanism's digest (the ledger's first entry must carry it).
+    private_round
+        ``private_round(r)``: whether round ``r`` is charged.
+    occupied
+        The run files already in ``out`` (refused without ``resume``).
     """
-    path = Path(run_dir) / LEDGER_FILE
-    charges = ledger.charges if ledger is not None else []
-    if summary is not None and summary.charges > 0:
-        if ledger is None:
+    out = Path(out)
+    if not resume:
+        if occupied:
             raise CheckpointMismatch(
-                f"{path}: missing, but {Path(run_dir) / CHECKPOINT_FILE} records {summary.charges} "
-                "privacy charges; refusing to resume (the budget would restart)"
+                f"out-dir={str(out)!r} already holds a run ({', '.join(occupied)}): resume it "
+                "(fedfdp run --resume DIR, or resume=true) or choose another output directory"
             )
-        if len(charges) < summary.charges:
-            raise CheckpointMismatch(
-                f"{path}: {len(charges)} charges, the checkpoint records {summary.charges}: the ledger "
-                "is empty, zeroed or rolled back; refusing to resume"
-            )
-        if digest(charges[: summary.charges]) != summary.digest:
-            raise CheckpointMismatch(
-                f"{path}: its first {summary.charges} charges differ from those the checkpoint "
-                "recorded (digest mismatch): the ledger was edited; refusing to resume"
-            )
-    for c in charges:
-        if expected is None:
-            raise CheckpointMismatch(f"{path}: holds charges but this configuration charges nothing")
-        got = (c.noise_multiplier, c.sampling_rate, c.participation)
-        want = (expected.noise_multiplier, expected.sampling_rate, expected.participation)
-        if got != want:
-            raise CheckpointMismatch(
-                f"{path}: round {c.round} was charged with sigma={got[0]}, q={got[1]}, "
-                f"participation={got[2]}; the resolved plan has sigma={want[0]}, q={want[1]}, "
-                f"participation={want[2]}; refusing to resume"
-            )
-    if ledger is not None:
-        state = replay(charges)
-        if state.get("ledger") != ledger.accountant.get("ledger"):
-            raise CheckpointMismatch(
-                f"{path}: the accountant state does not match the charges listed; refusing to resume"
-            )
+        return Resume(None, None)
+    ledger = read_ledger(out)
+    ckpt = load_checkpoint(out)
+    ledger_path, ckpt_path = out / LEDGER_FILE, out / CHECKPOINT_FILE
+    if ledger is None and ckpt is None:
+        raise CheckpointMismatch(f"resume=true but out-dir={str(out)!r} holds no checkpoint or ledger")
+    if ledger is None:
+        raise CheckpointMismatch(f"{ledger_path}: missing, but {ckpt_path} exists; refusing to resume "
+                                 "(the budget would restart)")
+    if ledger.mechanism_digest != digest:
+        raise CheckpointMismatch(f"{ledger_path}: written for another resolved mechanism (digest "
+                                 f"{ledger.mechanism_digest[:12]} vs now {digest[:12]}); refusing to resume")
+    if ckpt is None:
+        if ledger.charges:
+            raise CheckpointMismatch(f"{ckpt_path}: missing, but {ledger_path} holds {len(ledger.charges)} "
+                                     "charges; refusing to resume")
+        return Resume(None, ledger)
+    try:
+        check_compatible(ckpt.config, flat_config)
+    except CheckpointMismatch as exc:
+        raise CheckpointMismatch(f"{ckpt_path}: {exc}") from None
+    if ckpt.num_records != num_records:
+        raise CheckpointMismatch(f"{ckpt_path}: N={ckpt.num_records} training records, the nodes now hold "
+                                 f"{num_records}: different data, refusing to resume")
+    if ckpt.mechanism_digest != digest:
+        raise CheckpointMismatch(f"{ckpt_path}: written for another resolved mechanism; refusing to resume")
+    head = ckpt.head
+    if len(ledger.entries) < head.entries or ledger.entries[head.entries - 1].hash != head.hash:
+        raise CheckpointMismatch(
+            f"{ledger_path}: does not contain the head {ckpt_path} recorded ({head.entries} entries, "
+            f"{head.charges} charges; found {len(ledger.entries)}): the ledger was rolled back, replaced or "
+            "edited; refusing to resume"
+        )
+    charged = {e.round for e in ledger.entries[: head.entries] if e.round is not None}
+    for r in range(1, ckpt.round + 1):
+        if private_round(r) and r not in charged:
+            raise CheckpointMismatch(f"{ledger_path}: round {r} completed (checkpoint) but was never "
+                                     "charged; "
+                                     "refusing to resume")
+    after = len(ledger.entries) - head.entries
+    # the crashed session's checkpoint-every (recorded), not the resuming one's
+    unrecorded = max(0, session_bound(ckpt.round, ckpt.every, num_rounds, private_round) - after)
+    return Resume(ckpt, ledger, unrecorded)

@@ -27,12 +27,12 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from fedfdp.budget import PrivacyPlan, plan_with_clipping
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts
 from fedfdp.corrdp.noise import corrdp_mechanism_factory, project_weights_
 from fedfdp.corrdp.run import BlockClippedSum, corrdp_accounting, corrdp_setup
 from fedfdp.entropy import SecretSource, run_secrets
+from fedfdp.mechanism import PublicFacts, ResolvedMechanism, resolve_mechanism
 from fedfdp.server import ServerParts
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
     >>> from fedfdp.data import load_dataset
     >>> cfg = load_config({"mode": "corrdp", "dataset": "correlated", "insensitive-tv": "*=0.5"})
     >>> parts = server_parts_for(cfg, load_dataset(cfg.data))
-    >>> parts.accounting.relation, parts.accounting.column
+    >>> str(parts.accounting.relation), parts.accounting.column
     ('corrdp', 'epsilon_corrdp')
     """
     if cfg.privacy.mode != "corrdp":
@@ -91,24 +91,32 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
     )
 
 
-def privacy_plan_for(cfg: Config, data: FederatedData) -> PrivacyPlan:
-    """σ, δ and the cap of ``cfg`` on ``data`` with the accounting its mode needs
-    and the clipping decision of :func:`fedfdp.budget.plan_with_clipping` (what the
-    server will resolve over every device: the CLI's checks before a run, the σ
-    ``fedfdp compare`` records).
+def public_facts(cfg: Config, data: FederatedData) -> PublicFacts:
+    """The public facts of ``cfg`` on ``data``: the device sizes and the trainable
+    parameter count of the configured model (built on the ``meta`` device: no memory
+    for its weights)."""
+    import torch
+
+    from fedfdp.contribution import trainable
+    from fedfdp.models import build_model_for
+
+    with torch.device("meta"):
+        model = build_model_for(cfg, data)
+    num_params = sum(int(t.numel()) for t in trainable(model))
+    return PublicFacts(tuple(int(s) for s in data.sizes.tolist()), num_params)
+
+
+def mechanism_for(cfg: Config, data: FederatedData) -> ResolvedMechanism:
+    """The resolved mechanism of ``cfg`` on ``data`` with the accounting its mode needs
+    (:func:`fedfdp.mechanism.resolve_mechanism`: what the server resolves over every
+    device — the CLI's checks before a run, the σ ``fedfdp compare`` records, the attack).
 
     Examples
     --------
     >>> from fedfdp import load_config
     >>> from fedfdp.data import load_dataset
     >>> cfg = load_config({"mode": "dp", "num-rounds": 10})
-    >>> privacy_plan_for(cfg, load_dataset(cfg.data)).relation
+    >>> str(mechanism_for(cfg, load_dataset(cfg.data)).relation)
     'add-remove'
     """
-    from fedfdp.contribution import trainable
-    from fedfdp.models import build_model_for
-
-    num_params = sum(int(t.numel()) for t in trainable(build_model_for(cfg, data)))
-    plan, _ = plan_with_clipping(cfg, data.num_records, num_params, len(data.sizes),
-                                 accounting=server_parts_for(cfg, data).accounting)
-    return plan
+    return resolve_mechanism(cfg, public_facts(cfg, data), accounting=server_parts_for(cfg, data).accounting)

@@ -17,7 +17,7 @@ on the count and ``σC`` on the sum, they form one Gaussian mechanism of
 multiplier ``σ_eff`` with ``σ_eff⁻² = σ⁻² + σ_b⁻²`` (Andrew et al., Thm. 1;
 the mechanism is the sum with its count appended as one more coordinate,
 scaled by ``C·σ/σ_b``). The accountant is charged ``σ_eff``
-(:func:`fedfdp.budget.plan_privacy` calibrates ``σ_eff`` to the target), and
+(:func:`fedfdp.mechanism.resolve_mechanism` calibrates ``σ_eff`` to the target), and
 the count takes a fixed share ``r`` of each round's ``1/σ_eff²``
 (``clipping-budget-share``; :func:`split_noise`). Andrew et al. instead fix
 ``σ_b`` at a fraction of the expected batch; a share keeps the cost explicit

@@ -65,12 +65,13 @@ UNITS = ("record", "device")
 
 
 @dataclass(frozen=True)
-class AccountedEvent:
-    """What one private round is charged: a Poisson-subsampled Gaussian at
-    ``sampling_rate`` that touches the privacy unit with probability
-    ``participation`` (known to the adversary)."""
+class Subsampling:
+    """The sampling part of the event a private round is charged: the Poisson rate
+    ``rate`` of the privacy unit, given that the round touches it, and the probability
+    ``participation`` that it does (known to the adversary). The event itself is the
+    resolved mechanism's (:mod:`fedfdp.mechanism`)."""
 
-    sampling_rate: float
+    rate: float
     participation: float = 1.0
 
 
@@ -119,13 +120,13 @@ class SamplingSettings:
             raise ValueError(f"public-batch-size={self.public_batch_size}: must be >= 0")
 
     @property
-    def event(self) -> AccountedEvent:
-        """The privacy event one private round is charged (module docstring)."""
+    def subsampling(self) -> Subsampling:
+        """The sampling of the event one private round is charged (module docstring)."""
         if self.unit == "device":
             if self.device_sampling_rate is None:  # unreachable after validation
                 raise RuntimeError("device unit without device-sampling-rate")
-            return AccountedEvent(self.device_sampling_rate)
-        return AccountedEvent(self.sampling_rate, self.device_sampling_rate or 1.0)
+            return Subsampling(self.device_sampling_rate)
+        return Subsampling(self.sampling_rate, self.device_sampling_rate or 1.0)
 
 
 @dataclass(frozen=True)
@@ -186,9 +187,9 @@ class SamplingPlan:
         return sum(self.device_sizes)
 
     @property
-    def event(self) -> AccountedEvent:
-        """The privacy event one private round is charged."""
-        return self.settings.event
+    def subsampling(self) -> Subsampling:
+        """The sampling of the event one private round is charged."""
+        return self.settings.subsampling
 
     def _node_positions(self) -> np.ndarray:
         """Each device's node as a position among nodes ordered by smallest device."""

@@ -1,31 +1,28 @@
-"""The server half of a run, for every engine: plans, noise, budget, ledger, outputs.
+"""The server half of a run, for every engine: a round engine and its collaborators.
 
-:class:`FDPServer` holds the global model and optimizer, the sampling plan
-(:mod:`fedfdp.sampling_plan`), the privacy plan and budget
-(:mod:`fedfdp.budget`), the write-ahead ledger and checkpoints
-(:mod:`fedfdp.checkpoint`) and the run's outputs. The Flower strategy
-(:mod:`strategies.fdp_strategy`) and the centralised engine
-(:mod:`fedfdp.algorithm`) both drive it; they differ only in how a round's
-contributions are computed (messages to SuperNodes, or one local call).
+:class:`FDPServer` is the round engine: **resolve** the mechanism over the public
+facts (:func:`fedfdp.mechanism.resolve_mechanism`, once), then per round **charge**
+(budget check; the event written to the hash-chained ledger before anything is drawn),
+**noise** (``N(0, σ²C²I)`` once, from the server's secret stream), **step** (divide by
+the sampling plan's normaliser, add the public gradient, optimizer step, adaptive
+clipping's next ``C``). The Flower strategy (:mod:`strategies.fdp_strategy`) and the
+centralised engine (:mod:`fedfdp.algorithm`) both drive it through its public methods;
+they differ only in how a round's contributions are computed.
 
-Per round (:meth:`FDPServer.begin_round`, then :meth:`FDPServer.finish_round`):
+What it is given rather than does itself:
 
-1. the phase of the round (:mod:`fedfdp.modes`); for a private round the
-   budget is checked (:class:`~fedfdp.accounting.PrivacyBudgetExhausted` if it
-   would be exceeded) and the round is **charged and the ledger written
-   before** any batch or noise is drawn;
-2. the sampling plan draws who does what (public stream for node choice and
-   public batch, the server's secret stream for Poisson device draws);
-3. the engine collects the nodes' contributions;
-4. the server adds ``N(0, σ²C²I)`` once, from its secret stream, divides by the
-   plan's normaliser, adds the public gradient and steps the optimizer
-   (:mod:`fedfdp.update`).
+* :class:`RunFiles` — the run directory: ``config.toml``, the ledger's durable writes,
+  ``checkpoint.pt``, ``metrics.csv``, ``model.pt`` and the resume checks
+  (:mod:`fedfdp.checkpoint`, :mod:`fedfdp.ledger`);
+* an :data:`EvaluateFn` — held-out evaluation;
+* a :class:`Progress` — the progress bar;
+* :class:`ServerParts` — the privacy-deciding components (secret entropy, the noise
+  mechanism, the sampling plan, the accounting, the projection); a normal run uses
+  the defaults (or, for ``mode = "corrdp"``, those of
+  :func:`fedfdp.parts.server_parts_for`), the audit swaps one for a planted bug.
 
-The components that decide privacy are injected through :class:`ServerParts`
-(secret entropy, the noise mechanism, the sampling plan, the accounting, the
-projection of the model after a step); a normal run uses the defaults — or, for
-``mode = "corrdp"``, the CorrDP parts of :func:`fedfdp.parts.server_parts_for` —
-and the audit swaps one of them for a planted bug.
+:meth:`FDPServer.run` is the loop over rounds: budget stop, evaluation, rows,
+checkpoints — each through its collaborator.
 """
 
 from __future__ import annotations
@@ -42,35 +39,24 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedfdp.accounting import PrivacyBudgetExhausted
-from fedfdp.budget import (
-    FDP_ACCOUNTING,
-    Accounting,
-    Budget,
-    PrivacyPlan,
-    plan_with_clipping,
-    sampling_settings,
-)
-from fedfdp.checkpoint import (
-    CHECKPOINT_FILE,
-    LEDGER_FILE,
-    Charge,
-    CheckpointMismatch,
-    ExpectedEvent,
-    Ledger,
-    LedgerSummary,
-    check_compatible,
-    load_checkpoint,
-    read_ledger,
-    save_checkpoint,
-    verify_ledger,
-    write_ledger,
-)
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
 from fedfdp.config import Config
 from fedfdp.contribution import trainable
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
 from fedfdp.evaluation import held_out_metrics
+from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
+from fedfdp.mechanism import (
+    FDP_ACCOUNTING,
+    Accounting,
+    Budget,
+    PublicFacts,
+    ResolvedMechanism,
+    replay,
+    resolve_mechanism,
+    sampling_settings,
+)
 from fedfdp.mechanisms import GaussianSumMechanism
-from fedfdp.modes import Phase, phase_for_round
+from fedfdp.modes import Phase
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
 from fedfdp.quantile_clipping import adapt_clipping_norm
 from fedfdp.sampling import server_public_rng
@@ -83,6 +69,8 @@ log = logging.getLogger("fedfdp.server")
 MODEL_FILE = "model.pt"
 #: Files that mark a directory as holding a run.
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, LEDGER_FILE, CHECKPOINT_FILE, MODEL_FILE)
+
+
 @dataclass(frozen=True)
 class ServerParts:
     """The server's privacy-deciding components (defaults: a normal run).
@@ -96,11 +84,11 @@ class ServerParts:
         ``mechanism(σ, C)`` → the noise mechanism of a private round.
     sampling_plan : callable
         ``sampling_plan(settings, device_sizes, device_nodes)`` → the
-        :class:`~fedfdp.sampling_plan.SamplingPlan`; its ``event`` is what
-        the accountant is charged.
+        :class:`~fedfdp.sampling_plan.SamplingPlan`; its ``subsampling`` is the
+        ``(q, p)`` of the event the accountant is charged.
     accounting : Accounting
-        The accountant, the calibration of σ, the relation and column of the ε
-        (:class:`fedfdp.budget.Accounting`).
+        The relation, the event family and the accountant
+        (:class:`fedfdp.mechanism.Accounting`).
     project : callable or None
         ``project(model)`` in place after every step and when the plan is resolved
         (post-processing onto the parameter set Θ, e.g. CorrDP-SGD's weight bound).
@@ -108,7 +96,7 @@ class ServerParts:
 
     secrets: SecretSource | None = None
     mechanism: Callable[[float, float], GaussianSumMechanism] = GaussianSumMechanism
-    sampling_plan: Callable[[SamplingSettings, Sequence[int], Sequence[int]], SamplingPlan] = SamplingPlan
+    sampling_plan: Callable[[SamplingSettings, Sequence[int], Sequence[Any]], SamplingPlan] = SamplingPlan
     accounting: Accounting = FDP_ACCOUNTING
     project: Callable[[nn.Module], None] | None = None
 
@@ -171,14 +159,82 @@ def held_out_evaluation(x: Any, y: Any) -> EvaluateFn:
     return evaluate_fn
 
 
+class Progress:
+    """The progress bar of a run (tqdm; silent when ``enabled`` is False)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="round", disable=not enabled,
+                        leave=True)
+
+    def update(self, epsilon: float, accuracy: float) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(eps=f"{epsilon:.3g}", acc=f"{accuracy:.3f}")
+
+    def write(self, line: str) -> None:
+        self.bar.write(line)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class RunFiles:
+    """The run directory of a run: every file it writes, and the resume checks.
+
+    The ledger is written durably (write-ahead) by :meth:`write_ledger`, which the
+    round engine calls before a round draws anything; everything else is written
+    after a round (:mod:`fedfdp.checkpoint` for the rules).
+
+    Parameters
+    ----------
+    out : str or Path
+        The run directory.
+    cfg : Config
+        Its configuration (``resume`` and ``checkpoint-every`` are read here).
+    """
+
+    def __init__(self, out: str | Path, cfg: Config) -> None:
+        self.out = Path(out)
+        self.cfg = cfg
+
+    def write_ledger(self, ledger: Ledger) -> None:
+        write_ledger(self.out, ledger)
+
+    def verify(self, mechanism: ResolvedMechanism) -> Resume:
+        """The resume checks (:func:`fedfdp.checkpoint.verify_resume`)."""
+        return verify_resume(
+            self.out, self.cfg.to_flat(), mechanism.digest(), mechanism.num_records,
+            resume=self.cfg.run.resume, num_rounds=mechanism.num_rounds,
+            private_round=lambda r: mechanism.phase(r).noise, occupied=occupied(self.out),
+        )
+
+    def write_config(self, values: dict[str, Any]) -> None:
+        write_config(self.out, self.cfg.to_flat(), values)
+
+    def due(self, round_: int) -> bool:
+        """Whether a checkpoint is due after ``round_``."""
+        every, total = self.cfg.run.checkpoint_every, self.cfg.privacy.num_rounds
+        return bool(every) and (round_ % every == 0 or round_ == total)
+
+    def checkpoint(self, ckpt: Checkpoint) -> None:
+        save_checkpoint(self.out, ckpt)
+
+    def metrics(self, rows: list[dict[str, Any]]) -> None:
+        write_metrics(self.out, rows)
+
+    def model(self, model: nn.Module) -> None:
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        atomic_write(self.out / MODEL_FILE, buf.getvalue())
+
+
 class FDPServer:
     """The server half of a run, for any ``torch.nn.Module`` (module docstring).
 
     Adds ``N(0, σ²C²I)`` once per private round to the sum of the nodes'
     clipped private sums (sensitivity ``C`` per record under add/remove,
     Def. 6), divides by the sampling plan's data-independent normaliser and
-    charges the plan's event (Theorem 5; the participation mixture under
-    Poisson device sampling) — written to the ledger before the round draws
+    charges the resolved mechanism's event (Theorem 5; the participation mixture
+    under Poisson device sampling) — written to the ledger before the round draws
     anything.
 
     Parameters
@@ -193,6 +249,8 @@ class FDPServer:
         held-out data, every ``eval-every`` rounds and after the last.
     parts : ServerParts, optional
         The privacy-deciding components (defaults: a normal run).
+    files : RunFiles, optional
+        The run directory (default: ``out-dir``'s, or none without one).
 
     Examples
     --------
@@ -200,8 +258,8 @@ class FDPServer:
     >>> from fedfdp import Config, FDPServer, PrivacyConfig
     >>> cfg = Config(privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None, num_rounds=5))
     >>> server = FDPServer(cfg, torch.nn.Linear(4, 2))
-    >>> plan = server.resolve([100, 80, 120])   # public device sizes
-    >>> round(plan.noise_multiplier, 2), plan.sampling_rate
+    >>> mechanism = server.resolve([100, 80, 120])   # public device sizes
+    >>> round(mechanism.noise_multiplier, 2), mechanism.sampling_rate
     (1.0, 0.05)
     """
 
@@ -212,12 +270,16 @@ class FDPServer:
         *,
         evaluate_fn: EvaluateFn | None = None,
         parts: ServerParts | None = None,
+        files: RunFiles | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model={type(model).__name__}: must be a torch.nn.Module")
         self.cfg = cfg
         self.evaluate_fn = evaluate_fn
         self.parts = parts if parts is not None else ServerParts()
+        if files is None and cfg.run.out_dir:
+            files = RunFiles(cfg.run.out_dir, cfg)
+        self.files = files
         self.secrets = self.parts.secrets if self.parts.secrets is not None else run_secrets(cfg)
         self.model = model
         self.params = trainable(self.model)
@@ -226,67 +288,57 @@ class FDPServer:
         t = cfg.training
         self.optimizer = build_optimizer(self.params, t.optimizer, t.learning_rate, t.momentum)
         self.sampling: SamplingPlan | None = None
-        self.plan: PrivacyPlan | None = None
+        self.mechanism: ResolvedMechanism | None = None
         self.budget: Budget | None = None
-        self.ledger = Ledger(self.parts.accounting.new().state_dict(), [])
+        self.ledger: Ledger | None = None
         self.rows: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
         self.current: RoundState | None = None
         #: ``C`` of the next private round (moves with adaptive clipping).
         self.clipping_norm = float(cfg.privacy.clipping_norm)
-        #: ``γ`` of adaptive clipping, 0 for a fixed ``C`` (set by :meth:`resolve`).
-        self.clipping_quantile = 0.0
 
-    # ---------------------------------------------------------------- setup
-    def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> PrivacyPlan:
-        """Build the sampling plan over the (public) device sizes and resolve σ,
-        δ and the budget for the event it charges."""
+    # ---------------------------------------------------------------- resolve
+    def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[Any] = ()) -> ResolvedMechanism:
+        """Build the sampling plan over the (public) device sizes and resolve the
+        mechanism (:func:`fedfdp.mechanism.resolve_mechanism`) for the event it charges."""
         self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), device_sizes, device_nodes)
-        accounting = self.parts.accounting
-        num_params = sum(int(t.numel()) for t in self.params)
-        plan, self.clipping_quantile = plan_with_clipping(
-            self.cfg, self.sampling.num_records, num_params, len(self.sampling.device_sizes),
-            event=self.sampling.event, accounting=accounting,
-        )
-        self.plan = plan
-        self.budget = Budget(plan, accounting.new())
+        facts = PublicFacts(tuple(self.sampling.device_sizes), sum(int(t.numel()) for t in self.params))
+        self.mechanism = resolve_mechanism(self.cfg, facts, accounting=self.parts.accounting,
+                                           subsampling=self.sampling.subsampling)
+        self.budget = Budget(self.mechanism, self.parts.accounting.new())
+        self.ledger = Ledger.start(self.mechanism.to_dict(), self.mechanism.digest())
         if self.parts.project is not None:
             self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
-        return self.plan
+        return self.mechanism
+
+    @property
+    def plan(self) -> ResolvedMechanism | None:
+        """The resolved mechanism (None before :meth:`resolve`)."""
+        return self.mechanism
 
     @property
     def num_records(self) -> int:
         """``N`` (0 before :meth:`resolve`)."""
         return self.sampling.num_records if self.sampling is not None else 0
 
-    def _ready(self) -> tuple[SamplingPlan, PrivacyPlan, Budget]:
-        if self.sampling is None or self.plan is None or self.budget is None:
-            raise RuntimeError("FDPServer: no privacy plan yet; call resolve() first")
-        return self.sampling, self.plan, self.budget
-
-    def expected_event(self) -> ExpectedEvent | None:
-        """The ``(σ, q, participation)`` every charge of this plan carries."""
-        _, plan, _ = self._ready()
-        if not plan.private or plan.noise_multiplier is None:
-            return None
-        return ExpectedEvent(plan.accounted_noise_multiplier, plan.sampling_rate, plan.participation)
+    def _ready(self) -> tuple[SamplingPlan, ResolvedMechanism, Budget, Ledger]:
+        if self.sampling is None or self.mechanism is None or self.budget is None or self.ledger is None:
+            raise RuntimeError("FDPServer: no mechanism yet; call resolve() first")
+        return self.sampling, self.mechanism, self.budget, self.ledger
 
     # ---------------------------------------------------------------- rounds
     def charge(self, round_: int) -> int:
-        """Compose the round's event and, with an output directory, write the
-        ledger durably — before the round draws its batches and noise. Returns
-        the attempt number (how often the round was charged before)."""
-        _, plan, budget = self._ready()
-        if plan.noise_multiplier is None:
-            raise RuntimeError(f"round {round_}: a private round without a noise multiplier")
-        attempt = self.ledger.attempts(round_)
-        budget.spend()
-        self.ledger.charges.append(
-            Charge(round_, attempt, plan.accounted_noise_multiplier, plan.sampling_rate, plan.participation)
-        )
-        self.ledger.accountant = budget.accountant.state_dict()
-        if self.cfg.run.out_dir:
-            write_ledger(self.cfg.run.out_dir, self.ledger)
+        """Compose the round's event and, with a run directory, write the ledger
+        durably — before the round draws its batches and noise. Returns the attempt
+        number (how often the round was charged before)."""
+        _, mechanism, budget, ledger = self._ready()
+        if mechanism.event is None:
+            raise RuntimeError(f"round {round_}: a private round without an event")
+        attempt = ledger.attempts(round_)
+        ledger.append_charge(round_, attempt, mechanism.event)
+        budget.spend(mechanism.event)
+        if self.files is not None:
+            self.files.write_ledger(ledger)
         return attempt
 
     def begin_round(self, round_: int) -> RoundState:
@@ -297,9 +349,8 @@ class FDPServer:
         PrivacyBudgetExhausted
             The round would take ε above the cap; nothing was charged.
         """
-        sampling, _, budget = self._ready()
-        p = self.cfg.privacy
-        phase = phase_for_round(p.mode, p.public_pretrain_rounds, round_)
+        sampling, mechanism, budget, _ = self._ready()
+        phase = mechanism.phase(round_)
         attempt = 0
         if phase.noise:
             budget.check()
@@ -327,13 +378,14 @@ class FDPServer:
         state = self.current
         if state is None:
             raise RuntimeError("finish_round without begin_round")
-        _, plan, budget = self._ready()
+        _, mechanism, budget, _ = self._ready()
         noise = None
+        clipping = mechanism.clipping
         if state.phase.noise:
-            if plan.noise_multiplier is None:
+            if mechanism.noise_multiplier is None:
                 raise RuntimeError(f"round {state.round}: a private round without a noise multiplier")
-            mechanism = self.parts.mechanism(plan.noise_multiplier, state.clipping_norm)
-            noise = RoundNoise(mechanism, self.secrets.noise(state.round, state.attempt))
+            noise = RoundNoise(self.parts.mechanism(mechanism.noise_multiplier, state.clipping_norm),
+                               self.secrets.noise(state.round, state.attempt))
         grad, _ = combine_gradient(
             state.phase,
             private_sums,
@@ -347,10 +399,10 @@ class FDPServer:
         apply_gradient(self.params, self.optimizer, grad)
         if self.parts.project is not None:
             self.parts.project(self.model)
-        if noise is not None and plan.count_noise is not None and self.clipping_quantile > 0:
+        if noise is not None and clipping.adaptive and clipping.count_noise is not None:
             self.clipping_norm = adapt_clipping_norm(
-                state.clipping_norm, unclipped, plan.count_noise, state.plan.normaliser,
-                self.clipping_quantile, self.cfg.privacy.clipping_learning_rate, noise.stream,
+                state.clipping_norm, unclipped, clipping.count_noise, state.plan.normaliser,
+                clipping.quantile, clipping.learning_rate, noise.stream,
             )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")
@@ -360,90 +412,108 @@ class FDPServer:
             state.clipping_norm, epsilons,
         )
 
-    # ---------------------------------------------------------------- a whole run
-    def resume(self) -> int:
-        """Check the output directory and restore a run from it; return the
-        first round to run. Refuses (:class:`CheckpointMismatch`) an occupied
-        directory without ``resume``, and any checkpoint or ledger that does not
-        match the configuration, the data or each other."""
-        out = self.cfg.run.out_dir
-        if not out:
+    # ---------------------------------------------------------------- state
+    def restore(self, resume: Resume) -> int:
+        """Restore a verified resume (:meth:`RunFiles.verify`): the ledger (every charge
+        ever written, plus the pessimistic ones, durably appended first), the model,
+        optimizer, rows and ``C``; return the first round to run."""
+        _, mechanism, _, _ = self._ready()
+        if resume.ledger is None:
             return 1
-        ckpt, ledger = verify_resume(out, self.cfg, self)
-        if ledger is not None:
-            _, _, budget = self._ready()
-            budget.accountant.load_state_dict(ledger.accountant)
-            self.ledger = ledger
+        ledger = resume.ledger
+        if resume.unrecorded:
+            if mechanism.event is None:
+                raise RuntimeError("unrecorded charges for a mechanism that charges nothing")
+            ledger.append_unrecorded(mechanism.event, resume.unrecorded,
+                                     "may have been written after the last checkpoint and is missing")
+            log.warning("%d charge(s) the interrupted session may have written are missing from the ledger: "
+                        "charged pessimistically", resume.unrecorded)
+            if self.files is not None:
+                self.files.write_ledger(ledger)
+        self.ledger = ledger
+        self.budget = Budget(mechanism, replay(ledger.events(), self.parts.accounting.new))
+        ckpt = resume.checkpoint
         if ckpt is None:
             return 1
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.rows = list(ckpt["rows"])
-        self.clipping_norm = float(ckpt.get("clipping-norm", self.cfg.privacy.clipping_norm))
-        log.warning(
-            "resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
-            out, ckpt["round"], self.budget.epsilon() if self.budget else 0.0, len(self.ledger.charges),
-        )
-        return int(ckpt["round"]) + 1
+        self.model.load_state_dict(ckpt.model)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.rows = list(ckpt.rows)
+        self.clipping_norm = ckpt.clipping_norm
+        return ckpt.round + 1
 
-    def checkpoint(self, round_: int) -> None:
-        """Write ``checkpoint.pt`` after ``round_`` (with the ledger's summary)."""
-        save_checkpoint(
-            self.cfg.run.out_dir,
-            {
-                "round": round_,
-                "config": self.cfg.to_flat(),
-                "num-records": self.num_records,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "rows": self.rows,
-                "ledger": self.ledger.summary().as_dict(),
-                "clipping-norm": self.clipping_norm,
-            },
+    def checkpoint_state(self, round_: int) -> Checkpoint:
+        """The run's state after ``round_`` (for :meth:`RunFiles.checkpoint`)."""
+        _, mechanism, _, ledger = self._ready()
+        return Checkpoint(
+            round=round_, config=self.cfg.to_flat(), num_records=self.num_records,
+            mechanism_digest=mechanism.digest(), head=ledger.head(), rows=self.rows,
+            clipping_norm=self.clipping_norm, every=self.cfg.run.checkpoint_every,
+            model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
         )
 
     def resolved_values(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The ``[resolved]`` table of ``config.toml``."""
-        _, plan, _ = self._ready()
-        values = {
-            "noise-multiplier": plan.noise_multiplier,
-            "accounted-noise-multiplier": plan.accounted_noise_multiplier,
-            "delta": plan.delta,
-            "num-records": self.num_records,
-            "private-rounds": plan.private_rounds,
-            "max-epsilon": plan.max_epsilon,
-            "relation": plan.relation,
+        """The ``[resolved]`` table of ``config.toml``: the resolved mechanism."""
+        _, m, _, _ = self._ready()
+        values: dict[str, Any] = {
+            "noise-multiplier": m.noise_multiplier,
+            "accounted-noise-multiplier": m.accounted_noise_multiplier,
+            "delta": m.delta,
+            "num-records": m.num_records,
+            "private-rounds": m.private_rounds,
+            "max-epsilon": m.max_epsilon,
+            "relation": str(m.relation),
             **self.parts.accounting.resolved,
-            "accounted-rate": plan.sampling_rate,
-            "accounted-participation": plan.participation,
+            "accounted-rate": m.sampling_rate,
+            "accounted-participation": m.participation,
+            "event": m.event.to_dict() if m.event is not None else None,
+            "mechanism-digest": m.digest(),
             "noise-source": noise_source(self.cfg),
         }
-        if plan.count_noise is not None:
-            values["clipping-count-std"] = plan.count_noise
-        if plan.count_noise is not None or self.cfg.privacy.clipping_quantile is None:
-            values["clipping-quantile"] = self.clipping_quantile  # what "auto" chose (0: fixed C)
+        if m.clipping.count_noise is not None:
+            values["clipping-count-std"] = m.clipping.count_noise
+        if m.clipping.count_noise is not None or (m.private and self.cfg.privacy.clipping_quantile is None
+                                                  and self.cfg.privacy.adaptive_clipping):
+            values["clipping-quantile"] = m.clipping.quantile  # what "auto" chose (0: fixed C)
         if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
-        return {**values, **(extra or {})}
+        return {**{k: v for k, v in values.items() if v is not None}, **(extra or {})}
+
+    # ---------------------------------------------------------------- a whole run
+    def resume(self) -> int:
+        """Check the run directory and restore a run from it; return the first round
+        to run (:meth:`RunFiles.verify`, :meth:`restore`)."""
+        if self.files is None:
+            return 1
+        _, mechanism, _, ledger = self._ready()
+        found = self.files.verify(mechanism)
+        first = self.restore(found)
+        if found.ledger is None:  # a new run: the mechanism is the ledger's first entry
+            self.files.write_ledger(ledger)
+        if found.checkpoint is not None or found.ledger is not None:
+            log.warning("resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
+                        self.files.out, first - 1, self.budget.epsilon() if self.budget else 0.0,
+                        len(self.ledger.charges) if self.ledger else 0)
+        # every session starts from a checkpoint of the head it continues from
+        self.files.checkpoint(self.checkpoint_state(first - 1))
+        return first
 
     def run(self, step: Callable[[int], RoundOutcome], *, resolved: dict[str, Any] | None = None) -> list[
         dict[str, Any]
     ]:
         """Run every round with ``step(round) -> RoundOutcome`` (which calls
-        :meth:`begin_round` and :meth:`finish_round`); evaluate server-side,
-        write metrics, checkpoints and the final model. Stops cleanly before a
-        round that would exceed ``max-epsilon``."""
+        :meth:`begin_round` and :meth:`finish_round`); evaluate server-side, write
+        metrics, checkpoints and the final model through the collaborators. Stops
+        cleanly before a round that would exceed ``max-epsilon``."""
         cfg = self.cfg
-        _, plan, _ = self._ready()
-        out = cfg.run.out_dir
+        self._ready()
         first = self.resume()
         if cfg.privacy.reproducible_noise:
             log.warning(REPRODUCIBLE_WARNING)
-        if out and first == 1:
-            write_config(out, cfg.to_flat(), self.resolved_values(resolved))
+        if self.files is not None and first == 1:
+            self.files.write_config(self.resolved_values(resolved))
         total = cfg.privacy.num_rounds
-        bar = tqdm(total=total, initial=first - 1, desc=f"fedfdp {cfg.privacy.mode}", unit="round",
-                   disable=not cfg.run.progress, leave=True)
+        progress = Progress(total, first - 1, f"fedfdp {cfg.privacy.mode}", cfg.run.progress)
+        column = self.parts.accounting.column
         try:
             for r in range(first, total + 1):
                 try:
@@ -451,103 +521,48 @@ class FDPServer:
                 except PrivacyBudgetExhausted as exc:
                     self.stop_reason = f"stopped before round {r}: {exc}"
                     log.warning(self.stop_reason)
-                    bar.write(self.stop_reason)
+                    progress.write(self.stop_reason)
                     break
                 metrics: dict[str, float] = {}
                 if self.evaluate_fn is not None and (r % cfg.run.eval_every == 0 or r == total):
                     metrics = {k: float(v) for k, v in (self.evaluate_fn(r, self.model) or {}).items()}
-                acc = metrics.pop("accuracy", float("nan"))
-                loss = metrics.pop("loss", float("nan"))
-                phase = phase_for_round(cfg.privacy.mode, cfg.privacy.public_pretrain_rounds, r)
-                s = outcome.stats
-                row = {
-                    "round": r,
-                    "phase": phase.name,
-                    "epsilon": outcome.epsilon,
-                    **(outcome.epsilons or {}),
-                    "delta": plan.delta,
-                    "relation": plan.relation,
-                    "accuracy": acc,
-                    "loss": loss,
-                    "public_loss": outcome.public_loss,
-                    "replies": s.replies,
-                    "rejected": s.rejected,
-                    "asked": s.asked,
-                    "missing": s.missing,
-                    "noise_multiplier": plan.noise_multiplier if phase.noise else 0.0,
-                    "normaliser": outcome.normaliser if phase.has_private else float("nan"),
-                    "clipping_norm": outcome.clipping_norm if phase.noise else float("nan"),
-                    "noise_source": noise_source(cfg),
-                    **metrics,
-                }
+                row = self.row(r, outcome, metrics)
                 self.rows.append(row)
-                if out:
-                    every = cfg.run.checkpoint_every
-                    if every and (r % every == 0 or r == total):
-                        self.checkpoint(r)
-                    write_metrics(out, self.rows)
-                bar.update(1)
-                bar.set_postfix(eps=f"{row.get(self.parts.accounting.column, outcome.epsilon):.3g}",
-                                acc=f"{acc:.3f}")
+                if self.files is not None:
+                    if self.files.due(r):
+                        self.files.checkpoint(self.checkpoint_state(r))
+                    self.files.metrics(self.rows)
+                progress.update(row.get(column, outcome.epsilon), row["accuracy"])
         finally:
-            bar.close()
-        if out:
-            buf = io.BytesIO()
-            torch.save(self.model.state_dict(), buf)
-            atomic_write(Path(out) / MODEL_FILE, buf.getvalue())
+            progress.close()
+        if self.files is not None:
+            self.files.model(self.model)
         return self.rows
 
-
-def _replay(charges: Sequence[Charge], accounting: Accounting = FDP_ACCOUNTING) -> dict[str, Any]:
-    acc = accounting.new()
-    for c in charges:
-        acc.compose(c.noise_multiplier, c.sampling_rate, participation=c.participation)
-    return acc.state_dict()
-
-
-def verify_resume(
-    out: str | Path, cfg: Config, server: FDPServer
-) -> tuple[dict[str, Any] | None, Ledger | None]:
-    """The checks of :meth:`FDPServer.resume` (also run by ``fedfdp run`` before
-    Flower starts): returns the checkpoint and ledger to restore."""
-    out = Path(out)
-    if not cfg.run.resume:
-        files = occupied(out)
-        if files:
-            raise CheckpointMismatch(
-                f"out-dir={str(out)!r} already holds a run ({', '.join(files)}): resume it "
-                "(fedfdp run --resume DIR, or resume=true) or choose another output directory"
-            )
-        return None, None
-    ckpt = load_checkpoint(out)
-    ledger = read_ledger(out)
-    if ckpt is None and ledger is None:
-        raise CheckpointMismatch(f"resume=true but out-dir={str(out)!r} holds no checkpoint or ledger")
-    summary = None
-    if ckpt is not None:
-        try:
-            check_compatible(ckpt["config"], cfg.to_flat())
-        except CheckpointMismatch as exc:
-            raise CheckpointMismatch(f"{out / CHECKPOINT_FILE}: {exc}") from exc
-        if ckpt["num-records"] != server.num_records:
-            raise CheckpointMismatch(
-                f"{out / CHECKPOINT_FILE}: N={ckpt['num-records']} training records, the nodes now hold "
-                f"{server.num_records}: different data, refusing to resume"
-            )
-        try:
-            summary = LedgerSummary.from_dict(ckpt["ledger"])
-        except (ValueError, TypeError) as exc:
-            raise CheckpointMismatch(f"{out / CHECKPOINT_FILE}: {exc}") from exc
-    verify_ledger(out, ledger, summary, server.expected_event(),
-                  lambda charges: _replay(charges, server.parts.accounting))
-    if ckpt is not None and ledger is not None:
-        cfg_p = cfg.privacy
-        charged = {c.round for c in ledger.charges}
-        for r in range(1, int(ckpt["round"]) + 1):
-            if phase_for_round(cfg_p.mode, cfg_p.public_pretrain_rounds, r).noise and r not in charged:
-                raise CheckpointMismatch(
-                    f"{out / LEDGER_FILE}: round {r} completed (checkpoint) but was never charged; "
-                    "refusing to resume"
-                )
-    return ckpt, ledger
-
+    def row(self, round_: int, outcome: RoundOutcome, metrics: dict[str, float]) -> dict[str, Any]:
+        """The ``metrics.csv`` row of a round."""
+        _, m, _, _ = self._ready()
+        phase = m.phase(round_)
+        s = outcome.stats
+        acc = metrics.pop("accuracy", float("nan"))
+        loss = metrics.pop("loss", float("nan"))
+        return {
+            "round": round_,
+            "phase": phase.name,
+            "epsilon": outcome.epsilon,
+            **(outcome.epsilons or {}),
+            "delta": m.delta,
+            "relation": str(m.relation),
+            "accuracy": acc,
+            "loss": loss,
+            "public_loss": outcome.public_loss,
+            "replies": s.replies,
+            "rejected": s.rejected,
+            "asked": s.asked,
+            "missing": s.missing,
+            "noise_multiplier": m.noise_multiplier if phase.noise else 0.0,
+            "normaliser": outcome.normaliser if phase.has_private else float("nan"),
+            "clipping_norm": outcome.clipping_norm if phase.noise else float("nan"),
+            "noise_source": noise_source(self.cfg),
+            **metrics,
+        }

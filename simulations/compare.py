@@ -16,7 +16,7 @@ three sweep lists and optional per-mode overrides::
     public-pretrain-rounds = 30
 
 Every private mode (``dp``, ``fdp-dpsgd``, ``fdp``) runs once per target ε and
-seed; its σ is calibrated by :func:`fedfdp.budget.plan_privacy` (the
+seed; its σ is calibrated by :func:`fedfdp.mechanism.resolve_mechanism` (the
 accountant's :func:`~fedfdp.accounting.calibrate_noise_multiplier`) so that
 its **private** rounds end at, never above, the target — public pre-training
 rounds (Remark 2) cost nothing and are not counted. ``nonprivate`` (ε = ∞)
@@ -73,6 +73,7 @@ from fedfdp.config import (
     PRIVATE_MODES,
     Config,
     ConfigError,
+    Mode,
     load_config,
     load_toml_file,
     parse_override,
@@ -216,8 +217,8 @@ def plan_runs(sweep: Sweep, out: Path) -> list[RunSpec]:
                 mapping = dict(sweep.base)
                 mapping.update(sweep.per_mode.get(mode, {}))
                 mapping.update(
-                    {"mode": mode, "seed": seed, "noise-multiplier": 0.0, "progress": False,
-                     "target-epsilon": eps if eps is not None else 0.0}
+                    {"mode": mode, "seed": seed, "noise-multiplier": None, "progress": False,
+                     "target-epsilon": eps}
                 )
                 if eps is not None and mapping.get("max-epsilon"):
                     mapping["max-epsilon"] = max(float(mapping["max-epsilon"]), eps)
@@ -240,7 +241,7 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
     from fedfdp.data import load_dataset
     from fedfdp.losses import build_decomposition
     from fedfdp.models import build_model_for
-    from fedfdp.parts import privacy_plan_for
+    from fedfdp.parts import mechanism_for
 
     sigmas: dict[str, float] = {}
     cache: dict[Any, float] = {}
@@ -251,7 +252,7 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
         if run.cfg.privacy.is_private:
             key = (run.cfg.privacy, run.cfg.data, data.num_records)
             if key not in cache:
-                plan = privacy_plan_for(run.cfg, data)
+                plan = mechanism_for(run.cfg, data)
                 cache[key] = float(plan.noise_multiplier)  # type: ignore[arg-type]
             sigmas[run.tag] = cache[key]
     return sigmas
@@ -300,7 +301,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         epsilon_corrdp = float(corrdp.iloc[-1]) if corrdp is not None else math.nan
         relation = str(metrics["relation"].iloc[-1])
         delta = float(metrics["delta"].iloc[-1])
-    pretrain = sum(p == "public" for p in phases) if run.mode != "public" else 0
+    pretrain = sum(p == Mode.PUBLIC for p in phases) if run.mode != Mode.PUBLIC else 0
     return {
         "dataset": cfg.data.dataset,
         "mode": run.mode,
@@ -313,7 +314,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         **scores,
         "rounds": len(phases),
         "pretrain_rounds": pretrain,
-        "private_rounds": len(phases) - pretrain if run.mode != "public" else 0,
+        "private_rounds": len(phases) - pretrain if run.mode != Mode.PUBLIC else 0,
         "noise_multiplier": sigma,
         "num_records": data.num_records,
         "engine": engine,

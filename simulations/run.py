@@ -457,15 +457,15 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
     """Refuse an occupied output directory, or a resume whose checkpoint or
     ledger does not match, before any work starts (errors inside Flower's
     ServerApp thread are only logged)."""
-    from fedfdp.checkpoint import CheckpointMismatch
-    from fedfdp.models import build_model_for
-    from fedfdp.server import FDPServer, verify_resume
+    from fedfdp.ledger import LedgerError
+    from fedfdp.parts import mechanism_for
+    from fedfdp.server import RunFiles
 
-    server = FDPServer(cfg, build_model_for(cfg, data))
-    server.resolve(data.sizes.tolist())
+    # the mechanism the run's server will resolve (its mode's accounting: corrdp too)
+    mechanism = mechanism_for(cfg, data)
     try:
-        verify_resume(cfg.run.out_dir, cfg, server)
-    except CheckpointMismatch as exc:
+        RunFiles(cfg.run.out_dir, cfg).verify(mechanism)
+    except LedgerError as exc:
         raise ConfigError(str(exc)) from exc
 
 

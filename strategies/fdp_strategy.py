@@ -36,9 +36,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedfdp import protocol as P
-from fedfdp.budget import Budget, PrivacyPlan
-from fedfdp.checkpoint import Ledger
 from fedfdp.config import Config, ConfigError
+from fedfdp.ledger import Ledger
+from fedfdp.mechanism import Budget, ResolvedMechanism
 from fedfdp.server import FDPServer, RoundOutcome, RoundStats, ServerParts
 
 log = logging.getLogger("fedfdp.server")
@@ -64,14 +64,10 @@ POLL_SLOW_SECONDS = 0.2
 NODE_CHOICES = ("supernodes", "devices")
 
 
-def exchange(grid: Any, messages: list[Message], timeout: float | None) -> list[Message]:
+def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list[Message]:
     """Send ``messages`` and collect their replies until all arrived or
     ``timeout`` seconds passed (Flower's ``Grid.send_and_receive`` contract),
-    polling the Grid at short intervals. A stand-in grid without
-    ``push_messages``/``pull_messages`` (the tests' in-process grid) is asked
-    through its ``send_and_receive``."""
-    if not isinstance(grid, Grid):
-        return list(grid.send_and_receive(messages, timeout=timeout))
+    polling the Grid at short intervals."""
     pending = set(grid.push_messages(messages))
     start = time.monotonic()
     end = None if timeout is None else start + timeout
@@ -174,15 +170,16 @@ class FDPStrategy(Strategy):
         return self.server.shapes
 
     @property
-    def plan(self) -> PrivacyPlan | None:
-        return self.server.plan
+    def plan(self) -> ResolvedMechanism | None:
+        """The resolved mechanism (:attr:`FDPServer.mechanism`)."""
+        return self.server.mechanism
 
     @property
     def budget(self) -> Budget | None:
         return self.server.budget
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> Ledger | None:
         return self.server.ledger
 
     @property
@@ -247,7 +244,7 @@ class FDPStrategy(Strategy):
                 )
             time.sleep(0.2)
 
-    def resolve(self) -> PrivacyPlan:
+    def resolve(self) -> ResolvedMechanism:
         """Build the sampling plan over the registered devices (in device-id
         order, with the node serving each, or each device its own node with
         ``node_choice="devices"``) and resolve σ, δ and the budget."""

@@ -7,10 +7,10 @@ import math
 import pandas as pd
 import pytest
 
-from fedfdp.budget import plan_privacy
 from fedfdp.config import ConfigError, load_config
 from simulations import compare
 from simulations.compare import Sweep, parse_sweep, run_sweep
+from tests.mechanism_helpers import resolve
 from tests.references import dp_ref_eps
 
 TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "public-batch-size": 16}
@@ -21,7 +21,7 @@ TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "public-bat
 def test_calibration_lands_each_private_mode_on_target(mode, pretrain, target):
     cfg = load_config({"mode": mode, "target-epsilon": target, "num-rounds": 40,
                        "public-pretrain-rounds": pretrain, "sampling-rate": 0.05})
-    plan = plan_privacy(cfg, 4000)
+    plan = resolve(cfg, 4000)
     assert plan.private_rounds == 40 - pretrain  # pre-training costs nothing
     eps = dp_ref_eps([(plan.accounted_noise_multiplier, 0.05, plan.private_rounds)], plan.delta, vdi=1e-3)
     # never above the target (PLD estimates within ~1e-3 of the true curve) ...
@@ -34,8 +34,8 @@ def test_calibration_lands_each_private_mode_on_target(mode, pretrain, target):
 
 def test_fewer_private_rounds_need_less_noise():
     base = {"mode": "fdp-dpsgd", "target-epsilon": 1.0, "num-rounds": 40}
-    few = plan_privacy(load_config({**base, "public-pretrain-rounds": 30}), 4000)
-    many = plan_privacy(load_config({**base, "public-pretrain-rounds": 1}), 4000)
+    few = resolve(load_config({**base, "public-pretrain-rounds": 30}), 4000)
+    many = resolve(load_config({**base, "public-pretrain-rounds": 1}), 4000)
     assert few.noise_multiplier < many.noise_multiplier
 
 

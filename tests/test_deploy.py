@@ -25,10 +25,10 @@ import time
 import pandas as pd
 import pytest
 
-from fedfdp.budget import Budget, plan_privacy
 from fedfdp.checkpoint import load_checkpoint, read_ledger
 from fedfdp.config import load_config
 from fedfdp.data import load_dataset
+from fedfdp.mechanism import FDP_ACCOUNTING, Budget
 from simulations.sites import split_sites
 from tests.deploy_helpers import (
     HOST,
@@ -39,6 +39,7 @@ from tests.deploy_helpers import (
     stage_app,
     wait_until,
 )
+from tests.mechanism_helpers import resolve
 from tests.site_tables import DECLARED, trips
 
 # Small and quick: 3 devices of ~60 records, one per SuperNode.
@@ -103,8 +104,9 @@ def _expected_epsilons(run_config: dict, rounds: int) -> list[float]:
 
 
 def _expected_epsilons_for_n(run_config: dict, num_records: int, rounds: int) -> list[float]:
-    budget = Budget(plan_privacy(load_config(run_config), num_records))
-    return [budget.spend() for _ in range(rounds)]
+    mechanism = resolve(load_config(run_config), num_records)
+    budget = Budget(mechanism, FDP_ACCOUNTING.new())
+    return [budget.spend(mechanism.event) for _ in range(rounds)]
 
 
 def test_cleanup_kills_whole_process_groups(tmp_path):
@@ -314,7 +316,7 @@ def test_server_killed_mid_run_and_resumed_from_checkpoint(deployment, tmp_path)
     app = stage_app(tmp_path / "app")
     out = tmp_path / "out"
     # a fixed σ and no ε cap, so the re-charged round does not stop the run at the budget
-    cfg = {**RUN, "num-rounds": 2, "out-dir": str(out), "noise-multiplier": 0.8, "target-epsilon": 0}
+    cfg = {**RUN, "num-rounds": 2, "out-dir": str(out), "noise-multiplier": 0.8}
     first = d.start_run(app, cfg)
 
     def round_two_charged() -> bool:

@@ -9,8 +9,7 @@ import torch
 from scipy import stats
 
 from fedfdp import protocol as P
-from fedfdp.accounting import FDPAccountant
-from fedfdp.budget import plan_privacy
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.config import load_config
 from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import load_dataset
@@ -18,8 +17,9 @@ from fedfdp.losses import build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
 from tests.flower_helpers import InProcessGrid, registered_strategy, train_messages
+from tests.mechanism_helpers import resolve
 
-BASE = {"num-devices": 40, "records-per-device": 12, "noise-multiplier": 1.0, "target-epsilon": 0,
+BASE = {"num-devices": 40, "records-per-device": 12, "noise-multiplier": 1.0,
         "sampling-rate": 0.5, "public-batch-size": 30, "progress": False, "hidden-size": 8}
 
 
@@ -47,12 +47,12 @@ def test_poisson_device_sampling_rate_and_accounting():
     priv, _ = _flags(cfg, 200)
     n = priv.size
     assert abs(priv.sum() - 0.3 * n) < 5 * np.sqrt(n * 0.3 * 0.7)
-    plan = plan_privacy(cfg, 480)
+    plan = resolve(cfg, 480)
     assert (plan.sampling_rate, plan.participation) == (0.5, 0.3)
     mixture, plain, product = FDPAccountant(), FDPAccountant(), FDPAccountant()
-    mixture.compose(1.0, 0.5, 50, participation=0.3)
-    plain.compose(1.0, 0.5, 50)
-    product.compose(1.0, 0.3 * 0.5, 50)
+    mixture.compose(SubsampledGaussian(1.0, 0.5, participation=0.3), 50)
+    plain.compose(SubsampledGaussian(1.0, 0.5), 50)
+    product.compose(SubsampledGaussian(1.0, 0.3 * 0.5), 50)
     # the exact mixture sits between the invalid p·q amplification and no amplification
     assert product.epsilon(1e-5) < mixture.epsilon(1e-5) < plain.epsilon(1e-5)
 
@@ -66,7 +66,7 @@ def test_device_unit_public_sample_independent_of_private_sample():
     for a, b in zip(priv[:, 0], pub[:, 0], strict=True):
         table[a, b] += 1
     assert stats.chi2_contingency(table)[1] > 1e-4
-    plan = plan_privacy(cfg, 480)
+    plan = resolve(cfg, 480)
     assert (plan.sampling_rate, plan.participation) == (0.5, 1.0)
 
 

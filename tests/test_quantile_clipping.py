@@ -16,13 +16,13 @@ import torch.nn.functional as F
 
 from fedfdp import protocol as P
 from fedfdp.algorithm import run_centralised
-from fedfdp.budget import plan_privacy
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.entropy import SeededEntropy
 from fedfdp.models import build_model_for
 from fedfdp.quantile_clipping import adapt_clipping_norm
 from tests.flower_helpers import InProcessGrid, registered_strategy
+from tests.mechanism_helpers import resolve
 from tests.references import dp_ref_eps, gaussian_eps_ref
 
 BASE = {
@@ -37,13 +37,13 @@ def test_full_batch_charge_equals_the_joint_gaussian_mechanism(eps):
     (shift 1, noise σ_b) — a Gaussian mechanism with μ² = 1/σ² + 1/σ_b² per
     round, μ√T over T rounds (closed form; within 0.5 %)."""
     cfg = load_config({**BASE, "sampling-rate": 1.0, "num-rounds": 30, "target-epsilon": eps})
-    plan = plan_privacy(cfg, 480)
+    plan = resolve(cfg, 480)
     sigma, sigma_b = plan.noise_multiplier, plan.count_noise
     assert sigma_b**-2 == pytest.approx(0.05 * (sigma**-2 + sigma_b**-2))  # the count's 5 % share
     mu = np.sqrt(30 * (sigma**-2 + sigma_b**-2))
     assert gaussian_eps_ref(mu, plan.delta) == pytest.approx(eps, rel=5e-3)
     # the gradient alone gets less noise than a fixed-C run at the same ε
-    fixed = plan_privacy(load_config({**BASE, "sampling-rate": 1.0, "num-rounds": 30, "target-epsilon": eps,
+    fixed = resolve(load_config({**BASE, "sampling-rate": 1.0, "num-rounds": 30, "target-epsilon": eps,
                                       "clipping-quantile": 0}), 480)
     assert fixed.noise_multiplier < sigma
 
@@ -55,7 +55,7 @@ def test_subsampled_charge_matches_dp_accounting(tmp_path):
     cfg = load_config({**BASE, "sampling-rate": 0.1, "num-rounds": 20, "target-epsilon": 2.0,
                        "out-dir": str(tmp_path)})
     _, rows = run_centralised(cfg)
-    plan = plan_privacy(cfg, 480)
+    plan = resolve(cfg, 480)
     sigma_eff = (plan.noise_multiplier**-2 + plan.count_noise**-2) ** -0.5
     ref = dp_ref_eps([(sigma_eff, 0.1, 20)], plan.delta)
     assert ref - 1e-3 <= rows[-1]["epsilon"] <= 1.03 * ref
@@ -109,7 +109,7 @@ def test_engine_tracks_the_median_of_per_record_norms(unit):
     25 % of the median norm of the per-record gradients (per-device mean
     gradients for the device unit) computed by a loop."""
     cfg = load_config({**BASE, "mode": "dp", "num-rounds": 60, "learning-rate": 1e-12, "momentum": 0.0,
-                       "clipping-norm": 0.05, "noise-multiplier": 1.0, "target-epsilon": 0,
+                       "clipping-norm": 0.05, "noise-multiplier": 1.0,
                        "clipping-budget-share": 0.5, **UNITS[unit]})
     data = load_dataset(cfg.data)
     _, rows = run_centralised(cfg, data)
@@ -123,7 +123,7 @@ def test_engine_tracks_the_median_of_per_record_norms(unit):
 def test_flower_path_adapts_c_as_the_centralised_engine(tmp_path):
     """Same reproducible run on the Flower path and the centralised engine:
     the same C every round, the same ledger and model."""
-    cfg_map = {**BASE, "noise-multiplier": 1.0, "target-epsilon": 0, "sampling-rate": 0.3, "num-rounds": 5}
+    cfg_map = {**BASE, "noise-multiplier": 1.0, "sampling-rate": 0.3, "num-rounds": 5}
     flower_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "flower")})
     strat = registered_strategy(flower_cfg)
     strat.registry = {}
@@ -133,7 +133,8 @@ def test_flower_path_adapts_c_as_the_centralised_engine(tmp_path):
     c_central = [r["clipping_norm"] for r in central]
     assert len(set(c_flower)) == 5  # C moved every round
     np.testing.assert_allclose(c_flower, c_central, rtol=1e-6)
-    assert strat.ledger.charges == [] or [c.noise_multiplier for c in strat.ledger.charges] == pytest.approx(
+    charged = [c.event.noise_multiplier for c in strat.ledger.charges]
+    assert charged == [] or charged == pytest.approx(
         [strat.plan.accounted_noise_multiplier] * 5
     )
 
@@ -145,7 +146,7 @@ class Crash(RuntimeError):
 def test_resume_continues_with_the_adapted_c(tmp_path):
     """A run stopped after round 3's checkpoint resumes round 4 with the C that
     round 3 left (not the configured start)."""
-    cfg_map = {**BASE, "noise-multiplier": 1.0, "target-epsilon": 0, "sampling-rate": 0.3, "num-rounds": 6}
+    cfg_map = {**BASE, "noise-multiplier": 1.0, "sampling-rate": 0.3, "num-rounds": 6}
     _, ref = run_centralised(load_config({**cfg_map, "out-dir": str(tmp_path / "ref")}))
     out = str(tmp_path / "run")
 
@@ -194,7 +195,7 @@ def test_auto_is_the_recipe_of_each_mode():
     cfg = load_config({"clipping-quantile": "auto"})
     assert cfg.privacy.clipping_quantile is None and cfg.to_flat()["clipping-quantile"] == "auto"
     assert load_config(cfg.to_flat()) == cfg
-    with pytest.raises(ConfigError, match="clipping-quantile='median': must be 'auto'"):
+    with pytest.raises(ConfigError, match=r"clipping-quantile='median': must be a number in \[0, 1\), or \"auto\""):
         load_config({"clipping-quantile": "median"})
     with pytest.raises(ConfigError, match="clipping-quantile=1"):
         load_config({"clipping-quantile": 1})
@@ -226,14 +227,17 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
     data = load_dataset(cfg.data)
     server = FDPServer(cfg, build_model_for(cfg, data))
     plan = server.resolve(data.sizes.tolist())
-    split = plan_privacy(cfg, sum(data.sizes.tolist()))  # the budget split "auto" starts from
+    from dataclasses import replace
+
+    split_cfg = replace(cfg, privacy=replace(cfg.privacy, clipping_quantile=0.5))
+    split = resolve(split_cfg, sum(data.sizes.tolist()))  # the budget split "auto" starts from
     d = sum(p.numel() for p in server.model.parameters())
     batch = cfg.privacy.sampling_rate * sum(data.sizes.tolist())
     ref = _recipe_reference(split.noise_multiplier, split.count_noise, d, batch)
-    assert server.clipping_quantile == pytest.approx(ref, abs=1e-9)
-    from fedfdp.parts import privacy_plan_for
+    assert plan.clipping.quantile == pytest.approx(ref, abs=1e-9)
+    from fedfdp.parts import mechanism_for
 
-    assert privacy_plan_for(cfg, data) == plan  # compare's checks record the σ the run uses
+    assert mechanism_for(cfg, data) == plan  # compare's checks record the σ the run uses
     if ref == 0.0:
         # a fixed C releases no count: the whole budget goes to the gradient (σ = σ_eff, same ε)
         assert plan.count_noise is None
@@ -243,4 +247,4 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
         assert {r["clipping_norm"] for r in rows} == {1.0}
     else:
         assert 0.5 <= ref <= 0.99
-        assert plan == split
+        assert (plan.noise_multiplier, plan.count_noise) == (split.noise_multiplier, split.count_noise)

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfdp.budget import plan_privacy, sampling_settings
 from fedfdp.config import ConfigError, load_config
 from fedfdp.entropy import OSBits, SeededEntropy
+from fedfdp.mechanism import sampling_settings
 from fedfdp.modes import PHASES
 from fedfdp.sampling import server_public_rng
-from fedfdp.sampling_plan import AccountedEvent, SamplingPlan, SamplingSettings
+from fedfdp.sampling_plan import SamplingPlan, SamplingSettings, Subsampling
+from tests.mechanism_helpers import resolve
 
 SIZES = [12, 7, 30, 1, 9, 16]
 N = sum(SIZES)
@@ -24,14 +25,14 @@ def _plan(**kw):
 @pytest.mark.parametrize(
     ("settings", "event", "normaliser"),
     [
-        ({}, AccountedEvent(0.2, 1.0), 0.2 * N),
-        ({"device_sampling_rate": 0.5}, AccountedEvent(0.2, 0.5), 0.5 * 0.2 * N),
-        ({"device_sampling_rate": 0.5, "unit": "device"}, AccountedEvent(0.5, 1.0), 0.5 * len(SIZES)),
+        ({}, Subsampling(0.2, 1.0), 0.2 * N),
+        ({"device_sampling_rate": 0.5}, Subsampling(0.2, 0.5), 0.5 * 0.2 * N),
+        ({"device_sampling_rate": 0.5, "unit": "device"}, Subsampling(0.5, 1.0), 0.5 * len(SIZES)),
     ],
 )
 def test_event_and_normaliser_per_mode(settings, event, normaliser):
     plan = _plan(**settings)
-    assert plan.event == event
+    assert plan.subsampling == event
     r = plan.round(FDP, server_public_rng(0, 1), OSBits())
     assert r.normaliser == pytest.approx(normaliser)
     assert r.public_counts.sum() == 10
@@ -41,7 +42,7 @@ def test_fixed_count_of_nodes_normalises_by_the_chosen_records():
     """k = 2 of 6 nodes (one device each): the chosen devices do all the work,
     the normaliser is q times their records, the event stays at rate q."""
     plan = _plan(nodes_per_round=2)
-    assert plan.event == AccountedEvent(0.2, 1.0)
+    assert plan.subsampling == Subsampling(0.2, 1.0)
     for r in range(20):
         rp = plan.round(FDP, server_public_rng(3, r), OSBits())
         chosen = np.flatnonzero(rp.private)
@@ -120,13 +121,12 @@ def test_bad_settings_are_refused(kw, match):
 
 
 def test_privacy_plan_takes_the_event_from_the_sampling_settings():
-    cfg = load_config({"device-sampling-rate": 0.2, "noise-multiplier": 1.0, "target-epsilon": 0})
-    assert sampling_settings(cfg).event == AccountedEvent(0.05, 0.2)
-    plan = plan_privacy(cfg, 1000)
+    cfg = load_config({"device-sampling-rate": 0.2, "noise-multiplier": 1.0})
+    assert sampling_settings(cfg).subsampling == Subsampling(0.05, 0.2)
+    plan = resolve(cfg, 1000)
     assert (plan.sampling_rate, plan.participation) == (0.05, 0.2)
-    dev = load_config({"device-sampling-rate": 0.2, "privacy-unit": "device", "noise-multiplier": 1.0,
-                       "target-epsilon": 0})
-    plan = plan_privacy(dev, 1000)
+    dev = load_config({"device-sampling-rate": 0.2, "privacy-unit": "device", "noise-multiplier": 1.0})
+    plan = resolve(dev, 1000)
     assert (plan.sampling_rate, plan.participation) == (0.2, 1.0)
     with pytest.raises(ConfigError, match="not both"):
         load_config({"device-sampling-rate": 0.2, "clients-per-round": 3})

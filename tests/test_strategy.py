@@ -17,7 +17,6 @@ BASE = {
     "sampling-rate": 0.1,
     "public-batch-size": 30,
     "noise-multiplier": 0.8,
-    "target-epsilon": 0,
     "clipping-norm": 0.25,
     "learning-rate": 1.0,
     "momentum": 0.0,
@@ -86,7 +85,7 @@ def test_budget_refusal_stops_cleanly(tmp_path):
     assert strat.stop_reason is not None and "2" in strat.stop_reason
     # one more round would have exceeded the cap
     acc = strat.budget.accountant
-    assert acc.would_exceed(2.0, strat.plan.delta, strat.plan.accounted_noise_multiplier, 0.1)
+    assert acc.would_exceed(strat.plan.event, max_epsilon=2.0, delta=strat.plan.delta)
     assert (tmp_path / "metrics.csv").is_file()
 
 
@@ -122,8 +121,9 @@ def _tamper_factory(kind):
 def test_bad_reply_is_rejected_and_changes_nothing(kind):
     """A run with one corrupted reply per round equals a run where that node's reply
     never arrived: model and ledger identical, the noise still added."""
-    # same secret streams in both runs: the reproducible mode (an explicit opt-in)
-    cfg = load_config({**BASE, "num-rounds": 2, "reproducible-noise": True})
+    # same secret streams in both runs: the reproducible mode (an explicit opt-in); the
+    # round timeout bounds the wait for the reply that never arrives
+    cfg = load_config({**BASE, "num-rounds": 2, "reproducible-noise": True, "round-timeout": 0.5})
     bad = registered_strategy(cfg)
     bad.registry = {}
     bad.start(InProcessGrid(cfg, tamper=_tamper_factory(kind)))

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.attack.inference import (
     AttributeGrid,
     attribute_attack,
@@ -24,7 +24,7 @@ from fedfdp.attack.inference import (
     cell_priors,
     excess_over_ball,
 )
-from fedfdp.config import Config, load_config
+from fedfdp.config import Config, Mode, load_config
 from fedfdp.features import FeatureSpec
 from fedfdp.modes import PHASES
 
@@ -182,23 +182,27 @@ def read_run(run_dir: Path) -> Config:
 
 def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FDPAccountant | None:
     """The run's ledger (``ledger.json``), or the ledger its configuration implies."""
-    from fedfdp.checkpoint import read_ledger
     from fedfdp.data import load_dataset
-    from fedfdp.parts import privacy_plan_for
+    from fedfdp.ledger import read_ledger
+    from fedfdp.parts import mechanism_for
 
     if not cfg.privacy.is_private:
         return None
     ledger = read_ledger(run_dir)
-    acc = FDPAccountant()
-    if ledger is not None:
-        acc.load_state_dict(ledger.accountant)
+    if ledger is not None:  # every charge ever written
+        acc = FDPAccountant()
+        for event in ledger.events():
+            if not isinstance(event, SubsampledGaussian):
+                raise ValueError(f"{run_dir}: the attack re-accounts subsampled Gaussian runs only")
+            acc.compose(event)
         return acc
-    plan = privacy_plan_for(cfg, load_dataset(cfg.data))  # the plan the run's server resolved
+    plan = mechanism_for(cfg, load_dataset(cfg.data))  # the mechanism the run's server resolved
+    acc = FDPAccountant()
     rounds = plan.private_rounds if private_rounds is None else private_rounds
     if rounds > 0:
-        if plan.noise_multiplier is None:
-            raise ValueError("noise multiplier unresolved for a private run")
-        acc.compose(plan.accounted_noise_multiplier, plan.sampling_rate, rounds)
+        if not isinstance(plan.event, SubsampledGaussian):
+            raise ValueError("the attack re-accounts subsampled Gaussian runs only")
+        acc.compose(plan.event, rounds)
     return acc
 
 
@@ -272,15 +276,15 @@ def attribute_attack_run(
         model, data.test_x, data.test_y, pi, grid, marginal, conditional, ref_models, weight
     )
     acc = run_accountant(run_dir, cfg, private_rounds)
-    if cfg.privacy.mode == "nonprivate":
+    if cfg.privacy.mode is Mode.NONPRIVATE:
         bound, epsilon = 1.0, math.inf
     elif acc is None:
         bound, epsilon = train.ball, 0.0
     else:
-        from fedfdp.budget import plan_privacy
+        from fedfdp.mechanism import run_delta
 
         bound = attribute_inference_bound(acc, train.ball)
-        epsilon = acc.epsilon(plan_privacy(cfg, data.num_records).delta)
+        epsilon = acc.epsilon(run_delta(cfg, data.num_records))
     accuracy, _ = evaluate(model, data.test_x, data.test_y)
     train_acc, _ = evaluate(model, x, y)
     out: dict[str, Any] = {

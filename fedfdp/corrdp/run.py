@@ -14,7 +14,7 @@ other mode; what differs are three components, built here and chosen in one plac
   (:func:`~fedfdp.corrdp.noise.corrdp_mechanism_factory`), and the **projection** of
   every weight column to norm ``≤ D`` after every step and before the first;
 * the server's **accounting** (:func:`corrdp_accounting`): the per-class CorrDP
-  accountant (:class:`~fedfdp.corrdp.accounting.CorrDPRunAccountant`, relation
+  accountant (:class:`~fedfdp.corrdp.accounting.CorrDPAccountant`, relation
   ``"corrdp"``), σ calibrated by it, the ε written to the column ``epsilon_corrdp``.
 
 Sensitivity, relation, result
@@ -52,15 +52,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.budget import Accounting, run_delta
+from fedfdp.accounting.events import PrivacyEvent
 from fedfdp.config import Config, ConfigError
 from fedfdp.config.values import PAPER_FLOOR
 from fedfdp.contribution import PrivateBatch, PrivateSum, RoundSettings
-from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPRunAccountant, calibrate_noise_multiplier
+from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPAccountant
 from fedfdp.corrdp.noise import CorrDPDesign, glm_clipped_sum
 from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature
 from fedfdp.corrdp.tv import Bins, TVEstimate, estimate_tvs
 from fedfdp.losses import FeatureMap
+from fedfdp.mechanism import Accounting, run_delta
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
@@ -281,23 +282,24 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
 
 
 def corrdp_accounting(setup: CorrDPSetup, eps_error: float = 0.05) -> Accounting:
-    """The server's :class:`~fedfdp.budget.Accounting` of a CorrDP run: the per-class
-    CorrDP accountant at the run's ``C``, σ calibrated by it
-    (:func:`~fedfdp.corrdp.accounting.calibrate_noise_multiplier`), the ε in
-    ``epsilon_corrdp`` with the relation named (``"corrdp"``, :data:`RELATION_TEXT`)."""
+    """The server's :class:`~fedfdp.mechanism.Accounting` of a CorrDP run: the event
+    family ``σ ↦`` :meth:`CorrDPDesign.round_event` at the run's ``C``, the per-class
+    :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` (relation ``"corrdp"``, δ
+    of the TV estimate set aside), the ε in ``epsilon_corrdp`` with the relation named
+    (:data:`RELATION_TEXT`)."""
     if setup.layout_only:
         raise ValueError("corrdp_accounting: a node's layout-only design has placeholder TVs")
     design, clip = setup.design, setup.clipping_norm
 
-    def calibrate(target: float, rate: float, rounds: int, delta: float, *, participation: float) -> float:
-        return calibrate_noise_multiplier(design, target, clip, rate, rounds, delta,
-                                          participation=participation, eps_error=eps_error)
+    def family(sigma: float, rate: float, participation: float) -> PrivacyEvent:
+        return design.round_event(noise_multiplier=sigma, clipping_norm=clip, sampling_rate=rate,
+                                  participation=participation)
 
     return Accounting(
         relation=RELATION,
         column=EPSILON_COLUMN,
-        new=lambda: CorrDPRunAccountant(design, clip, eps_error),
-        calibrate=calibrate,
+        family=family,
+        new=lambda: CorrDPAccountant(design.delta_estimation, eps_error),
         resolved=setup.resolved(),
         text=RELATION_TEXT,
     )

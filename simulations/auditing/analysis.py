@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.audit import AuditResult, choose_test, evaluate_test
-from fedfdp.budget import PrivacyPlan
+from fedfdp.mechanism import ResolvedMechanism
 from simulations.auditing.bugs import planted
 from simulations.auditing.canaries import (
     ALONE,
@@ -33,13 +33,13 @@ from simulations.auditing.canaries import (
 )
 
 
-def claimed_epsilon(plan: PrivacyPlan, relation: str) -> float:
+def claimed_epsilon(plan: ResolvedMechanism, relation: str) -> float:
     """ε the run's accountant claims for one round of its plan at ``plan.delta``
     (add/remove: Theorem 5, with the plan's participation; replacement: Prop. 1)."""
-    if plan.noise_multiplier is None:
-        raise RuntimeError("the audited plan adds no noise")
+    if not isinstance(plan.event, SubsampledGaussian):
+        raise RuntimeError("the audited plan charges no subsampled Gaussian")
     acc = FDPAccountant()
-    acc.compose(plan.accounted_noise_multiplier, plan.sampling_rate, participation=plan.participation)
+    acc.compose(plan.event)
     return acc.epsilon(plan.delta, relation)
 
 
@@ -54,7 +54,7 @@ def group_statistics(obs: Observations, mask: np.ndarray, group: int, drawn: flo
     return out
 
 
-def analyse(obs: Observations, setup: AuditSetup, plan: PrivacyPlan, relation: str) -> AuditResult:
+def analyse(obs: Observations, setup: AuditSetup, plan: ResolvedMechanism, relation: str) -> AuditResult:
     """Choose the test on the calibration rounds, bound ε on the others."""
     w2 = RELATION_WORLDS[relation]
     cal = obs.round < max(1, round(setup.calibration * setup.rounds))

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from torch import nn
 
-from fedfdp.config import Config
+from fedfdp.config import Config, PrivacyUnit
 from fedfdp.contribution import (
     ClientParts,
     PrivateBatch,
@@ -67,7 +67,7 @@ from fedfdp.losses import FeatureMap
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.parts import server_parts_for
 from fedfdp.sampling import PublicStreams, poisson_sample
-from fedfdp.sampling_plan import AccountedEvent, SamplingPlan
+from fedfdp.sampling_plan import SamplingPlan, Subsampling
 from fedfdp.server import ServerParts
 
 if TYPE_CHECKING:
@@ -124,11 +124,11 @@ class ProductPlan(SamplingPlan):
     """Bug: Poisson device sampling at the record level charged at rate ``p·q``."""
 
     @property
-    def event(self) -> AccountedEvent:
+    def subsampling(self) -> Subsampling:
         s = self.settings
-        if s.unit == "record" and s.device_sampling_rate is not None:
-            return AccountedEvent(s.device_sampling_rate * s.sampling_rate)
-        return super().event
+        if s.unit == PrivacyUnit.RECORD and s.device_sampling_rate is not None:
+            return Subsampling(s.device_sampling_rate * s.sampling_rate)
+        return super().subsampling
 
 
 @dataclass(frozen=True)

@@ -86,13 +86,13 @@ import clients.client_app as client_app
 from clients.client_app import NodeRecords, reply_message
 from fedfdp import protocol as P
 from fedfdp.audit import ALPHA
-from fedfdp.budget import PrivacyPlan
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec
 from fedfdp.losses import build_decomposition
+from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.mechanisms import gaussian_noise
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
@@ -293,7 +293,6 @@ def design(setup: AuditSetup) -> CanaryDesign:
             "hidden-sizes": [2 * k],
             "public-loss": "zero",
             "noise-multiplier": setup.noise_multiplier,
-            "target-epsilon": 0,
             "sampling-rate": setup.sampling_rate,
             "clipping-norm": setup.clipping_norm,
             # the crafted canaries are +C on one coordinate: a fixed C (the count of
@@ -497,7 +496,7 @@ def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None)
     )
 
 
-def audited_plan(des: CanaryDesign, bug: str | None) -> PrivacyPlan:
+def audited_plan(des: CanaryDesign, bug: str | None) -> ResolvedMechanism:
     """The privacy plan the (possibly broken) server resolves for the canaries:
     its event is what the run claims."""
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")

@@ -163,7 +163,7 @@ def design(setup: CorrDPAuditSetup) -> CorrDPCanaries:
     est = claimed_tv(setup)
     cfg = load_config({
         "mode": "corrdp", "model": "logistic", "noise-multiplier": setup.noise_multiplier,
-        "target-epsilon": 0, "sampling-rate": setup.sampling_rate, "clipping-norm": setup.clipping_norm,
+        "sampling-rate": setup.sampling_rate, "clipping-norm": setup.clipping_norm,
         "delta": setup.delta, "num-rounds": 1, "num-devices": k, "learning-rate": LEARNING_RATE,
         "momentum": 0.0, "optimizer": "sgd", "insensitive-tv": f"*={est.tv_tilde!r}",
         "corrdp-weight-bound": setup.weight_bound, "corrdp-feature-bound": 1.0, "progress": False,
@@ -235,8 +235,9 @@ def claim(can: CorrDPCanaries) -> CorrDPClaim:
     """The honest server's accounting of one round (its plan's σ, q) at δ."""
     s = can.setup
     data = can.devices(np.full(s.canaries, WORLD1))
-    acc = server_parts_for(can.cfg, data).accounting.new()
-    acc.compose(s.noise_multiplier, s.sampling_rate)
+    accounting = server_parts_for(can.cfg, data).accounting
+    acc = accounting.new()
+    acc.compose(accounting.family(s.noise_multiplier, s.sampling_rate, 1.0))
     bound = acc.epsilon_bound(s.delta)
     feature = [c.epsilon for c in bound.classes if c.name.startswith("feature:")]
     if not feature:

@@ -1,0 +1,237 @@
+"""The privacy ledger: a hash chain of everything a run was charged, written ahead.
+
+``ledger.json`` in a run directory holds a list of entries, each carrying the SHA-256
+``hash`` of its own content and the ``prev`` hash of the entry before it:
+
+* entry 0, ``mechanism``: the run's :class:`~fedfdp.mechanism.ResolvedMechanism`
+  (:meth:`~fedfdp.mechanism.ResolvedMechanism.to_dict`) and its digest;
+* ``charge``: one private round — its number, its attempt and its event
+  (:mod:`fedfdp.accounting.events`) — written durably (temporary file, fsync,
+  rename, fsync of the directory) **before** the round draws its batches and noise;
+* ``unrecorded``: charges that a crashed session may have written after the last
+  checkpoint but that are missing from the ledger, charged pessimistically on resume
+  (:func:`fedfdp.checkpoint` and :class:`fedfdp.server.RunFiles` decide how many).
+
+The ledger stores events, not tuples: :meth:`Ledger.events` is everything ever
+charged, and :func:`fedfdp.mechanism.replay` turns it into the accountant whose ε the
+run prints — there is no second copy of the accountant's state to disagree with.
+Nothing here resets or shortens a ledger: :meth:`Ledger.append` is the only mutation.
+
+What the chain detects: any edit, reordering, truncation below a recorded head, or a
+substituted mechanism (each checkpoint records the head it saw; see
+:mod:`fedfdp.checkpoint`). What no file can detect: the whole run directory restored
+from a consistent older copy (ledger and checkpoint together); keep run directories
+on storage that is not rolled back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from fedfdp.accounting.events import PrivacyEvent, event_from_dict
+from fedfdp.config import ConfigError
+from fedfdp.outputs import atomic_write
+
+LEDGER_FILE = "ledger.json"
+LEDGER_VERSION = 3
+GENESIS = "0" * 64
+
+
+class LedgerError(ConfigError):
+    """A ledger or checkpoint that must not be used; the message names the file."""
+
+
+class EntryKind(StrEnum):
+    MECHANISM = "mechanism"
+    CHARGE = "charge"
+    UNRECORDED = "unrecorded"
+
+
+def _canonical(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One chained entry: its kind, its body (without ``prev``/``hash``) and hashes."""
+
+    kind: EntryKind
+    body: dict[str, Any]
+    prev: str
+    hash: str
+
+    @property
+    def event(self) -> PrivacyEvent | None:
+        """The event a charge (or unrecorded charge) composed."""
+        if self.kind is EntryKind.MECHANISM:
+            return None
+        return event_from_dict(self.body["event"])
+
+    @property
+    def round(self) -> int | None:
+        value = self.body.get("round")
+        return int(value) if value is not None else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": str(self.kind), **self.body, "prev": self.prev, "hash": self.hash}
+
+
+def _entry(kind: EntryKind, body: dict[str, Any], prev: str) -> Entry:
+    return Entry(kind, body, prev, _hash({"kind": str(kind), **body, "prev": prev}))
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a checkpoint records of the ledger: how many entries it had, the hash of
+    the last one, and how many of them were charges (of either kind)."""
+
+    entries: int
+    hash: str
+    charges: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "hash": self.hash, "charges": self.charges}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Head:
+        if not isinstance(doc, dict) or set(doc) != {"entries", "hash", "charges"}:
+            raise ValueError(f"ledger head {doc!r}: malformed")
+        entries, charges, digest = doc["entries"], doc["charges"], doc["hash"]
+        counts_ok = isinstance(entries, int) and isinstance(charges, int) and 0 <= charges < entries
+        if not counts_ok:
+            raise ValueError(f"ledger head {doc!r}: bad counts")
+        if not (isinstance(digest, str) and len(digest) == 64):
+            raise ValueError(f"ledger head {doc!r}: bad hash")
+        return cls(entries, digest, charges)
+
+
+@dataclass
+class Ledger:
+    """The hash-chained, write-ahead privacy ledger of one run (module docstring).
+
+    Examples
+    --------
+    >>> from fedfdp.accounting.events import SubsampledGaussian
+    >>> ledger = Ledger.start({"mode": "dp"}, "d" * 64)
+    >>> ledger.append_charge(1, 0, SubsampledGaussian(1.0, 0.05))
+    >>> [e.kind.value for e in ledger.entries], ledger.attempts(1)
+    (['mechanism', 'charge'], 1)
+    >>> Ledger.from_dict(ledger.to_dict()).head() == ledger.head()
+    True
+    """
+
+    entries: list[Entry] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, mechanism: dict[str, Any], digest: str) -> Ledger:
+        """A ledger whose first entry is the resolved mechanism."""
+        return cls([_entry(EntryKind.MECHANISM, {"mechanism": mechanism, "digest": digest}, GENESIS)])
+
+    @property
+    def mechanism_digest(self) -> str:
+        return str(self.entries[0].body["digest"])
+
+    @property
+    def mechanism(self) -> dict[str, Any]:
+        return dict(self.entries[0].body["mechanism"])
+
+    @property
+    def charges(self) -> list[Entry]:
+        """Every charge entry, recorded or pessimistic, in order."""
+        return [e for e in self.entries if e.kind is not EntryKind.MECHANISM]
+
+    def events(self) -> list[PrivacyEvent]:
+        """The event of every charge ever written (what the accountant composes)."""
+        return [e.event for e in self.charges if e.event is not None]
+
+    def attempts(self, round_: int) -> int:
+        """How many times ``round_`` has been charged."""
+        return sum(1 for e in self.charges if e.round == round_)
+
+    def head(self) -> Head:
+        return Head(len(self.entries), self.entries[-1].hash, len(self.entries) - 1)
+
+    def _append(self, kind: EntryKind, body: dict[str, Any]) -> None:
+        self.entries.append(_entry(kind, body, self.entries[-1].hash))
+
+    def append_charge(self, round_: int, attempt: int, event: PrivacyEvent) -> None:
+        """Chain one charge of ``event`` for ``round_`` (its ``attempt``-th)."""
+        self._append(EntryKind.CHARGE, {"round": round_, "attempt": attempt, "event": event.to_dict()})
+
+    def append_unrecorded(self, event: PrivacyEvent, count: int, reason: str) -> None:
+        """Chain ``count`` pessimistic charges of ``event`` (module docstring)."""
+        for _ in range(count):
+            self._append(EntryKind.UNRECORDED, {"round": None, "event": event.to_dict(), "reason": reason})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": LEDGER_VERSION, "entries": [e.as_dict() for e in self.entries]}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Ledger:
+        """Parse and verify a ledger (every hash, every link, every event); ``ValueError``
+        naming the first entry that does not hold."""
+        if not isinstance(doc, dict) or doc.get("version") != LEDGER_VERSION:
+            version = doc.get("version") if isinstance(doc, dict) else None
+            raise ValueError(f"version {version!r}, expected {LEDGER_VERSION}")
+        raw = doc.get("entries")
+        if not isinstance(raw, list) or not raw:
+            raise ValueError("needs a non-empty 'entries' list")
+        entries: list[Entry] = []
+        prev = GENESIS
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict) or not {"kind", "prev", "hash"} <= set(item):
+                raise ValueError(f"entry {i}: malformed")
+            try:
+                kind = EntryKind(item["kind"])
+            except ValueError:
+                raise ValueError(f"entry {i}: unknown kind {item['kind']!r}") from None
+            if (kind is EntryKind.MECHANISM) != (i == 0):
+                raise ValueError(f"entry {i}: a ledger starts with its mechanism, and only there")
+            body = {k: v for k, v in item.items() if k not in ("kind", "prev", "hash")}
+            want = {EntryKind.MECHANISM: {"mechanism", "digest"},
+                    EntryKind.CHARGE: {"round", "attempt", "event"},
+                    EntryKind.UNRECORDED: {"round", "event", "reason"}}[kind]
+            if set(body) != want:
+                raise ValueError(f"entry {i}: expected the fields {sorted(want)}")
+            if item["prev"] != prev:
+                raise ValueError(f"entry {i}: broken chain (prev hash differs): the ledger was edited")
+            entry = Entry(kind, body, prev, str(item["hash"]))
+            if _entry(kind, body, prev).hash != entry.hash:
+                raise ValueError(f"entry {i}: hash mismatch: the ledger was edited")
+            if kind is EntryKind.CHARGE:
+                r, a = body["round"], body["attempt"]
+                if isinstance(r, bool) or not isinstance(r, int) or r < 1 or \
+                        isinstance(a, bool) or not isinstance(a, int) or a < 0:
+                    raise ValueError(f"entry {i}: bad round {r!r} or attempt {a!r}")
+            if kind is not EntryKind.MECHANISM:
+                event_from_dict(body["event"])  # validates
+            entries.append(entry)
+            prev = entry.hash
+        return cls(entries)
+
+
+def write_ledger(run_dir: str | Path, ledger: Ledger) -> None:
+    """Durably write ``run_dir/ledger.json`` (:func:`fedfdp.outputs.atomic_write`)."""
+    doc = json.dumps(ledger.to_dict(), indent=1, allow_nan=False)
+    atomic_write(Path(run_dir) / LEDGER_FILE, doc.encode())
+
+
+def read_ledger(run_dir: str | Path) -> Ledger | None:
+    """Read and verify ``run_dir/ledger.json`` (None if absent); :class:`LedgerError`
+    naming the file for one that is malformed, edited or broken."""
+    path = Path(run_dir) / LEDGER_FILE
+    if not path.exists():
+        return None
+    try:
+        return Ledger.from_dict(json.loads(path.read_bytes().decode("utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise LedgerError(f"{path}: not a valid privacy ledger ({exc}); refusing to use it") from None

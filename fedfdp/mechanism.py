@@ -1,0 +1,465 @@
+"""The resolved mechanism: the one object that says what a run guarantees.
+
+:func:`resolve_mechanism` turns the configuration and the run's **public facts**
+(the device sizes, hence ``N``; the model's parameter count) into a frozen
+:class:`ResolvedMechanism`: the mode, the neighbouring relation, ``δ``, ``σ``, the
+clipping decision (a fixed ``C``, or adaptive clipping's ``γ``, ``η`` and the count's
+noise ``σ_b``), the sampling settings, the budget cap and the event every private
+round is charged. Every engine (Flower, centralised), ``fedfdp compare``, the audit,
+the attack, resume and the CLI's checks read it; nothing else derives ``σ``, ``q``,
+``γ`` or the event. The run's ledger starts with it (:meth:`ResolvedMechanism.to_dict`)
+and every checkpoint carries its :meth:`~ResolvedMechanism.digest`.
+
+Derivation (each quantity decided once, here)
+---------------------------------------------
+* ``δ``: ``delta``, or ``1/(2N)``.
+* the per-round event's sampling: ``(q, p)`` from the sampling plan
+  (:class:`fedfdp.sampling_plan.Subsampling`: rate ``q`` for the record unit with
+  participation ``p`` under Poisson device sampling, rate ``p`` for the device unit).
+* ``σ_eff``, the accounted noise multiplier: ``noise-multiplier`` (times ``√(1 − r)``
+  when the count of adaptive clipping takes the share ``r``), or the smallest ``σ_eff``
+  whose ε after the private rounds is at most the target (:func:`calibrate`, the one
+  calibrator, over the accounting's event family).
+* the clipping decision: ``γ = clipping-quantile``, or under ``"auto"`` in mode
+  ``fdp`` the recipe's :func:`~fedfdp.quantile_clipping.recipe_quantile` from the
+  split ``(σ, σ_b)``, the parameter count and the expected batch — public quantities;
+  ``γ = 0`` keeps ``C`` fixed and gives the gradient the whole ``σ_eff``.
+* the event: the accounting's family at ``σ_eff`` — a
+  :class:`~fedfdp.accounting.events.SubsampledGaussian` (Theorem 5; with adaptive
+  clipping the gradient sum and the count released together are one Gaussian
+  mechanism of multiplier ``σ_eff``, Andrew et al. 2021 Thm. 1), or for ``corrdp`` a
+  :class:`~fedfdp.accounting.events.CorrDPRound` of its design.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
+from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
+from fedfdp.accounting.protocol import Accountant, calibrate
+from fedfdp.config import Config, ConfigError
+from fedfdp.modes import Phase, phase_for_round
+from fedfdp.quantile_clipping import recipe_quantile, split_noise
+from fedfdp.sampling_plan import SamplingSettings, Subsampling
+
+#: The ε a private mode is calibrated to when neither σ nor a target is configured.
+DEFAULT_TARGET_EPSILON = 2.0
+
+#: ``family(σ, q, p)`` → the event of one round at noise multiplier ``σ``.
+EventFamily = Callable[[float, float, float], PrivacyEvent]
+
+
+def _gaussian_family(sigma: float, rate: float, participation: float) -> PrivacyEvent:
+    return SubsampledGaussian(sigma, rate, participation)
+
+
+def _fdp_accountant() -> Accountant:
+    return FDPAccountant()
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """How a run's ε is accounted and reported (a :class:`fedfdp.server.ServerParts`
+    component; :func:`fedfdp.parts.server_parts_for` picks it per mode).
+
+    Attributes
+    ----------
+    relation : Relation
+        The neighbouring relation named beside every ε.
+    column : str
+        The output column of the ε: ``epsilon``, or ``epsilon_corrdp`` — a CorrDP ε is
+        never written where a DP or FDP ε is expected (the ``epsilon`` column is then
+        empty).
+    family : callable
+        ``family(σ, q, p)`` → the event one round at noise multiplier ``σ`` releases.
+    new : callable
+        ``new()`` → a fresh :class:`~fedfdp.accounting.protocol.Accountant` for those events.
+    resolved : mapping
+        Extra values for the ``[resolved]`` table of ``config.toml``.
+    text : str
+        What the relation means, written beside the ε when the column is not ``epsilon``.
+    """
+
+    relation: Relation = Relation.ADD_REMOVE
+    column: str = "epsilon"
+    family: EventFamily = _gaussian_family
+    new: Callable[[], Accountant] = _fdp_accountant
+    resolved: Mapping[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    def columns(self, epsilon: float) -> dict[str, Any]:
+        """The ε columns of an output row (``epsilon`` empty when another column holds
+        it, with the relation spelled out in ``relation_text``)."""
+        if self.column == "epsilon":
+            return {"epsilon": epsilon}
+        return {"epsilon": float("nan"), self.column: epsilon, "relation_text": self.text}
+
+
+#: The accounting of DP and FDP runs (add/remove, Theorem 5).
+FDP_ACCOUNTING = Accounting()
+
+
+@dataclass(frozen=True)
+class PublicFacts:
+    """What a mechanism is resolved over besides the configuration: public by
+    definition (the FDP paper discloses dataset and batch sizes; the model is public).
+
+    Attributes
+    ----------
+    device_sizes : tuple of int
+        Training records per device, in device order (``N`` is their sum).
+    num_params : int
+        Trainable parameters of the model (the recipe's ``d``).
+    """
+
+    device_sizes: tuple[int, ...]
+    num_params: int
+
+    def __post_init__(self) -> None:
+        sizes = tuple(int(s) for s in self.device_sizes)
+        if not sizes or min(sizes) < 0 or sum(sizes) < 1:
+            raise ValueError(f"device sizes {list(sizes)[:8]}: the dataset has no training records")
+        if isinstance(self.num_params, bool) or not isinstance(self.num_params, int) or self.num_params < 1:
+            raise ValueError(f"num_params={self.num_params!r}: the model has no trainable parameter")
+        object.__setattr__(self, "device_sizes", sizes)
+
+    @property
+    def num_records(self) -> int:
+        """``N``."""
+        return sum(self.device_sizes)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_sizes)
+
+
+@dataclass(frozen=True)
+class Clipping:
+    """The clipping decision of a run.
+
+    Attributes
+    ----------
+    norm : float
+        ``C`` of the first private round (the sensitivity of one unit's contribution).
+    quantile : float
+        ``γ`` of adaptive clipping; 0: ``C`` stays fixed.
+    learning_rate : float
+        ``η`` of the geometric update of ``C``.
+    count_noise : float or None
+        ``σ_b``: the std of the noise on the count of vectors within ``C``
+        (sensitivity 1); None with a fixed ``C`` (no count is released).
+    """
+
+    norm: float
+    quantile: float = 0.0
+    learning_rate: float = 0.0
+    count_noise: float | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        return self.quantile > 0
+
+
+@dataclass(frozen=True)
+class ResolvedMechanism:
+    """Everything that defines a run's guarantee, resolved once (module docstring).
+
+    Attributes
+    ----------
+    mode : str
+        The training mode (its phases: :func:`fedfdp.modes.phase_for_round`).
+    relation : Relation
+        The relation of every reported ε.
+    column : str
+        The output column of the ε.
+    private : bool
+        Whether any round spends ε.
+    unbounded : bool
+        ``nonprivate``: private data used without noise, ε = ∞.
+    delta : float
+    noise_multiplier : float or None
+        ``σ`` of the gradient sum (noise std ``σC``).
+    accounted_noise_multiplier : float or None
+        ``σ_eff``: what the event carries (``σ`` itself with a fixed ``C``).
+    clipping : Clipping
+    sampling : SamplingSettings
+        Rates, unit, node choice and public batch (:mod:`fedfdp.sampling_plan`).
+    subsampling : Subsampling
+        ``(q, p)`` of the accounted event, as the sampling plan names it.
+    event : PrivacyEvent or None
+        The event one private round is charged (None when nothing is charged).
+    num_rounds, public_pretrain_rounds, private_rounds : int
+    max_epsilon : float or None
+        The cap: a round that would take ε above it is refused.
+    target_epsilon : float or None
+        The ε calibrated to (None when σ was given).
+    num_records, num_devices, num_params : int
+        The public facts.
+    unit : str
+        ``record`` or ``device``.
+    public_view : str
+        The public view (``public-loss``).
+    reproducible_noise : bool
+        Whether secret randomness derives from the seed (every output says so).
+    """
+
+    mode: str
+    relation: Relation
+    column: str
+    private: bool
+    unbounded: bool
+    delta: float
+    noise_multiplier: float | None
+    accounted_noise_multiplier: float | None
+    clipping: Clipping
+    sampling: SamplingSettings
+    subsampling: Subsampling
+    event: PrivacyEvent | None
+    num_rounds: int
+    public_pretrain_rounds: int
+    private_rounds: int
+    max_epsilon: float | None
+    target_epsilon: float | None
+    num_records: int
+    num_devices: int
+    num_params: int
+    unit: str
+    public_view: str
+    reproducible_noise: bool
+
+    # -- the names the plan had (read by engines, reports and tests) --
+    @property
+    def sampling_rate(self) -> float:
+        """``q`` of the accounted event (``p`` for the device unit)."""
+        return self.subsampling.rate
+
+    @property
+    def participation(self) -> float:
+        return self.subsampling.participation
+
+    @property
+    def count_noise(self) -> float | None:
+        return self.clipping.count_noise
+
+    def phase(self, round_: int) -> Phase:
+        """What round ``round_`` computes."""
+        return phase_for_round(self.mode, self.public_pretrain_rounds, round_)
+
+    def expected_batch(self) -> float:
+        """``E[batch]`` of a private round over every unit (records, or devices for the
+        device unit): ``q·p`` times the units."""
+        units = self.num_devices if self.unit == "device" else self.num_records
+        return self.sampling_rate * self.participation * units
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable description (the ledger's first entry)."""
+        return {
+            "mode": str(self.mode),
+            "relation": str(self.relation),
+            "column": self.column,
+            "private": self.private,
+            "unbounded": self.unbounded,
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
+            "clipping": {"norm": self.clipping.norm, "quantile": self.clipping.quantile,
+                         "learning_rate": self.clipping.learning_rate,
+                         "count_noise": self.clipping.count_noise},
+            "sampling": {"sampling_rate": self.sampling.sampling_rate,
+                         "device_sampling_rate": self.sampling.device_sampling_rate,
+                         "unit": str(self.sampling.unit), "nodes_per_round": self.sampling.nodes_per_round,
+                         "public_batch_size": self.sampling.public_batch_size},
+            "event": self.event.to_dict() if self.event is not None else None,
+            "num_rounds": self.num_rounds,
+            "public_pretrain_rounds": self.public_pretrain_rounds,
+            "private_rounds": self.private_rounds,
+            "max_epsilon": self.max_epsilon,
+            "target_epsilon": self.target_epsilon,
+            "num_records": self.num_records,
+            "num_devices": self.num_devices,
+            "num_params": self.num_params,
+            "unit": str(self.unit),
+            "public_view": str(self.public_view),
+            "reproducible_noise": self.reproducible_noise,
+        }
+
+    def digest(self) -> str:
+        """SHA-256 of :meth:`to_dict` in canonical JSON."""
+        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+
+
+def canonical_json(doc: Any) -> str:
+    """``doc`` as canonical JSON (sorted keys, no spaces): what digests are taken of."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def run_delta(cfg: Config, num_records: int) -> float:
+    """δ of a run: ``delta``, or ``1/(2N)`` when unset."""
+    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (2 * num_records)
+
+
+def sampling_settings(cfg: Config) -> SamplingSettings:
+    """The sampling settings of ``cfg`` (what the sampling plan is built from)."""
+    p = cfg.privacy
+    return SamplingSettings(
+        sampling_rate=p.sampling_rate,
+        device_sampling_rate=p.device_sampling_rate,
+        unit=p.privacy_unit,
+        nodes_per_round=p.clients_per_round,
+        public_batch_size=p.public_batch_size,
+    )
+
+
+def _target(cfg: Config) -> float | None:
+    p = cfg.privacy
+    if p.noise_multiplier is not None:
+        return None
+    return p.target_epsilon if p.target_epsilon is not None else DEFAULT_TARGET_EPSILON
+
+
+def resolve_mechanism(
+    cfg: Config,
+    facts: PublicFacts,
+    *,
+    accounting: Accounting = FDP_ACCOUNTING,
+    subsampling: Subsampling | None = None,
+) -> ResolvedMechanism:
+    """The resolved mechanism of ``cfg`` over ``facts`` (module docstring): the one
+    place ``σ``, ``δ``, the clipping decision, the cap and the event are derived.
+
+    Parameters
+    ----------
+    accounting : Accounting
+        The relation, the event family and the accountant (default: add/remove,
+        :class:`~fedfdp.accounting.events.SubsampledGaussian`); ``mode = "corrdp"``
+        needs the CorrDP accounting of its data (:func:`fedfdp.parts.server_parts_for`).
+    subsampling : Subsampling, optional
+        ``(q, p)`` of the accounted event as the run's sampling plan names it
+        (default: the configuration's, :meth:`SamplingSettings.subsampling`).
+
+    Raises
+    ------
+    ConfigError
+        A target ε that no noise multiplier reaches, or ``corrdp`` with another accounting.
+
+    Examples
+    --------
+    >>> from fedfdp import Config, PrivacyConfig
+    >>> cfg = Config(privacy=PrivacyConfig(mode="dp", noise_multiplier=1.0, target_epsilon=None))
+    >>> m = resolve_mechanism(cfg, PublicFacts((100, 100), num_params=10))
+    >>> m.event, m.delta
+    (SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05, participation=1.0), 0.0025)
+    """
+    p = cfg.privacy
+    if (p.mode == "corrdp") != (accounting.relation == Relation.CORRDP):
+        raise ConfigError(
+            f"mode={p.mode!r} with the {accounting.relation!r} accounting: mode 'corrdp' (and only it) is "
+            "accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
+        )
+    settings = sampling_settings(cfg)
+    sub = subsampling if subsampling is not None else settings.subsampling
+    delta = run_delta(cfg, facts.num_records)
+    rounds = p.num_rounds - p.public_pretrain_rounds
+    common = dict(
+        mode=p.mode, relation=accounting.relation, column=accounting.column, delta=delta, sampling=settings,
+        subsampling=sub, num_rounds=p.num_rounds, public_pretrain_rounds=p.public_pretrain_rounds,
+        num_records=facts.num_records, num_devices=facts.num_devices, num_params=facts.num_params,
+        unit=p.privacy_unit, public_view=p.public_loss, reproducible_noise=p.reproducible_noise,
+    )
+    if not p.is_private:
+        return ResolvedMechanism(
+            private=False, unbounded=p.mode == "nonprivate", noise_multiplier=None,
+            accounted_noise_multiplier=None, clipping=Clipping(p.clipping_norm), event=None,
+            private_rounds=0, max_epsilon=None, target_epsilon=None, **common,  # type: ignore[arg-type]
+        )
+    target = _target(cfg)
+    share = p.clipping_budget_share
+    adaptive = p.adaptive_clipping
+
+    def family(sigma: float) -> PrivacyEvent:
+        return accounting.family(sigma, sub.rate, sub.participation)
+
+    if target is None:
+        given = float(p.noise_multiplier)  # type: ignore[arg-type]
+        accounted = given * math.sqrt(1 - share) if adaptive else given  # the count adds its share on top
+    else:
+        try:
+            accounted = calibrate(accounting.new, family, target_epsilon=target, rounds=rounds, delta=delta)
+        except ValueError as exc:
+            raise ConfigError(f"target-epsilon={target}: {exc}") from None
+    clipping = Clipping(p.clipping_norm)
+    sigma = accounted
+    if adaptive:
+        split_sigma, count_noise = split_noise(accounted, share)
+        if p.clipping_quantile is not None:
+            gamma = float(p.clipping_quantile)
+        else:
+            units = facts.num_devices if p.privacy_unit == "device" else facts.num_records
+            gamma = recipe_quantile(split_sigma, count_noise, facts.num_params,
+                                    sub.rate * sub.participation * units)
+        if gamma > 0:
+            sigma = split_sigma
+            clipping = Clipping(p.clipping_norm, gamma, p.clipping_learning_rate, count_noise)
+        else:  # the recipe keeps C fixed: no count is released, the gradient gets the whole σ_eff
+            sigma = accounted = float(p.noise_multiplier) if target is None else accounted  # type: ignore[arg-type]
+    cap = p.max_epsilon if p.max_epsilon is not None else target
+    return ResolvedMechanism(
+        private=True, unbounded=False, noise_multiplier=float(sigma),
+        accounted_noise_multiplier=float(accounted),
+        clipping=clipping, event=family(float(accounted)), private_rounds=rounds, max_epsilon=cap,
+        target_epsilon=target, **common,  # type: ignore[arg-type]
+    )
+
+
+class Budget:
+    """Guards the privacy budget of one run: the mechanism's cap and δ over an
+    :class:`~fedfdp.accounting.protocol.Accountant` that composes every charge.
+
+    Parameters
+    ----------
+    mechanism : ResolvedMechanism
+    accountant : Accountant
+        Fresh, or restored from the ledger (every charge ever written).
+    """
+
+    def __init__(self, mechanism: ResolvedMechanism, accountant: Accountant) -> None:
+        self.mechanism = mechanism
+        self.accountant = accountant
+
+    def epsilon(self) -> float:
+        """ε spent so far: the accountant's upper bound for the mechanism's relation at
+        its δ (``inf`` for ``nonprivate``, 0 for public-only training)."""
+        m = self.mechanism
+        if m.unbounded:
+            return float("inf")
+        if not m.private:
+            return 0.0
+        return float(self.accountant.epsilon(m.delta))
+
+    def check(self, count: int = 1) -> None:
+        """Raise :class:`PrivacyBudgetExhausted` if ``count`` more private rounds would
+        exceed the cap. Changes nothing."""
+        m = self.mechanism
+        if m.event is None or m.max_epsilon is None:
+            return
+        if self.accountant.would_exceed(m.event, count, max_epsilon=m.max_epsilon, delta=m.delta):
+            raise PrivacyBudgetExhausted(self.epsilon(), m.max_epsilon, m.delta)
+
+    def spend(self, event: PrivacyEvent, count: int = 1) -> float:
+        """Compose ``count`` rounds of ``event``; return the new ε."""
+        self.accountant.compose(event, count)
+        return self.epsilon()
+
+
+def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant]) -> Accountant:
+    """A fresh accountant from ``new()`` with every event of ``events`` composed."""
+    acc = new()
+    for ev in events:
+        acc.compose(ev)
+    return acc
