@@ -1,0 +1,174 @@
+"""The exact discrete Gaussian sampler of fedfdp.secagg.noise, against the N_Z pmf.
+
+The reference pmf is computed here, independently, by direct normalised summation of
+``exp(-x²/(2σ²))`` over ``|x| <= 40σ + 10`` (the omitted mass is below ``e^-800``).
+Statistical tests use seeded bit streams (deterministic runs of a sampler whose
+distribution does not depend on where its bits come from) at a stated significance:
+
+* χ² goodness of fit, bins with expected count < 5 merged into the tails, p > 1e-3;
+* a Kolmogorov–Smirnov distance against the exact CDF below the Dvoretzky–Kiefer–
+  Wolfowitz–Massart bound ``√(ln(2/α)/(2n))`` at α = 1e-3 (valid for discrete laws);
+* moments within 5 standard errors.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedfdp.entropy import OSBits, SeededBits
+from fedfdp.secagg.noise import (
+    as_variance,
+    discrete_gaussian_variance,
+    sample_discrete_gaussian,
+    sample_discrete_laplace,
+)
+
+ALPHA = 1e-3
+
+
+def stream(seed: int) -> SeededBits:
+    return SeededBits(np.random.SeedSequence(seed))
+
+
+def ref_pmf(weight_exponent, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Support ``-half..half`` and the normalised pmf ∝ ``exp(weight_exponent(x))``."""
+    x = np.arange(-half, half + 1)
+    logw = np.array([weight_exponent(int(v)) for v in x], dtype=np.float64)
+    w = np.exp(logw - logw.max())
+    return x, w / w.sum()
+
+
+def dg_pmf(sigma2: float) -> tuple[np.ndarray, np.ndarray]:
+    half = math.ceil(40 * math.sqrt(sigma2)) + 10
+    return ref_pmf(lambda v: -v * v / (2.0 * sigma2), half)
+
+
+def chi2_pvalue(samples: np.ndarray, x: np.ndarray, pmf: np.ndarray) -> float:
+    """χ² p-value of ``samples`` against ``pmf`` on ``x`` (tails merged to expected >= 5)."""
+    n = samples.size
+    counts = np.zeros(x.size)
+    idx = samples - x[0]
+    assert idx.min() >= 0 and idx.max() < x.size
+    np.add.at(counts, idx, 1)
+    expected = pmf * n
+    # merge from both ends until each merged bin expects >= 5
+    lo = int(np.argmax(np.cumsum(expected) >= 5))
+    hi = x.size - 1 - int(np.argmax(np.cumsum(expected[::-1]) >= 5))
+    obs = np.concatenate([[counts[: lo + 1].sum()], counts[lo + 1 : hi], [counts[hi:].sum()]])
+    exp = np.concatenate([[expected[: lo + 1].sum()], expected[lo + 1 : hi], [expected[hi:].sum()]])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return float(stats.chi2.sf(stat, obs.size - 1))
+
+
+def ks_distance(samples: np.ndarray, x: np.ndarray, pmf: np.ndarray) -> float:
+    """``sup_x |F_n(x) - F(x)|`` on the integers."""
+    counts = np.zeros(x.size)
+    np.add.at(counts, samples - x[0], 1)
+    return float(np.abs(np.cumsum(counts) / samples.size - np.cumsum(pmf)).max())
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 4.0, 20.0])
+def test_goodness_of_fit(sigma: float) -> None:
+    n = 200_000
+    samples = sample_discrete_gaussian(sigma * sigma, n, stream(int(sigma * 1000)))
+    assert samples.dtype == np.int64 and samples.shape == (n,)
+    x, pmf = dg_pmf(sigma * sigma)
+    assert chi2_pvalue(samples, x, pmf) > ALPHA
+    assert ks_distance(samples, x, pmf) < math.sqrt(math.log(2 / ALPHA) / (2 * n))
+
+
+def test_goodness_of_fit_rejects_a_wrong_variance() -> None:
+    """The same tests have power: σ = 4 samples against the σ = 4.2 pmf fail both."""
+    n = 200_000
+    samples = sample_discrete_gaussian(16, n, stream(7))
+    x, pmf = dg_pmf(4.2**2)
+    assert chi2_pvalue(samples, x, pmf) < ALPHA
+    assert ks_distance(samples, x, pmf) > math.sqrt(math.log(2 / ALPHA) / (2 * n))
+
+
+def test_rational_variance_is_exact() -> None:
+    """σ² = 7/3 (no float equals it): fit against the pmf of 7/3 and against nothing else."""
+    n = 200_000
+    samples = sample_discrete_gaussian(Fraction(7, 3), n, stream(11))
+    x, pmf = dg_pmf(7 / 3)
+    assert chi2_pvalue(samples, x, pmf) > ALPHA
+
+
+def test_variance_of_quarter_is_not_a_quarter() -> None:
+    """Var N_Z(0, 1/4) ≈ 0.215 (not 0.25): the reference, the helper and the samples agree."""
+    x, pmf = dg_pmf(0.25)
+    var = float((pmf * x * x).sum())
+    assert abs(var - 0.2153) < 5e-4 and var < 0.25
+    assert abs(discrete_gaussian_variance(0.25) - var) < 1e-12
+    n = 400_000
+    samples = sample_discrete_gaussian(0.25, n, stream(3)).astype(np.float64)
+    fourth = float((pmf * x**4).sum())
+    se = math.sqrt((fourth - var**2) / n)
+    assert abs(float((samples**2).mean()) - var) < 5 * se
+    assert abs(float((samples**2).mean()) - 0.25) > 20 * se  # 0.25 is rejected
+
+
+def test_sum_of_client_noises_has_the_summed_variance() -> None:
+    """n = 10 clients, d = 1e5 coordinates: the per-coordinate sample variance of the
+    sum is within 1 ± 3√(2/d) of n·Var N_Z(0, σ²) (σ = 4; Var from the reference pmf)."""
+    n_clients, d, sigma2 = 10, 100_000, 16.0
+    x, pmf = dg_pmf(sigma2)
+    var = float((pmf * x * x).sum())
+    total = np.zeros(d, dtype=np.int64)
+    for i in range(n_clients):
+        total += sample_discrete_gaussian(sigma2, d, stream(100 + i))
+    ratio = float((total.astype(np.float64) ** 2).mean()) / (n_clients * var)
+    assert abs(ratio - 1.0) < 3 * math.sqrt(2 / d)
+
+
+def test_large_sigma_moments() -> None:
+    """σ = 10⁵ (σ_loc's size at s ≈ 1000√d): mean and variance within 5 s.e. of 0 and σ²."""
+    n, sigma2 = 200_000, 1e10
+    samples = sample_discrete_gaussian(sigma2, n, stream(5)).astype(np.float64)
+    assert abs(samples.mean()) < 5 * math.sqrt(sigma2 / n)
+    assert abs(samples.var() / sigma2 - 1.0) < 5 * math.sqrt(2 / n)
+
+
+def test_discrete_laplace_fit() -> None:
+    n, t = 200_000, 3
+    samples = sample_discrete_laplace(t, n, stream(9))
+    x, pmf = ref_pmf(lambda v: -abs(v) / t, 200)
+    assert chi2_pvalue(samples, x, pmf) > ALPHA
+
+
+def test_float_variance_is_converted_exactly() -> None:
+    assert as_variance(0.1) == Fraction(0.1) != Fraction(1, 10)
+    assert as_variance(Fraction(7, 3)) == Fraction(7, 3)
+    assert as_variance(16) == 16
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1", 2.0**90])
+def test_bad_variance_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="variance"):
+        sample_discrete_gaussian(bad, 3, stream(0))
+
+
+def test_bad_size_refused() -> None:
+    with pytest.raises(ValueError, match="size"):
+        sample_discrete_gaussian(1.0, -1, stream(0))
+
+
+def test_default_stream_is_the_os_csprng() -> None:
+    """Without a stream the draws come from the OS CSPRNG: two calls differ, and an
+    explicit OSBits stream works the same way."""
+    a = sample_discrete_gaussian(1e6, 1000)
+    b = sample_discrete_gaussian(1e6, 1000)
+    c = sample_discrete_gaussian(1e6, 1000, OSBits())
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_seeded_stream_is_reproducible() -> None:
+    a = sample_discrete_gaussian(16, 1000, stream(42))
+    b = sample_discrete_gaussian(16, 1000, stream(42))
+    assert np.array_equal(a, b)
+    assert sample_discrete_gaussian(16, 0, stream(1)).shape == (0,)
