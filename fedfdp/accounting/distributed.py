@@ -1,0 +1,587 @@
+"""Accounting of secure aggregation with distributed discrete Gaussian noise.
+
+Mechanism (one round)
+---------------------
+Each of the parties that answer a round releases, under SecAgg, only its share
+of the modular sum ``Σ_i (z_i + e_i) mod 2³²`` where
+
+* ``x_i`` is the party's sum of per-record private gradients, each clipped to L2
+  norm ``C``, over a secret Poisson sample of rate ``q``;
+* ``z_i = R(s/C · x_i)`` is ``x_i`` scaled by ``s/C`` and rounded without bias,
+  ``R(y) = ⌊y + U⌋`` with ``U ~ Unif[0, 1)^d`` (a party-secret draw);
+* ``e_i ~ N_Z(0, σ_loc²)^d`` is exact discrete Gaussian noise
+  (:mod:`fedfdp.secagg.noise`), ``σ_loc`` in integer units.
+
+The server sees the sum over ``U3`` (the parties whose masked vectors were
+summed); up to ``t_c`` of them may collude with it and subtract their own noise,
+so only ``n_h = |U3| - t_c`` honest noises count.
+
+Neighbouring relation and sensitivity
+-------------------------------------
+Add/remove of one record (FDP paper, Definition 6; replacement follows by
+Proposition 1 in route A). Coupling both worlds on the same ``U``, every
+coordinate of ``R(y + v) - R(y)`` is within 1 of ``v``, so the record moves the
+honest sum by an integer vector of L2 norm at most ``Δ = s + √d`` (L1 norm at most
+``Δ·min(√d, Δ)``), with probability ``q``, in both directions.
+
+Two accounts (proof in ``docs/secagg_accounting.md``)
+-----------------------------------------------------
+**Route A** (the printed ε). Lemma 1 (proved in the note, by Poisson summation):
+the sum of ``n`` independent ``N_Z(0, σ²)`` is within ``D∞ <= τ_n(σ)`` of
+``N_Z(0, nσ²)`` in both directions, with
+``τ_n(σ) = Σ_{k=1}^{n-1} ln((1 + η(σ²k/(k+1))) / (1 - η(σ²k/(k+1))))`` and
+``η(v) = 2 Σ_{m>=1} exp(-2π² v m²)`` (:func:`sum_divergence_bound`). Lemma 2: drawing
+``G ~ N(0, V - t²)`` and then ``N_Z(G, t²)`` is within ``D∞ <= ln((1+η(t²))/(1-η(t²)))``
+of ``N_Z(0, V)`` (:func:`smoothing_divergence_bound`). The smoothed round is a
+post-processing of the Gaussian mechanism of noise multiplier
+``σ_eff = √(n_h σ_loc² - t²) / Δ``, dominated by Theorem 5's subsampled-Gaussian
+pair; the real round is within density ratio ``e^{±Λ_r}``,
+``Λ_r = d (τ_{n_h}(σ_loc) + ln((1+η(t²))/(1-η(t²))))``. Over a run,
+``ε(δ) <= ε_PRV(σ_eff, q; δ e^{-Λ}) + 2Λ`` with ``Λ = Σ_r Λ_r``
+(:func:`route_a_epsilon`).
+
+**Route B** (the papers' route, a cross-check). The Rényi-DP bound of the
+distributed discrete Gaussian (Kairouz, Liu & Steinke, ICML 2021, Prop. 14 /
+Eq. 17, with their ``τ = 10 Σ_{k=1}^{n-1} exp(-2π²σ²k/(k+1))``), amplified by
+Poisson subsampling with the *general* upper bound of Zhu & Wang (ICML 2019) —
+the exact subsampled-Gaussian formula is not valid here, the round is not a
+Gaussian mechanism — composed additively and converted to ``(ε, δ)`` with
+Canonne, Kamath & Steinke (2020), Prop. 12 (:func:`route_b_epsilon`).
+
+Refusals
+--------
+``σ_loc < MIN_LOCAL_SIGMA`` (4), ``n_h < 1``, ``Λ > MAX_SLACK`` (1e-12) and
+``n_h σ_loc² <= t²`` raise ``ValueError`` naming the value.
+
+Device sampling by the server gives no amplification against this server (it
+knows, and could choose, which devices take part), so rounds carry no
+participation below 1. Nothing here draws random numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import special
+
+from fedfdp.accounting import EpsilonBound, FDPAccountant, SubsampledGaussian
+
+__all__ = [
+    "MAX_SLACK",
+    "MIN_LOCAL_SIGMA",
+    "ROUTE_B_ORDERS",
+    "SMOOTHING",
+    "DistributedDiscreteGaussian",
+    "DistributedEpsilon",
+    "ddg_rdp",
+    "ddg_tau",
+    "distributed_epsilon",
+    "honest_parties",
+    "local_noise_sigma",
+    "poisson_subsampled_rdp",
+    "rdp_to_epsilon",
+    "route_a_epsilon",
+    "route_b_epsilon",
+    "sensitivity",
+    "smoothing_divergence_bound",
+    "sum_divergence_bound",
+    "theta_excess",
+]
+
+#: Smallest local noise std (integer units) accepted: see ``docs/secagg_accounting.md`` §5.
+MIN_LOCAL_SIGMA = 4.0
+#: Largest total slack ``Λ`` accepted (route A's ε moves by at most ``2Λ``).
+MAX_SLACK = 1e-12
+#: Default smoothing parameter ``t`` of Lemma 2 (integer units).
+SMOOTHING = 2.0
+#: Integer Rényi orders of route B (Zhu & Wang's bound holds at integer orders).
+ROUTE_B_ORDERS: tuple[int, ...] = (
+    *range(2, 129),
+    *range(144, 257, 16),
+    320,
+    384,
+    512,
+    768,
+    1024,
+)
+
+
+# --------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ValueError(f"{name}={value!r}: must be a real number")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}={value!r}: must be finite")
+    return v
+
+
+def _positive(name: str, value: Any) -> float:
+    v = _real(name, value)
+    if not v > 0:
+        raise ValueError(f"{name}={value!r}: must be > 0")
+    return v
+
+
+def _count(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+    return int(value)
+
+
+def _rate(name: str, value: Any) -> float:
+    v = _real(name, value)
+    if not 0.0 < v <= 1.0:
+        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
+    return v
+
+
+def _delta(value: Any) -> float:
+    v = _real("delta", value)
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"delta={value!r}: must be in (0, 1)")
+    return v
+
+
+# --------------------------------------------------------------------------------------
+# scale, sensitivity, calibration, parties
+# --------------------------------------------------------------------------------------
+
+
+def sensitivity(scale: float, dimension: int) -> float:
+    """``Δ = s + √d``: the L2 sensitivity, in integer units, of the honest parties'
+    rounded sum under add/remove of one record (clip ``C`` scaled to ``s``; unbiased
+    rounding coupled on the same ``U`` adds at most 1 per coordinate)."""
+    return _positive("scale", scale) + math.sqrt(_count("dimension", dimension))
+
+
+def local_noise_sigma(
+    noise_multiplier: float, scale: float, dimension: int, min_survivors: int, colluders: int = 0
+) -> float:
+    """``σ_loc = σ (s + √d) / √(n_min - t_c)``: each party's noise std in integer units,
+    so that the honest noise of ``n_min - t_c`` parties has std ``σ Δ`` (``σ_eff ≈ σ``).
+
+    Raises
+    ------
+    ValueError
+        On a non-positive ``σ`` or scale, or when ``n_min - t_c < 1``.
+    """
+    sigma = _positive("noise_multiplier", noise_multiplier)
+    n_h = honest_parties(min_survivors, colluders)
+    return sigma * sensitivity(scale, dimension) / math.sqrt(n_h)
+
+
+def honest_parties(survivors: int, colluders: int) -> int:
+    """``n_h = survivors - colluders``: the noises the server cannot subtract
+    (pessimistically, every declared colluder is among the survivors).
+
+    Raises
+    ------
+    ValueError
+        If ``n_h < 1`` (no honest noise: nothing to account).
+    """
+    n = _count("survivors", survivors, 0)
+    c = _count("colluders", colluders, 0)
+    if n - c < 1:
+        raise ValueError(f"honest parties n_h={n - c} (survivors={n}, colluders={c}): must be >= 1")
+    return n - c
+
+
+# --------------------------------------------------------------------------------------
+# Lemma 1 (sums of discrete Gaussians) and Lemma 2 (smoothing)
+# --------------------------------------------------------------------------------------
+
+
+def theta_excess(variance: float) -> float:
+    """``η(v) = 2 Σ_{m>=1} exp(-2π² v m²)``: by Poisson summation,
+    ``Σ_{k∈Z} exp(-(k - c)²/(2v)) ∈ √(2πv) [1 - η(v), 1 + η(v)]`` for every real ``c``."""
+    v = _positive("variance", variance)
+    m = np.arange(1, 2 + math.ceil(math.sqrt(40.0 / v)))
+    return float(2.0 * np.exp(-2.0 * math.pi**2 * v * m * m).sum())
+
+
+def _log_ratio_bound(eta: float) -> float:
+    """``ln((1 + η) / (1 - η))``, accurate for tiny ``η``; ``inf`` when ``η >= 1``."""
+    if eta >= 1.0:
+        return math.inf
+    return math.log1p(eta) - math.log1p(-eta)
+
+
+def sum_divergence_bound(local_sigma: float, parties: int) -> float:
+    """Lemma 1: ``D∞`` (both directions) between the sum of ``parties`` independent
+    ``N_Z(0, σ²)`` and ``N_Z(0, parties·σ²)``, per coordinate:
+    ``Σ_{k=1}^{n-1} ln((1 + η(σ²k/(k+1))) / (1 - η(σ²k/(k+1))))`` (``inf`` if some
+    ``η >= 1``, i.e. ``σ`` below about 0.27). About ``4 Σ_k exp(-2π²σ²k/(k+1))``, less
+    than the ``τ`` of Kairouz, Liu & Steinke (:func:`ddg_tau`)."""
+    sigma = _positive("local_sigma", local_sigma)
+    n = _count("parties", parties)
+    if n == 1:
+        return 0.0
+    k = np.arange(1, n, dtype=np.float64)
+    v = sigma * sigma * k / (k + 1.0)
+    m = np.arange(1, 2 + math.ceil(math.sqrt(40.0 / (sigma * sigma / 2.0))))
+    eta = 2.0 * np.exp(-2.0 * math.pi**2 * v[:, None] * (m * m)[None, :]).sum(axis=1)
+    if np.any(eta >= 1.0):
+        return math.inf
+    return float((np.log1p(eta) - np.log1p(-eta)).sum())
+
+
+def smoothing_divergence_bound(smoothing: float) -> float:
+    """Lemma 2: ``D∞`` (both directions) between ``N_Z(G, t²)`` with
+    ``G ~ N(0, V - t²)`` and ``N_Z(0, V)``: ``ln((1 + η(t²)) / (1 - η(t²)))``, for every
+    ``V > t²``. ``t = 2`` gives ``2.1e-34``."""
+    t = _positive("smoothing", smoothing)
+    return _log_ratio_bound(theta_excess(t * t))
+
+
+def ddg_tau(local_sigma: float, parties: int) -> float:
+    """``τ = 10 Σ_{k=1}^{n-1} exp(-2π²σ²k/(k+1))``: the per-coordinate inflation of
+    Kairouz, Liu & Steinke (ICML 2021, Theorem 1), used by route B."""
+    sigma = _positive("local_sigma", local_sigma)
+    n = _count("parties", parties)
+    k = np.arange(1, n, dtype=np.float64)
+    return float(10.0 * np.exp(-2.0 * math.pi**2 * sigma * sigma * k / (k + 1.0)).sum())
+
+
+# --------------------------------------------------------------------------------------
+# the event
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussian:
+    """One round of secure aggregation with distributed discrete Gaussian noise.
+
+    Each honest party adds ``N_Z(0, σ_loc²)`` per coordinate to its scaled, randomly
+    rounded clipped private sum (``C`` scaled to ``s``), over a Poisson sample of
+    rate ``q``; the server sees the sum mod 2³², ``n_h`` of whose noises it cannot
+    subtract. Add/remove sensitivity ``Δ = s + √d`` (L2, integer units).
+
+    Attributes
+    ----------
+    local_sigma : float
+        ``σ_loc``, each party's noise std in integer units, ``>= MIN_LOCAL_SIGMA``.
+    honest_parties : int
+        ``n_h = |U3| - t_c >= 1``.
+    scale : float
+        ``s > 0``: the clip norm ``C`` in integer units.
+    dimension : int
+        ``d >= 1``: coordinates summed.
+    sampling_rate : float
+        ``q`` in ``(0, 1]``: the parties' record-level Poisson rate.
+    smoothing : float
+        ``t`` of Lemma 2, ``0 < t < √n_h σ_loc`` (default 2).
+
+    Raises
+    ------
+    ValueError
+        Naming the value: ``σ_loc < MIN_LOCAL_SIGMA``, ``n_h < 1``, a round slack
+        above ``MAX_SLACK``, ``t² >= n_h σ_loc²``, or any malformed field.
+
+    Examples
+    --------
+    >>> ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19,
+    ...                                  dimension=10**5, sampling_rate=0.05)
+    >>> round(ev.noise_multiplier, 4), ev.slack < 1e-25
+    (1.9892, True)
+    """
+
+    local_sigma: float
+    honest_parties: int
+    scale: float
+    dimension: int
+    sampling_rate: float
+    smoothing: float = SMOOTHING
+
+    def __post_init__(self) -> None:
+        sigma = _real("local_sigma", self.local_sigma)
+        if not sigma >= MIN_LOCAL_SIGMA:
+            raise ValueError(
+                f"local_sigma={self.local_sigma!r}: must be >= {MIN_LOCAL_SIGMA} (integer units; "
+                "below it the distributed discrete Gaussian is not accounted)"
+            )
+        object.__setattr__(self, "local_sigma", sigma)
+        if isinstance(self.honest_parties, bool) or not isinstance(self.honest_parties, int | np.integer) or (
+            self.honest_parties < 1
+        ):
+            raise ValueError(f"honest_parties n_h={self.honest_parties!r}: must be an integer >= 1")
+        object.__setattr__(self, "honest_parties", int(self.honest_parties))
+        object.__setattr__(self, "scale", _positive("scale", self.scale))
+        object.__setattr__(self, "dimension", _count("dimension", self.dimension))
+        object.__setattr__(self, "sampling_rate", _rate("sampling_rate", self.sampling_rate))
+        t = _positive("smoothing", self.smoothing)
+        object.__setattr__(self, "smoothing", t)
+        if not t * t < self.honest_parties * sigma * sigma:
+            raise ValueError(
+                f"smoothing={t!r}: t² must be < n_h σ_loc² = {self.honest_parties * sigma * sigma!r}"
+            )
+        if not self.slack <= MAX_SLACK:
+            raise ValueError(f"round slack Λ={self.slack!r}: must be <= {MAX_SLACK} (raise local_sigma)")
+
+    @property
+    def sensitivity(self) -> float:
+        """``Δ = s + √d``."""
+        return sensitivity(self.scale, self.dimension)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``σ_eff = √(n_h σ_loc² - t²) / Δ``: the smoothed round's Gaussian noise
+        multiplier."""
+        var = self.honest_parties * self.local_sigma**2 - self.smoothing**2
+        return math.sqrt(var) / self.sensitivity
+
+    @property
+    def slack(self) -> float:
+        """``Λ_r = d (τ_{n_h}(σ_loc) + ln((1+η(t²))/(1-η(t²))))``: the round's
+        log-density-ratio distance from the smoothed (Gaussian) round."""
+        per_coordinate = sum_divergence_bound(self.local_sigma, self.honest_parties)
+        per_coordinate += smoothing_divergence_bound(self.smoothing)
+        return self.dimension * per_coordinate
+
+    def gaussian_event(self) -> SubsampledGaussian:
+        """The subsampled-Gaussian event that dominates the smoothed round (route A)."""
+        return SubsampledGaussian(self.noise_multiplier, self.sampling_rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable mapping of every field."""
+        return {
+            "kind": "distributed-discrete-gaussian",
+            "local_sigma": self.local_sigma,
+            "honest_parties": self.honest_parties,
+            "scale": self.scale,
+            "dimension": self.dimension,
+            "sampling_rate": self.sampling_rate,
+            "smoothing": self.smoothing,
+        }
+
+
+Rounds = Iterable[DistributedDiscreteGaussian | tuple[DistributedDiscreteGaussian, int]]
+
+
+def _as_counted(rounds: Rounds) -> list[tuple[DistributedDiscreteGaussian, int]]:
+    if isinstance(rounds, DistributedDiscreteGaussian):
+        rounds = [rounds]
+    out = []
+    for item in rounds:
+        if isinstance(item, DistributedDiscreteGaussian):
+            out.append((item, 1))
+        elif (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], DistributedDiscreteGaussian)
+        ):
+            out.append((item[0], _count("count", item[1])))
+        else:
+            raise ValueError(f"round {item!r}: expected a DistributedDiscreteGaussian or (event, count)")
+    if not out:
+        raise ValueError("rounds: empty (nothing to account)")
+    return out
+
+
+def _total_slack(counted: Sequence[tuple[DistributedDiscreteGaussian, int]]) -> float:
+    slack = math.fsum(ev.slack * n for ev, n in counted)
+    if not slack <= MAX_SLACK:
+        raise ValueError(f"total slack Λ={slack!r}: must be <= {MAX_SLACK} (raise local_sigma)")
+    return slack
+
+
+# --------------------------------------------------------------------------------------
+# route A
+# --------------------------------------------------------------------------------------
+
+
+def route_a_epsilon(
+    rounds: Rounds, delta: float, relation: str = "add-remove", eps_error: float = 0.05
+) -> EpsilonBound:
+    """Route A: ``ε(δ) <= ε_PRV(σ_eff, q; δ e^{-Λ}) + 2Λ`` (``docs/secagg_accounting.md``).
+
+    The smoothed rounds are composed by :class:`~fedfdp.accounting.FDPAccountant`
+    (Theorem 5's pair with noise multiplier ``σ_eff`` and rate ``q``, certified upper
+    end) at ``δ e^{-Λ}``; every field of the returned bound is shifted by ``2Λ``
+    (``lower`` by ``-2Λ``).
+
+    Parameters
+    ----------
+    rounds : iterable of DistributedDiscreteGaussian or (event, count)
+        The rounds charged.
+    delta : float
+        In ``(0, 1)``.
+    relation : {"add-remove", "replacement"}
+        Passed to the accountant (the density-ratio transfer holds for any relation).
+    eps_error : float
+        The accountant's discretisation target.
+
+    Raises
+    ------
+    ValueError
+        If the total slack exceeds ``MAX_SLACK`` or the input is malformed.
+    """
+    counted = _as_counted(rounds)
+    delta = _delta(delta)
+    slack = _total_slack(counted)
+    acc = FDPAccountant(eps_error=eps_error)
+    for ev, n in counted:
+        acc.compose(ev.gaussian_event(), n)
+    b = acc.epsilon_bound(delta * math.exp(-slack), relation)
+    return EpsilonBound(
+        max(0.0, b.lower - 2.0 * slack), b.estimate + 2.0 * slack, b.upper + 2.0 * slack, delta, b.relation
+    )
+
+
+# --------------------------------------------------------------------------------------
+# route B
+# --------------------------------------------------------------------------------------
+
+
+def ddg_rdp(
+    orders: Sequence[int] | np.ndarray,
+    local_sigma: float,
+    parties: int,
+    l2_sensitivity: float,
+    dimension: int,
+    l1_sensitivity: float | None = None,
+) -> np.ndarray:
+    """Rényi DP of one round of the distributed discrete Gaussian, no subsampling
+    (Kairouz, Liu & Steinke, ICML 2021, Prop. 14 / Eq. 17, as their code
+    ``compute_rdp_dgaussian`` states it):
+
+    ``ε(α) = min{ α Δ₂²/(2nσ²) + τd,  α/2 (Δ₂²/(nσ²) + 2Δ₁τ/(√n σ) + τ²d),
+    α/2 (Δ₂/(√n σ) + τ√d)² }``
+
+    with ``τ`` = :func:`ddg_tau`, ``σ = σ_loc`` (>= 1/2, the proposition's hypothesis),
+    ``n`` the honest parties and ``Δ₁ = Δ₂ min(√d, Δ₂)`` by default (integer vectors:
+    ``‖v‖₁ <= min(√d ‖v‖₂, ‖v‖₂²)``).
+    """
+    a = np.asarray(orders, dtype=np.float64)
+    sigma = _positive("local_sigma", local_sigma)
+    if sigma < 0.5:
+        raise ValueError(f"local_sigma={local_sigma!r}: Prop. 14 needs >= 0.5")
+    n = _count("parties", parties)
+    d = _count("dimension", dimension)
+    l2 = _positive("l2_sensitivity", l2_sensitivity)
+    l1 = l2 * min(math.sqrt(d), l2) if l1_sensitivity is None else _positive("l1_sensitivity", l1_sensitivity)
+    tau = ddg_tau(sigma, n)
+    sd = math.sqrt(n) * sigma
+    term1 = a * l2**2 / (2.0 * sd**2) + tau * d
+    term2 = a / 2.0 * (l2**2 / sd**2 + 2.0 * l1 * tau / sd + tau**2 * d)
+    term3 = a / 2.0 * (l2 / sd + tau * math.sqrt(d)) ** 2
+    return np.minimum(np.minimum(term1, term2), term3)
+
+
+def poisson_subsampled_rdp(base_rdp: np.ndarray, sampling_rate: float, orders: Sequence[int]) -> np.ndarray:
+    """Zhu & Wang (ICML 2019), general upper bound for Poisson subsampling at integer
+    ``α >= 2``, for any mechanism with Rényi DP ``ε(l)`` at every integer ``l <= α``:
+
+    ``(α-1) ε'(α) <= log{ (1-q)^{α-1}(αq - q + 1) + C(α,2) q² (1-q)^{α-2} e^{ε(2)}
+    + 3 Σ_{l=3}^{α} C(α,l) (1-q)^{α-l} q^l e^{(l-1)ε(l)} }``,
+
+    also capped by ``ε(α)`` (joint convexity of ``e^{(α-1)D_α}``).
+
+    Parameters
+    ----------
+    base_rdp : ndarray
+        ``ε(l)`` for ``l = 0, 1, 2, ..., max(orders)`` (entries 0 and 1 unused).
+    sampling_rate : float
+        ``q`` in ``(0, 1]``.
+    orders : sequence of int
+        Integer orders ``>= 2``.
+    """
+    q = _rate("sampling_rate", sampling_rate)
+    orders_i = [_count("order", o, 2) for o in orders]
+    eps = np.asarray(base_rdp, dtype=np.float64)
+    if eps.shape[0] <= max(orders_i):
+        raise ValueError(f"base_rdp: needs entries up to order {max(orders_i)}, has {eps.shape[0] - 1}")
+    if q == 1.0:
+        return eps[orders_i].copy()
+    lq, l1q = math.log(q), math.log1p(-q)
+    out = np.empty(len(orders_i))
+    for j, a in enumerate(orders_i):
+        terms = [(a - 1) * l1q + math.log(a * q - q + 1.0)]
+        terms.append(math.log(a * (a - 1) / 2.0) + 2 * lq + (a - 2) * l1q + eps[2])
+        if a >= 3:
+            ls = np.arange(3, a + 1, dtype=np.float64)
+            log_binom = special.gammaln(a + 1.0) - special.gammaln(ls + 1.0) - special.gammaln(a - ls + 1.0)
+            tail = math.log(3.0) + log_binom + (a - ls) * l1q + ls * lq + (ls - 1.0) * eps[3 : a + 1]
+            terms.extend(tail.tolist())
+        sub = float(special.logsumexp(terms)) / (a - 1)
+        out[j] = min(sub, float(eps[a]))
+    return out
+
+
+def rdp_to_epsilon(orders: Sequence[float], rdp: np.ndarray, delta: float) -> float:
+    """``min_α ε_α + log((α-1)/α) - (log δ + log α)/(α-1)``, at least 0
+    (Canonne, Kamath & Steinke 2020, Prop. 12; the conversion dp-accounting uses)."""
+    delta = _delta(delta)
+    a = np.asarray(orders, dtype=np.float64)
+    r = np.asarray(rdp, dtype=np.float64)
+    eps = r + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
+    return max(0.0, float(np.min(eps)))
+
+
+def route_b_epsilon(rounds: Rounds, delta: float, orders: Sequence[int] = ROUTE_B_ORDERS) -> float:
+    """Route B: add/remove ε from Rényi DP (DDG Prop. 14 per round with ``n = n_h``,
+    ``σ = σ_loc``, ``Δ₂ = s + √d``; Zhu & Wang's general Poisson-subsampling bound;
+    additive composition; the CKS conversion). A valid upper bound, looser than
+    route A (``docs/secagg_accounting.md`` §6)."""
+    counted = _as_counted(rounds)
+    delta = _delta(delta)
+    orders_i = sorted({_count("order", o, 2) for o in orders})
+    top = max(orders_i)
+    ls = np.arange(top + 1)
+    total = np.zeros(len(orders_i))
+    for ev, n in counted:
+        base = ddg_rdp(ls, ev.local_sigma, ev.honest_parties, ev.sensitivity, ev.dimension)
+        total += n * poisson_subsampled_rdp(base, ev.sampling_rate, orders_i)
+    return rdp_to_epsilon(orders_i, total, delta)
+
+
+# --------------------------------------------------------------------------------------
+# both
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DistributedEpsilon:
+    """Both accounts of a run of distributed-discrete-Gaussian rounds.
+
+    Attributes
+    ----------
+    route_a : EpsilonBound
+        PRV of the smoothed Gaussian rounds plus the slack (proved; ``upper`` is the
+        number to print).
+    route_b : float
+        Rényi-DP route of the papers (valid, looser).
+    slack : float
+        ``Λ``, the total log-density-ratio distance to the smoothed rounds.
+    delta : float
+    """
+
+    route_a: EpsilonBound
+    route_b: float
+    slack: float
+    delta: float
+
+    @property
+    def epsilon(self) -> float:
+        """The printed ε: route A's certified upper bound (never above route B's)."""
+        return min(self.route_a.upper, self.route_b)
+
+
+def distributed_epsilon(rounds: Rounds, delta: float, eps_error: float = 0.05) -> DistributedEpsilon:
+    """Route A and route B side by side (add/remove)."""
+    counted = _as_counted(rounds)
+    slack = _total_slack(counted)
+    return DistributedEpsilon(
+        route_a_epsilon(counted, delta, eps_error=eps_error),
+        route_b_epsilon(counted, delta),
+        slack,
+        _delta(delta),
+    )
