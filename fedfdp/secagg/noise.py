@@ -29,21 +29,24 @@ The algorithm (CKS Algorithms 1-3)
 Why the vectorised version is exact
 -----------------------------------
 Every random decision above is ``Bernoulli(x)`` for a number ``x`` that is known
-exactly as a ratio of integers ``num/den`` (``γ/K``, ``U/(tK)``, ``1/K``, and for the
-acceptance step ``γ = (|Y|·b·t - a)² / (2·a·b·t²)`` with ``σ² = a/b``). A draw is
-decided by one uniform ``U ∈ [0, 1)`` whose first 64 bits ``W`` come from the bit
-stream: ``Bernoulli(x) = [U < x]``. Batches of draws are compared in float64
-against ``x̂``, a float approximation of ``x`` with a *rigorous* error bound ``e``
-(IEEE-754 ``+ − × ÷`` are correctly rounded, so the bound follows from a forward
-error analysis; it is ``2⁻⁴⁶(γ̂ + |Δ̂|/t + 1)`` for ``γ`` and a few units of
-roundoff for the ratios, see :func:`_acceptance_exponent`). When ``[W/2⁶⁴,
-(W+1)/2⁶⁴)`` lies entirely below ``x̂ - e`` (or entirely above ``x̂ + e``) the
-outcome is certain; otherwise (probability about ``2⁻⁴⁴`` per draw) the same ``U``
-is compared with ``num/den`` in exact integer arithmetic, extending ``U`` by fresh
-64-bit words until the comparison is decided (:func:`_uniform_below`). When even
-``⌊γ⌋`` is uncertain, that element's whole ``Bernoulli(exp(-γ))`` is drawn by the
-scalar exact algorithm on Python integers (:class:`fractions.Fraction`). So every
-output has exactly the CKS distribution; floats only decide which path a draw takes.
+exactly as a ratio of integers ``num/den`` (``f/K`` with ``f = γ - ⌊γ⌋``, ``U/(tK)``,
+``1/K``; for the acceptance step ``γ = (|Y|·b·t - a)² / (2·a·b·t²)`` with
+``σ² = a/b``). A draw is decided by one uniform ``U ∈ [0, 1)`` whose first 32 bits
+``W`` come from the bit stream: ``Bernoulli(x) = [U < x]``. For ``x = 1/K`` the
+comparison is in integers (``W`` against ``⌊2³²/K⌋``). Otherwise batches of draws are
+compared in float64 against ``x̂``, a float approximation of ``x`` with a *rigorous*
+error bound ``e`` (IEEE-754 ``+ − × ÷`` are correctly rounded, so the bound follows
+from a forward error analysis: ``2⁻⁴⁶(γ̂ + |Δ̂|/t + 1)`` for ``γ``, see
+:func:`_acceptance_exponent`, and a few units of roundoff for the ratios). When
+``[W/2³², (W+1)/2³²)`` lies entirely below ``x̂ - e`` (or entirely above ``x̂ + e``)
+the outcome is certain; otherwise (probability about ``2⁻³¹`` per draw) the same
+``U`` is compared with ``num/den`` in exact integer arithmetic, extending ``U`` by
+fresh 64-bit words until the comparison is decided (:func:`_uniform_below`). When
+``⌊γ⌋`` itself is uncertain, that element's whole ``Bernoulli(exp(-γ))`` is drawn by
+the scalar exact algorithm on Python integers (:class:`fractions.Fraction`). The
+uniform ``U`` of the discrete Laplace is drawn by rejection from 64-bit words, the
+sign from single bits. So every output has exactly the CKS distribution; floats only
+decide which path a draw takes.
 
 Representing ``σ²``
 -------------------
@@ -59,8 +62,9 @@ The bits come from a :class:`~fedfdp.entropy.BitStream`: by default the party's 
 CSPRNG (:class:`~fedfdp.entropy.OSBits`, ``os.urandom``), never a configured seed;
 tests may pass a :class:`~fedfdp.entropy.SeededBits` stream.
 
-Cost (measured on the 2-core development machine): about 60 ms for ``d = 10⁵``
-draws at ``σ = 4`` or ``σ = 10⁵`` (``docs/secagg_accounting.md`` §7).
+Cost (measured on the shared 2-core development machine): 65-80 ms for ``d = 10⁵``
+draws at ``σ`` from 4 to ``3.5·10⁵``, about half of it reading ``os.urandom``
+(``docs/secagg_accounting.md`` §7.3).
 """
 
 from __future__ import annotations
