@@ -40,16 +40,17 @@ from torch import nn
 
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.clipping.common import LossFn, tensor_sum
+from fedfdp.config import PRIVACY_UNITS, PrivacyUnit
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
 from fedfdp.losses import FeatureMap, cross_entropy
-from fedfdp.modes import PHASES, Phase
+from fedfdp.modes import PHASES, Phase, PrivateLoss
 from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
 
 if TYPE_CHECKING:
     from fedfdp.data import DeviceData
     from fedfdp.protocol import TrainInstruction
 
-UNITS = ("record", "device")
+UNITS = PRIVACY_UNITS
 
 
 @dataclass
@@ -138,13 +139,14 @@ class RoundSettings:
     phase: Phase
     sampling_rate: float
     clipping_norm: float
-    unit: str = "record"
+    unit: PrivacyUnit = PrivacyUnit.RECORD
     public_seed: int = 0
     clip_method: str = "auto"
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ValueError(f"privacy-unit={self.unit!r}: must be record or device")
+        object.__setattr__(self, "unit", PrivacyUnit(self.unit))
         if not 0 < self.sampling_rate <= 1:
             raise ValueError(f"sampling-rate={self.sampling_rate}: must be in (0, 1]")
         if not self.clipping_norm > 0:
@@ -204,9 +206,9 @@ class PrivateAggregator(Protocol):
 def _loss_and_inputs(
     decomposition: FeatureMap, phase: Phase, batch: PrivateBatch
 ) -> tuple[LossFn, list[torch.Tensor]]:
-    if phase.private_loss == "private":
+    if phase.private_loss is PrivateLoss.PRIVATE:
         return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
-    if phase.private_loss == "full":
+    if phase.private_loss is PrivateLoss.FULL:
         return cross_entropy, [batch.x]
     raise ValueError(f"phase {phase.name!r} has no private part")
 
@@ -266,7 +268,7 @@ def clipped_private_sum(
             "(fedfdp.parts.client_parts_for), not the joint clipping of the default ClientParts"
         )
     clip = settings.clipping_norm if phase.clip else None
-    if settings.unit == "record":
+    if settings.unit is PrivacyUnit.RECORD:
         return private_clipped_sum(model, decomposition, phase, batches, clip, settings.clip_method)
     total = [torch.zeros_like(p) for p in trainable(model)]
     unclipped = 0

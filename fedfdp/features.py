@@ -32,6 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedfdp.config import PublicLoss
+
+#: The constructions of :class:`PublicView` (``public-loss`` of a table row).
+VIEW_METHODS = (PublicLoss.GAUSSIAN, PublicLoss.ZERO, PublicLoss.MEAN)
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -176,9 +181,9 @@ class PublicView:
                 "label-only FeatureSpec: label-DP uses the label-free public loss, not a view "
                 "(public-loss='label-free')"
             )
-        if self.method not in ("gaussian", "zero", "mean"):
+        if self.method not in VIEW_METHODS:
             raise ValueError(f"public-loss={self.method!r}: must be gaussian, zero or mean")
-        if self.method == "mean" and self.statistics is None:
+        if self.method == PublicLoss.MEAN and self.statistics is None:
             raise ValueError("public-loss='mean': needs PublicStatistics from public data")
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -189,14 +194,14 @@ class PublicView:
         """
         view = x.clone()
         idx = torch.as_tensor(self.spec._positions("private"), device=x.device)
-        if self.method == "gaussian":
+        if self.method == PublicLoss.GAUSSIAN:
             if generator is None:
                 raise ValueError("public-loss='gaussian': an explicit torch.Generator is required")
             noise = torch.randn(
                 (x.shape[0], len(idx)), generator=generator, dtype=x.dtype, device=x.device
             )
             view.index_copy_(1, idx, noise)  # same result as view[:, idx] = noise, ~40% faster
-        elif self.method == "zero":
+        elif self.method == PublicLoss.ZERO:
             view.index_fill_(1, idx, 0.0)
         else:
             if self.statistics is None:  # refused in __post_init__; kept for type narrowing

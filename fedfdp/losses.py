@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fedfdp.config import PublicLoss
 from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def image_view(cfg: Config, data: FederatedData) -> PublicViewFn:
     from fedfdp.images.blur import GaussianBlur
 
     d = cfg.data
-    if cfg.privacy.public_loss != "auto":
+    if cfg.privacy.public_loss is not PublicLoss.AUTO:
         raise ValueError(
             f"public-loss={cfg.privacy.public_loss!r}: dataset {data.name!r} holds images, whose public "
             "view is the blur (blur-kernel, blur-sigma, blur-levels); leave public-loss = 'auto'"
@@ -239,13 +240,13 @@ def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
     if data.spec is None:  # a table always has a spec (FederatedData.__post_init__)
         raise RuntimeError(f"dataset {data.name!r}: no feature spec")
     method = cfg.privacy.public_loss
-    if method == "auto":
+    if method is PublicLoss.AUTO:
         method = data.public_loss
-    if method == "label-free":
+    if method == PublicLoss.LABEL_FREE:
         if cfg.training.model != "logistic":
             raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")
         return FeatureMap.label_dp(data.spec.columns)
-    stats = data.public_statistics if method == "mean" else None
-    if method == "mean" and stats is None:
+    stats = data.public_statistics if method == PublicLoss.MEAN else None
+    if method == PublicLoss.MEAN and stats is None:
         raise ValueError(f"public-loss='mean': dataset {data.name!r} declares no public statistics")
     return FeatureMap(PublicView(data.spec, method, stats))

@@ -26,6 +26,17 @@ for ``fdp-dpsgd`` (the paper's "FDP (DP-SGD)") or the mode itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+from fedfdp.config import Mode
+
+
+class PrivateLoss(StrEnum):
+    """Which loss a round's private part differentiates."""
+
+    NONE = "none"
+    FULL = "full"        # ℓ
+    PRIVATE = "private"  # ℓ − ℓ_pub
 
 
 @dataclass(frozen=True)
@@ -34,8 +45,9 @@ class Phase:
 
     Attributes
     ----------
-    name : str
-    private_loss : str
+    name : Mode
+        The mode whose round this is (``fdp-dpsgd`` runs ``public`` then ``dp`` rounds).
+    private_loss : PrivateLoss
         ``none``, ``full`` (ℓ) or ``private`` (ℓ − ℓ_pub).
     clip : bool
         Clip per-record private gradients to ``C``.
@@ -47,8 +59,8 @@ class Phase:
         Clip per block of a GLM's parameters (CorrDP-SGD) instead of as one vector.
     """
 
-    name: str
-    private_loss: str
+    name: Mode
+    private_loss: PrivateLoss
     clip: bool
     noise: bool
     public: bool
@@ -57,26 +69,35 @@ class Phase:
     @property
     def has_private(self) -> bool:
         """Whether the round touches private data."""
-        return self.private_loss != "none"
+        return self.private_loss is not PrivateLoss.NONE
 
 
-PHASES: dict[str, Phase] = {
-    "nonprivate": Phase("nonprivate", "full", clip=False, noise=False, public=False),
-    "public": Phase("public", "none", clip=False, noise=False, public=True),
-    "dp": Phase("dp", "full", clip=True, noise=True, public=False),
-    "fdp": Phase("fdp", "private", clip=True, noise=True, public=True),
-    "corrdp": Phase("corrdp", "full", clip=True, noise=True, public=False, per_block=True),
+#: The phase of each mode's private rounds (``fdp-dpsgd`` has none of its own:
+#: :func:`phase_for_round`). Keyed by :class:`~fedfdp.config.Mode`, so a plain
+#: string (``PHASES["dp"]``, a phase name read from an instruction) finds it too.
+PHASES: dict[Mode, Phase] = {
+    Mode.NONPRIVATE: Phase(Mode.NONPRIVATE, PrivateLoss.FULL, clip=False, noise=False, public=False),
+    Mode.PUBLIC: Phase(Mode.PUBLIC, PrivateLoss.NONE, clip=False, noise=False, public=True),
+    Mode.DP: Phase(Mode.DP, PrivateLoss.FULL, clip=True, noise=True, public=False),
+    Mode.FDP: Phase(Mode.FDP, PrivateLoss.PRIVATE, clip=True, noise=True, public=True),
+    Mode.CORRDP: Phase(Mode.CORRDP, PrivateLoss.FULL, clip=True, noise=True, public=False, per_block=True),
 }
 
 
-def phase_for_round(mode: str, public_pretrain_rounds: int, round_: int) -> Phase:
-    """The phase of round ``round_`` (1-based) under ``mode``."""
+def phase_for_round(mode: Mode | str, public_pretrain_rounds: int, round_: int) -> Phase:
+    """The phase of round ``round_`` (1-based) under ``mode``.
+
+    Examples
+    --------
+    >>> phase_for_round(Mode.FDP_DPSGD, 2, 1).name, phase_for_round(Mode.FDP_DPSGD, 2, 3).name
+    ('public', 'dp')
+    """
     if round_ < 1:
         raise ValueError(f"round={round_}: rounds are numbered from 1")
     if round_ <= public_pretrain_rounds:
-        return PHASES["public"]
-    if mode == "fdp-dpsgd":
-        return PHASES["dp"]
+        return PHASES[Mode.PUBLIC]
+    if mode == Mode.FDP_DPSGD:
+        return PHASES[Mode.DP]
     if mode not in PHASES:
         raise ValueError(f"mode={mode!r}: unknown")
-    return PHASES[mode]
+    return PHASES[Mode(mode)]

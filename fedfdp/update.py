@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fedfdp.config import Optimizer
 from fedfdp.entropy import BitStream
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.modes import Phase
@@ -98,9 +99,9 @@ def build_optimizer(
     params: Sequence[nn.Parameter], name: str, learning_rate: float, momentum: float
 ) -> torch.optim.Optimizer:
     """The server optimizer; ``sgd`` (with momentum) is the paper's choice."""
-    if name == "sgd":
+    if name == Optimizer.SGD:
         return torch.optim.SGD(params, lr=learning_rate, momentum=momentum)
-    if name == "adam":
+    if name == Optimizer.ADAM:
         return torch.optim.Adam(params, lr=learning_rate)
     raise ValueError(f"optimizer={name!r}: must be sgd or adam")
 

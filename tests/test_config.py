@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfdp.config import Config, ConfigError, config_keys, load_config, parse_override, read_toml
+from fedfdp.config import Config, ConfigError, Mode, config_keys, load_config, parse_override, read_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,18 +52,25 @@ def test_unknown_key_suggests():
         load_config({"noise-multiplyer": 1})
 
 
-def test_sigma_or_target_exactly_one():
+def test_sigma_or_target_at_most_one():
     with pytest.raises(ConfigError, match="give one of them"):
         load_config({"noise-multiplier": 1.0, "target-epsilon": 2.0})
-    with pytest.raises(ConfigError, match="needs noise-multiplier or target-epsilon"):
+    # σ alone, a target alone, or neither (the default target 2.0)
+    assert load_config({"mode": "dp", "noise-multiplier": 1.3}).privacy.noise_multiplier == 1.3
+    assert load_config({"mode": "dp", "target-epsilon": 1.0}).privacy.calibration_target == 1.0
+    assert load_config({"mode": "dp"}).privacy.calibration_target == 2.0
+    # 0 is not "not set"
+    with pytest.raises(ConfigError, match='target-epsilon=0: must be > 0, or "" to leave it unset'):
         load_config({"mode": "dp", "target-epsilon": 0})
-    # non-private modes need neither
-    assert load_config({"mode": "public", "target-epsilon": 0}).privacy.mode == "public"
+    assert load_config({"mode": "public"}).privacy.mode is Mode.PUBLIC
 
 
 def test_combinations():
-    with pytest.raises(ConfigError, match="max-epsilon=1.0: below target-epsilon=2.0"):
+    with pytest.raises(ConfigError, match="max-epsilon=1.0: below the default calibration target 2.0"):
         load_config({"max-epsilon": 1.0})
+    with pytest.raises(ConfigError, match="max-epsilon=1.0: below target-epsilon 1.5"):
+        load_config({"max-epsilon": 1.0, "target-epsilon": 1.5})
+    assert load_config({"max-epsilon": 1.0, "noise-multiplier": 2.0}).privacy.epsilon_cap == 1.0
     with pytest.raises(ConfigError, match="fdp-dpsgd"):
         load_config({"mode": "fdp-dpsgd"})
     with pytest.raises(ConfigError, match="public-pretrain-rounds=10"):
@@ -71,7 +78,7 @@ def test_combinations():
 
 
 def test_flat_roundtrip():
-    cfg = load_config({"mode": "dp", "noise-multiplier": 1.3, "target-epsilon": 0, "delta": 1e-6})
+    cfg = load_config({"mode": "dp", "noise-multiplier": 1.3, "delta": 1e-6})
     assert load_config(cfg.to_flat()) == cfg
 
 
@@ -92,7 +99,7 @@ def test_read_toml_errors(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         read_toml(bad)
     good = tmp_path / "good.toml"
-    good.write_text('mode = "dp"\nnoise-multiplier = 1.0\ntarget-epsilon = 0\n')
+    good.write_text('mode = "dp"\nnoise-multiplier = 1.0\ntarget-epsilon = ""\n')
     assert load_config(read_toml(good)).privacy.noise_multiplier == 1.0
 
 
@@ -102,10 +109,12 @@ def test_read_toml_errors(tmp_path):
 @pytest.mark.parametrize(
     ("section", "kwargs", "message"),
     [
-        ("privacy", {"noise_multiplier": -1.0, "target_epsilon": None}, "noise-multiplier=-1.0: must be > 0"),
+        ("privacy", {"noise_multiplier": -1.0}, "noise-multiplier=-1.0: must be > 0"),
+        ("privacy", {"noise_multiplier": 0.0}, 'noise-multiplier=0.0: must be > 0, or "" to leave it unset'),
         ("privacy", {"sampling_rate": 7.0}, "sampling-rate=7.0: must be in (0, 1]"),
         ("privacy", {"num_rounds": 0}, "num-rounds=0: must be >= 1"),
-        ("privacy", {"mode": "fdp", "noise_multiplier": 1.0}, "give one of them"),
+        ("privacy", {"noise_multiplier": 1.0, "target_epsilon": 2.0}, "give one of them"),
+        ("privacy", {"mode": "dpsgd"}, "mode='dpsgd': must be one of"),
         ("privacy", {"privacy_unit": "device"}, "needs device-sampling-rate"),
         ("training", {"learning_rate": float("nan")}, "learning-rate=nan: must be finite"),
         ("data", {"test_fraction": 1.0}, "test-fraction=1.0: must be in (0, 1)"),

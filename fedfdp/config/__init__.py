@@ -3,12 +3,23 @@
 Every tunable is a kebab-case key (``noise-multiplier``, ``sampling-rate``...)
 that appears in ``[tool.flwr.app.config]`` of ``pyproject.toml``, in experiment
 TOML files and in ``fedfdp run --set key=value``. :func:`load_config` parses a
-flat mapping of such keys into :class:`Config`, whose parts separate the
-privacy-defining settings (:class:`PrivacyConfig`) from the performance-only
-ones (:class:`TrainingConfig`, :class:`DataConfig`, :class:`RunConfig`).
+flat mapping of such keys into :class:`Config`, whose sections are the privacy
+mechanism (:class:`PrivacyConfig`), the optimisation and model
+(:class:`TrainingConfig`), the data (:class:`DataConfig`) and orchestration
+(:class:`RunConfig`, the only performance-only section).
 
-Validation happens here, before any work starts, and every error names the
-key and the offending value, e.g. ``noise-multiplier=-1.0: must be > 0``.
+Which keys define the guarantee is said once, in the key table
+(:mod:`fedfdp.config.keys`): :data:`GUARANTEE_KEYS` are the inputs of the
+resolved mechanism, :data:`ORCHESTRATION_KEYS` what may change on resume;
+:func:`key_reference` gives one row per key (``docs/configuration.md`` is
+generated from it: ``python -m fedfdp.config``).
+
+Closed choices are enums (:class:`Mode`, :class:`PrivacyUnit`,
+:class:`PublicLoss`, :class:`Optimizer`, :class:`DataLocation`,
+:class:`ClipShares`, :class:`TvFloor`) that equal their strings; "not set" is
+``None`` (``""`` in TOML). Validation happens here, before any work starts,
+and every error names the key and the offending value, e.g.
+``noise-multiplier=-1.0: must be > 0``.
 """
 
 
@@ -21,50 +32,88 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fedfdp.config.schema import (
+from fedfdp.config.choices import (
+    CLIP_SHARES,
+    DATA_LOCATIONS,
+    DATASETS,
+    IMAGE_DATASETS,
+    MODELS,
+    MODES,
+    OPTIMIZERS,
+    PAPER_FLOOR,
+    PRIVACY_UNITS,
+    PRIVATE_MODES,
+    PUBLIC_LOSSES,
+    ClipShares,
+    DataLocation,
+    Mode,
+    Optimizer,
+    PrivacyUnit,
+    PublicLoss,
+    TvFloor,
+)
+from fedfdp.config.keys import (
+    DEFAULT_TARGET_EPSILON,
+    GUARANTEE_KEYS,
+    IGNORED_KEYS,
+    KEY_TABLE,
+    KEYS,
     ORCHESTRATION_KEYS,
+    Guarantee,
+    KeySpec,
+    Kind,
+    Section,
+    guarantee_keys_of,
+)
+from fedfdp.config.reference import KeyReference, key_reference
+from fedfdp.config.schema import (
     Config,
     DataConfig,
     PrivacyConfig,
     RunConfig,
     TrainingConfig,
 )
-from fedfdp.config.values import (
-    DATA_LOCATIONS,
-    DATASETS,
-    IGNORED_KEYS,
-    IMAGE_DATASETS,
-    IMPORT_PATH,
-    KEY_TABLE,
-    MODELS,
-    MODES,
-    OPTIMIZERS,
-    PRIVACY_UNITS,
-    PRIVATE_MODES,
-    PUBLIC_LOSSES,
-    ConfigError,
-    parse_value,
-)
+from fedfdp.config.values import IMPORT_PATH, ConfigError, UnknownKindError, parse_value
 
 __all__ = [
+    "CLIP_SHARES",
     "DATASETS",
     "DATA_LOCATIONS",
+    "DEFAULT_TARGET_EPSILON",
+    "GUARANTEE_KEYS",
     "IMAGE_DATASETS",
+    "KEYS",
     "MODELS",
     "MODES",
     "OPTIMIZERS",
     "ORCHESTRATION_KEYS",
+    "PAPER_FLOOR",
     "PRIVACY_UNITS",
     "PRIVATE_MODES",
     "PUBLIC_LOSSES",
+    "ClipShares",
     "Config",
     "ConfigError",
     "DataConfig",
+    "DataLocation",
+    "Guarantee",
+    "KeyReference",
+    "KeySpec",
+    "Kind",
+    "Mode",
+    "Optimizer",
     "PrivacyConfig",
+    "PrivacyUnit",
+    "PublicLoss",
     "RunConfig",
+    "Section",
     "TrainingConfig",
+    "TvFloor",
+    "UnknownKindError",
     "config_keys",
+    "guarantee_keys_of",
     "is_import_path",
+    "key_reference",
     "load_config",
     "load_toml_file",
     "parse_override",
@@ -108,11 +157,15 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
     >>> cfg = load_config({"mode": "dp", "target-epsilon": 1.0, "num-rounds": 20})
     >>> cfg.privacy.mode, cfg.privacy.num_rounds
     ('dp', 20)
+    >>> cfg.privacy.mode is Mode.DP
+    True
+    >>> load_config({"mode": "dp", "noise-multiplier": 1.1, "delta": ""}).privacy.delta is None
+    True
     """
     base = base or Config()
     sections: dict[str, dict[str, Any]] = {
         name: {f.name: getattr(getattr(base, name), f.name) for f in fields(getattr(base, name))}
-        for name in ("privacy", "training", "data", "run")
+        for name in Section
     }
     for key, value in (mapping or {}).items():
         if key in IGNORED_KEYS:
@@ -121,15 +174,15 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
             close = difflib.get_close_matches(key, KEY_TABLE, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{key}={value!r}: unknown configuration key{hint}")
-        section, attr, kind = KEY_TABLE[key]
-        sections[section][attr] = parse_value(key, kind, value)
+        spec = KEY_TABLE[key]
+        sections[spec.section][spec.attr] = parse_value(key, spec.kind, value)
     if mapping and mapping.get("device-column") and "num-devices" not in mapping:
-        sections["data"]["num_devices"] = 0  # one device per unit of the column (resolve_devices)
+        sections[Section.DATA]["num_devices"] = 0  # one device per unit of the column (resolve_devices)
     return Config(
-        privacy=PrivacyConfig(**sections["privacy"]),
-        training=TrainingConfig(**sections["training"]),
-        data=DataConfig(**sections["data"]),
-        run=RunConfig(**sections["run"]),
+        privacy=PrivacyConfig(**sections[Section.PRIVACY]),
+        training=TrainingConfig(**sections[Section.TRAINING]),
+        data=DataConfig(**sections[Section.DATA]),
+        run=RunConfig(**sections[Section.RUN]),
     )
 
 

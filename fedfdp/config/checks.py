@@ -4,32 +4,37 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedfdp.config.values import DATASETS, IMAGE_DATASETS, ConfigError
+from fedfdp.config.choices import DATASETS, IMAGE_DATASETS, DataLocation, Mode, PrivacyUnit, PublicLoss
+from fedfdp.config.values import ConfigError
 
 if TYPE_CHECKING:
     from fedfdp.config.schema import Config, DataConfig, PrivacyConfig
 
 
 def check_privacy(p: PrivacyConfig) -> None:
-    """Privacy settings that only make sense together."""
-    if p.is_private:
-        if p.noise_multiplier is not None and p.target_epsilon is not None:
-            raise ConfigError(
-                f"noise-multiplier={p.noise_multiplier} and target-epsilon={p.target_epsilon}: "
-                "give one of them (set the other to 0)"
-            )
-        if p.noise_multiplier is None and p.target_epsilon is None:
-            raise ConfigError(f"mode={p.mode!r}: a private mode needs noise-multiplier or target-epsilon")
-        if p.max_epsilon is not None and p.target_epsilon is not None and p.max_epsilon < p.target_epsilon:
-            raise ConfigError(f"max-epsilon={p.max_epsilon}: below target-epsilon={p.target_epsilon}")
-    if p.mode == "fdp-dpsgd" and p.public_pretrain_rounds == 0:
+    """Privacy settings that only make sense together.
+
+    σ and a target ε are alternatives: both set is refused (in every mode, so
+    that a configuration never carries a value that is silently ignored by a
+    private mode); neither set calibrates a private mode to the default target.
+    """
+    if p.noise_multiplier is not None and p.target_epsilon is not None:
+        raise ConfigError(
+            f"noise-multiplier={p.noise_multiplier} and target-epsilon={p.target_epsilon}: "
+            'give one of them (leave the other unset: "")'
+        )
+    target = p.calibration_target
+    if p.max_epsilon is not None and target is not None and p.max_epsilon < target:
+        which = "target-epsilon" if p.target_epsilon is not None else "the default calibration target"
+        raise ConfigError(f"max-epsilon={p.max_epsilon}: below {which} {target}")
+    if p.mode is Mode.FDP_DPSGD and p.public_pretrain_rounds == 0:
         raise ConfigError("public-pretrain-rounds=0: mode 'fdp-dpsgd' needs public pre-training")
     if p.public_pretrain_rounds >= p.num_rounds and p.is_private:
         raise ConfigError(
             f"public-pretrain-rounds={p.public_pretrain_rounds}: must be below "
             f"num-rounds={p.num_rounds} so that private rounds remain"
         )
-    if p.privacy_unit == "device" and p.device_sampling_rate is None:
+    if p.privacy_unit is PrivacyUnit.DEVICE and p.device_sampling_rate is None:
         raise ConfigError(
             "privacy-unit='device': needs device-sampling-rate in (0, 1] (devices are Poisson-sampled)"
         )
@@ -48,21 +53,21 @@ def _check_corrdp(p: PrivacyConfig) -> None:
             f"sensitive-columns={list(p.sensitive_columns)}, insensitive-tv: column {both[0]!r} is "
             "declared both sensitive and insensitive"
         )
-    if p.tv_estimate and p.tv_min_prob == 0:
+    if p.tv_estimate and p.tv_min_prob is None:
         raise ConfigError(
             "tv-estimate=true: needs tv-min-prob in (0, 1], a declared lower bound on every bin's "
             "probability (the estimator's constants depend on it)"
         )
     if p.tv_delta is not None and p.delta is not None and p.tv_delta >= p.delta:
         raise ConfigError(f"tv-delta={p.tv_delta}: must be below delta={p.delta} (it is part of it)")
-    if p.mode != "corrdp":
+    if p.mode is not Mode.CORRDP:
         return
     if p.adaptive_clipping:
         raise ConfigError(
             f"clipping-quantile={p.clipping_quantile}: mode 'corrdp' clips per block at a fixed C "
             "(its per-class accounting is for a fixed clipping norm); set clipping-quantile = 0"
         )
-    if p.privacy_unit != "record":
+    if p.privacy_unit is not PrivacyUnit.RECORD:
         raise ConfigError(
             f"privacy-unit={p.privacy_unit!r}: mode 'corrdp' protects one record's features (Def. 2.1); "
             "use privacy-unit = 'record'"
@@ -77,25 +82,25 @@ def _check_corrdp(p: PrivacyConfig) -> None:
 def check_config(cfg: Config) -> None:
     """Settings of different sections that only make sense together."""
     p, t = cfg.privacy, cfg.training
-    if p.reproducible_noise and cfg.data.data_location == "node":
+    if p.reproducible_noise and cfg.data.data_location is DataLocation.NODE:
         raise ConfigError(
             "reproducible-noise=true: refused with data-location='node' (a deployment); secret "
             "randomness there comes only from each party's own entropy"
         )
     if cfg.data.num_devices > 100_000:
         raise ConfigError(f"num-devices={cfg.data.num_devices}: at most 100000")
-    if p.mode == "corrdp" and t.model != "logistic":
+    if p.mode is Mode.CORRDP and t.model != "logistic":
         raise ConfigError(
             f"mode='corrdp': needs model='logistic' (got model={t.model!r}); CorrDP-SGD's per-coordinate "
             "noise is for generalized linear models, where weight column i belongs to input i"
         )
-    if p.mode == "corrdp" and p.tv_estimate and cfg.data.data_location != "central":
+    if p.mode is Mode.CORRDP and p.tv_estimate and cfg.data.data_location is not DataLocation.CENTRAL:
         raise ConfigError(
             "tv-estimate=true: needs data-location='central' (the in-sample estimate counts every "
             "training record); declare the TVs (insensitive-tv) for a deployment"
         )
     _check_images(cfg)
-    if p.public_loss == "label-free" and t.model != "logistic":
+    if p.public_loss is PublicLoss.LABEL_FREE and t.model != "logistic":
         raise ConfigError(
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
             "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
@@ -113,12 +118,12 @@ def _check_images(cfg: Config) -> None:
         )
     if not image:
         return
-    if p.public_loss != "auto":
+    if p.public_loss is not PublicLoss.AUTO:
         raise ConfigError(
             f"public-loss={p.public_loss!r}: on dataset={d.dataset!r} the public view is the blurred "
             "image (blur-kernel, blur-sigma, blur-levels); leave public-loss = 'auto'"
         )
-    if p.mode == "corrdp":
+    if p.mode is Mode.CORRDP:
         raise ConfigError(
             f"mode='corrdp': dataset={d.dataset!r} is an image dataset; CorrDP-SGD is for logistic "
             "regression on declared tabular features"
@@ -145,7 +150,9 @@ def check_data(d: DataConfig) -> None:
         "label-classes": d.label_classes,
     }
     _check_location(d)
-    if d.num_devices == 0 and not (d.dataset == "csv" and d.device_column and d.data_location == "central"):
+    if d.num_devices == 0 and not (
+        d.dataset == "csv" and d.device_column and d.data_location is DataLocation.CENTRAL
+    ):
         raise ConfigError(
             f"num-devices=0 (one device per value of device-column): needs dataset='csv' with a "
             f"device-column (dataset={d.dataset!r}, device-column={d.device_column!r}, "
@@ -167,7 +174,7 @@ def check_data(d: DataConfig) -> None:
             raise ConfigError(f"{given[0]}={csv_only[given[0]]!r}: only used by dataset='csv' "
                               f"(dataset={d.dataset!r})")
     else:
-        if not d.data_path and d.data_location == "central":
+        if not d.data_path and d.data_location is DataLocation.CENTRAL:
             raise ConfigError("data-path='': dataset='csv' needs the path of a .csv or .parquet file")
         if not d.label_column:
             raise ConfigError("label-column='': dataset='csv' needs the label column")
@@ -209,7 +216,7 @@ def check_data(d: DataConfig) -> None:
 
 def _check_location(d: DataConfig) -> None:
     """``data-location = "node"``: each SuperNode's own file, everything declared."""
-    if d.data_location == "central":
+    if d.data_location is DataLocation.CENTRAL:
         if d.test_path:
             raise ConfigError(
                 f"test-path={d.test_path!r}: only used with data-location='node' (with 'central' "

@@ -1,24 +1,31 @@
-"""The frozen configuration dataclasses, cut along the guarantee (DESIGN.md §6).
+"""The frozen configuration dataclasses (DESIGN.md §6).
 
 =================  =====================================================================
 section            what it holds
 =================  =====================================================================
-``privacy``        everything that defines the guarantee: mode, noise or target ε, δ,
-                   clipping, sampling (records, devices, nodes), the public view, the
-                   rounds, the privacy unit, and whether secret randomness is secret
-``training``       optimisation and the public seed: what the model becomes, not what
-                   the guarantee is
-``data``           which records, split how
+``privacy``        the mechanism: mode, noise or target ε, δ, the cap, clipping,
+                   sampling (records, devices, nodes), the public view, the rounds,
+                   the privacy unit, whether secret randomness is secret, CorrDP's keys
+``training``       optimisation (post-processing: no ε), the model (its parameter
+                   count decides the ``fdp`` recipe's clipping, so σ) and the seed
+                   (public randomness; the secret noise too with ``reproducible-noise``)
+``data``           which records, split how: ``N``, the device sizes, Ψ's columns and
+                   the private columns' encodings
 ``run``            orchestration and performance only: outputs, progress, timeouts,
                    checkpoints — the keys that may change on resume and are left out of
                    a sweep's configuration hash (:data:`ORCHESTRATION_KEYS`)
 =================  =====================================================================
 
+Privacy, training and data all hold inputs of the guarantee; which keys are is
+listed once, in the key table (:data:`fedfdp.config.keys.GUARANTEE_KEYS`,
+``docs/configuration.md``), and :meth:`Config.guarantee_inputs` gives their
+values for one configuration.
+
 Every dataclass validates its fields **on construction**, with the parser of
 the field's configuration key — so ``PrivacyConfig(noise_multiplier=-1)``
 fails with the same one-line message as ``noise-multiplier = -1`` in a TOML
-file — and checks the settings that only make sense together
-(:mod:`fedfdp.config.checks`).
+file, and ``PrivacyConfig(mode="dp").mode`` is :attr:`Mode.DP` — and checks the
+settings that only make sense together (:mod:`fedfdp.config.checks`).
 """
 
 from __future__ import annotations
@@ -27,10 +34,20 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fedfdp.config.checks import check_config, check_data, check_privacy
-from fedfdp.config.values import KEY_TABLE, PRIVATE_MODES, flat_value, validated_value
+from fedfdp.config.choices import ClipShares, DataLocation, Mode, Optimizer, PrivacyUnit, PublicLoss, TvFloor
+from fedfdp.config.keys import (
+    DEFAULT_TARGET_EPSILON,
+    KEYS,
+    ORCHESTRATION_KEYS,
+    Section,
+    guarantee_keys_of,
+)
+from fedfdp.config.values import flat_value, validated_value
+
+__all__ = ["ORCHESTRATION_KEYS", "Config", "DataConfig", "PrivacyConfig", "RunConfig", "TrainingConfig"]
 
 
-def _validate_fields(obj: Any, section: str) -> None:
+def _validate_fields(obj: Any, section: Section) -> None:
     """Check and normalise every field of a frozen section dataclass in place."""
     for f in fields(obj):
         object.__setattr__(obj, f.name, validated_value(section, f.name, getattr(obj, f.name)))
@@ -38,20 +55,30 @@ def _validate_fields(obj: Any, section: str) -> None:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """Settings that define the privacy guarantee.
+    """The privacy mechanism's settings (every key but ``public-batch-size`` defines
+    the guarantee; the data and the model that decide ``N`` and the parameter count
+    are in :class:`DataConfig` and :class:`TrainingConfig`).
+
+    ``None`` means "not set" (``""`` in TOML); 0 never does. σ alone, a target ε
+    alone, or neither (calibrate to :data:`~fedfdp.config.keys.DEFAULT_TARGET_EPSILON`,
+    2.0) are valid; both are refused.
 
     Attributes
     ----------
-    mode : str
+    mode : Mode
         ``nonprivate``, ``public``, ``dp``, ``fdp``, ``fdp-dpsgd`` or ``corrdp``
         (CorrDP-SGD for logistic regression; its ε is a CorrDP ε, ``docs/corrdp.md``).
     noise_multiplier : float or None
-        σ; the noise added to the private sum has std ``σ·C``. ``None`` means
-        "calibrate from ``target_epsilon``".
+        σ; the noise added to the private sum has std ``σ·C``. ``None``: σ is
+        calibrated to :attr:`calibration_target`.
     target_epsilon : float or None
-        ε (add/remove, at ``delta``) the run must end at, not above.
+        ε (add/remove, at ``delta``, the accountant's upper bound) the run must end
+        at, not above. ``None``: :data:`~fedfdp.config.keys.DEFAULT_TARGET_EPSILON`
+        when ``noise_multiplier`` is unset too (:attr:`calibration_target`).
     max_epsilon : float or None
-        Hard budget: a round that would push ε above it is refused.
+        Hard budget: a round that would push ε above it is refused. ``None``: the
+        cap is the calibration target when σ is calibrated, and there is no cap
+        when σ is given (:attr:`epsilon_cap`).
     delta : float or None
         δ; ``None`` means ``1 / (2 N)`` with ``N`` the number of training records.
     clipping_norm : float
@@ -76,7 +103,7 @@ class PrivacyConfig:
     public_batch_size : int
         ``m'``: size of the uniform public batch (drawn independently of the
         private batch, Prop. 3).
-    public_loss : str
+    public_loss : PublicLoss
         Construction of the public view Ψ-input: ``auto`` (default: the
         dataset's declared choice — Gaussian padding unless the dataset says
         otherwise; the fleet declares zero masking), ``gaussian`` (padding with
@@ -87,7 +114,7 @@ class PrivacyConfig:
     public_pretrain_rounds : int
         Rounds of public-loss-only training before the private rounds (Remark 2);
         they cost no ε. Required > 0 for ``fdp-dpsgd``.
-    privacy_unit : str
+    privacy_unit : PrivacyUnit
         ``record`` (the paper's: one record's private features are protected)
         or ``device`` (all records of one device: the device's whole private
         contribution is clipped to ``C``; devices are Poisson-sampled with
@@ -124,9 +151,9 @@ class PrivacyConfig:
     tv_bins : tuple of (column, cut points)
         Public cut points of every numeric model input the estimate bins (sensitive
         and estimated ones; one-hot features use their categories).
-    tv_min_prob : float
-        ``π_min``: declared lower bound on every bin's probability (needed with
-        ``tv_estimate``; 0: unset).
+    tv_min_prob : float or None
+        ``π_min`` in (0, 1]: declared lower bound on every bin's probability (needed
+        with ``tv_estimate``; None: not declared).
     tv_delta : float or None
         δ spent by the estimate (None: half of ``delta``).
     corrdp_weight_bound : float
@@ -134,26 +161,31 @@ class PrivacyConfig:
     corrdp_feature_bound : float or None
         ``B``: inputs are clamped to ``[−B, B]`` (None: the dataset's declared
         bound, else 1 — declared ranges encode to [−1, 1]).
-    corrdp_tv_floor : float or "paper"
-        Floor of an insensitive block's noise factor (Eq. (3)); ``"paper"``: ``(m_s/m)²``.
-    corrdp_clip_shares : str
+    corrdp_tv_floor : float or TvFloor
+        Floor of an insensitive block's noise factor (Eq. (3)); ``TvFloor.PAPER``
+        (``"paper"``): ``(m_s/m)²``.
+    corrdp_clip_shares : ClipShares
         Per-block clipping shares: ``proportional`` to each block's input bound, or ``equal``.
 
     Examples
     --------
     >>> from fedfdp import PrivacyConfig
     >>> p = PrivacyConfig(mode="fdp", target_epsilon=1.0, sampling_rate=0.1, num_rounds=50)
-    >>> p.is_private, p.private_rounds
-    (True, 50)
+    >>> p.mode, p.is_private, p.private_rounds, p.calibration_target
+    ('fdp', True, 50, 1.0)
+    >>> PrivacyConfig(mode="dp", noise_multiplier=1.1).calibration_target is None
+    True
+    >>> PrivacyConfig(mode="dp").calibration_target    # neither set: the default target
+    2.0
     >>> PrivacyConfig(sampling_rate=7.0)
     Traceback (most recent call last):
     ...
     fedfdp.config.values.ConfigError: sampling-rate=7.0: must be in (0, 1]
     """
 
-    mode: str = "fdp"
+    mode: Mode = Mode.FDP
     noise_multiplier: float | None = None
-    target_epsilon: float | None = 2.0
+    target_epsilon: float | None = None
     max_epsilon: float | None = None
     delta: float | None = None
     clipping_norm: float = 1.0
@@ -162,9 +194,9 @@ class PrivacyConfig:
     clipping_budget_share: float = 0.05
     sampling_rate: float = 0.05
     public_batch_size: int = 256
-    public_loss: str = "auto"
+    public_loss: PublicLoss = PublicLoss.AUTO
     public_pretrain_rounds: int = 0
-    privacy_unit: str = "record"
+    privacy_unit: PrivacyUnit = PrivacyUnit.RECORD
     device_sampling_rate: float | None = None
     num_rounds: int = 150
     clients_per_round: int = 0
@@ -173,21 +205,39 @@ class PrivacyConfig:
     insensitive_tv: tuple[tuple[str, float], ...] = ()
     tv_estimate: bool = False
     tv_bins: tuple[tuple[str, tuple[float, ...]], ...] = ()
-    tv_min_prob: float = 0.0
+    tv_min_prob: float | None = None
     tv_delta: float | None = None
     corrdp_weight_bound: float = 1.0
     corrdp_feature_bound: float | None = None
-    corrdp_tv_floor: float | str = "paper"
-    corrdp_clip_shares: str = "proportional"
+    corrdp_tv_floor: float | TvFloor = TvFloor.PAPER
+    corrdp_clip_shares: ClipShares = ClipShares.PROPORTIONAL
 
     def __post_init__(self) -> None:
-        _validate_fields(self, "privacy")
+        _validate_fields(self, Section.PRIVACY)
         check_privacy(self)
 
     @property
     def is_private(self) -> bool:
         """Whether the mode adds noise and spends ε."""
-        return self.mode in PRIVATE_MODES
+        return self.mode.is_private
+
+    @property
+    def calibration_target(self) -> float | None:
+        """The ε σ is calibrated to: ``target_epsilon``, or
+        :data:`~fedfdp.config.keys.DEFAULT_TARGET_EPSILON` (2.0) when neither it nor
+        σ is set; ``None`` when σ is given or the mode adds no noise."""
+        if not self.is_private or self.noise_multiplier is not None:
+            return None
+        return self.target_epsilon if self.target_epsilon is not None else DEFAULT_TARGET_EPSILON
+
+    @property
+    def epsilon_cap(self) -> float | None:
+        """The budget no round may exceed: ``max_epsilon``, else the calibration
+        target when σ is calibrated; ``None`` (no cap) when σ is given without
+        ``max_epsilon`` or the mode adds no noise."""
+        if not self.is_private:
+            return None
+        return self.max_epsilon if self.max_epsilon is not None else self.calibration_target
 
     @property
     def adaptive_clipping(self) -> bool:
@@ -202,22 +252,28 @@ class PrivacyConfig:
         fixed ``C`` under ``"auto"``."""
         if self.clipping_quantile is not None:
             return self.clipping_quantile > 0
-        return self.mode == "fdp"
+        return self.mode is Mode.FDP
 
     @property
     def private_rounds(self) -> int:
         """Rounds that touch private data (and spend ε unless ``nonprivate``)."""
-        if self.mode == "public":
+        if self.mode is Mode.PUBLIC:
             return 0
         return self.num_rounds - self.public_pretrain_rounds
 
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """Optimisation settings and the public seed (they do not change ε).
+    """Optimisation, the model and the seed.
 
-    ``seed`` drives the **public** randomness only: model initialisation, the
-    public batches and their allocation, the choice of nodes. ``model`` is
+    The optimiser, α, the learning rate and momentum are post-processing of the
+    noisy sums: they change the model, not ε. The model keys (``model``,
+    ``hidden_size``, ``hidden_sizes``, ``cnn_width``) decide the parameter count,
+    an input of the guarantee: the ``fdp`` recipe picks its clipping quantile
+    (and so σ) from it. ``seed`` drives the **public** randomness: model
+    initialisation, the public batches and their allocation, the choice of nodes;
+    with ``reproducible-noise`` the secret noise derives from it too, so it then
+    defines the guarantee (:attr:`fedfdp.config.keys.Guarantee.IF_REPRODUCIBLE`). ``model`` is
     ``logistic``, ``mlp`` or an import path ``"package.module:build"`` to your
     own ``build(num_features, num_classes) -> nn.Module``; on image datasets
     also ``cnn`` (:class:`fedfdp.images.DigitCNN`: Conv2d + GroupNorm, first
@@ -229,12 +285,14 @@ class TrainingConfig:
     >>> from fedfdp import TrainingConfig
     >>> TrainingConfig(learning_rate=0.3, momentum=0.0, seed=7).optimizer
     'sgd'
+    >>> TrainingConfig(optimizer="adam").optimizer is Optimizer.ADAM
+    True
     """
 
     alpha: float = 1.0
     learning_rate: float = 0.1
     momentum: float = 0.9
-    optimizer: str = "sgd"
+    optimizer: Optimizer = Optimizer.SGD
     model: str = "logistic"
     hidden_size: int = 64
     #: Widths of the MLP's hidden layers; empty: two layers of ``hidden_size``.
@@ -244,12 +302,18 @@ class TrainingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _validate_fields(self, "training")
+        _validate_fields(self, Section.TRAINING)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Which records, split how (see ``docs/datasets.md``).
+
+    Not performance settings: these keys define the guarantee (except
+    ``test_path``, the server's evaluation file). They decide ``N`` (and so the
+    default δ and the calibrated σ), the device sizes (the device unit's
+    neighbours, the node sampling), Ψ's columns and the private columns'
+    declared encodings.
 
     Attributes
     ----------
@@ -302,7 +366,7 @@ class DataConfig:
     label_classes : tuple of str
         ``csv``: the declared label values, in class order; empty: the sorted
         distinct values of the file (``central`` only).
-    data_location : str
+    data_location : DataLocation
         ``central`` (default) or ``node``: every SuperNode reads its own
         ``csv`` file, named by ``data-path`` in its **node config**, and serves
         one device (its ``partition-id``); every column, the label classes
@@ -346,7 +410,7 @@ class DataConfig:
     public_ranges: tuple[tuple[str, float, float], ...] = ()
     public_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     label_classes: tuple[str, ...] = ()
-    data_location: str = "central"
+    data_location: DataLocation = DataLocation.CENTRAL
     test_path: str = ""
     window_size: int = 100
     max_records: int = 0
@@ -358,7 +422,7 @@ class DataConfig:
     label_signal: float = 4.0
 
     def __post_init__(self) -> None:
-        _validate_fields(self, "data")
+        _validate_fields(self, Section.DATA)
         check_data(self)
 
 
@@ -383,7 +447,7 @@ class RunConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        _validate_fields(self, "run")
+        _validate_fields(self, Section.RUN)
 
 
 @dataclass(frozen=True)
@@ -394,8 +458,11 @@ class Config:
     --------
     >>> from fedfdp import Config, PrivacyConfig, TrainingConfig
     >>> cfg = Config(privacy=PrivacyConfig(target_epsilon=4.0), training=TrainingConfig(alpha=2.0))
-    >>> cfg.to_flat()["target-epsilon"], cfg.to_flat()["alpha"]
-    (4.0, 2.0)
+    >>> flat = cfg.to_flat()
+    >>> flat["target-epsilon"], flat["noise-multiplier"], flat["mode"], flat["alpha"]
+    (4.0, '', 'fdp', 2.0)
+    >>> sorted(cfg.guarantee_inputs())[:3]
+    ['blur-kernel', 'blur-levels', 'blur-sigma']
     """
 
     privacy: PrivacyConfig = PrivacyConfig()
@@ -407,15 +474,17 @@ class Config:
         check_config(self)
 
     def to_flat(self) -> dict[str, Any]:
-        """Flat kebab-case mapping (``None`` written as ``0``, or ``"auto"``), the inverse of
-        :func:`load_config`; suitable for TOML and Flower's run config."""
-        out: dict[str, Any] = {}
-        for key, (section, attr, kind) in KEY_TABLE.items():
-            value = getattr(getattr(self, section), attr)
-            out[key] = 0.0 if value is None and kind != "quantile" else flat_value(kind, value)
-        return out
+        """Flat kebab-case mapping, the inverse of :func:`~fedfdp.config.load_config`:
+        plain TOML scalars (enum members as their strings, lists as strings), a key
+        left unset as ``""`` (``clipping-quantile``: ``"auto"``); suitable for TOML
+        and Flower's run config."""
+        return {
+            spec.key: flat_value(spec, getattr(getattr(self, spec.section), spec.attr)) for spec in KEYS
+        }
 
-
-#: Keys of the ``run`` section: they may differ on resume and are left out of
-#: a sweep's configuration hash.
-ORCHESTRATION_KEYS: frozenset[str] = frozenset(k for k, (sec, _, _) in KEY_TABLE.items() if sec == "run")
+    def guarantee_inputs(self) -> dict[str, Any]:
+        """The flat values of the keys that define this run's guarantee (the inputs of
+        the resolved mechanism): :data:`~fedfdp.config.keys.GUARANTEE_KEYS`, with
+        ``seed`` only under ``reproducible-noise``."""
+        keys = guarantee_keys_of(self.privacy.reproducible_noise)
+        return {k: v for k, v in self.to_flat().items() if k in keys}

@@ -1,9 +1,12 @@
-"""Configuration keys, their kinds and the parsers of their values.
+"""The parsers of configuration values, one per :class:`~fedfdp.config.keys.Kind`.
 
-``KEY_TABLE`` maps every kebab-case key to its section, attribute and kind; the
-parsers turn a TOML / Flower run-config value into the typed value of the
-frozen dataclasses (:mod:`fedfdp.config.schema`), or raise a
-:class:`ConfigError` naming the key and the value.
+:func:`parse_value` turns a TOML / Flower run-config value into the typed value
+of the frozen dataclasses (:mod:`fedfdp.config.schema`) — an enum member for a
+closed choice, ``None`` for a key left unset (``""``) — or raises a
+:class:`ConfigError` naming the key and the value; :func:`flat_value` is its
+inverse. The dispatch is a closed mapping ``Kind -> parser`` checked on import
+to cover every kind: a kind without a parser is an :class:`UnknownKindError`,
+never a silent fallback.
 """
 
 from __future__ import annotations
@@ -11,30 +14,15 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from enum import Enum
 from typing import Any
+
+from fedfdp.config.choices import PAPER_FLOOR, TvFloor
+from fedfdp.config.keys import KEY_TABLE, SPEC_OF_FIELD, KeySpec, Kind
 
 #: ``package.module:attribute``: a user's model builder or dataset loader.
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
-
-MODES = ("nonprivate", "public", "dp", "fdp", "fdp-dpsgd", "corrdp")
-PRIVATE_MODES = ("dp", "fdp", "fdp-dpsgd", "corrdp")
-PUBLIC_LOSSES = ("auto", "gaussian", "zero", "mean", "label-free")
-PRIVACY_UNITS = ("record", "device")
-OPTIMIZERS = ("sgd", "adam")
-MODELS = ("mlp", "logistic", "cnn")
-DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
-            "nlswork", "hmda", "correlated", "mnist5k", "digits", "images")
-#: Image datasets (``(C, H, W)`` records; Ψ = the Gaussian blur of ``blur-kernel``, ``blur-sigma``).
-IMAGE_DATASETS = ("mnist5k", "digits", "images")
-#: ``corrdp-clip-shares``: per-block clipping shares of CorrDP-SGD.
-CLIP_SHARES = ("proportional", "equal")
-#: ``corrdp-tv-floor`` meaning the paper's floor ``(m_s/m)²`` of Eq. (3).
-PAPER_FLOOR = "paper"
-#: Where the training records live: ``central`` (every node loads the dataset
-#: the run names and serves its partition) or ``node`` (each SuperNode reads
-#: its own file, named in its node config).
-DATA_LOCATIONS = ("central", "node")
 
 
 class ConfigError(ValueError):
@@ -46,109 +34,15 @@ class ConfigError(ValueError):
     --------
     >>> from fedfdp import ConfigError, load_config
     >>> try:
-    ...     load_config({"noise-multiplier": -1.0})
+    ...     load_config({"noise-multiplier": 0})
     ... except ConfigError as err:
     ...     print(err)
-    noise-multiplier=-1.0: must be > 0 (or 0 for unset)
+    noise-multiplier=0: must be > 0, or "" to leave it unset: σ is calibrated to the calibration target
     """
 
 
-# key -> (section, attribute, kind). kind: "float+", "float01", "unit0" ([0, 1]), "int+", "int0",
-# "choice", "tvs" / "bins" / "floor" (CorrDP), ...
-KEY_TABLE: dict[str, tuple[str, str, str]] = {
-    "mode": ("privacy", "mode", "choice"),
-    "noise-multiplier": ("privacy", "noise_multiplier", "optfloat+"),
-    "target-epsilon": ("privacy", "target_epsilon", "optfloat+"),
-    "max-epsilon": ("privacy", "max_epsilon", "optfloat+"),
-    "delta": ("privacy", "delta", "optdelta"),
-    "clipping-norm": ("privacy", "clipping_norm", "float+"),
-    "clipping-quantile": ("privacy", "clipping_quantile", "quantile"),
-    "clipping-learning-rate": ("privacy", "clipping_learning_rate", "float+"),
-    "clipping-budget-share": ("privacy", "clipping_budget_share", "float01open"),
-    "sampling-rate": ("privacy", "sampling_rate", "prob"),
-    "public-batch-size": ("privacy", "public_batch_size", "int+"),
-    "public-loss": ("privacy", "public_loss", "choice"),
-    "public-pretrain-rounds": ("privacy", "public_pretrain_rounds", "int0"),
-    "privacy-unit": ("privacy", "privacy_unit", "choice"),
-    "device-sampling-rate": ("privacy", "device_sampling_rate", "optprob"),
-    "num-rounds": ("privacy", "num_rounds", "int+"),
-    "clients-per-round": ("privacy", "clients_per_round", "int0"),
-    "reproducible-noise": ("privacy", "reproducible_noise", "bool"),
-    "sensitive-columns": ("privacy", "sensitive_columns", "strlist"),
-    "insensitive-tv": ("privacy", "insensitive_tv", "tvs"),
-    "tv-estimate": ("privacy", "tv_estimate", "bool"),
-    "tv-bins": ("privacy", "tv_bins", "bins"),
-    "tv-min-prob": ("privacy", "tv_min_prob", "unit0"),
-    "tv-delta": ("privacy", "tv_delta", "optdelta"),
-    "corrdp-weight-bound": ("privacy", "corrdp_weight_bound", "float+"),
-    "corrdp-feature-bound": ("privacy", "corrdp_feature_bound", "optfloat+"),
-    "corrdp-tv-floor": ("privacy", "corrdp_tv_floor", "floor"),
-    "corrdp-clip-shares": ("privacy", "corrdp_clip_shares", "choice"),
-    "alpha": ("training", "alpha", "float+"),
-    "learning-rate": ("training", "learning_rate", "float+"),
-    "momentum": ("training", "momentum", "float01"),
-    "optimizer": ("training", "optimizer", "choice"),
-    "model": ("training", "model", "choice-or-path"),
-    "hidden-size": ("training", "hidden_size", "int+"),
-    "hidden-sizes": ("training", "hidden_sizes", "intlist"),
-    "cnn-width": ("training", "cnn_width", "int+"),
-    "dataset": ("data", "dataset", "choice-or-path"),
-    "num-devices": ("data", "num_devices", "int0"),
-    "records-per-device": ("data", "records_per_device", "int+"),
-    "test-fraction": ("data", "test_fraction", "float01open"),
-    "data-seed": ("data", "data_seed", "int0"),
-    "data-path": ("data", "data_path", "str"),
-    "public-columns": ("data", "public_columns", "strlist"),
-    "private-columns": ("data", "private_columns", "strlist"),
-    "label-column": ("data", "label_column", "str"),
-    "device-column": ("data", "device_column", "str"),
-    "dirichlet-alpha": ("data", "dirichlet_alpha", "float0"),
-    "blur-kernel": ("data", "blur_kernel", "odd+"),
-    "blur-sigma": ("data", "blur_sigma", "float+"),
-    "blur-levels": ("data", "blur_levels", "levels"),
-    "image-pool": ("data", "image_pool", "int+"),
-    "private-ranges": ("data", "private_ranges", "ranges"),
-    "private-categories": ("data", "private_categories", "categories"),
-    "public-ranges": ("data", "public_ranges", "ranges"),
-    "public-categories": ("data", "public_categories", "categories"),
-    "label-classes": ("data", "label_classes", "classes"),
-    "data-location": ("data", "data_location", "choice"),
-    "test-path": ("data", "test_path", "str"),
-    "window-size": ("data", "window_size", "int+"),
-    "max-records": ("data", "max_records", "int0"),
-    "num-public-features": ("data", "num_public_features", "int+"),
-    "hash-buckets": ("data", "hash_buckets", "int+"),
-    "num-sensitive": ("data", "num_sensitive", "int+"),
-    "num-insensitive": ("data", "num_insensitive", "int+"),
-    "correlation": ("data", "correlation", "unit0"),
-    "label-signal": ("data", "label_signal", "float+"),
-    "seed": ("training", "seed", "int0"),
-    "eval-every": ("run", "eval_every", "int+"),
-    "out-dir": ("run", "out_dir", "str"),
-    "checkpoint-every": ("run", "checkpoint_every", "int0"),
-    "resume": ("run", "resume", "bool"),
-    "node-wait-timeout": ("run", "node_wait_timeout", "float+"),
-    "round-timeout": ("run", "round_timeout", "float+"),
-    "progress": ("run", "progress", "bool"),
-}
-
-#: (section, attribute) -> key
-_KEY_OF: dict[tuple[str, str], str] = {(sec, attr): key for key, (sec, attr, _) in KEY_TABLE.items()}
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "mode": MODES,
-    "public-loss": PUBLIC_LOSSES,
-    "privacy-unit": PRIVACY_UNITS,
-    "optimizer": OPTIMIZERS,
-    "model": MODELS,
-    "dataset": DATASETS,
-    "data-location": DATA_LOCATIONS,
-    "corrdp-clip-shares": CLIP_SHARES,
-}
-
-#: Keys that are not run settings but may appear in shared TOML files
-#: (Flower injects ``server-round`` into client configs).
-IGNORED_KEYS = frozenset({"server-round"})
+class UnknownKindError(LookupError):
+    """A value kind that no parser handles: an internal error of the key table, not a user's."""
 
 
 def _fail(key: str, value: Any, why: str) -> ConfigError:
@@ -310,141 +204,243 @@ def _parse_bins(key: str, value: Any) -> tuple[tuple[str, tuple[float, ...]], ..
     return tuple(out)
 
 
-def flat_value(kind: str, value: Any) -> Any:
-    """The flat (TOML scalar) form of a parsed value; inverse of :func:`parse_value`."""
-    if kind in ("strlist", "intlist"):
-        return ",".join(str(v) for v in value)
-    if kind == "classes":
-        return "|".join(value)
-    if kind == "ranges":
-        return ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value)
-    if kind == "categories":
-        return ",".join(f"{n}={'|'.join(c)}" for n, c in value)
-    if kind == "tvs":
-        return ",".join(f"{n}={v!r}" for n, v in value)
-    if kind == "bins":
-        return ",".join(f"{n}={':'.join(repr(e) for e in edges)}" for n, edges in value)
-    if kind == "quantile" and value is None:
-        return "auto"
+
+#: What each kind accepts, in words (messages and the key reference).
+KIND_TEXT: Mapping[Kind, str] = {
+    Kind.FLOAT_POS: "a number > 0",
+    Kind.FLOAT0: "a number >= 0",
+    Kind.FLOAT01: "a number in [0, 1)",
+    Kind.FLOAT01_OPEN: "a number in (0, 1)",
+    Kind.UNIT: "a number in [0, 1]",
+    Kind.PROB: "a number in (0, 1]",
+    Kind.INT_POS: "an integer >= 1",
+    Kind.INT0: "an integer >= 0",
+    Kind.ODD_POS: "an odd integer >= 1",
+    Kind.LEVELS: "an integer >= 2, or 0",
+    Kind.BOOL: "true or false",
+    Kind.STR: "a string",
+    Kind.CHOICE: "one of the words listed",
+    Kind.CHOICE_OR_PATH: "one of the words listed, or package.module:name",
+    Kind.STRLIST: 'names: a list, or one string "a,b"',
+    Kind.INTLIST: 'integers >= 1: a list, or one string "8,4"',
+    Kind.CLASSES: 'labels: a list, or one string "a|b"',
+    Kind.RANGES: '"column=low:high,..." or a table {column = [low, high]}',
+    Kind.CATEGORIES: '"column=a|b,..." or a table {column = [a, b]}',
+    Kind.TVS: '"column=TV,..." (TV in [0, 1]; * = every other) or a table',
+    Kind.BINS: '"column=c1:c2:...,..." (increasing) or a table',
+    Kind.FLOOR: '"paper" or a number in [0, 1]',
+}
+
+
+def _bounded_float(low: float, high: float, low_open: bool, high_open: bool, why: str) -> Callable[
+    [str, Any], float
+]:
+    def parse(key: str, value: Any) -> float:
+        out = _as_float(key, value)
+        above = out > low if low_open else out >= low
+        below = out < high if high_open else out <= high
+        if not (above and below):
+            raise _fail(key, value, why)
+        return out
+
+    return parse
+
+
+def _bounded_int(check: Callable[[int], bool], why: str) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        out = _as_int(key, value)
+        if not check(out):
+            raise _fail(key, value, why)
+        return out
+
+    return parse
+
+
+def _parse_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise _fail(key, value, "must be true or false")
+
+
+def _parse_str(key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _fail(key, value, "must be a string")
     return value
+
+
+def _parse_intlist(key: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        raw = [v.strip() for v in value.split(",")] if value.strip() else []
+        try:
+            ints = [int(v) for v in raw]
+        except ValueError:
+            raise _fail(key, value, "must be a list of positive integers") from None
+    elif isinstance(value, list | tuple):
+        ints = [_as_int(key, v) for v in value]
+    else:
+        raise _fail(key, value, "must be a list of positive integers")
+    if any(v < 1 for v in ints):
+        raise _fail(key, value, "must be a list of positive integers")
+    return tuple(ints)
+
+
+def _parse_floor(key: str, value: Any) -> float | TvFloor:
+    if value == PAPER_FLOOR:
+        return PAPER_FLOOR
+    if isinstance(value, str) or not 0 <= _as_float(key, value) <= 1:
+        raise _fail(key, value, f"must be {PAPER_FLOOR.value!r} ((m_s/m)^2, Eq. (3)) or a number in [0, 1]")
+    return float(value)
+
+
+def _parse_choice(key: str, value: Any) -> Any:
+    spec = KEY_TABLE[key]
+    if spec.choice_type is None:
+        raise UnknownKindError(f"{key}: kind 'choice' without an enum (internal error of the key table)")
+    if isinstance(value, str) and value in spec.choices:
+        return spec.choice_type(value)
+    raise _fail(key, value, f"must be one of {', '.join(spec.choices)}")
+
+
+def _parse_choice_or_path(key: str, value: Any) -> str:
+    spec = KEY_TABLE[key]
+    if isinstance(value, str) and (value in spec.choices or IMPORT_PATH.match(value)):
+        return value
+    raise _fail(key, value, f"must be one of {', '.join(spec.choices)} or an import path "
+                "'package.module:name' to your own")
+
+
+#: The closed dispatch: every kind has exactly one parser.
+PARSERS: Mapping[Kind, Callable[[str, Any], Any]] = {
+    Kind.FLOAT_POS: _bounded_float(0.0, math.inf, True, True, "must be > 0"),
+    Kind.FLOAT0: _bounded_float(0.0, math.inf, False, True, "must be >= 0"),
+    Kind.FLOAT01: _bounded_float(0.0, 1.0, False, True, "must be in [0, 1)"),
+    Kind.FLOAT01_OPEN: _bounded_float(0.0, 1.0, True, True, "must be in (0, 1)"),
+    Kind.UNIT: _bounded_float(0.0, 1.0, False, False, "must be in [0, 1]"),
+    Kind.PROB: _bounded_float(0.0, 1.0, True, False, "must be in (0, 1]"),
+    Kind.INT_POS: _bounded_int(lambda v: v >= 1, "must be >= 1"),
+    Kind.INT0: _bounded_int(lambda v: v >= 0, "must be >= 0"),
+    Kind.ODD_POS: _bounded_int(
+        lambda v: v >= 1 and v % 2 == 1, "must be an odd integer >= 1 (the kernel is centred on a pixel)"
+    ),
+    Kind.LEVELS: _bounded_int(
+        lambda v: v == 0 or v >= 2, "must be an integer >= 2 (quantisation levels) or 0 (the exact blur)"
+    ),
+    Kind.BOOL: _parse_bool,
+    Kind.STR: _parse_str,
+    Kind.CHOICE: _parse_choice,
+    Kind.CHOICE_OR_PATH: _parse_choice_or_path,
+    Kind.STRLIST: lambda key, value: tuple(_names(key, value)),
+    Kind.INTLIST: _parse_intlist,
+    Kind.CLASSES: _parse_classes,
+    Kind.RANGES: _parse_ranges,
+    Kind.CATEGORIES: _parse_categories,
+    Kind.TVS: _parse_tvs,
+    Kind.BINS: _parse_bins,
+    Kind.FLOOR: _parse_floor,
+}
+
+
+def _plain(value: Any) -> Any:
+    """An enum member as its plain value (``Mode.DP`` -> ``"dp"``); anything else unchanged."""
+    return value.value if isinstance(value, Enum) else value
+
+
+#: The inverse of each parser: the flat (TOML scalar) form of a parsed value.
+WRITERS: Mapping[Kind, Callable[[Any], Any]] = {
+    **{k: _plain for k in (Kind.FLOAT_POS, Kind.FLOAT0, Kind.FLOAT01, Kind.FLOAT01_OPEN, Kind.UNIT,
+                           Kind.PROB, Kind.INT_POS, Kind.INT0, Kind.ODD_POS, Kind.LEVELS, Kind.BOOL,
+                           Kind.STR, Kind.CHOICE, Kind.CHOICE_OR_PATH, Kind.FLOOR)},
+    Kind.STRLIST: lambda value: ",".join(str(v) for v in value),
+    Kind.INTLIST: lambda value: ",".join(str(v) for v in value),
+    Kind.CLASSES: lambda value: "|".join(value),
+    Kind.RANGES: lambda value: ",".join(f"{n}={lo!r}:{hi!r}" for n, lo, hi in value),
+    Kind.CATEGORIES: lambda value: ",".join(f"{n}={'|'.join(c)}" for n, c in value),
+    Kind.TVS: lambda value: ",".join(f"{n}={v!r}" for n, v in value),
+    Kind.BINS: lambda value: ",".join(f"{n}={':'.join(repr(e) for e in edges)}" for n, edges in value),
+}
+
+for _table, _what in ((PARSERS, "parser"), (WRITERS, "writer"), (KIND_TEXT, "description")):
+    _missing = sorted(set(Kind) - set(_table))
+    if _missing:
+        raise UnknownKindError(f"value kind(s) {_missing} have no {_what} (fedfdp.config.values)")
+
+
+def _as_kind(key: str, kind: Kind | str) -> Kind:
+    try:
+        return Kind(kind)
+    except ValueError:
+        raise UnknownKindError(
+            f"{key}: unknown value kind {kind!r} (an internal error of the key table; kinds: "
+            f"{', '.join(Kind)})"
+        ) from None
+
+
+def is_unset(spec: KeySpec, value: Any) -> bool:
+    """Whether ``value`` spells "not set" for ``spec``: ``None``, ``""`` or the key's word (``auto``)."""
+    if not spec.optional:
+        return False
+    return value is None or value == "" or (bool(spec.unset_word) and value == spec.unset_word)
+
+
+def unset_spelling(spec: KeySpec) -> str:
+    """How "not set" is written in TOML for ``spec``: ``""``, or its word (``"auto"``)."""
+    return f'"{spec.unset_word}"'
+
+
+def parse_value(key: str, kind: Kind | str, value: Any) -> Any:
+    """The typed value of ``key`` (of value kind ``kind``) from its TOML / run-config form.
+
+    Parameters
+    ----------
+    key : str
+        A key of :data:`~fedfdp.config.keys.KEY_TABLE`.
+    kind : Kind or str
+        Its value kind.
+    value : Any
+        The raw value; ``None`` or ``""`` leave an optional key unset (``None``).
+
+    Raises
+    ------
+    ConfigError
+        A bad value; the one-line message names the key and the value, and for an
+        optional key says how to leave it unset.
+    UnknownKindError
+        ``kind`` is not a :class:`~fedfdp.config.keys.Kind` (an internal error).
+    """
+    kind = _as_kind(key, kind)
+    spec = KEY_TABLE.get(key)
+    if spec is not None and spec.optional:
+        if is_unset(spec, value):
+            return None
+        unset = f"or {unset_spelling(spec)} to leave it unset: {spec.unset}"
+        if isinstance(value, str) and kind is not Kind.STR:
+            raise _fail(key, value, f"must be {KIND_TEXT[kind]}, {unset}")
+        try:
+            return PARSERS[kind](key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}, {unset}") from None
+    if value is None:
+        raise _fail(key, value, f"must be set ({KIND_TEXT[kind]})")
+    return PARSERS[kind](key, value)
+
+
+def flat_value(spec: KeySpec, value: Any) -> Any:
+    """The flat (TOML scalar) form of a parsed value of ``spec``; inverse of :func:`parse_value`.
+
+    ``None`` (not set) is written ``""`` (``clipping-quantile``: ``"auto"``);
+    enum members as their plain strings.
+    """
+    if value is None:
+        return spec.unset_word
+    return WRITERS[spec.kind](value)
 
 
 def validated_value(section: str, attr: str, value: Any) -> Any:
     """A typed field value checked as its key's parser would check it (the same
     message as the TOML path), normalised; ``None`` stays unset for optional keys."""
-    key = _KEY_OF[(section, attr)]
-    kind = KEY_TABLE[key][2]
-    if value is None and (kind.startswith("opt") or kind == "quantile"):
+    spec = SPEC_OF_FIELD[(section, attr)]
+    if value is None and spec.optional:
         return None
-    if value is None:
-        raise _fail(key, value, "must be set")
-    return parse_value(key, kind, flat_value(kind, value))
-
-
-def parse_value(key: str, kind: str, value: Any) -> Any:
-    if kind == "strlist":
-        return tuple(_names(key, value))
-    if kind == "intlist":
-        if isinstance(value, str):
-            raw = [v.strip() for v in value.split(",")] if value.strip() else []
-            try:
-                ints = [int(v) for v in raw]
-            except ValueError:
-                raise _fail(key, value, "must be a list of positive integers") from None
-        elif isinstance(value, list | tuple):
-            ints = [_as_int(key, v) for v in value]
-        else:
-            raise _fail(key, value, "must be a list of positive integers")
-        if any(v < 1 for v in ints):
-            raise _fail(key, value, "must be a list of positive integers")
-        return tuple(ints)
-    if kind == "classes":
-        return _parse_classes(key, value)
-    if kind == "ranges":
-        return _parse_ranges(key, value)
-    if kind == "categories":
-        return _parse_categories(key, value)
-    if kind == "tvs":
-        return _parse_tvs(key, value)
-    if kind == "bins":
-        return _parse_bins(key, value)
-    if kind == "floor":
-        if value == PAPER_FLOOR:
-            return value
-        if isinstance(value, str) or not 0 <= _as_float(key, value) <= 1:
-            raise _fail(key, value, f"must be {PAPER_FLOOR!r} ((m_s/m)^2, Eq. (3)) or a number in [0, 1]")
-        return float(value)
-    if kind == "quantile":
-        if value == "auto":
-            return None
-        if isinstance(value, str):
-            raise _fail(key, value, "must be 'auto' (the mode's recipe) or a number in [0, 1)")
-        return parse_value(key, "float01", value)
-    if kind in ("choice", "choice-or-path"):
-        choices = _CHOICES[key]
-        path = kind == "choice-or-path" and isinstance(value, str) and IMPORT_PATH.match(value)
-        if isinstance(value, str) and (value in choices or path):
-            return value
-        extra = " or an import path 'package.module:name' to your own" if kind == "choice-or-path" else ""
-        raise _fail(key, value, f"must be one of {', '.join(choices)}{extra}")
-    if kind == "str":
-        if not isinstance(value, str):
-            raise _fail(key, value, "must be a string")
-        return value
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise _fail(key, value, "must be true or false")
-    if kind == "int+":
-        out = _as_int(key, value)
-        if out < 1:
-            raise _fail(key, value, "must be >= 1")
-        return out
-    if kind == "int0":
-        out = _as_int(key, value)
-        if out < 0:
-            raise _fail(key, value, "must be >= 0")
-        return out
-    if kind == "odd+":
-        out = _as_int(key, value)
-        if out < 1 or out % 2 == 0:
-            raise _fail(key, value, "must be an odd integer >= 1 (the kernel is centred on a pixel)")
-        return out
-    if kind == "levels":
-        out = _as_int(key, value)
-        if out == 1 or out < 0:
-            raise _fail(key, value, "must be an integer >= 2 (quantisation levels) or 0 (the exact blur)")
-        return out
-    out = _as_float(key, value)
-    if kind == "float+":
-        if out <= 0:
-            raise _fail(key, value, "must be > 0")
-    elif kind == "optfloat+":
-        if out < 0:
-            raise _fail(key, value, "must be > 0 (or 0 for unset)")
-        return None if out == 0 else out
-    elif kind == "optdelta":
-        if not 0 <= out < 1:
-            unset = "delta/2" if key == "tv-delta" else "1/(2N)"
-            raise _fail(key, value, f"must be in (0, 1) (or 0 for {unset})")
-        return None if out == 0 else out
-    elif kind == "optprob":
-        if not 0 <= out <= 1:
-            raise _fail(key, value, "must be in (0, 1] (or 0 for unset)")
-        return None if out == 0 else out
-    elif kind == "prob":
-        if not 0 < out <= 1:
-            raise _fail(key, value, "must be in (0, 1]")
-    elif kind == "float0":
-        if out < 0:
-            raise _fail(key, value, "must be >= 0")
-    elif kind == "float01":
-        if not 0 <= out < 1:
-            raise _fail(key, value, "must be in [0, 1)")
-    elif kind == "float01open" and not 0 < out < 1:
-        raise _fail(key, value, "must be in (0, 1)")
-    elif kind == "unit0" and not 0 <= out <= 1:
-        raise _fail(key, value, "must be in [0, 1]")
-    return out
+    return parse_value(spec.key, spec.kind, flat_value(spec, value))

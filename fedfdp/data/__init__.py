@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 
-from fedfdp.config import DATASETS, Config, DataConfig
+from fedfdp.config import DATASETS, Config, DataConfig, DataLocation
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
 from fedfdp.data.split import DataError, MissingExtraError
@@ -120,7 +120,7 @@ def load_server_data(cfg: DataConfig) -> FederatedData:
     ``"node"``: the ``test-path`` file only; the training records stay on the
     SuperNodes, which report their record counts (``N`` is public).
     """
-    if cfg.data_location == "node":
+    if cfg.data_location is DataLocation.NODE:
         from fedfdp.data.tabular import load_heldout
 
         return load_heldout(cfg)
@@ -150,7 +150,7 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
     ValueError
         A dataset parameter out of range (fleet).
     """
-    if cfg.data_location != "central":
+    if cfg.data_location is not DataLocation.CENTRAL:
         raise DataError(
             f"data-location={cfg.data_location!r}: the training records are on the SuperNodes "
             "(each reads the data-path of its node config); this needs data-location='central' "
