@@ -48,7 +48,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedfdp import protocol as P
-from fedfdp.config import Config, ConfigError, load_config
+from fedfdp.config import Config, ConfigError, DataLocation, load_config
 from fedfdp.contribution import ClientParts, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
 from fedfdp.losses import FeatureMap, build_decomposition
@@ -136,7 +136,7 @@ def _site_devices(cfg: Config, context: Context) -> list[tuple[int, str]]:
 
 def node_records(cfg: Config, context: Context) -> NodeRecords:
     """The records this node serves (see the module docstring)."""
-    if cfg.data.data_location == "central":
+    if cfg.data.data_location is DataLocation.CENTRAL:
         pid, num = _partition(context)
         return NodeRecords.partition_of(load_dataset(cfg.data), pid, num)
     devices = _site_devices(cfg, context)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfdp.config import PRIVACY_UNITS
 from fedfdp.modes import PHASES
 
 # Record keys
@@ -105,7 +106,7 @@ class TrainInstruction:
             raise InvalidInstruction(f"{ROUND}={self.round}, {ATTEMPT}={self.attempt}: out of range")
         if self.phase not in PHASES:
             raise InvalidInstruction(f"{PHASE}={self.phase!r}: unknown (known: {', '.join(PHASES)})")
-        if self.unit not in ("record", "device"):
+        if self.unit not in PRIVACY_UNITS:
             raise InvalidInstruction(f"{UNIT}={self.unit!r}: must be record or device")
         if not (math.isfinite(self.sampling_rate) and 0 < self.sampling_rate <= 1):
             raise InvalidInstruction(f"{SAMPLING_RATE}={self.sampling_rate}: must be in (0, 1]")

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fedfdp.config import MODES, PRIVATE_MODES
+from fedfdp.config import MODES, PRIVATE_MODES, Mode
 from fedfdp.entropy import NOISE_SOURCE_SECRET, REPRODUCIBLE_WARNING
 from simulations.compare_results import read_results
 
@@ -329,7 +329,7 @@ def plot_privacy_utility(
                 )
             else:
                 m, s = scale * sub[f"{metric}_mean"].iloc[0], scale * sub[f"{metric}_sd"].iloc[0]
-                eps = "ε = ∞" if mode == "nonprivate" else "ε = 0"
+                eps = "ε = ∞" if mode == Mode.NONPRIVATE else "ε = 0"
                 ax.axhline(m, color=color, linestyle="--", linewidth=1.2, label=f"{mode} ({eps})")
                 if s > 0:
                     ax.axhspan(m - s, m + s, color=color, alpha=0.08)

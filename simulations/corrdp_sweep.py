@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.config import ConfigError, load_toml_file
+from fedfdp.config import ConfigError, Mode, load_toml_file
 from simulations.compare import parse_sweep, run_sweep
 
 SWEEP_CSV = "corrdp_sweep.csv"
@@ -90,7 +90,7 @@ def point_docs(doc: dict[str, Any], point: dict[str, Any], all_sensitive: bool) 
     column sensitive."""
     base = {**doc, **point}
     per_mode = dict(base.pop("mode", {}))
-    corr = dict(per_mode.get("corrdp", {}))
+    corr = dict(per_mode.get(Mode.CORRDP, {}))
     tv = f"*={point['correlation']!r}"
     main_doc = {**base, "mode": {**per_mode, "corrdp": {**corr, "insensitive-tv": tv}}}
     out = {point_tag(point): main_doc}
@@ -151,7 +151,7 @@ def gather(out: Path, points: Sequence[dict[str, Any]], columns: int,
             if name.endswith("_all-sensitive"):
                 frame["mode"] = ALL_SENSITIVE
             else:
-                corr = frame["mode"] == "corrdp"
+                corr = frame["mode"] == Mode.CORRDP
                 factors = [insensitive_std_factor(d / "runs" / t, point["correlation"]) for t in tags[corr]]
                 scaled = frame.loc[corr, "noise_multiplier"] * factors
                 frame.loc[corr, "insensitive_noise_multiplier"] = scaled
@@ -160,7 +160,7 @@ def gather(out: Path, points: Sequence[dict[str, Any]], columns: int,
         frame["num_sensitive"] = point["num-sensitive"]
         frame["columns"] = columns
         frame["correlation"] = point["correlation"]
-        base = frame[frame["mode"] == "nonprivate"].set_index("seed")["train_loss"]
+        base = frame[frame["mode"] == Mode.NONPRIVATE].set_index("seed")["train_loss"]
         frame["excess_risk"] = frame["train_loss"] - frame["seed"].map(base)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
@@ -205,7 +205,7 @@ def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
         head,
         rule,
     ]
-    public = frame[frame["mode"] == "public"]
+    public = frame[frame["mode"] == Mode.PUBLIC]
 
     def fmt(v: tuple[float, float, float] | None) -> str:
         return "—" if v is None else f"{v[0]:.3f} ± {v[1]:.3f} ({v[2]:.1f})"
@@ -215,7 +215,8 @@ def write_tables(frame, out: Path) -> None:  # frame: pd.DataFrame
 
     for (ms, rho, eps), part in private.groupby(["num_sensitive", "correlation", "target_epsilon"]):
         m = int(part["columns"].iloc[0])
-        cells = {mode: _cell(part[part["mode"] == mode]) for mode in ("dp", "fdp", "corrdp", ALL_SENSITIVE)}
+        modes = (Mode.DP, Mode.FDP, Mode.CORRDP, ALL_SENSITIVE)
+        cells = {mode: _cell(part[part["mode"] == mode]) for mode in modes}
         pub = _cell(public[(public["num_sensitive"] == ms) & (public["correlation"] == rho)])
         row = f"| {int(ms)}/{m} | {rho:g} | {eps:g} | {fmt(cells['dp'])} | {fmt(cells['fdp'])} | "
         row += f"{fmt(cells['corrdp'])} |"
