@@ -72,7 +72,6 @@ def scale_config(args: argparse.Namespace, out_dir: str, rounds: int) -> Any:
             "records-per-device": args.records,
             "num-rounds": rounds,
             "noise-multiplier": 1.0,
-            "target-epsilon": 0,
             "progress": False,
             "out-dir": out_dir,
             "seed": args.seed,

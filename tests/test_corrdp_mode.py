@@ -46,7 +46,6 @@ BASE = {
     "insensitive-tv": "u0=0.1,u1=0.4,*=1.0",
     "corrdp-weight-bound": 0.8,
     "noise-multiplier": 1.5,
-    "target-epsilon": 0,
     "sampling-rate": 0.3,
     "clipping-norm": 0.5,
     "learning-rate": 2.0,
@@ -182,7 +181,7 @@ def test_epsilon_of_a_full_batch_run_matches_the_gaussian_closed_form(tmp_path):
 
 
 def test_calibrated_run_ends_at_the_target_and_the_weights_stay_in_theta():
-    cfg = load_config({**BASE, "noise-multiplier": 0, "target-epsilon": 3.0, "num-rounds": 3})
+    cfg = load_config({**BASE, "noise-multiplier": None, "target-epsilon": 3.0, "num-rounds": 3})
     server = FDPServer(cfg, build_model_for(cfg, load_dataset(cfg.data)),
                        parts=server_parts_for(cfg, load_dataset(cfg.data)))
     plan = server.resolve(load_dataset(cfg.data).sizes.tolist())

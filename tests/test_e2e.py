@@ -88,7 +88,7 @@ def test_fedfdp_run_on_fewer_supernodes_is_the_same_run(tmp_path):
     bar reaches the terminal; no SuperLink, SuperExec or Ray process is left."""
     common = ["--set", "num-devices=5", "--set", "num-rounds=3", "--set", "records-per-device=40",
               "--set", "reproducible-noise=true", "--set", "seed=4", "--set", "clients-per-round=3",
-              "--set", "noise-multiplier=1.0", "--set", "target-epsilon=0"]
+              "--set", "noise-multiplier=1.0"]
     runs = {}
     mark = f"fedfdp-e2e-{uuid.uuid4().hex}"
     env = {**os.environ, "FEDFDP_TEST_MARK": mark}

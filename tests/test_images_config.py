@@ -95,7 +95,7 @@ def test_the_configuration_selects_blur_and_cnn():
 def test_flower_path_and_centralised_engine_agree_on_images(tmp_path):
     """Real client + strategy code in process vs the centralised engine: same ε per
     round, same ledger, same model (fdp with a pre-training round, reproducible streams)."""
-    base = {**DIGITS, "mode": "fdp", "noise-multiplier": 1.2, "target-epsilon": 0, "sampling-rate": 0.1,
+    base = {**DIGITS, "mode": "fdp", "noise-multiplier": 1.2, "sampling-rate": 0.1,
             "public-batch-size": 16, "num-rounds": 3, "public-pretrain-rounds": 1, "seed": 5,
             "reproducible-noise": True}
     flower_cfg = load_config({**base, "out-dir": str(tmp_path / "flower")})

@@ -88,7 +88,7 @@ def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
     client_app.clear_runtimes()
     cfg_map = {
         "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
-        "target-epsilon": 0, "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4, "seed": 7,
+        "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4, "seed": 7,
         "reproducible-noise": True, "progress": False, "model": "mlp", "hidden-size": 8, **MODES[name],
     }
     runs = {p: _run(cfg_map, tmp_path, f"p{p}", p) for p in (5, 2, 1)}
@@ -122,7 +122,7 @@ def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
 def test_clients_per_round_chooses_supernodes_in_a_deployment(tmp_path):
     """``node_choice="supernodes"`` (a deployment's default): ``clients-per-round = 1``
     on 2 SuperNodes asks one node, with all its devices; ``"devices"`` asks one device."""
-    base = {"num-devices": 6, "records-per-device": 20, "noise-multiplier": 1.0, "target-epsilon": 0,
+    base = {"num-devices": 6, "records-per-device": 20, "noise-multiplier": 1.0,
             "num-rounds": 1, "clients-per-round": 1, "progress": False, "reproducible-noise": True}
     cfg = load_config(base)
     data = load_dataset(cfg.data)
@@ -160,7 +160,7 @@ def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
     build; with OS entropy the private sums of two calls differ (fresh coins)."""
     client_app.clear_runtimes()
     cfg = load_config({"num-devices": 4, "records-per-device": 30, "progress": False, "noise-multiplier": 1.0,
-                       "target-epsilon": 0, "reproducible-noise": True, "model": "mlp", "hidden-size": 8})
+                       "reproducible-noise": True, "model": "mlp", "hidden-size": 8})
     strat = registered_strategy(cfg)
     ctx = node_context(cfg, 1)
     runtime = client_app.node_runtime(cfg, ctx)
@@ -193,7 +193,7 @@ def sites(tmp_path):
 def _node_cfg(folder):
     return load_config({**DECLARED, "data-location": "node", "num-devices": len(PHONES),
                         "test-path": str(folder / "heldout.csv"), "public-batch-size": 16,
-                        "sampling-rate": 0.2, "noise-multiplier": 1.0, "target-epsilon": 0, "num-rounds": 2,
+                        "sampling-rate": 0.2, "noise-multiplier": 1.0, "num-rounds": 2,
                         "progress": False})
 
 
@@ -243,7 +243,7 @@ def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
     deployment: OS entropy only, so the models differ by their noise)."""
     client_app.clear_runtimes()
     base = {**DECLARED, "data-location": "node", "num-devices": 3, "test-path": str(sites / "heldout.csv"),
-            "public-batch-size": 16, "sampling-rate": 0.2, "noise-multiplier": 1.0, "target-epsilon": 0,
+            "public-batch-size": 16, "sampling-rate": 0.2, "noise-multiplier": 1.0,
             "num-rounds": 2, "progress": False, "seed": 3}
     layouts = {
         "three": {k: {"partition-id": k, "num-partitions": 3, "data-path": f"{sites}/site-{k}.csv"}

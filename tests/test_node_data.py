@@ -38,7 +38,6 @@ def node_cfg(sites_dir, **extra):
             "public-batch-size": 32,
             "sampling-rate": 0.2,
             "noise-multiplier": 1.0,
-            "target-epsilon": 0,
             "num-rounds": 3,
             "progress": False,
             **extra,

@@ -32,7 +32,7 @@ from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
 
 BASE = {"num-devices": 4, "records-per-device": 40, "sampling-rate": 0.3, "public-batch-size": 16,
-        "noise-multiplier": 1.0, "target-epsilon": 0, "num-rounds": 3, "progress": False,
+        "noise-multiplier": 1.0, "num-rounds": 3, "progress": False,
         "hidden-size": 8, "model": "mlp", "seed": 0}
 
 

@@ -299,7 +299,7 @@ def design(setup: AuditSetup) -> CanaryDesign:
             # adaptive clipping is accounted and tested in tests/test_quantile_clipping.py)
             "clipping-quantile": 0,
             "public-batch-size": setup.public_batch_size,
-            "device-sampling-rate": setup.device_sampling_rate or 0.0,
+            "device-sampling-rate": setup.device_sampling_rate,
             "delta": setup.delta,
             "num-rounds": 1,
             "num-devices": k,
