@@ -355,11 +355,15 @@ def strategy_overhead(
 def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> dict[str, Any]:
     from flwr.app import ArrayRecord, ConfigRecord
 
+    import clients.client_app as client_app
+    from fedfdp import protocol as P
     from fedfdp.config import load_config
     from fedfdp.data import load_dataset
     from fedfdp.evaluation import evaluate
+    from fedfdp.models import build_model_for
     from fedfdp.outputs import write_metrics
-    from simulations.auditing.inprocess import client_reply, registered_strategy
+    from simulations.auditing.inprocess import set_identity
+    from strategies.fdp_strategy import FDPStrategy
 
     cfg = load_config(
         {
@@ -372,9 +376,20 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         }
     )
     t = time.perf_counter()
+    set_identity()
     data = load_dataset(cfg.data)
-    strat = registered_strategy(cfg, data)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices))
+    strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}  # node id = device id
+    strat.resolve()
     setup = time.perf_counter() - t
+
+    def client_reply(msg: Any) -> Any:
+        """The real client computation for one train message (node = device)."""
+        node = msg.metadata.dst_node_id
+        records = client_app.NodeRecords.partition_of(data, node, len(data.devices))
+        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        result = client_app.handle_train(cfg, records, state, msg.content.config_records[P.CONFIG])
+        return client_app.reply_message(msg, *result)
     steps: dict[str, list[float]] = {k: [] for k in STEPS}
 
     def timed(key: str, fn: Any, *a: Any) -> Any:
@@ -389,7 +404,7 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
     rows: list[dict[str, Any]] = []
     for r in range(1, rounds + 1):
         msgs = timed("configure", configure, r, ArrayRecord(strat.model.state_dict()))
-        replies = [client_reply(cfg, m) for m in msgs]
+        replies = [client_reply(m) for m in msgs]
         outcome = timed("aggregate", strat.collect, r, replies)
         acc, loss = timed("evaluate", evaluate, strat.model, data.test_x, data.test_y)
         timed("checkpoint", strat.server.checkpoint, r)

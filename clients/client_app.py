@@ -13,9 +13,10 @@ size or any statistic of the private batch.
 
 A node process builds what it serves once and reuses it for every message of
 the run (:func:`node_runtime`: the records, the model, the feature map and the
-secret source, cached per process and keyed by the configuration and the node
-config): on Flower's simulation engine a Ray actor serves many messages, and a
-long-lived ClientApp process (docs/deploy.md) serves a whole run.
+secret source, kept in the process's :class:`NodeCache` and keyed by the
+configuration and the node config): on Flower's simulation engine a Ray actor
+serves many messages, and a long-lived ClientApp process (docs/deploy.md) serves
+a whole run.
 
 Which records a node serves (:func:`node_records`) depends on the run's
 ``data-location``:
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, MetricRecordValues, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -144,27 +145,10 @@ def node_records(cfg: Config, context: Context) -> NodeRecords:
     return NodeRecords(sites[0][1], {d: site.devices[0] for d, site in sites})
 
 
-#: Parsed run configurations kept per process (keyed by Flower's run config).
-_configs: OrderedDict[Hashable, Config] = OrderedDict()
-
-
-def _parsed(run_config: Mapping[str, Any]) -> Config:
-    key = tuple(sorted((str(k), v if isinstance(v, Hashable) else repr(v)) for k, v in run_config.items()))
-    with _runtimes_lock:
-        cfg = _configs.get(key)
-    if cfg is None:
-        cfg = load_config(dict(run_config))
-        with _runtimes_lock:
-            _configs[key] = cfg
-            while len(_configs) > RUNTIME_CACHE_SIZE:
-                _configs.popitem(last=False)
-    return cfg
-
-
 def _config(fixed: Config | None, context: Context, simulation: bool = False) -> Config:
     if fixed is not None:
         return fixed
-    cfg = _parsed(context.run_config)
+    cfg = _process_cache.config(context.run_config)
     if cfg.privacy.reproducible_noise and not simulation:
         raise ConfigError(
             "reproducible-noise=true: refused by a ClientApp reading Flower's run config (flwr run, a "
@@ -173,12 +157,12 @@ def _config(fixed: Config | None, context: Context, simulation: bool = False) ->
     return cfg
 
 
-def handle_query(records: NodeRecords) -> dict[str, list[int]]:
+def handle_query(records: NodeRecords) -> dict[str, MetricRecordValues]:
     """Devices this node serves and their (public) training-record counts."""
     return device_sizes(records.devices)
 
 
-def device_sizes(devices: Mapping[int, DeviceData]) -> dict[str, list[int]]:
+def device_sizes(devices: Mapping[int, DeviceData]) -> dict[str, MetricRecordValues]:
     """The query answer for ``devices``: their ids and (public) record counts."""
     ids = sorted(devices)
     return {P.DEVICE_IDS: ids, P.DEVICE_SIZES: [len(devices[d]) for d in ids]}
@@ -186,12 +170,12 @@ def device_sizes(devices: Mapping[int, DeviceData]) -> dict[str, list[int]]:
 
 def contribution_arrays(
     model: torch.nn.Module, total: Contribution
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, MetricRecordValues]]:
     """A contribution as named arrays and metrics: (private sums, public sums, metrics)."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     private = dict(zip(names, total.private_sum, strict=True)) if total.private_sum else None
     public = dict(zip(names, total.public_sum, strict=True)) if total.public_sum else None
-    metrics = {
+    metrics: dict[str, MetricRecordValues] = {
         P.PUBLIC_COUNT: total.public_count,
         P.PUBLIC_LOSS_SUM: total.public_loss_sum,
         P.UNCLIPPED_COUNT: total.unclipped_count,
@@ -231,7 +215,7 @@ class NodeRuntime:
 
     def train(
         self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]
-    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, MetricRecordValues]]:
         """The node side of one round: (private sums, public sums, metrics)."""
         torch.set_num_threads(1)
         order = P.TrainInstruction.from_config(config)
@@ -243,38 +227,74 @@ class NodeRuntime:
         return contribution_arrays(self.model, total)
 
 
-#: Node runtimes kept per process (a Ray actor may serve several virtual SuperNodes).
+#: Node runtimes (and parsed run configurations) a process keeps: a Ray actor may
+#: serve several virtual SuperNodes, each with its own runtime.
 RUNTIME_CACHE_SIZE = 8
-_runtimes: OrderedDict[Hashable, NodeRuntime] = OrderedDict()
-_runtimes_lock = threading.Lock()
 
 
-def _node_key(cfg: Config, context: Context) -> Hashable:
-    """What a node's runtime depends on: the configuration and the node config."""
-    return cfg, tuple(sorted((str(k), v) for k, v in context.node_config.items()))
+class NodeCache:
+    """What a node process keeps between messages, least recently used dropped
+    beyond ``size`` entries each; safe to share between threads. The ClientApp
+    uses one per process (:func:`node_runtime`).
+
+    ``config(run_config)``: Flower's run config parsed once
+    (:func:`fedfdp.config.load_config`). ``runtime(cfg, context)``: the node's
+    :class:`NodeRuntime`, built on first use, keyed by the configuration and the
+    node config (a changed site file or partition builds a new one).
+    """
+
+    def __init__(self, size: int = RUNTIME_CACHE_SIZE) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size={size!r}: must be an integer >= 1")
+        self.size = size
+        self._lock = threading.Lock()
+        self._configs: OrderedDict[Hashable, Config] = OrderedDict()
+        self._runtimes: OrderedDict[Hashable, NodeRuntime] = OrderedDict()
+
+    def _get(self, table: OrderedDict[Hashable, Any], key: Hashable) -> Any:
+        with self._lock:
+            value = table.get(key)
+            if value is not None:
+                table.move_to_end(key)
+            return value
+
+    def _put(self, table: OrderedDict[Hashable, Any], key: Hashable, value: Any) -> None:
+        with self._lock:
+            table[key] = value
+            while len(table) > self.size:
+                table.popitem(last=False)
+
+    def config(self, run_config: Mapping[str, Any]) -> Config:
+        """The configuration of Flower's ``run_config``, parsed on first use."""
+        key = tuple(sorted(
+            (str(k), v if isinstance(v, Hashable) else repr(v)) for k, v in run_config.items()
+        ))
+        cfg: Config | None = self._get(self._configs, key)
+        if cfg is None:
+            cfg = load_config(dict(run_config))
+            self._put(self._configs, key, cfg)
+        return cfg
+
+    def runtime(self, cfg: Config, context: Context) -> NodeRuntime:
+        """This node's :class:`NodeRuntime` for ``cfg``, built on first use."""
+        key = cfg, tuple(sorted((str(k), v) for k, v in context.node_config.items()))
+        runtime: NodeRuntime | None = self._get(self._runtimes, key)
+        if runtime is None:
+            runtime = NodeRuntime.build(cfg, node_records(cfg, context))
+            self._put(self._runtimes, key, runtime)
+        return runtime
+
+
+#: The process's cache. The ClientApp's handlers reach it through module-level
+#: functions: Ray pickles the ClientApp object with every message it sends to an
+#: actor, so a cache held by the app itself would arrive empty each time.
+_process_cache = NodeCache()
 
 
 def node_runtime(cfg: Config, context: Context) -> NodeRuntime:
-    """This node's :class:`NodeRuntime`, built on first use and cached in the
-    process (at most :data:`RUNTIME_CACHE_SIZE`, least recently used dropped)."""
-    key = _node_key(cfg, context)
-    with _runtimes_lock:
-        runtime = _runtimes.get(key)
-        if runtime is not None:
-            _runtimes.move_to_end(key)
-            return runtime
-    runtime = NodeRuntime.build(cfg, node_records(cfg, context))
-    with _runtimes_lock:
-        _runtimes[key] = runtime
-        while len(_runtimes) > RUNTIME_CACHE_SIZE:
-            _runtimes.popitem(last=False)
-    return runtime
-
-
-def clear_runtimes() -> None:
-    """Forget every cached :class:`NodeRuntime` of this process."""
-    with _runtimes_lock:
-        _runtimes.clear()
+    """This node's :class:`NodeRuntime`, built on first use and kept in the
+    process (:class:`NodeCache`, at most :data:`RUNTIME_CACHE_SIZE`)."""
+    return _process_cache.runtime(cfg, context)
 
 
 def handle_train(
@@ -283,7 +303,7 @@ def handle_train(
     state: dict[str, torch.Tensor],
     config: Mapping[str, Any],
     parts: ClientParts | None = None,
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, float]]:
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor] | None, dict[str, MetricRecordValues]]:
     """The node side of one round on ``records`` with the configured model and
     public view, built afresh; returns (private sums, public sums, metrics).
     ``parts`` defaults to the secret entropy ``cfg`` asks for
@@ -327,8 +347,8 @@ def fdp_train(
     server uses for public randomness (the run config's ``seed``).
     """
     torch.set_num_threads(1)
-    order = P.TrainInstruction.from_config(msg.content[P.CONFIG])
-    model.load_state_dict(msg.content[P.ARRAYS].to_torch_state_dict())
+    order = P.TrainInstruction.from_config(msg.content.config_records[P.CONFIG])
+    model.load_state_dict(msg.content.array_records[P.ARRAYS].to_torch_state_dict())
     total = client_update(model, feature_map, devices, order, public_seed=public_seed, parts=parts)
     return reply_message(msg, *contribution_arrays(model, total))
 
@@ -337,10 +357,10 @@ def reply_message(
     msg: Message,
     private: dict[str, torch.Tensor] | None,
     public: dict[str, torch.Tensor] | None,
-    metrics: dict[str, float],
+    metrics: Mapping[str, MetricRecordValues],
 ) -> Message:
     """The reply to a train message, built from ``handle_train``'s three results."""
-    content = RecordDict({P.METRICS: MetricRecord(metrics)})
+    content = RecordDict({P.METRICS: MetricRecord(dict(metrics))})
     if private is not None:
         content[P.PRIVATE] = ArrayRecord(private)
     if public is not None:
@@ -362,8 +382,8 @@ def make_client_app(cfg: Config | None = None, *, simulation: bool = False) -> C
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         runtime = node_runtime(_config(cfg, context, simulation), context)
-        state = msg.content[P.ARRAYS].to_torch_state_dict()
-        private, public, metrics = runtime.train(state, msg.content[P.CONFIG])
+        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        private, public, metrics = runtime.train(state, msg.content.config_records[P.CONFIG])
         return reply_message(msg, private, public, metrics)
 
     return app

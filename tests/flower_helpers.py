@@ -1,19 +1,45 @@
-"""Drive the real ClientApp/strategy code paths without a Flower runtime.
+"""Drive the real ClientApp and strategy code paths in one process, without a Flower runtime.
 
-The helpers live in :mod:`simulations.auditing.inprocess` (the privacy audit uses them
-too); this module re-exports them for the tests.
+Flower's simulation engine starts Ray and a SuperLink; for most tests that is
+heavy and hides the messages. :class:`InProcessGrid` is a real
+:class:`flwr.serverapp.Grid`: the strategy pushes its messages and polls for
+replies through ``push_messages``/``pull_messages`` exactly as on a SuperLink
+(:func:`strategies.fdp_strategy.exchange`), and each pushed message is answered
+at once by the real client handlers (:func:`clients.client_app.handle_train`,
+:func:`clients.client_app.handle_query`), so every byte the server sees comes
+from the code a deployment runs. A reply that a tamper function drops never
+arrives: the strategy waits for it until its round timeout, as it would for a
+lost node.
+
+The handlers take the node's records explicitly
+(:class:`clients.client_app.NodeRecords`); :func:`node_records_for` builds
+them from the configured dataset or from an explicit
+:class:`~fedfdp.data.FederatedData`.
+
+``set_identity`` and ``train_messages`` are the privacy audit's own
+(:mod:`simulations.auditing.inprocess`), re-exported here.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from uuid import uuid4
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+import clients.client_app as client_app
 from clients.client_app import reply_message
-from simulations.auditing.inprocess import (
-    InProcessGrid,
-    client_reply,
-    node_context,
-    node_records_for,
-    registered_strategy,
-    set_identity,
-    train_messages,
-)
+from fedfdp import protocol as P
+from fedfdp.config import Config
+from fedfdp.contribution import ClientParts
+from fedfdp.data import FederatedData, load_dataset
+from fedfdp.models import build_model_for
+from fedfdp.parts import server_parts_for
+from fedfdp.server import ServerParts, held_out_evaluation
+from simulations.auditing.inprocess import set_identity, train_messages
+from strategies.fdp_strategy import FDPStrategy
 
 __all__ = [
     "InProcessGrid",
@@ -25,3 +51,180 @@ __all__ = [
     "set_identity",
     "train_messages",
 ]
+
+Tamper = Callable[[int, Message, Message], Message | None]
+
+
+def node_context(
+    cfg: Config, node: int, num_partitions: int | None = None, node_config: Mapping[str, Any] | None = None
+) -> Context:
+    """Context of the node serving partition ``node`` of ``num_partitions``
+    (default: one device per node, ``num-devices`` partitions), with extra
+    ``node_config`` keys (e.g. a SuperNode's own ``data-path``)."""
+    parts = cfg.data.num_devices if num_partitions is None else num_partitions
+    return Context(
+        run_id=1,
+        node_id=node,
+        node_config={"partition-id": node, "num-partitions": parts, **(node_config or {})},
+        state=RecordDict(),
+        run_config={},
+    )
+
+
+def node_records_for(
+    cfg: Config,
+    node: int,
+    data: FederatedData | None = None,
+    num_partitions: int | None = None,
+    node_config: Mapping[str, Any] | None = None,
+) -> client_app.NodeRecords:
+    """The records node ``node`` serves: partition ``node`` of ``num_partitions``
+    (default: one device per node) of ``data``; without ``data``, what the real
+    ClientApp reads for that node (:func:`clients.client_app.node_records`)."""
+    if data is not None:
+        parts = cfg.data.num_devices if num_partitions is None else num_partitions
+        return client_app.NodeRecords.partition_of(data, node, parts)
+    return client_app.node_records(cfg, node_context(cfg, node, num_partitions, node_config))
+
+
+def registered_strategy(
+    cfg: Config, data: FederatedData | None = None, parts: ServerParts | None = None
+) -> FDPStrategy:
+    """A resolved strategy whose registry holds one node per device (node id = device id)."""
+    set_identity()
+    data = load_dataset(cfg.data) if data is None else data
+    parts = parts if parts is not None else server_parts_for(cfg, data)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts)
+    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}
+    strat.resolve()
+    return strat
+
+
+def client_reply(
+    cfg: Config,
+    msg: Message,
+    *,
+    num_partitions: int | None = None,
+    data: FederatedData | None = None,
+    parts: ClientParts | None = None,
+) -> Message:
+    """The real client computation for one train message."""
+    records = node_records_for(cfg, msg.metadata.dst_node_id, data, num_partitions)
+    state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+    private, public, metrics = client_app.handle_train(
+        cfg, records, state, msg.content.config_records[P.CONFIG], parts
+    )
+    return reply_message(msg, private, public, metrics)
+
+
+def assign_message_id(msg: Message) -> str:
+    """Give ``msg`` a fresh message id, as a SuperLink does when a message is
+    pushed (Flower's ``Metadata`` has no public setter: its own grids write the
+    field the same way); replies made with ``reply_to=msg`` then carry it."""
+    msg_id = str(uuid4())
+    msg.metadata.__dict__["_message_id"] = msg_id
+    return msg_id
+
+
+class InProcessGrid(Grid):
+    """A :class:`flwr.serverapp.Grid` whose nodes are the real ClientApp handlers, in-process.
+
+    ``push_messages`` hands each message to :meth:`answer` at once and keeps
+    the reply until ``pull_messages`` asks for it. Subclasses change
+    :meth:`answer` (what a node replies) or :meth:`get_node_ids` (which nodes
+    exist).
+
+    Parameters
+    ----------
+    cfg : Config
+    tamper : callable, optional
+        ``tamper(node, message, reply) -> reply or None`` may rewrite or drop
+        replies (a dropped reply never arrives).
+    data : FederatedData, optional
+        Serve these records instead of the configured dataset.
+    node_configs : mapping of node -> node config, optional
+        Extra node-config keys per node (e.g. each SuperNode's ``data-path``).
+    parts : ClientParts, optional
+        The nodes' components (default: as the configuration says).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        tamper: Tamper | None = None,
+        data: FederatedData | None = None,
+        node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+        parts: ClientParts | None = None,
+    ) -> None:
+        set_identity()
+        self.cfg = cfg
+        self.tamper = tamper
+        self.data = data
+        self.node_configs = dict(node_configs or {})
+        self.parts = parts
+        self.replies: dict[str, Message] = {}
+        self._run: Any = None
+
+    # ---------------------------------------------------------------- the nodes
+    def records(self, node: int) -> client_app.NodeRecords:
+        """The records node ``node`` serves."""
+        return node_records_for(self.cfg, node, self.data, node_config=self.node_configs.get(node))
+
+    def answer(self, msg: Message) -> Message:
+        """Node ``msg.metadata.dst_node_id``'s reply to ``msg`` (the real handlers)."""
+        records = self.records(msg.metadata.dst_node_id)
+        if msg.metadata.message_type == "query":
+            info = MetricRecord(client_app.handle_query(records))
+            return Message(RecordDict({P.METRICS: info}), reply_to=msg)
+        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        result = client_app.handle_train(self.cfg, records, state, msg.content.config_records[P.CONFIG],
+                                         self.parts)
+        return reply_message(msg, *result)
+
+    # ---------------------------------------------------------------- Grid API
+    def set_run(self, run: Any) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Any:
+        if self._run is None:
+            raise RuntimeError("InProcessGrid: no run set")
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(self.cfg.data.num_devices))
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            msg_id = assign_message_id(msg)
+            reply = self.answer(msg)
+            if self.tamper is not None:
+                reply = self.tamper(msg.metadata.dst_node_id, msg, reply)
+            if reply is not None:
+                self.replies[msg_id] = reply
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        """The asked-for replies that arrived, in the order their messages were pushed
+        (the strategy sums replies in the order it receives them: a fixed order keeps
+        reproducible runs bitwise equal)."""
+        wanted = set(message_ids)
+        ready = [i for i in self.replies if i in wanted]
+        return [self.replies.pop(i) for i in ready]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        """Every reply that arrives (all were answered when pushed)."""
+        return self.pull_messages(self.push_messages(messages))

@@ -50,11 +50,13 @@ class PackedGrid(InProcessGrid):
     def get_node_ids(self) -> list[int]:
         return list(range(self.partitions))
 
-    def send_and_receive(self, messages, *, timeout=None):
+    def push_messages(self, messages):
         messages = list(messages)
         self.sent.append(len(messages))
-        return [self.app(m, node_context(self.cfg, m.metadata.dst_node_id, self.partitions))
-                for m in messages]
+        return super().push_messages(messages)
+
+    def answer(self, msg):
+        return self.app(msg, node_context(self.cfg, msg.metadata.dst_node_id, self.partitions))
 
 
 MODES = {
@@ -85,7 +87,6 @@ def build_model(cfg, data):
 def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
     """5 devices, 4 rounds on 5, 2 and 1 SuperNodes, and the centralised engine:
     the same ledger, normalisers and ε per round, the same final model."""
-    client_app.clear_runtimes()
     cfg_map = {
         "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
         "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4, "seed": 7,
@@ -104,8 +105,8 @@ def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
             assert a["epsilon"] == b["epsilon"] == c["epsilon"]
             np.testing.assert_allclose(a["normaliser"], b["normaliser"], rtol=1e-12)
             np.testing.assert_allclose(a["normaliser"], c["normaliser"], rtol=1e-12)
-        assert ledgers[f"p{p}"]["charges"] == ledgers["central"]["charges"]
-        assert ledgers[f"p{p}"]["accountant"] == ledgers["central"]["accountant"]
+        # the same mechanism and charges, entry for entry (the hash chains are identical)
+        assert ledgers[f"p{p}"]["entries"] == ledgers["central"]["entries"]
         for x, y in zip(strat.params, reference.params, strict=True):
             torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
     # and the same as the one-node-per-device strategy of the existing equivalence tests
@@ -141,29 +142,35 @@ def test_clients_per_round_chooses_supernodes_in_a_deployment(tmp_path):
 
 # ------------------------------------------------------------------ the per-process cache
 def test_node_runtime_is_built_once_per_configuration_and_node():
-    client_app.clear_runtimes()
+    cache = client_app.NodeCache()
     cfg = load_config({"num-devices": 4, "records-per-device": 20, "progress": False})
     ctx0, ctx1 = node_context(cfg, 0, 2), node_context(cfg, 1, 2)
-    a = client_app.node_runtime(cfg, ctx0)
-    assert client_app.node_runtime(cfg, ctx0) is a
-    b = client_app.node_runtime(cfg, ctx1)
+    a = cache.runtime(cfg, ctx0)
+    assert cache.runtime(cfg, ctx0) is a
+    b = cache.runtime(cfg, ctx1)
     assert b is not a and sorted(b.records.devices) == [1, 3] and sorted(a.records.devices) == [0, 2]
     other = load_config({"num-devices": 4, "records-per-device": 20, "progress": False, "seed": 5})
-    assert client_app.node_runtime(other, ctx0) is not a
+    assert cache.runtime(other, ctx0) is not a
     # the parsed run config is cached too: the same Config object for the same mapping
     run_config = {"num-devices": 4, "records-per-device": 20}
-    assert client_app._parsed(run_config) is client_app._parsed(dict(run_config))
+    assert cache.config(run_config) is cache.config(dict(run_config))
+    # beyond its size the least recently used runtime is dropped and built again
+    small = client_app.NodeCache(size=1)
+    first = small.runtime(cfg, ctx0)
+    small.runtime(cfg, ctx1)
+    assert small.runtime(cfg, ctx0) is not first
+    with pytest.raises(ValueError, match="size=0"):
+        client_app.NodeCache(size=0)
 
 
 def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
     """Round 2 on a cached runtime (model reloaded, streams per round) equals a fresh
     build; with OS entropy the private sums of two calls differ (fresh coins)."""
-    client_app.clear_runtimes()
     cfg = load_config({"num-devices": 4, "records-per-device": 30, "progress": False, "noise-multiplier": 1.0,
                        "reproducible-noise": True, "model": "mlp", "hidden-size": 8})
     strat = registered_strategy(cfg)
     ctx = node_context(cfg, 1)
-    runtime = client_app.node_runtime(cfg, ctx)
+    runtime = client_app.NodeCache().runtime(cfg, ctx)
     for r in (1, 2):
         msg = next(m for m in _train(strat, r) if m.metadata.dst_node_id == 1)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
@@ -224,24 +231,24 @@ def test_a_site_serves_several_devices_files(sites):
             client_app.node_records(cfg, _ctx(cfg, node_config))
 
 
-class SiteGrid:
+class SiteGrid(InProcessGrid):
     """Delivers messages to the real ClientApp of nodes with the given node configs."""
 
     def __init__(self, cfg, nodes) -> None:
-        self.cfg, self.nodes, self.app = cfg, nodes, client_app.make_client_app(cfg)
+        super().__init__(cfg)
+        self.nodes, self.app = nodes, client_app.make_client_app(cfg)
 
     def get_node_ids(self):
         return list(self.nodes)
 
-    def send_and_receive(self, messages, *, timeout=None):
-        return [self.app(m, _ctx(self.cfg, self.nodes[m.metadata.dst_node_id])) for m in messages]
+    def answer(self, msg):
+        return self.app(msg, _ctx(self.cfg, self.nodes[msg.metadata.dst_node_id]))
 
 
 def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
     """One SuperNode holding devices 0 and 2, another holding device 1: the same
     N, the same ledger and ε per round as three one-device sites (site data is a
     deployment: OS entropy only, so the models differ by their noise)."""
-    client_app.clear_runtimes()
     base = {**DECLARED, "data-location": "node", "num-devices": 3, "test-path": str(sites / "heldout.csv"),
             "public-batch-size": 16, "sampling-rate": 0.2, "noise-multiplier": 1.0,
             "num-rounds": 2, "progress": False, "seed": 3}
@@ -265,49 +272,34 @@ def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
     assert [r["asked"] for r in b.rows] == [2, 2]
     assert a.num_records == b.num_records and len(b.registry) == 2
     la, lb = (json.loads((tmp_path / n / "ledger.json").read_text()) for n in ("three", "two"))
-    assert la["charges"] == lb["charges"] and la["accountant"] == lb["accountant"]
+    assert la["entries"] == lb["entries"]  # the same mechanism and charges: identical hash chains
 
 
 # ------------------------------------------------------------------ the strategy's polling
-class _FakeGrid:
-    """A Grid whose replies arrive after a few polls (push/pull API)."""
+class _SlowGrid(InProcessGrid):
+    """A Grid whose (empty) replies can be pulled only from the ``delay_polls``-th poll on."""
 
     def __init__(self, delay_polls: int) -> None:
+        super().__init__(load_config({"num-devices": 2, "progress": False}))
         self.delay = delay_polls
         self.polls = 0
-        self.pushed: dict[str, Message] = {}
 
-    def push_messages(self, messages):
-        ids = []
-        for i, m in enumerate(messages):
-            self.pushed[f"m{i}"] = m
-            ids.append(f"m{i}")
-        return ids
+    def answer(self, msg):
+        return Message(RecordDict(), reply_to=msg)
 
-    def pull_messages(self, ids):
+    def pull_messages(self, message_ids):
         self.polls += 1
-        if self.polls < self.delay:
-            return []
-        out = []
-        for i in ids:
-            reply = Message(RecordDict(), reply_to=self.pushed[i])
-            reply.metadata.__dict__["_reply_to_message_id"] = i
-            out.append(reply)
-        return out
+        return [] if self.polls < self.delay else super().pull_messages(message_ids)
 
 
-def test_exchange_polls_until_every_reply_or_the_timeout(monkeypatch):
-    from flwr.serverapp import Grid
-
-    import strategies.fdp_strategy as fs
-
-    monkeypatch.setattr(fs, "Grid", object)  # any object with push/pull counts as a Grid here
-    assert issubclass(_FakeGrid, fs.Grid) and Grid is not None
+def test_exchange_polls_until_every_reply_or_the_timeout():
+    grid = _SlowGrid(delay_polls=4)
     msgs = [Message(RecordDict(), message_type="query", dst_node_id=n) for n in (1, 2)]
-    grid = _FakeGrid(delay_polls=4)
     replies = exchange(grid, msgs, timeout=5.0)
     assert len(replies) == 2 and grid.polls == 4
-    slow = _FakeGrid(delay_polls=10**9)
+    assert {r.metadata.reply_to_message_id for r in replies} == {m.metadata.message_id for m in msgs}
+    slow = _SlowGrid(delay_polls=10**9)
+    msgs = [Message(RecordDict(), message_type="query", dst_node_id=n) for n in (1, 2)]
     assert exchange(slow, msgs, timeout=0.2) == []
 
 

@@ -8,6 +8,6 @@
     uses (:class:`fedfdp.contribution.ClientParts`,
     :class:`fedfdp.server.ServerParts`).
 ``inprocess``
-    drives the real ClientApp handlers and strategy in one process, without a
-    Flower runtime (also the tests' Flower helpers).
+    the round's train messages from the real strategy in this process, without
+    a Flower runtime (the trials hand them to the real client handler).
 """
