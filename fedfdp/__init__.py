@@ -62,7 +62,6 @@ _WHERE = {
     "PrivacyBudgetExhausted": "fedfdp.accounting",
     "calibrate_noise_multiplier": "fedfdp.accounting",
     "SubsampledGaussian": "fedfdp.accounting",
-    "ResolvedMechanism": "fedfdp.mechanism",
     "resolve_mechanism": "fedfdp.mechanism",
 }
 
@@ -76,7 +75,6 @@ __all__ = [
     "FederatedData",
     "PrivacyBudgetExhausted",
     "PrivacyConfig",
-    "ResolvedMechanism",
     "RunConfig",
     "SubsampledGaussian",
     "TrainInstruction",
@@ -113,6 +111,6 @@ if TYPE_CHECKING:
     from fedfdp.contribution import client_update
     from fedfdp.data import DeviceData, FederatedData
     from fedfdp.losses import FeatureMap
-    from fedfdp.mechanism import ResolvedMechanism, resolve_mechanism
+    from fedfdp.mechanism import resolve_mechanism
     from fedfdp.protocol import TrainInstruction
     from fedfdp.server import FDPServer

@@ -359,7 +359,7 @@ def resolve_mechanism(
     p = cfg.privacy
     if (p.mode == "corrdp") != (accounting.relation == Relation.CORRDP):
         raise ConfigError(
-            f"mode={p.mode!r} with the {accounting.relation!r} accounting: mode 'corrdp' (and only it) is "
+            f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' (and only it) is "
             "accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
         )
     settings = sampling_settings(cfg)

@@ -145,6 +145,17 @@ class SubsampledGaussian(PrivacyEvent):
         that the round touches it.
     participation : float
         ``p`` in ``(0, 1]`` (default 1: the plain subsampled Gaussian).
+
+    Examples
+    --------
+    >>> from fedfdp import FDPAccountant, SubsampledGaussian
+    >>> round_ = SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05)
+    >>> acc = FDPAccountant()
+    >>> acc.compose(round_, 100)                   # 100 rounds
+    >>> round(acc.epsilon(1e-5), 2)                # add/remove, upper bound
+    3.55
+    >>> round_.to_dict()["kind"]
+    'subsampled-gaussian'
     """
 
     kind: ClassVar[EventKind] = EventKind.SUBSAMPLED_GAUSSIAN
