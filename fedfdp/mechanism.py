@@ -59,7 +59,7 @@ def _gaussian_family(sigma: float, rate: float, participation: float) -> Privacy
     return SubsampledGaussian(sigma, rate, participation)
 
 
-def _fdp_accountant() -> Accountant:
+def _fdp_accountant() -> Accountant[Any]:
     return FDPAccountant()
 
 
@@ -89,7 +89,7 @@ class Accounting:
     relation: Relation = Relation.ADD_REMOVE
     column: str = "epsilon"
     family: EventFamily = _gaussian_family
-    new: Callable[[], Accountant] = _fdp_accountant
+    new: Callable[[], Accountant[Any]] = _fdp_accountant
     resolved: Mapping[str, Any] = field(default_factory=dict)
     text: str = ""
 
@@ -359,8 +359,8 @@ def resolve_mechanism(
     p = cfg.privacy
     if (p.mode == "corrdp") != (accounting.relation == Relation.CORRDP):
         raise ConfigError(
-            f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' (and only it) is "
-            "accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
+            f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' "
+            "(and only it) is accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
         )
     settings = sampling_settings(cfg)
     sub = subsampling if subsampling is not None else settings.subsampling
@@ -428,7 +428,7 @@ class Budget:
         Fresh, or restored from the ledger (every charge ever written).
     """
 
-    def __init__(self, mechanism: ResolvedMechanism, accountant: Accountant) -> None:
+    def __init__(self, mechanism: ResolvedMechanism, accountant: Accountant[Any]) -> None:
         self.mechanism = mechanism
         self.accountant = accountant
 
@@ -457,7 +457,7 @@ class Budget:
         return self.epsilon()
 
 
-def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant]) -> Accountant:
+def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant[Any]]) -> Accountant[Any]:
     """A fresh accountant from ``new()`` with every event of ``events`` composed."""
     acc = new()
     for ev in events:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -63,6 +64,15 @@ def gaussian_noise(shapes: Sequence[torch.Size], std: float, stream: BitStream) 
     sizes = [math.prod(s) for s in shapes]
     flat = torch.from_numpy(standard_normals(stream, sum(sizes)) * std)
     return [part.reshape(s) for part, s in zip(torch.split(flat, sizes), shapes, strict=True)]
+
+
+class SumMechanism(Protocol):
+    """What the server's noise step needs of a mechanism: ``privatize(clipped_sum,
+    stream)`` returns the noisy sum, its noise drawn from the secret ``stream``
+    (:class:`GaussianSumMechanism`; CorrDP's per-block
+    :class:`~fedfdp.corrdp.noise.CorrDPGaussianMechanism`)."""
+
+    def privatize(self, clipped_sum: Sequence[torch.Tensor], stream: BitStream) -> list[torch.Tensor]: ...
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ from tqdm.auto import tqdm
 from fedfdp.accounting import PrivacyBudgetExhausted
 from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
 from fedfdp.config import Config
-from fedfdp.contribution import trainable
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
 from fedfdp.evaluation import held_out_metrics
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
@@ -55,7 +54,7 @@ from fedfdp.mechanism import (
     resolve_mechanism,
     sampling_settings,
 )
-from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
 from fedfdp.modes import Phase
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
 from fedfdp.quantile_clipping import adapt_clipping_norm
@@ -95,8 +94,8 @@ class ServerParts:
     """
 
     secrets: SecretSource | None = None
-    mechanism: Callable[[float, float], GaussianSumMechanism] = GaussianSumMechanism
-    sampling_plan: Callable[[SamplingSettings, Sequence[int], Sequence[Any]], SamplingPlan] = SamplingPlan
+    mechanism: Callable[[float, float], SumMechanism] = GaussianSumMechanism
+    sampling_plan: Callable[[SamplingSettings, tuple[int, ...], tuple[int, ...]], SamplingPlan] = SamplingPlan
     accounting: Accounting = FDP_ACCOUNTING
     project: Callable[[nn.Module], None] | None = None
 
@@ -282,7 +281,8 @@ class FDPServer:
         self.files = files
         self.secrets = self.parts.secrets if self.parts.secrets is not None else run_secrets(cfg)
         self.model = model
-        self.params = trainable(self.model)
+        #: The parameters a round updates, in a fixed order.
+        self.params: list[nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.shapes = {n: tuple(p.shape) for n, p in zip(self.names, self.params, strict=True)}
         t = cfg.training
@@ -298,10 +298,11 @@ class FDPServer:
         self.clipping_norm = float(cfg.privacy.clipping_norm)
 
     # ---------------------------------------------------------------- resolve
-    def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[Any] = ()) -> ResolvedMechanism:
+    def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> ResolvedMechanism:
         """Build the sampling plan over the (public) device sizes and resolve the
         mechanism (:func:`fedfdp.mechanism.resolve_mechanism`) for the event it charges."""
-        self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), device_sizes, device_nodes)
+        sizes = tuple(int(s) for s in device_sizes)
+        self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), sizes, tuple(device_nodes))
         facts = PublicFacts(tuple(self.sampling.device_sizes), sum(int(t.numel()) for t in self.params))
         self.mechanism = resolve_mechanism(self.cfg, facts, accounting=self.parts.accounting,
                                            subsampling=self.sampling.subsampling)

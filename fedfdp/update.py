@@ -29,7 +29,7 @@ from torch import nn
 
 from fedfdp.config import Optimizer
 from fedfdp.entropy import BitStream
-from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.mechanisms import SumMechanism
 from fedfdp.modes import Phase
 
 
@@ -37,7 +37,7 @@ from fedfdp.modes import Phase
 class RoundNoise:
     """The noise of a private round: the mechanism and the secret stream it draws from."""
 
-    mechanism: GaussianSumMechanism
+    mechanism: SumMechanism
     stream: BitStream
 
 

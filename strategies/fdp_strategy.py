@@ -89,6 +89,19 @@ def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list
     return replies
 
 
+def _int_list(value: Any) -> list[int]:
+    """A list of integers from a record value; ``ValueError`` for anything else."""
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"expected a list of integers, got {type(value).__name__}")
+    return value
+
+
+def _scalars(record: Any) -> dict[str, float | int]:
+    """A metric record's scalar entries, types kept (a list is no metric of a round: a
+    reply that needs one there is then refused as missing it)."""
+    return {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 class FDPStrategy(Strategy):
     """Feature-DP FedSGD on Flower: noise once on the aggregate, PRV accounting per round.
 
@@ -162,7 +175,7 @@ class FDPStrategy(Strategy):
         return self.server.model
 
     @property
-    def params(self) -> list[torch.Tensor]:
+    def params(self) -> list[torch.nn.Parameter]:
         return self.server.params
 
     @property
@@ -225,8 +238,8 @@ class FDPStrategy(Strategy):
                         retry_at[node] = time.monotonic() + QUERY_RETRY_SECONDS
                         continue
                     info = reply.content[P.METRICS]
-                    ids = [int(d) for d in info[P.DEVICE_IDS]]
-                    sizes = [int(s) for s in info[P.DEVICE_SIZES]]
+                    ids = [int(d) for d in _int_list(info[P.DEVICE_IDS])]
+                    sizes = [int(s) for s in _int_list(info[P.DEVICE_SIZES])]
                     for d in ids:
                         if d in owner and owner[d] != node:
                             raise RuntimeError(
@@ -332,7 +345,7 @@ class FDPStrategy(Strategy):
         return P.validate_reply(
             private=arrays(P.PRIVATE),
             public=arrays(P.PUBLIC),
-            metrics=dict(metrics) if metrics is not None else None,
+            metrics=_scalars(metrics) if metrics is not None else None,
             expected=self.shapes,
             want_private=phase.has_private,
             want_public=phase.public,
@@ -459,7 +472,7 @@ class FDPStrategy(Strategy):
         if evaluate_fn is not None:
             def evaluate(r: int, model: torch.nn.Module) -> dict[str, float] | None:
                 res = evaluate_fn(r, ArrayRecord(model.state_dict()))
-                return None if res is None else {k: float(v) for k, v in res.items()}
+                return None if res is None else {k: float(v) for k, v in _scalars(res).items()}
 
             self.server.evaluate_fn = evaluate
         self.register_nodes(grid)
@@ -482,6 +495,6 @@ class FDPStrategy(Strategy):
             values = {k: float(v) for k, v in row.items()
                       if k in ("accuracy", "loss") and v == v}  # evaluated rounds only
             if values:
-                result.evaluate_metrics_serverapp[int(row["round"])] = MetricRecord(values)
+                result.evaluate_metrics_serverapp[int(row["round"])] = MetricRecord(dict(values))
         result.arrays = ArrayRecord(self.model.state_dict())
         return result

@@ -264,7 +264,7 @@ def event_from_dict(doc: Any) -> PrivacyEvent:
     if not isinstance(doc, dict):
         raise ValueError(f"event {doc!r}: must be a mapping")
     try:
-        kind = EventKind(doc.get("kind"))
+        kind = EventKind(str(doc.get("kind")))
     except ValueError:
         raise ValueError(f"event kind={doc.get('kind')!r}: unknown (expected one of "
                          f"{', '.join(k.value for k in EventKind)})") from None

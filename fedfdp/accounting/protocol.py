@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fedfdp.accounting.events import PrivacyEvent
 
@@ -38,8 +38,13 @@ class Bound(Protocol):
     def delta(self) -> float: ...
 
 
+#: The kind of event an accountant composes (contravariant: an accountant of every
+#: :class:`PrivacyEvent` is an accountant of each kind).
+E_contra = TypeVar("E_contra", bound=PrivacyEvent, contravariant=True)
+
+
 @runtime_checkable
-class Accountant(Protocol):
+class Accountant(Protocol[E_contra]):
     """What every accountant implements (and all that the budget, the ledger and the
     calibrator use).
 
@@ -54,14 +59,14 @@ class Accountant(Protocol):
 
     relation: Any
 
-    def compose(self, event: PrivacyEvent, count: int = 1) -> None: ...
+    def compose(self, event: E_contra, count: int = 1) -> None: ...
 
     def epsilon(self, delta: float) -> float: ...
 
     def epsilon_bound(self, delta: float) -> Any: ...
 
     def would_exceed(
-        self, event: PrivacyEvent, count: int = 1, *, max_epsilon: float, delta: float
+        self, event: E_contra, count: int = 1, *, max_epsilon: float, delta: float
     ) -> bool: ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -69,9 +74,12 @@ class Accountant(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+E = TypeVar("E", bound=PrivacyEvent)
+
+
 def calibrate(
-    new_accountant: Callable[[], Accountant],
-    event_for: Callable[[float], PrivacyEvent],
+    new_accountant: Callable[[], Accountant[E]],
+    event_for: Callable[[float], E],
     *,
     target_epsilon: float,
     rounds: int,

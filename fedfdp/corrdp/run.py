@@ -60,6 +60,7 @@ from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPAccountant
 from fedfdp.corrdp.noise import CorrDPDesign, glm_clipped_sum
 from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature
 from fedfdp.corrdp.tv import Bins, TVEstimate, estimate_tvs
+from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap
 from fedfdp.mechanism import Accounting, run_delta
 
@@ -85,6 +86,13 @@ def feature_groups(columns: Sequence[str]) -> dict[str, tuple[int, ...]]:
     for i, name in enumerate(columns):
         out.setdefault(name.split("=", 1)[0], []).append(i)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def _spec(data: FederatedData) -> FeatureSpec:
+    """The column spec of a table (CorrDP's features); images have none."""
+    if data.spec is None:
+        raise ConfigError(f"mode='corrdp': dataset {data.name!r} has no columns (CorrDP-SGD is for tables)")
+    return data.spec
 
 
 def _feature_of(name: str, groups: Mapping[str, tuple[int, ...]], columns: Sequence[str], key: str) -> str:
@@ -154,13 +162,14 @@ def _bins(
     x: np.ndarray,
 ) -> tuple[dict[str, np.ndarray], dict[str, Bins]]:
     """Codes and bins of ``features``: one-hot features by category, numeric ones by ``tv-bins``."""
+    spec = _spec(data)
     cuts = dict(cfg.privacy.tv_bins)
     default = cuts.get(WILDCARD)
     values: dict[str, np.ndarray] = {}
     bins: dict[str, Bins] = {}
     for f in features:
         cols = groups[f]
-        if len(cols) > 1 or data.spec.columns[cols[0]] != f:  # one-hot inputs f=value
+        if len(cols) > 1 or spec.columns[cols[0]] != f:  # one-hot inputs f=value
             block = x[:, list(cols)]
             if not np.all((block == 0) | (block == 1)) or not np.all(block.sum(axis=1) == 1):
                 raise ConfigError(
@@ -189,13 +198,16 @@ def estimate_feature_tvs(
     """In-sample ``TṼ(j)`` (Def. 3.10) of the ``estimated`` features against the joint
     ``sensitive`` features, on the training records of every device, failure
     probability ``delta`` for all of them together."""
-    groups = feature_groups(data.spec.columns)
+    groups = feature_groups(_spec(data).columns)
     x = np.concatenate([d.x for d in data.devices]).astype(np.float64)
     values, bins = _bins(cfg, data, [*sensitive, *estimated], groups, x)
+    min_prob = cfg.privacy.tv_min_prob
+    if not min_prob:
+        raise ConfigError("tv-estimate: needs tv-min-prob (the declared lower bound of every bin's "
+                          "probability)")
     try:
         return estimate_tvs(
-            {f: values[f] for f in sensitive}, {f: values[f] for f in estimated}, bins,
-            cfg.privacy.tv_min_prob, delta,
+            {f: values[f] for f in sensitive}, {f: values[f] for f in estimated}, bins, min_prob, delta,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(f"tv-estimate (tv-min-prob={cfg.privacy.tv_min_prob}): {exc}") from exc
@@ -227,10 +239,11 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
     ((0,), {'u0': 0.1, 'u1': 0.5})
     """
     p = cfg.privacy
-    columns = data.spec.columns
+    spec = _spec(data)
+    columns = spec.columns
     groups = feature_groups(columns)
     key = "sensitive-columns" if p.sensitive_columns else "private columns of the dataset"
-    named = p.sensitive_columns or data.spec.private
+    named = p.sensitive_columns or spec.private
     sensitive = list(dict.fromkeys(_feature_of(n, groups, columns, key) for n in named))
     if not sensitive:
         raise ConfigError(
