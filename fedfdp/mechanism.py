@@ -360,7 +360,8 @@ def resolve_mechanism(
     if (p.mode == "corrdp") != (accounting.relation == Relation.CORRDP):
         raise ConfigError(
             f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' "
-            "(and only it) is accounted by the CorrDP accountant of its data (fedfdp.parts.server_parts_for(cfg, data))"
+            "(and only it) is accounted by the CorrDP accountant of its data "
+            "(fedfdp.parts.server_parts_for(cfg, data))"
         )
     settings = sampling_settings(cfg)
     sub = subsampling if subsampling is not None else settings.subsampling
