@@ -39,7 +39,7 @@ from fedfdp import protocol as P
 from fedfdp.config import Config, ConfigError
 from fedfdp.ledger import Ledger
 from fedfdp.mechanism import Budget, ResolvedMechanism
-from fedfdp.server import FDPServer, RoundOutcome, RoundStats, ServerParts
+from fedfdp.server import EvaluateFn, FDPServer, RoundOutcome, RoundState, RoundStats, ServerParts
 
 log = logging.getLogger("fedfdp.server")
 
@@ -122,6 +122,10 @@ class FDPStrategy(Strategy):
     num_devices : int, optional
         Devices the nodes serve, numbered ``0 .. num_devices − 1`` (default
         ``cfg.data.num_devices``); the strategy waits until all registered.
+    evaluate_fn : callable, optional
+        ``evaluate_fn(round, model) -> metrics`` on held-out data, on the torch model
+        (:data:`fedfdp.server.EvaluateFn`); ``start``'s Flower-style ``evaluate_fn``
+        on arrays replaces it.
     parts : ServerParts, optional
         The server's privacy-deciding components (defaults: a normal run).
     node_choice : {"supernodes", "devices"}
@@ -150,6 +154,7 @@ class FDPStrategy(Strategy):
         num_devices: int | None = None,
         parts: ServerParts | None = None,
         node_choice: str = "supernodes",
+        evaluate_fn: EvaluateFn | None = None,
     ) -> None:
         if not isinstance(cfg, Config):
             raise TypeError(f"cfg={type(cfg).__name__}: must be a fedfdp Config (load_config or Config(...))")
@@ -163,7 +168,7 @@ class FDPStrategy(Strategy):
         if node_choice not in NODE_CHOICES:
             raise ValueError(f"node_choice={node_choice!r}: must be one of {', '.join(NODE_CHOICES)}")
         self.node_choice = node_choice
-        self.server = FDPServer(cfg, model, parts=parts)
+        self.server = FDPServer(cfg, model, parts=parts, evaluate_fn=evaluate_fn)
         self.registry: dict[int, tuple[list[int], list[int]]] = {}
         self._asked: dict[int, tuple[list[int], int, int]] = {}  # node -> (devices, bound, public count)
         self.device_nodes: list[int] = []  # the SuperNode serving each device (after resolve)
@@ -198,6 +203,12 @@ class FDPStrategy(Strategy):
     @property
     def rows(self) -> list[dict[str, Any]]:
         return self.server.rows
+
+    @property
+    def round_in_flight(self) -> RoundState | None:
+        """The round between :meth:`configure_train` and :meth:`collect` (its phase,
+        attempt, sampling and ``C``), None between rounds."""
+        return self.server.current
 
     @property
     def stop_reason(self) -> str | None:

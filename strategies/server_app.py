@@ -37,8 +37,8 @@ def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> F
     ``node_choice``: see :class:`FDPStrategy`."""
     data = load_server_data(cfg.data)
     model = build_model_for(cfg, data)
-    strategy = FDPStrategy(model, cfg, node_choice=node_choice, parts=server_parts_for(cfg, data))
-    strategy.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    strategy = FDPStrategy(model, cfg, node_choice=node_choice, parts=server_parts_for(cfg, data),
+                           evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
     strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)
     return strategy
 

@@ -396,7 +396,7 @@ def one_round(
     strat.resolve()
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)
-    round_state = strat.server.current
+    round_state = strat.round_in_flight
     if round_state is None:
         raise RuntimeError("canary audit: no round in flight")
     normaliser, attempt = round_state.plan.normaliser, round_state.attempt

@@ -193,7 +193,7 @@ def one_round(
     strat.registry = {0: (list(range(setup.canaries)), [1] * setup.canaries)}
     strat.resolve()
     (msg,) = train_messages(strat, 1)
-    current = strat.server.current
+    current = strat.round_in_flight
     if current is None:
         raise RuntimeError("corrdp audit: no round in flight")
     normaliser = current.plan.normaliser
