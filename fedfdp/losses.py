@@ -241,7 +241,13 @@ def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
         raise RuntimeError(f"dataset {data.name!r}: no feature spec")
     method = cfg.privacy.public_loss
     if method is PublicLoss.AUTO:
-        method = data.public_loss
+        try:
+            method = PublicLoss(data.public_loss)
+        except ValueError:
+            raise ValueError(
+                f"dataset {data.name!r}: public_loss={data.public_loss!r} is not a table's public loss "
+                f"(one of {', '.join(k.value for k in PublicLoss if k is not PublicLoss.AUTO)})"
+            ) from None
     if method == PublicLoss.LABEL_FREE:
         if cfg.training.model != "logistic":
             raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")

@@ -21,11 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 
-from fedfdp.config import PRIVACY_UNITS
+from fedfdp.config import PRIVACY_UNITS, Mode, PrivacyUnit
 from fedfdp.modes import PHASES
+
+ChoiceT = TypeVar("ChoiceT", bound=StrEnum)
 
 # Record keys
 ARRAYS = "arrays"
@@ -68,10 +72,10 @@ class TrainInstruction:
     round, attempt : int
         The round (from 1) and how often it was charged before (a re-run after
         a crash has ``attempt > 0``).
-    phase : str
-        A :data:`fedfdp.modes.PHASES` name.
-    unit : str
-        ``record`` or ``device``.
+    phase : Mode
+        A :data:`fedfdp.modes.PHASES` name (a string is converted).
+    unit : PrivacyUnit
+        ``record`` or ``device`` (a string is converted).
     sampling_rate, clipping_norm : float
         ``q`` in (0, 1] and ``C`` > 0.
     device_ids : tuple of int
@@ -93,8 +97,8 @@ class TrainInstruction:
 
     round: int
     attempt: int
-    phase: str
-    unit: str
+    phase: Mode
+    unit: PrivacyUnit
     sampling_rate: float
     clipping_norm: float
     device_ids: tuple[int, ...]
@@ -108,6 +112,8 @@ class TrainInstruction:
             raise InvalidInstruction(f"{PHASE}={self.phase!r}: unknown (known: {', '.join(PHASES)})")
         if self.unit not in PRIVACY_UNITS:
             raise InvalidInstruction(f"{UNIT}={self.unit!r}: must be record or device")
+        object.__setattr__(self, "phase", Mode(self.phase))
+        object.__setattr__(self, "unit", PrivacyUnit(self.unit))
         if not (math.isfinite(self.sampling_rate) and 0 < self.sampling_rate <= 1):
             raise InvalidInstruction(f"{SAMPLING_RATE}={self.sampling_rate}: must be in (0, 1]")
         if not (math.isfinite(self.clipping_norm) and self.clipping_norm > 0):
@@ -129,8 +135,8 @@ class TrainInstruction:
         return {
             ROUND: self.round,
             ATTEMPT: self.attempt,
-            PHASE: self.phase,
-            UNIT: self.unit,
+            PHASE: self.phase.value,
+            UNIT: self.unit.value,
             SAMPLING_RATE: self.sampling_rate,
             CLIPPING_NORM: self.clipping_norm,
             DEVICE_IDS: list(self.device_ids),
@@ -161,14 +167,23 @@ class TrainInstruction:
                 raise InvalidInstruction(f"{key}={raw!r}: must be an integer")
             return kind(raw)
 
+        def choice(key: str, kind: type[ChoiceT]) -> ChoiceT:
+            raw = config[key]
+            try:
+                return kind(str(raw))
+            except ValueError:
+                raise InvalidInstruction(
+                    f"{key}={raw!r}: unknown (known: {', '.join(k.value for k in kind)})"
+                ) from None
+
         flags = ints(PRIVATE_FLAGS)
         if any(f not in (0, 1) for f in flags):
             raise InvalidInstruction(f"{PRIVATE_FLAGS}={list(flags)}: must be 0 or 1")
         return cls(
             round=int(number(ROUND, int)),
             attempt=int(number(ATTEMPT, int)),
-            phase=str(config[PHASE]),
-            unit=str(config[UNIT]),
+            phase=choice(PHASE, Mode),
+            unit=choice(UNIT, PrivacyUnit),
             sampling_rate=float(number(SAMPLING_RATE, float)),
             clipping_norm=float(number(CLIPPING_NORM, float)),
             device_ids=ints(DEVICE_IDS),
