@@ -9,9 +9,15 @@
 ``fedfdp account --target-epsilon E --sampling-rate Q --rounds T --delta D [--json]``
     The smallest σ (to 0.1%) whose ε is at most ``E`` (never above), and that ε.
 ``fedfdp account --run DIR [--delta D] [--json]``
-    ε of a finished or interrupted run, from its write-ahead privacy ledger
-    ``DIR/ledger.json`` (every charged round, re-run rounds included) and δ from
-    ``[resolved]`` in ``DIR/config.toml`` unless ``--delta`` is given.
+    ε of a finished or interrupted run: its write-ahead privacy ledger, read by
+    the library (:func:`fedfdp.checkpoint.read_ledger`; every charged round,
+    re-run rounds included), replayed into the accountant of the relation the
+    run names, at δ and relation from ``[resolved]`` in ``DIR/config.toml``
+    (``--delta`` overrides δ). It equals the ε of the run's last ``metrics.csv``
+    row when the run ended normally. A CorrDP run (relation ``corrdp``) is
+    refused: its accountant needs the run's CorrDP design, which the ledger does
+    not record (read ``epsilon_corrdp`` in its ``metrics.csv``).
+    :func:`run_ledger` is the one function that knows the ledger's layout.
 
 With any of them:
 
@@ -48,13 +54,22 @@ import argparse
 import json
 import math
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedfdp.config import ConfigError
 
-LEDGER_FILE = "ledger.json"  # fedfdp.checkpoint.LEDGER_FILE (not imported: it pulls in torch)
 CONFIG_FILE = "config.toml"  # fedfdp.outputs.CONFIG_FILE
+METRICS_FILE = "metrics.csv"  # fedfdp.outputs.METRICS_FILE
+#: ``eps_error`` of ``--noise-multiplier`` / ``--target-epsilon`` when not given
+#: (a run's ledger is replayed at the run's own).
+DEFAULT_EPS_ERROR = 0.05
+#: The relations a run's ε is stated for (the values of ``fedfdp.accounting.Relation``), and
+#: the ``metrics.csv`` column of each.
+ADD_REMOVE = "add-remove"
+CORRDP = "corrdp"
+EPSILON_COLUMNS = {ADD_REMOVE: "epsilon", CORRDP: "epsilon_corrdp"}
 
 
 # ------------------------------------------------------------------ validation
@@ -116,7 +131,7 @@ def _delta_of(args: argparse.Namespace, fallback: float | None, fallback_name: s
 # ------------------------------------------------------------------ sources of a ledger
 def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """An accountant for ``--noise-multiplier``/``--target-epsilon`` mode."""
-    from fedfdp.accounting import FDPAccountant, calibrate_noise_multiplier
+    from fedfdp.accounting import FDPAccountant, SubsampledGaussian, calibrate_noise_multiplier
 
     if args.noise_multiplier is not None and args.target_epsilon is not None:
         raise ConfigError(
@@ -134,15 +149,16 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         p = _rate("--device-sampling-rate", args.device_sampling_rate)
     rounds = _count("--rounds", args.rounds)
     delta = _delta_of(args, None, "or --num-records N for δ = 1/(2N)")
+    eps_error = args.eps_error if args.eps_error is not None else DEFAULT_EPS_ERROR
     info: dict[str, Any] = {}
     if args.target_epsilon is not None:
         target = _positive("--target-epsilon", args.target_epsilon)
         try:
-            sigma = calibrate_noise_multiplier(target, q, rounds, delta, eps_error=args.eps_error,
-                                               participation=p)
+            sigma = calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds,
+                                               delta=delta, eps_error=eps_error, participation=p)
         except ValueError:
-            hint = (f"; with --eps-error={args.eps_error:g} the upper bound of a subsampled "
-                    f"mechanism stays above about {0.9 * args.eps_error:.3g}" if q < 1 or p < 1 else "")
+            hint = (f"; with --eps-error={eps_error:g} the upper bound of a subsampled "
+                    f"mechanism stays above about {0.9 * eps_error:.3g}" if q < 1 or p < 1 else "")
             dev = f", device sampling rate {p:g}" if p < 1 else ""
             raise ConfigError(
                 f"--target-epsilon={target!r}: unreachable, no noise multiplier <= 1e4 brings the "
@@ -152,97 +168,276 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         info["target_epsilon"] = target
     else:
         sigma = _positive("--noise-multiplier", args.noise_multiplier)
-    acc = FDPAccountant(eps_error=args.eps_error)
-    acc.compose(sigma, q, rounds, participation=p)
+    acc = FDPAccountant(eps_error=eps_error)
+    acc.compose(SubsampledGaussian(sigma, q, p), rounds)
     info.update(noise_multiplier=sigma, sampling_rate=q, device_sampling_rate=p)
     return acc, dict(info, delta=delta)
 
 
-def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """An accountant restored from ``DIR/ledger.json`` (``--run`` mode)."""
-    from fedfdp.accounting import FDPAccountant
+# ------------------------------------------------------------------ a run's ledger
+@dataclass(frozen=True)
+class RunLedger:
+    """A run's privacy ledger replayed into the accountant of its relation.
 
+    Attributes
+    ----------
+    accountant : Accountant
+        Every charge of the ledger composed in order: the run's accountant
+        (:class:`~fedfdp.accounting.FDPAccountant` for add/remove,
+        :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` for CorrDP). A round charged
+        twice, after a crash inside it, counts twice, and so do the charges a resume
+        added pessimistically.
+    events : tuple of (PrivacyEvent, int)
+        The charged events with their counts, consecutive equal ones merged.
+    charges : int
+        The number of charges.
+    charged_rounds : int
+        The number of distinct rounds charged.
+    mechanism : dict
+        The resolved mechanism the ledger starts with (relation, δ, ...).
+    """
+
+    accountant: Any
+    events: tuple[tuple[Any, int], ...]
+    charges: int
+    charged_rounds: int
+    mechanism: dict[str, Any]
+
+
+class _NoLedger(ConfigError):
+    """A run directory without a privacy ledger (nothing was charged)."""
+
+
+def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float | None = None
+               ) -> RunLedger | None:
+    """The ledger of ``run_dir``, read by the library, as an accountant (None: no ledger).
+
+    The one place that knows what the library's ledger holds. The library verifies the
+    hash chain (:func:`fedfdp.ledger.read_ledger`); the ledger must also contain the
+    head the run's last checkpoint recorded (else it was rolled back). Its events are
+    replayed (:func:`fedfdp.mechanism.replay`) into the accountant of the relation its
+    first entry (the resolved mechanism) names: add/remove — every charge a
+    Poisson-subsampled Gaussian round (Theorem 5; with participation ``p < 1`` the
+    exact mixture of Poisson device sampling), composed by
+    :class:`~fedfdp.accounting.FDPAccountant` as every DP and FDP run does; or
+    ``corrdp`` — CorrDP-SGD rounds, by :class:`~fedfdp.corrdp.accounting.CorrDPAccountant`
+    with ``delta_estimation`` (the δ a run's in-sample TV estimate set aside).
+
+    Raises
+    ------
+    ConfigError
+        A ledger the library refuses (malformed, edited), rolled back below its
+        checkpoint or missing beside one, of an unknown relation, or whose events its
+        accountant refuses.
+    """
+    from fedfdp.accounting import FDPAccountant, Relation
+    from fedfdp.checkpoint import load_checkpoint
+    from fedfdp.corrdp.accounting import CorrDPAccountant
+    from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger
+    from fedfdp.mechanism import replay
+
+    path = Path(run_dir) / LEDGER_FILE
+    try:
+        ledger = read_ledger(run_dir)
+        ckpt = load_checkpoint(run_dir)
+    except LedgerError as exc:
+        raise ConfigError(_line(exc)) from None
+    if ledger is None:
+        if ckpt is not None:
+            raise ConfigError(f"{path}: missing, but the run's checkpoint after round {ckpt.round} records "
+                              f"{ckpt.head.charges} charges in it: the ledger was deleted")
+        return None
+    if ckpt is not None:
+        head = ckpt.head
+        if len(ledger.entries) < head.entries or ledger.entries[head.entries - 1].hash != head.hash:
+            raise ConfigError(
+                f"{path}: {len(ledger.charges)} charge(s), without the head its checkpoint recorded after "
+                f"round {ckpt.round} ({head.charges} charges): the ledger was rolled back or replaced"
+            )
+    mechanism = ledger.mechanism
+    relation = mechanism.get("relation")
+    settings = {} if eps_error is None else {"eps_error": eps_error}
+    if relation == Relation.ADD_REMOVE:
+        def new() -> Any:
+            return FDPAccountant(**settings)
+    elif relation == Relation.CORRDP:
+        def new() -> Any:
+            return CorrDPAccountant(delta_estimation, **settings)
+    else:
+        raise ConfigError(f"{path}: relation={relation!r} in its mechanism: no accountant for it")
+    events = ledger.events()
+    try:
+        acc = replay(events, new)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: its events do not replay ({_line(exc)})") from None
+    merged: list[tuple[Any, int]] = []
+    for ev in events:
+        if merged and merged[-1][0] == ev:
+            merged[-1] = (ev, merged[-1][1] + 1)
+        else:
+            merged.append((ev, 1))
+    charged = {e.round for e in ledger.charges if e.round is not None}
+    return RunLedger(acc, tuple(merged), len(ledger.charges), len(charged), mechanism)
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def read_run(run: Path, *, delta: float | None = None, eps_error: float | None = None,
+             label: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The accountant of a run directory's ledger (:func:`run_ledger`) and what
+    :func:`account` reports of it.
+
+    δ and the relation come from ``[resolved]`` in ``run/config.toml`` and must be
+    those of the ledger's mechanism, as must every charged event be the run's
+    ``[resolved] event`` (else the ledger or the configuration was edited); ``delta``
+    overrides δ. A ledger that composes to less than the last ε the run reported in
+    ``metrics.csv`` is refused (rolled back). Every refusal is a one-line
+    :class:`~fedfdp.config.ConfigError` starting with ``label`` (default ``--run='DIR'``).
+    """
+    label = label if label is not None else f"--run={str(run)!r}"
+    if not run.is_dir():
+        raise ConfigError(f"{label}: no such directory")
+    cfg_path = run / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise ConfigError(
+            f"{label}: no {CONFIG_FILE} there (the run's relation and δ are read from its [resolved] table)"
+        )
+    try:
+        doc = tomllib.loads(cfg_path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{label}: {cfg_path} is not valid TOML ({_line(exc)})") from None
+    resolved = doc.get("resolved", {})
+    if not isinstance(resolved, dict):
+        raise ConfigError(f"{label}: [resolved] in {cfg_path} is not a table")
+    relation = resolved.get("relation")
+    if relation not in (ADD_REMOVE, CORRDP):
+        raise ConfigError(f"{label}: {cfg_path} [resolved] relation={relation!r}: expected "
+                          f"{ADD_REMOVE!r} or {CORRDP!r}")
+    if "delta" not in resolved:
+        raise ConfigError(f"{label}: {cfg_path} has no [resolved] delta")
+    run_delta = _delta(f"{label}: {cfg_path} [resolved] delta", resolved["delta"])
+    estimation = resolved.get("corrdp-delta-estimation", 0.0)
+    try:
+        replayed = run_ledger(run, delta_estimation=estimation, eps_error=eps_error)
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{label}: {_line(exc)}") from None
+    if replayed is None:
+        mode = doc.get("mode")
+        why = f"mode={mode!r}; " if mode is not None else ""
+        raise _NoLedger(
+            f"{label}: no privacy ledger there ({why}a run writes one before its first private round; "
+            "a public or non-private run has none)"
+        )
+    mine = replayed.mechanism
+    for key, value in (("relation", relation), ("delta", run_delta)):
+        if mine.get(key) != value:
+            raise ConfigError(
+                f"{label}: {cfg_path} [resolved] {key}={value!r}, the ledger's mechanism has "
+                f"{mine.get(key)!r}: the ledger or the configuration was edited"
+            )
+    planned = resolved.get("event")
+    for event, _ in replayed.events:
+        if planned is not None and event.to_dict() != planned:
+            raise ConfigError(
+                f"{label}: the ledger charges {event.to_dict()}, {cfg_path} [resolved] event is "
+                f"{planned}: the ledger or the configuration was edited"
+            )
+    acc = replayed.accountant
+    if delta is None:
+        _not_rolled_back(acc.epsilon(run_delta), run / METRICS_FILE, relation, label)
+    gaussian = [(e.noise_multiplier, e.sampling_rate, e.participation, n) for e, n in replayed.events
+                if hasattr(e, "noise_multiplier")]
+    sigmas = {e[0] for e in gaussian}
+    rates = {e.sampling_rate for e, _ in replayed.events}
+    shares = {e.participation for e, _ in replayed.events}
+    info: dict[str, Any] = {
+        "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
+        "sampling_rate": rates.pop() if len(rates) == 1 else None,
+        "device_sampling_rate": shares.pop() if len(shares) == 1 else (None if shares else 1.0),
+        "delta": run_delta if delta is None else delta,
+        "relation": relation,
+        "run": str(run),
+        "mode": doc.get("mode"),
+        "charges": replayed.charges,
+        "charged_rounds": replayed.charged_rounds,
+        "planned_private_rounds": resolved.get("private-rounds"),
+        "unbounded": bool(mine.get("unbounded", False)),
+        "ledger": [{"noise_multiplier": s, "sampling_rate": q, "count": n, "participation": p}
+                   for s, q, p, n in gaussian]
+        if relation == ADD_REMOVE else [{**e.to_dict(), "count": n} for e, n in replayed.events],
+    }
+    return acc, info
+
+
+def _not_rolled_back(epsilon: float, metrics: Path, relation: str, label: str) -> None:
+    """Refuse a ledger whose ε is below the last ε the run reported in ``metrics``
+    (a rolled-back or truncated ledger: every reported ε was computed from charges
+    the ledger held at the time)."""
+    import csv
+
+    column = EPSILON_COLUMNS[relation]
+    if not metrics.is_file():
+        return
+    try:
+        with metrics.open(newline="") as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get(column) not in (None, "", "nan")]
+        reported = float(rows[-1][column]) if rows else None
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error):
+        return  # the ledger, not this cross-check, is what is accounted
+    if reported is not None and epsilon < reported - 1e-9 * (1.0 + reported):
+        raise ConfigError(
+            f"{label}: the ledger composes to {column}={epsilon:.6g}, below the {reported:.6g} the run "
+            f"reported in {metrics} round {rows[-1].get('round', '?')}: the ledger was rolled back or edited"
+        )
+
+
+@dataclass(frozen=True)
+class SpentBudget:
+    """What a run's ledger says it spent: the upper bound of ε at the run's δ, under
+    the relation the run names (``corrdp``: a CorrDP ε), over ``charges`` charges."""
+
+    epsilon: float
+    delta: float
+    relation: str
+    charges: int
+
+
+def spent_budget(run: str | Path) -> SpentBudget | None:
+    """The budget a run directory's ledger records (:func:`read_run`), None when it has
+    no ledger (a run writes one before its first private round: nothing was charged);
+    raises a one-line :class:`~fedfdp.config.ConfigError` naming why a ledger cannot be
+    accounted (malformed, edited, rolled back, no ``config.toml``)."""
+    path = Path(run)
+    try:
+        acc, info = read_run(path, label=str(path))
+    except _NoLedger:
+        return None
+    delta = info["delta"]
+    epsilon = math.inf if info["unbounded"] else acc.epsilon(delta)
+    return SpentBudget(epsilon, delta, info["relation"], info["charges"])
+
+
+def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """``--run`` mode: :func:`read_run` after checking the flags."""
     for flag in ("noise_multiplier", "target_epsilon", "sampling_rate", "rounds", "device_sampling_rate"):
         if getattr(args, flag) is not None:
             name = "--" + flag.replace("_", "-")
             raise ConfigError(
                 f"{name}={getattr(args, flag)!r}: not with --run (the run's ledger says what was spent)"
             )
-    run = Path(args.run)
-    if not run.is_dir():
-        raise ConfigError(f"--run={args.run!r}: no such directory")
-    doc: dict[str, Any] = {}
-    cfg_path = run / CONFIG_FILE
-    if cfg_path.is_file():
-        try:
-            doc = tomllib.loads(cfg_path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--run={args.run!r}: {cfg_path} is not valid TOML ({exc})") from None
-    resolved = doc.get("resolved", {})
-    if not isinstance(resolved, dict):
-        raise ConfigError(f"--run={args.run!r}: [resolved] in {cfg_path} is not a table")
-    ledger_path = run / LEDGER_FILE
-    if not ledger_path.is_file():
-        mode = doc.get("mode")
-        why = f"mode={mode!r}; " if mode is not None else ""
-        raise ConfigError(
-            f"--run={args.run!r}: no {LEDGER_FILE} there ({why}a run writes it before its first "
-            "private round; a public or non-private run, or a --centralised one, has none)"
-        )
-    try:
-        ledger = json.loads(ledger_path.read_text())
-        if not isinstance(ledger, dict) or set(ledger) != {"accountant", "charges"}:
-            raise ValueError('expected {"accountant": ..., "charges": [[round, attempt], ...]}')
-        charges = ledger["charges"]
-        if not isinstance(charges, list) or not all(
-            isinstance(c, list) and len(c) == 2 and all(type(v) is int and v >= 0 for v in c)
-            for c in charges
-        ):
-            raise ValueError("charges: expected a list of [round, attempt] integer pairs")
-        acc = FDPAccountant(eps_error=args.eps_error)
-        acc.load_state_dict(ledger["accountant"])
-        if acc.rounds != len(charges):
-            raise ValueError(f"{len(charges)} charges but the accountant holds {acc.rounds} rounds")
-    except (ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
-        raise ConfigError(f"--run={args.run!r}: malformed {ledger_path} ({exc})") from None
-
-    if "delta" in resolved:
-        flag = f"--run={args.run!r}: {cfg_path} [resolved] delta"
-        run_delta: float | None = _delta(flag, resolved["delta"])
-        why = ""
-    else:
-        run_delta = None
-        why = f"{cfg_path} has no [resolved] delta" if doc else f"no {cfg_path} to read δ from"
-    delta = _delta_of(args, run_delta, why)
-    events = acc.ledger
-    sigmas = {e.noise_multiplier for e in events}
-    rates = {e.sampling_rate for e in events}
-    shares = {e.participation for e in events}
-    info: dict[str, Any] = {
-        "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
-        "sampling_rate": rates.pop() if len(rates) == 1 else None,
-        "device_sampling_rate": shares.pop() if len(shares) == 1 else (None if shares else 1.0),
-        "delta": delta,
-        "run": str(run),
-        "mode": doc.get("mode"),
-        "charges": len(charges),
-        "charged_rounds": len({r for r, _ in charges}),
-        "planned_private_rounds": resolved.get("private-rounds"),
-        "ledger": [
-            {"noise_multiplier": e.noise_multiplier, "sampling_rate": e.sampling_rate, "count": e.count,
-             "participation": e.participation}
-            for e in events
-        ],
-    }
-    return acc, info
+    delta = _delta_of(args, 0.0, "") if args.delta is not None or args.num_records is not None else None
+    return read_run(Path(args.run), delta=delta, eps_error=args.eps_error, label=f"--run={args.run!r}")
 
 
 # ------------------------------------------------------------------ the command
 def account(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the report of ``fedfdp account`` (a JSON-ready dict)."""
-    from fedfdp.accounting import attribute_inference_bound, plot_tradeoff, save_tradeoff_csv
+    from fedfdp.accounting import EpsilonBound, attribute_inference_bound, plot_tradeoff, save_tradeoff_csv
 
-    if not 0.0 < _real("--eps-error", args.eps_error) <= 1.0:
+    if args.eps_error is not None and not 0.0 < _real("--eps-error", args.eps_error) <= 1.0:
         raise ConfigError(f"--eps-error={args.eps_error!r}: must be in (0, 1]")
     if args.ball is not None:
         _unit("--ball", args.ball)
@@ -250,8 +445,18 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"--tradeoff={args.tradeoff!r}: must be a path prefix")
     acc, info = _read_run(args) if args.run is not None else _direct(args)
     delta = info["delta"]
-    bound = acc.epsilon_bound(delta, "add-remove")
-    replacement = acc.epsilon_bound(delta, "replacement")
+    relation = info.pop("relation", ADD_REMOVE)
+    if relation == CORRDP:
+        return _corrdp_report(args, acc, info)
+    if info.get("unbounded"):  # nonprivate: private data without noise
+        for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
+            if value is not None:
+                raise ConfigError(f"{flag}={value!r}: mode {info.get('mode')!r} trains on private data "
+                                  "without noise (ε = ∞)")
+        bound = replacement = EpsilonBound(math.inf, math.inf, math.inf, delta, ADD_REMOVE)
+    else:
+        bound = acc.epsilon_bound(delta, ADD_REMOVE)
+        replacement = acc.epsilon_bound(delta, "replacement")
     out: dict[str, Any] = {
         "epsilon": _finite_or_none(bound.upper),
         "epsilon_estimate": _finite_or_none(bound.estimate),
@@ -262,7 +467,7 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         "sampling_rate": info.pop("sampling_rate"),
         "device_sampling_rate": info.pop("device_sampling_rate"),
         "rounds": acc.rounds,
-        "relation": "add-remove",
+        "relation": relation,
         "eps_error": acc.eps_error,
     }
     out.update({k: v for k, v in info.items() if k != "delta"})
@@ -283,6 +488,31 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _corrdp_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """The report of a CorrDP run: its CorrDP ε (``epsilon_corrdp``; ``epsilon``, the
+    DP/FDP column, stays empty: a different guarantee). Theorem 4 and the trade-off
+    curve are statements about an add/remove ε, so ``--ball`` and ``--tradeoff`` are
+    refused."""
+    for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
+        if value is not None:
+            raise ConfigError(f"{flag}={value!r}: not for a CorrDP run (relation {CORRDP!r}: its ε is a "
+                              "CorrDP ε, not the add/remove ε these are stated for)")
+    delta = info.pop("delta")
+    out: dict[str, Any] = {
+        "epsilon": None,
+        "epsilon_corrdp": _finite_or_none(acc.epsilon(delta)),
+        "delta": delta,
+        "noise_multiplier": info.pop("noise_multiplier"),
+        "sampling_rate": info.pop("sampling_rate"),
+        "device_sampling_rate": info.pop("device_sampling_rate"),
+        "rounds": acc.rounds,
+        "relation": CORRDP,
+        "eps_error": acc.eps_error,
+    }
+    out.update(info)
+    return out
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "∞" if x is None else f"{x:.{digits}f}"
 
@@ -297,7 +527,8 @@ def format_report(r: dict[str, Any]) -> str:
         of = f" of {planned} planned" if planned is not None else ""
         rows.append(("run", f"{r['run']} (mode {r.get('mode') or '?'})"))
         rows.append(("rounds charged", f"{r['rounds']}{of}{again}"))
-        if r["noise_multiplier"] is None or r["sampling_rate"] is None or r["device_sampling_rate"] is None:
+        mixed = None in (r["noise_multiplier"], r["sampling_rate"], r["device_sampling_rate"])
+        if mixed and r["relation"] != CORRDP:
             for ev in r["ledger"]:
                 share = f", p = {ev['participation']:.6g}" if ev["participation"] != 1.0 else ""
                 rows.append(("  events", f"{ev['count']} × (σ = {ev['noise_multiplier']:.6g}, "
@@ -314,6 +545,11 @@ def format_report(r: dict[str, Any]) -> str:
         rows.append(("device sampling p", f"{r['device_sampling_rate']:.6g}  (exact mixture: with prob. p a "
                                           "q-subsampled round, else none; not rate p·q)"))
     d = f"δ = {r['delta']:.3g}"
+    if r["relation"] == CORRDP:
+        rows.append(("ε CorrDP", f"{_fmt(r['epsilon_corrdp'])}  (upper bound, CorrDP relation, {d}; "
+                                 "not a DP or FDP ε)"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     rows.append(("ε add/remove", f"{_fmt(r['epsilon'])}  (upper bound, add/remove, {d}; "
                                  f"estimate {_fmt(r['epsilon_estimate'])}, "
                                  f"lower {_fmt(r['epsilon_lower'])})"))
@@ -368,12 +604,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, metavar="T", help="number of private rounds")
     p.add_argument("--delta", type=float, metavar="D", help="δ of every ε (with --run: default the run's)")
     p.add_argument("--num-records", type=int, metavar="N", help="δ = 1/(2N) instead of --delta")
-    p.add_argument("--run", metavar="DIR", help="account a run from DIR/ledger.json and DIR/config.toml")
+    p.add_argument("--run", metavar="DIR",
+                   help="account a run: its ledger replayed, at δ and relation of DIR/config.toml")
     p.add_argument("--ball", type=float, metavar="P",
                    help="also bound attribute-inference success (Theorem 4) for Ball = P")
     p.add_argument("--tradeoff", metavar="PREFIX",
                    help="write the composed trade-off curve to PREFIX.csv and PREFIX.png")
-    p.add_argument("--eps-error", type=float, default=0.05, metavar="E",
-                   help="accountant precision: upper − estimate ≈ 0.9·E (default 0.05)")
+    p.add_argument("--eps-error", type=float, default=None, metavar="E",
+                   help="accountant precision: upper − estimate ≈ 0.9·E (default 0.05; with --run "
+                        "the run's own)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_account)

@@ -18,6 +18,12 @@ References are independent of the code under test:
 - Pathological inputs run the CLI in a subprocess with a 3 GiB address-space cap:
   a finite valid answer (above an independent reference at a milder setting) or
   exit status 2 with one line naming the flag and value, in seconds.
+- ``--run DIR`` reads directories written by real runs (``fedfdp run`` in a
+  subprocess, or :func:`fedfdp.run_centralised`; an interruption is a Ctrl-C
+  raised inside a round): its ε equals the run's last ``metrics.csv`` ε exactly,
+  and is within the tolerances above of dp-accounting's (the adaptive-clipping
+  σ_eff derived here from the run's σ and σ_b) and of the participation
+  mixture. Bad input corrupts copies of real files.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -37,7 +44,7 @@ import pytest
 import tomli_w
 from scipy import special
 
-from fedfdp.accounting import FDPAccountant, attribute_inference_bound, epsilon_for
+from fedfdp.accounting import epsilon_for
 from simulations.cli import main
 from tests.references import dp_ref_eps, gaussian_eps_ref, participation_eps_ref
 
@@ -170,62 +177,191 @@ def test_ball_gaussian_closed_form(capsys: pytest.CaptureFixture[str]) -> None:
     assert abs(r["attribute_inference_bound"] - ref) <= 1e-9
 
 
-# ------------------------------------------------------------------ --run
-EVENTS = [(1.2, 0.05, 30), (1.0, 0.05, 10), (1.2, 0.025, 5)]
-RUN_DELTA = 1.5e-4
+# ------------------------------------------------------------------ --run: ledgers of real runs
+ROOT = Path(__file__).resolve().parents[1]
+#: Big enough that the default ``fdp`` recipe picks adaptive clipping (γ > 0).
+ADAPTIVE = ["num-devices=4", "records-per-device=1000", "num-rounds=3", "progress=false"]
+TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "progress": False}
 
 
-def write_run(run: Path, events=EVENTS, *, config: bool = True, recharged: int = 1) -> FDPAccountant:
-    """A run directory as fedfdp run writes it: ledger.json (accountant + charges), config.toml."""
-    acc = FDPAccountant()
-    for sigma, q, n in events:
-        for _ in range(n):
-            acc.compose(sigma, q)
-    rounds = list(range(1, acc.rounds - recharged + 1))
-    charges = [[r, 0] for r in rounds] + [[rounds[-1], a] for a in range(1, recharged + 1)]
-    run.mkdir(parents=True, exist_ok=True)
-    (run / "ledger.json").write_text(json.dumps({"accountant": acc.state_dict(), "charges": charges}))
-    if config:
-        doc = {"mode": "fdp", "num-rounds": 150,
-               "resolved": {"noise-multiplier": 1.2, "delta": RUN_DELTA, "private-rounds": 150}}
-        (run / "config.toml").write_text(tomli_w.dumps(doc))
-    return acc
+def fedfdp(*argv: str) -> subprocess.CompletedProcess:
+    """``fedfdp ARGV`` in a subprocess (this checkout's code), which must succeed."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-m", "simulations.cli", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
-def test_run_equals_direct_computation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    acc = write_run(tmp_path / "run")
-    r = cli_json(["--run", str(tmp_path / "run"), "--ball", "0.2"], capsys)
+def fedfdp_run(out: Path, settings: list[str]) -> Path:
+    """``fedfdp run --centralised --out OUT --set KEY=VALUE ...``."""
+    sets = itertools.chain.from_iterable(("--set", item) for item in settings)
+    fedfdp("run", "--centralised", "--out", str(out), *sets)
+    return out
+
+
+def resolved(run: Path) -> dict:
+    return tomllib.loads((run / "config.toml").read_text())["resolved"]
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def interrupt_at(round_: int):
+    """An ``evaluate_fn`` that presses Ctrl-C inside ``round_`` (after its charge and step,
+    before its checkpoint)."""
+
+    def evaluate(r: int, model) -> dict[str, float]:
+        if r == round_:
+            raise KeyboardInterrupt
+        return {}
+
+    return evaluate
+
+
+@pytest.fixture(scope="module")
+def fdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``fedfdp run``, mode fdp, the default recipe: adaptive clipping, so the accounted σ
+    (gradient and count noise together) is not the gradient's σ."""
+    run = fedfdp_run(tmp_path_factory.mktemp("account") / "fdp", ADAPTIVE)
+    r = resolved(run)
+    assert r["clipping-quantile"] > 0 and r["accounted-noise-multiplier"] < r["noise-multiplier"]
+    return run
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``fedfdp run``, mode dp, a fixed C, Poisson device sampling at p = 0.5 (10 rounds:
+    the reference's bound on the rounds no device draw touches, ``P(K = 0)·δ_1``, stays
+    negligible)."""
+    run = fedfdp_run(tmp_path_factory.mktemp("account") / "dp",
+                     ["mode=dp", "clipping-quantile=0", "device-sampling-rate=0.5", "num-devices=4",
+                      "records-per-device=100", "num-rounds=10", "progress=false"])
+    r = resolved(run)
+    assert "clipping-count-std" not in r and r["accounted-participation"] == 0.5  # fixed C: no count
+    return run
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A run interrupted inside round 2 (after its charge, before its checkpoint), then
+    ``fedfdp run --resume``: round 2 runs again and is charged again, round 3 would
+    exceed max-epsilon. Also returns a copy of the ledger as the interruption left it."""
+    from fedfdp import load_config, run_centralised
+
+    base = tmp_path_factory.mktemp("account")
+    run = base / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        run_centralised(load_config({**TINY, "out-dir": str(run)}), evaluate_fn=interrupt_at(2))
+    before = base / "ledger-at-interruption.json"
+    shutil.copyfile(run / "ledger.json", before)
+    fedfdp("run", "--centralised", "--resume", str(run))
+    return run, before
+
+
+@pytest.fixture(scope="module")
+def public_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fedfdp import load_config, run_centralised
+
+    run = tmp_path_factory.mktemp("account") / "public"
+    run_centralised(load_config({**TINY, "mode": "public", "out-dir": str(run)}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def nonprivate_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fedfdp import load_config, run_centralised
+
+    run = tmp_path_factory.mktemp("account") / "nonprivate"
+    run_centralised(load_config({**TINY, "mode": "nonprivate", "out-dir": str(run)}))
+    return run
+
+
+@pytest.fixture(scope="module")
+def corrdp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fedfdp import load_config, run_centralised
+
+    run = tmp_path_factory.mktemp("account") / "corrdp"
+    run_centralised(load_config({**TINY, "mode": "corrdp", "dataset": "correlated", "insensitive-tv": "*=0.5",
+                                 "out-dir": str(run)}))
+    return run
+
+
+@pytest.mark.parametrize("which", ["fdp_run", "dp_run"])
+def test_run_prints_the_runs_epsilon(which: str, request: pytest.FixtureRequest,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The ε of ``account --run`` is the run's last metrics.csv ε: exactly in JSON, and to
+    the printed digits in the table."""
+    run = request.getfixturevalue(which)
+    rows = metrics(run)
+    last = rows[-1]
+    r = cli_json(["--run", str(run)], capsys)
     assert set(r) >= KEYS
-    assert r["delta"] == RUN_DELTA and r["rounds"] == 45 and r["charges"] == 45
-    assert r["charged_rounds"] == 44 and r["mode"] == "fdp"
-    assert r["noise_multiplier"] is None and r["sampling_rate"] is None  # heterogeneous ledger
-    assert [(e["noise_multiplier"], e["sampling_rate"], e["count"]) for e in r["ledger"]] == EVENTS
-    b = acc.epsilon_bound(RUN_DELTA)
-    assert (r["epsilon_lower"], r["epsilon_estimate"], r["epsilon"]) == (b.lower, b.estimate, b.upper)
-    assert r["epsilon_replacement"] == acc.epsilon(RUN_DELTA, "replacement")
-    assert r["attribute_inference_bound"] == attribute_inference_bound(acc, 0.2)
-    assert_within_reference(r["epsilon"], dp_ref_eps(EVENTS, RUN_DELTA))
-    # --delta overrides the run's δ
-    r2 = cli_json(["--run", str(tmp_path / "run"), "--delta", "1e-6"], capsys)
-    assert r2["delta"] == 1e-6 and r2["epsilon"] == acc.epsilon(1e-6)
+    assert r["epsilon"] == float(last["epsilon"])
+    assert r["delta"] == float(last["delta"]) == resolved(run)["delta"]
+    assert r["relation"] == last["relation"] == "add-remove"
+    private = [row for row in rows if row["phase"] in ("fdp", "dp")]
+    planned = resolved(run)["private-rounds"]
+    assert r["rounds"] == r["charges"] == r["charged_rounds"] == len(private) == planned
+    assert r["planned_private_rounds"] == planned and r["mode"] == which.removesuffix("_run")
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 0 and err == ""
+    line = next(ln for ln in out.splitlines() if ln.startswith("ε add/remove"))
+    assert line.split()[2] == f"{float(last['epsilon']):.4f}"
+    assert "upper bound" in line and f"{planned} of {planned} planned" in out
 
 
-def test_run_homogeneous_and_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_run(tmp_path / "run", [(1.2, 0.05, 40)])
-    r = cli_json(["--run", str(tmp_path / "run")], capsys)
-    assert (r["noise_multiplier"], r["sampling_rate"], r["rounds"]) == (1.2, 0.05, 40)
-    assert r["epsilon"] == epsilon_for(1.2, 0.05, 40, RUN_DELTA).upper
-    rc, out, _ = cli(["--run", str(tmp_path / "run")], capsys)
-    assert rc == 0
-    assert "40 of 150 planned" in out and "1 re-run after a crash, charged again" in out
+def test_run_epsilon_against_independent_references(fdp_run: Path, dp_run: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """fdp with adaptive clipping: the gradient (σ) and the clipped count (σ_b) are Gaussians
+    on the same Poisson sample, one Gaussian of 1/σ_eff² = 1/σ² + 1/σ_b²; dp with Poisson
+    devices: the participation mixture at p = 0.5 (not rate p·q)."""
+    res = resolved(fdp_run)
+    r = cli_json(["--run", str(fdp_run)], capsys)
+    sigma_eff = (res["noise-multiplier"] ** -2 + res["clipping-count-std"] ** -2) ** -0.5
+    assert r["noise_multiplier"] == pytest.approx(sigma_eff, rel=1e-9)
+    assert (r["sampling_rate"], r["device_sampling_rate"]) == (0.05, 1.0)
+    assert_within_reference(r["epsilon"], dp_ref_eps([(sigma_eff, 0.05, 3)], res["delta"]))
+
+    res = resolved(dp_run)
+    r = cli_json(["--run", str(dp_run)], capsys)
+    assert r["noise_multiplier"] == res["noise-multiplier"]  # fixed C: no count released
+    assert (r["sampling_rate"], r["device_sampling_rate"]) == (0.05, 0.5)
+    ref = participation_eps_ref(r["noise_multiplier"], 0.05, 0.5, 10, res["delta"], vdi=1e-3)
+    assert ref - 1e-6 <= r["epsilon"] <= ref + EPS_ERROR + 5e-3
+    assert r["epsilon"] > epsilon_for(r["noise_multiplier"], 0.025, 10, res["delta"]).upper  # not rate p·q
+    rc, out, _ = cli(["--run", str(dp_run)], capsys)
+    assert rc == 0 and any(ln.startswith("device sampling p") and "0.5" in ln for ln in out.splitlines())
 
 
-def test_run_without_config_needs_delta(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    acc = write_run(tmp_path / "run", [(1.0, 0.1, 20)], config=False, recharged=0)
-    rc, _, err = cli(["--run", str(tmp_path / "run")], capsys)
-    assert rc == 2 and "--delta is required" in err and "config.toml" in err
-    r = cli_json(["--run", str(tmp_path / "run"), "--delta", "1e-5"], capsys)
-    assert r["epsilon"] == acc.epsilon(1e-5) and r["mode"] is None
+def test_run_options(fdp_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--delta overrides the run's δ; --ball and the replacement ε are those of the same
+    accountant (Theorem 4 within [Ball, 1]; Prop. 1 above add/remove)."""
+    res = resolved(fdp_run)
+    r = cli_json(["--run", str(fdp_run), "--ball", "0.2"], capsys)
+    assert r["epsilon_lower"] <= r["epsilon_estimate"] <= r["epsilon"] < r["epsilon_replacement"]
+    assert 0.2 < r["attribute_inference_bound"] <= 1.0
+    r2 = cli_json(["--run", str(fdp_run), "--delta", "1e-6"], capsys)
+    assert r2["delta"] == 1e-6 and r2["epsilon"] > r["epsilon"]
+    assert_within_reference(r2["epsilon"], dp_ref_eps([(res["accounted-noise-multiplier"], 0.05, 3)], 1e-6))
+    rc, _, err = cli(["--run", str(fdp_run), "--delta", "1e-6", "--num-records", "10"], capsys)
+    assert rc == 2 and "give one" in err
+
+
+def test_resumed_run_counts_the_round_charged_twice(resumed_run: tuple[Path, Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    run, _ = resumed_run
+    rows = metrics(run)
+    assert [int(row["round"]) for row in rows] == [1, 2]  # round 3 stopped at max-epsilon
+    r = cli_json(["--run", str(run)], capsys)
+    assert r["epsilon"] == float(rows[-1]["epsilon"])
+    assert (r["charges"], r["charged_rounds"], r["rounds"]) == (3, 2, 3)
+    assert_within_reference(r["epsilon"], dp_ref_eps([(resolved(run)["accounted-noise-multiplier"], 0.05, 3)],
+                                                      resolved(run)["delta"]))
+    rc, out, _ = cli(["--run", str(run)], capsys)
+    assert rc == 0 and "3 of 3 planned; 1 re-run after a crash, charged again" in out
 
 
 # ------------------------------------------------------------------ --tradeoff
@@ -261,14 +397,12 @@ def test_tradeoff_files_direct(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
-def test_tradeoff_files_for_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_run(tmp_path / "run")
-    rc, out, err = cli(["--run", str(tmp_path / "run"), "--tradeoff", str(tmp_path / "run" / "tradeoff")],
-                       capsys)
+def test_tradeoff_files_for_run(fdp_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = cli(["--run", str(fdp_run), "--tradeoff", str(tmp_path / "tradeoff")], capsys)
     assert rc == 0, err
     assert "tradeoff.csv" in out
-    assert_tradeoff_function(*read_curve(tmp_path / "run" / "tradeoff.csv"))
-    assert (tmp_path / "run" / "tradeoff.png").stat().st_size > 5000
+    assert_tradeoff_function(*read_curve(tmp_path / "tradeoff.csv"))
+    assert (tmp_path / "tradeoff.png").stat().st_size > 5000
 
 
 def test_tradeoff_gaussian_matches_closed_form(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -338,71 +472,145 @@ def test_bad_input_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], n
     assert "Traceback" not in err and out == ""
 
 
-def _no_ledger(run: Path) -> None:
-    run.mkdir()
-    (run / "config.toml").write_text('mode = "public"\n')
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
 
 
-def _bad_json(run: Path) -> None:
-    write_run(run)
+def _not_json(run: Path) -> None:
     (run / "ledger.json").write_text("{not json")
 
 
-def _bad_keys(run: Path) -> None:
-    write_run(run)
-    (run / "ledger.json").write_text(json.dumps({"accountant": {}}))
+def _truncated(run: Path) -> None:
+    data = (run / "ledger.json").read_bytes()
+    (run / "ledger.json").write_bytes(data[: len(data) // 2])
 
 
-def _bad_state(run: Path) -> None:
-    write_run(run)
-    doc = json.loads((run / "ledger.json").read_text())
-    doc["accountant"]["ledger"][0]["noise_multiplier"] = -1.0
-    (run / "ledger.json").write_text(json.dumps(doc))
+def _sigma(run: Path) -> tuple[str, str]:
+    sigma = resolved(run)["accounted-noise-multiplier"]
+    return repr(sigma), repr(2 * sigma)
 
 
-def _bad_charges(run: Path) -> None:
-    write_run(run)
-    doc = json.loads((run / "ledger.json").read_text())
-    doc["charges"] = doc["charges"][:-3]
-    (run / "ledger.json").write_text(json.dumps(doc))
+def _one_charge_edited(run: Path) -> None:
+    """The last σ written in the ledger doubled (the others, and what they compose to, kept)."""
+    old, new = _sigma(run)
+    text = (run / "ledger.json").read_text()
+    assert text.count(old) >= 2
+    head, _, tail = text.rpartition(old)
+    (run / "ledger.json").write_text(head + new + tail)
+
+
+def _every_sigma_edited(run: Path) -> None:
+    """Every σ in the ledger doubled, its mechanism's included."""
+    old, new = _sigma(run)
+    text = (run / "ledger.json").read_text()
+    (run / "ledger.json").write_text(text.replace(old, new))
+
+
+def _resolved_delta_edited(run: Path) -> None:
+    """A larger δ written into config.toml (a smaller ε would be printed)."""
+    doc = tomllib.loads((run / "config.toml").read_text())
+    doc["resolved"]["delta"] = doc["resolved"]["delta"] * 10
+    (run / "config.toml").write_text(tomli_w.dumps(doc))
 
 
 def _bad_toml(run: Path) -> None:
-    write_run(run)
     (run / "config.toml").write_text("mode = [unterminated\n")
 
 
 def _bad_delta(run: Path) -> None:
-    write_run(run)
-    (run / "config.toml").write_text(tomli_w.dumps({"resolved": {"delta": 2.0}}))
+    doc = tomllib.loads((run / "config.toml").read_text())
+    doc["resolved"]["delta"] = 2.0
+    (run / "config.toml").write_text(tomli_w.dumps(doc))
+
+
+def _no_config(run: Path) -> None:
+    (run / "config.toml").unlink()
 
 
 @pytest.mark.parametrize(
     ("make", "needle"),
     [
-        (_no_ledger, "no ledger.json there (mode='public'"),
-        (_bad_json, "malformed"),
-        (_bad_keys, "malformed"),
-        (_bad_state, "noise_multiplier=-1.0"),
-        (_bad_charges, "42 charges but the accountant holds 45 rounds"),
+        (_not_json, "not a valid privacy ledger"),
+        (_truncated, "not a valid privacy ledger"),
+        (_one_charge_edited, "the ledger was edited"),
+        (_every_sigma_edited, "the ledger was edited"),
+        (_resolved_delta_edited, "the ledger or the configuration was edited"),
         (_bad_toml, "is not valid TOML"),
         (_bad_delta, "[resolved] delta=2.0: must be in (0, 1)"),
+        (_no_config, "no config.toml there"),
     ],
 )
-def test_bad_run_dir_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], make, needle: str) -> None:
-    run = tmp_path / "run"
+def test_corrupted_run_dir_exit_2(fdp_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], make,
+                                  needle: str) -> None:
+    """A real run's files, corrupted: one line naming the directory and why, exit status 2."""
+    run = _copy(fdp_run, tmp_path / "run")
     make(run)
     rc, out, err = cli(["--run", str(run)], capsys)
-    assert rc == 2
-    assert f"--run={str(run)!r}" in err, err
-    assert needle in err, err
-    assert "Traceback" not in err and out == ""
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"--run={str(run)!r}" in err and needle in err, err
+
+
+def test_rolled_back_ledger_exit_2(resumed_run: tuple[Path, Path], tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The ledger the interruption left (2 charges) put back after the resumed run charged a
+    third: it composes to less than the ε the run already reported."""
+    run = _copy(resumed_run[0], tmp_path / "run")
+    shutil.copyfile(resumed_run[1], run / "ledger.json")
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "rolled back" in err and f"--run={str(run)!r}" in err, err
+
+
+def test_runs_that_charge_nothing(public_run: Path, nonprivate_run: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """public: a ledger of no charge, ε = 0; nonprivate: private data without noise, ε = ∞
+    (null), as the runs report; a ledger deleted from a run is refused (its checkpoint
+    records it), and a directory with neither says nothing was charged."""
+    r = cli_json(["--run", str(public_run)], capsys)
+    assert (r["epsilon"], r["charges"], r["rounds"]) == (0.0, 0, 0)
+    assert float(metrics(public_run)[-1]["epsilon"]) == 0.0
+    r = cli_json(["--run", str(nonprivate_run)], capsys)
+    assert r["epsilon"] is None and r["epsilon_replacement"] is None and r["charges"] == 0
+    assert math.isinf(float(metrics(nonprivate_run)[-1]["epsilon"]))
+    rc, out, _ = cli(["--run", str(nonprivate_run)], capsys)
+    assert rc == 0 and next(ln for ln in out.splitlines() if ln.startswith("ε add/remove")).split()[2] == "∞"
+    rc, out, err = cli(["--run", str(nonprivate_run), "--ball", "0.1"], capsys)
+    assert rc == 2 and "ε = ∞" in err
+    run = _copy(public_run, tmp_path / "run")
+    (run / "ledger.json").unlink()
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 2 and out == "" and "missing" in err and "the ledger was deleted" in err, err
+    (run / "checkpoint.pt").unlink()
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 2 and out == "" and "no privacy ledger there (mode='public'" in err, err
+
+
+def test_corrdp_run_prints_its_corrdp_epsilon(corrdp_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CorrDP ledger's events carry the design's classes: replayed, they give the run's
+    last epsilon_corrdp, printed as a CorrDP ε (never in the DP/FDP column); Theorem 4
+    and the trade-off curve, statements about an add/remove ε, are refused."""
+    last = metrics(corrdp_run)[-1]
+    assert last["epsilon"] in ("", "nan") and resolved(corrdp_run)["relation"] == "corrdp"
+    r = cli_json(["--run", str(corrdp_run)], capsys)
+    assert r["epsilon"] is None and r["relation"] == "corrdp"
+    assert r["epsilon_corrdp"] == float(last["epsilon_corrdp"])
+    assert r["charges"] == r["rounds"] == 3 and r["delta"] == float(last["delta"])
+    rc, out, _ = cli(["--run", str(corrdp_run)], capsys)
+    line = next(ln for ln in out.splitlines() if ln.startswith("ε CorrDP"))
+    assert line.split()[2] == f"{float(last['epsilon_corrdp']):.4f}" and "not a DP or FDP ε" in line
+    assert "add/remove" not in out
+    for flag in (["--ball", "0.1"], ["--tradeoff", "x"]):
+        rc, out, err = cli(["--run", str(corrdp_run), *flag], capsys)
+        assert rc == 2 and out == "" and "not for a CorrDP run" in err
 
 
 def test_run_excludes_direct_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_run(tmp_path / "run")
-    rc, _, err = cli(["--run", str(tmp_path / "run"), "--rounds", "5"], capsys)
+    rc, _, err = cli(["--run", str(tmp_path), "--rounds", "5"], capsys)
     assert rc == 2 and "--rounds=5: not with --run" in err
+    rc, _, err = cli(["--run", str(tmp_path), "--device-sampling-rate", "0.5"], capsys)
+    assert rc == 2 and "--device-sampling-rate=0.5: not with --run" in err
 
 
 # ------------------------------------------------------------------ console script
@@ -446,25 +654,6 @@ def test_device_sampling_rate_target(capsys: pytest.CaptureFixture[str]) -> None
     assert 1.9 <= r["epsilon"] <= 2.0
     assert participation_eps_ref(sigma, 0.05, 0.2, 150, 1.5e-4, vdi=1e-3) <= 2.0 + 1e-6
     assert epsilon_for(sigma / 1.01, 0.05, 150, 1.5e-4, participation=0.2).upper > 2.0
-
-
-def test_run_with_participation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    acc = FDPAccountant()
-    for _ in range(30):
-        acc.compose(1.2, 0.05, participation=0.25)
-    acc.compose(1.2, 0.05, 10)
-    run = tmp_path / "run"
-    run.mkdir()
-    charges = [[r, 0] for r in range(1, 41)]
-    (run / "ledger.json").write_text(json.dumps({"accountant": acc.state_dict(), "charges": charges}))
-    r = cli_json(["--run", str(run), "--delta", "1e-5"], capsys)
-    assert r["device_sampling_rate"] is None  # mixed
-    assert [e["participation"] for e in r["ledger"]] == [0.25, 1.0]
-    assert r["epsilon"] == acc.epsilon(1e-5)
-    rc, out, _ = cli(["--run", str(run), "--delta", "1e-5"], capsys)
-    assert rc == 0 and "p = 0.25" in out
-    rc, _, err = cli(["--run", str(run), "--device-sampling-rate", "0.5"], capsys)
-    assert rc == 2 and "--device-sampling-rate=0.5: not with --run" in err
 
 
 @pytest.mark.parametrize("bad", ["0", "1.5", "-0.1", "nan"])
