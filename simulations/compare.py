@@ -48,6 +48,20 @@ Restart
     for the same run under a different configuration, or a malformed
     ``results.csv``, stops the sweep with an error; nothing is overwritten.
 
+Interrupted runs (:func:`recover_interrupted`)
+    A run stopped before its row was written (Ctrl-C, a crash) leaves its
+    directory ``runs/<tag>/``. The sweep started again **resumes** it from its
+    checkpoint when the library accepts it (configuration, data, resolved
+    mechanism, and the ledger against the checkpoint); the ledger keeps every
+    charge, a round charged but not checkpointed is charged again, and the row's
+    ``resumed_after_round`` names the checkpoint. Otherwise (refused: the
+    sweep's configuration changed, the ledger was edited or rolled back, ...)
+    the directory is **kept aside** — renamed ``runs/<tag>.interrupted-<n>``,
+    never removed — and the run starts afresh; ``interrupted.csv`` and
+    ``summary.md`` record why and the budget its ledger records (ε upper bound,
+    relation, δ, charges), spent in addition to the rerun's on the same
+    records. No path of ``fedfdp compare`` deletes a run directory or a ledger.
+
 Every ε is the upper end of the accountant's interval, add/remove relation,
 at the run's δ (default ``1/(2N)``). Accuracy and loss are measured on the
 held-out split, never on training records.
@@ -59,11 +73,10 @@ import argparse
 import hashlib
 import json
 import math
-import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +91,22 @@ from fedfdp.config import (
     load_toml_file,
     parse_override,
 )
-from simulations.compare_report import METRIC_TITLES, PLOT_FILE, SUMMARY_FILE, SWEEP_FILE, write_report
-from simulations.compare_results import RESULTS_FILE, append_result, done_runs, read_results
+from simulations.compare_report import (
+    METRIC_TITLES,
+    PLOT_FILE,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    spent_text,
+    write_report,
+)
+from simulations.compare_results import (
+    RESULTS_FILE,
+    append_interrupted,
+    append_result,
+    done_runs,
+    read_interrupted,
+    read_results,
+)
 
 SWEEP_KEYS = ("modes", "target-epsilons", "seeds")
 ENGINES = ("centralised", "flower")
@@ -258,11 +285,151 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
     return sigmas
 
 
+# ---------------------------------------------------------------------- interrupted runs
+
+
+#: ``runs/<tag><KEPT_ASIDE><n>``: an interrupted run that could not be resumed, kept.
+KEPT_ASIDE = ".interrupted-"
+
+
+def recover_interrupted(
+    run: RunSpec, out: Path, *, report: Callable[[str], None] = print
+) -> tuple[RunSpec, int | None]:
+    """What to do with the directory an interrupted run of the sweep left (e.g. after
+    Ctrl-C): nothing is ever deleted, a ledger least of all.
+
+    No run files there: ``run`` as planned. A run directory the library accepts to
+    resume (:meth:`fedfdp.server.RunFiles.verify`: the configuration, the data, the
+    resolved mechanism, the ledger against its checkpoint): ``run`` with
+    ``resume = true``, so the run continues from its checkpoint and its ledger keeps
+    every charge (a round charged but not checkpointed is charged again, and what a
+    crashed session may have charged unrecorded is charged pessimistically).
+    Otherwise (refused) the directory is renamed ``<tag>.interrupted-<n>`` and recorded in
+    ``interrupted.csv`` with the budget its ledger records
+    (:func:`record_kept_aside`); ``run`` then starts afresh. ``report`` receives one
+    line saying which. Returns the run to execute and the round it resumes after
+    (None: from the start).
+    """
+    from fedfdp.server import occupied
+
+    run_dir = Path(run.cfg.run.out_dir)
+    if not occupied(run_dir):
+        return run, None
+    resumed = replace(run, cfg=load_config({"resume": True}, base=run.cfg))
+    after, reason = _resume_point(resumed.cfg)
+    if after is not None:
+        report(f"compare: {run.tag}: resuming the interrupted run after round {after} (its ledger kept)")
+        return resumed, after
+    kept = keep_aside(run_dir)
+    record_kept_aside(out, {kept.name: reason})
+    spent = next((r for r in read_interrupted(out) if r["kept_at"] == _relative(kept, out)), None)
+    eps = "" if spent is None else f"; its ledger records ε {spent_text(spent)}"
+    report(f"compare: {run.tag}: cannot resume the interrupted run ({reason}); kept aside as "
+           f"{_relative(kept, out)}{eps}")
+    return run, None
+
+
+def _resume_point(cfg: Config) -> tuple[int | None, str]:
+    """The round a run directory can be resumed after (None: it cannot), and why not:
+    the checks ``fedfdp run --resume`` makes (:meth:`fedfdp.server.RunFiles.verify`
+    against the mechanism the run's server resolves)."""
+    from fedfdp.data import load_dataset, resolve_devices
+    from fedfdp.ledger import LedgerError
+    from fedfdp.parts import mechanism_for
+    from fedfdp.server import RunFiles
+
+    run_dir = Path(cfg.run.out_dir)
+    data = load_dataset(cfg.data)
+    cfg = resolve_devices(cfg, data)
+    try:
+        found = RunFiles(run_dir, cfg).verify(mechanism_for(cfg, data))
+    except LedgerError as exc:
+        return None, _one_line(exc).replace(f"{run_dir}/", "")
+    return (found.checkpoint.round if found.checkpoint is not None else 0), ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def keep_aside(run_dir: Path) -> Path:
+    """Rename ``run_dir`` to ``<run_dir>.interrupted-<n>`` (the first free ``n``), in the
+    same directory: nothing is copied or removed. Returns the new path."""
+    n = 1
+    while (dest := run_dir.with_name(f"{run_dir.name}{KEPT_ASIDE}{n}")).exists():
+        n += 1
+    run_dir.rename(dest)
+    return dest
+
+
+def _relative(path: Path, out: Path) -> str:
+    try:
+        return str(path.relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def record_kept_aside(out: Path, reasons: Mapping[str, str] | None = None) -> None:
+    """Add every kept-aside run directory under ``out/runs`` that ``interrupted.csv``
+    lacks, with the budget its ledger records (:func:`simulations.account.spent_budget`:
+    the ledger read by the library, replayed into the run's accountant, at the run's δ).
+    ``reasons`` (directory name → why it was not resumed) — a directory found without
+    one (kept aside by a compare that stopped before recording it) says so."""
+    from simulations.account import spent_budget
+
+    runs_dir = out / "runs"
+    if not runs_dir.is_dir():
+        return
+    known = {r["kept_at"] for r in read_interrupted(out)}
+    for kept in sorted(p for p in runs_dir.iterdir() if p.is_dir() and KEPT_ASIDE in p.name):
+        where = _relative(kept, out)
+        if where in known:
+            continue
+        tag = kept.name.rsplit(KEPT_ASIDE, 1)[0]
+        row: dict[str, Any] = {
+            "run": tag, "kept_at": where,
+            "reason": (reasons or {}).get(kept.name, "found kept aside (reason not recorded)"),
+            "charges": None, "epsilon": math.nan, "delta": math.nan, "relation": "", "note": "",
+        }
+        try:
+            spent = spent_budget(kept)
+        except ConfigError as exc:
+            why = _one_line(exc).replace(f"{kept}: ", "", 1).replace(f"{kept}/", "")
+            row["note"] = f"not accounted: {why}{_last_reported(kept)}"
+        else:
+            if spent is None:
+                row.update(charges=0, epsilon=0.0, note="no privacy ledger: nothing was charged")
+            else:
+                row.update(charges=spent.charges, epsilon=spent.epsilon, delta=spent.delta,
+                           relation=spent.relation)
+        append_interrupted(out, row)
+
+
+def _last_reported(run_dir: Path) -> str:
+    """``; its metrics.csv reported ε X after round R``, from the run's last row with
+    an ε (a lower bound of what it spent: a round charged after that row is not in it)."""
+    import csv
+
+    try:
+        with (run_dir / "metrics.csv").open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return ""
+    for row in reversed(rows):
+        for column in ("epsilon", "epsilon_corrdp"):
+            if row.get(column) not in (None, "", "nan"):
+                return (f"; its metrics.csv reported {column} {float(row[column]):.4g} after round "
+                        f"{row.get('round', '?')} (a lower bound)")
+    return ""
+
+
 # ---------------------------------------------------------------------- running
 
 
 def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
-    """Execute one run; return its results row."""
+    """Execute one run (resumed when its configuration says ``resume``: see
+    :func:`recover_interrupted`); return its results row."""
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.entropy import noise_source
@@ -271,9 +438,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     data = load_dataset(run.cfg.data)
     cfg = resolve_devices(run.cfg, data)  # num-devices = 0: one device per unit of device-column
     run_dir = Path(cfg.run.out_dir)
-    if run_dir.exists():  # leftovers of an interrupted, unrecorded run of this sweep
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # an occupied one is refused by the run unless resumed
     start = time.perf_counter()
     if engine == "centralised":
         model, rows = run_centralised(cfg, data)
@@ -351,13 +516,15 @@ def run_sweep(
     done = done_runs(frame, runs)
     sigmas = validate_runs(runs)  # bad data / unreachable ε: error before any run
     atomic_write(out / SWEEP_FILE, tomli_w.dumps(sweep.as_toml()).encode())
+    record_kept_aside(out)  # any kept aside by a compare that stopped before recording it
     todo = [r for r in runs if r.key not in done]
     with tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
               desc="compare", unit="run", dynamic_ncols=True) as bar:
         for run in todo:
             bar.set_postfix_str(run.tag)
+            run, after = recover_interrupted(run, out, report=bar.write)
             row = run_one(run, engine, sigmas.get(run.tag))
-            append_result(out, row)
+            append_result(out, {**row, "resumed_after_round": after})
             bar.update(1)
     write_report(out, command=command, title=title, metric=metric)
     return out / RESULTS_FILE

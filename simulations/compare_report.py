@@ -1,6 +1,6 @@
 """The report of ``fedfdp compare``: ``summary.md`` and ``privacy_utility.png``.
 
-Both are written from ``results.csv`` alone (so ``--report-only`` can redraw them):
+Both are written from ``results.csv`` (and ``interrupted.csv``) alone (so ``--report-only`` can redraw them):
 held-out accuracy, balanced accuracy, AUC (binary tasks) and log loss, mean ± sd
 over seeds, per mode and target ε, the best private mode of each ε in bold; the
 realised ε (add/remove, upper bound of the accountant's interval) and the
@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from fedfdp.config import MODES, PRIVATE_MODES, Mode
 from fedfdp.entropy import NOISE_SOURCE_SECRET, REPRODUCIBLE_WARNING
-from simulations.compare_results import read_results
+from simulations.compare_results import read_interrupted, read_results
 
 PLOT_FILE = "privacy_utility.png"
 SUMMARY_FILE = "summary.md"
@@ -201,13 +202,62 @@ def _title(dataset: str, rows, titles: Mapping[str, str] | None) -> str:
     return dataset
 
 
+def spent_text(row: Mapping[str, Any]) -> str:
+    """The budget an ``interrupted.csv`` row records, in words: ``≤ ε (upper bound,
+    relation, δ; charges)``, or why it is unknown."""
+    eps = float(row.get("epsilon", math.nan))
+    if math.isnan(eps):
+        return f"unknown ({row.get('note') or 'not accounted'})"
+    if row.get("charges") == 0:
+        return "0 (no privacy ledger: nothing was charged)"
+    delta = float(row.get("delta", math.nan))
+    charges = row.get("charges")
+    return (f"≤ {_fmt_eps(eps)} (upper bound, {row.get('relation')}, δ = {delta:.3g}; "
+            f"{charges} charge{'' if charges == 1 else 's'})")
+
+
+def _interrupted_lines(frame, interrupted: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The section on interrupted runs: those resumed (results' ``resumed_after_round``)
+    and those kept aside with the budget their ledgers record."""
+    resumed = (frame[frame["resumed_after_round"].notna()] if "resumed_after_round" in frame
+               else frame.iloc[0:0])
+    if resumed.empty and not interrupted:
+        return []
+    lines = ["## Interrupted runs", "",
+             "A ledger is never deleted: an interrupted run is resumed from its checkpoint (its ledger "
+             "keeps every charge; a round charged but not checkpointed is charged again, within the "
+             "run's ε above), or, when it cannot be, its directory is kept aside and the run starts "
+             "afresh.", ""]
+    for _, r in resumed.iterrows():
+        lines.append(f"- `{r['mode']}` target ε {r['target_epsilon']:g}, seed {int(r['seed'])}: resumed "
+                     f"after round {int(r['resumed_after_round'])}; its ε above is the whole ledger's."
+                     if r["target_epsilon"] == r["target_epsilon"] else
+                     f"- `{r['mode']}` seed {int(r['seed'])}: resumed after round "
+                     f"{int(r['resumed_after_round'])}.")
+    if interrupted:
+        if not resumed.empty:
+            lines.append("")
+        lines += [
+            "Kept aside (each spent its ε **in addition** to the rerun's, on the same records):", "",
+            "| run | kept at | why not resumed | spent ε |",
+            "|---|---|---|---|",
+        ]
+        for row in interrupted:
+            why = str(row.get("reason", "")).replace("|", "\\|")
+            lines.append(f"| `{row['run']}` | `{row['kept_at']}` | {why} | {spent_text(row)} |")
+    return [*lines, ""]
+
+
 def write_summary(
     frame, path: Path, *, command: str = "", titles: Mapping[str, str] | None = None,
     per_mode: Mapping[str, Mapping[str, object]] | None = None,
+    interrupted: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     """``summary.md``: every metric (mean ± sd over seeds) per mode and target ε,
     the best private mode per ε in bold; ``per_mode`` (the sweep's ``[mode.NAME]``
-    tables) is listed with :data:`SELECTION_NOTE`."""
+    tables) is listed with :data:`SELECTION_NOTE`; resumed runs and the
+    ``interrupted`` runs kept aside (``interrupted.csv`` rows) with the budget their
+    ledgers record."""
     from fedfdp.outputs import atomic_write
 
     table = summarise(frame)
@@ -275,6 +325,7 @@ def write_summary(
                 + "."
             )
         lines.append("")
+    lines += _interrupted_lines(frame, interrupted)
     if command:
         lines += ["Produced by:", "", "```bash", command, "```", ""]
     atomic_write(path, ("# Comparison at equal ε\n\n" + "\n".join(lines)).encode())
@@ -364,5 +415,6 @@ def write_report(out: Path, *, command: str = "", title: str = "", metric: str =
         import tomllib
 
         per_mode = tomllib.loads((out / SWEEP_FILE).read_text()).get("mode", {})
-    write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles, per_mode=per_mode)
+    write_summary(frame, out / SUMMARY_FILE, command=command, titles=titles, per_mode=per_mode,
+                  interrupted=read_interrupted(out))
     plot_privacy_utility(frame, out / PLOT_FILE, titles=titles, metric=metric)

@@ -1,9 +1,17 @@
-"""``results.csv`` of ``fedfdp compare``: its columns, reading, restart keys and appending.
+"""``results.csv`` and ``interrupted.csv`` of ``fedfdp compare``: columns, reading,
+restart keys and appending.
 
-One row per finished run; the file is rewritten atomically after every run. A sweep
-started again skips the runs already there (same mode, target ε and seed) and
-refuses rows of the same run under another configuration hash, or a malformed
-file: nothing is ever overwritten.
+``results.csv``: one row per finished run; the file is rewritten atomically after
+every run. A sweep started again skips the runs already there (same mode, target ε
+and seed) and refuses rows of the same run under another configuration hash, or a
+malformed file: nothing is ever overwritten. ``resumed_after_round`` is the
+checkpoint an interrupted run was resumed from (empty for a run that started
+fresh).
+
+``interrupted.csv``: one row per interrupted run that could not be resumed and was
+kept aside (its directory renamed, never removed), with why, and the budget its
+ledger records (``epsilon``: upper bound at ``delta`` under ``relation``, over
+``charges`` charges; ``note`` when it cannot be accounted).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ RESULT_COLUMNS = (
     "seconds",
     "noise_source",
     "config_hash",
+    "resumed_after_round",
 )
 REQUIRED_COLUMNS = ("dataset", "mode", "target_epsilon", "epsilon", "seed", "accuracy", "config_hash")
 
@@ -110,3 +119,57 @@ def append_result(out: Path, row: Mapping[str, Any]) -> None:
     new = pd.DataFrame([{c: row.get(c) for c in RESULT_COLUMNS}])
     frame = new if frame.empty else pd.concat([frame, new], ignore_index=True)
     atomic_write(out / RESULTS_FILE, frame.to_csv(index=False).encode())
+
+
+INTERRUPTED_FILE = "interrupted.csv"
+INTERRUPTED_COLUMNS = ("run", "kept_at", "reason", "charges", "epsilon", "delta", "relation", "note")
+
+
+def read_interrupted(out: Path) -> list[dict[str, Any]]:
+    """The rows of ``out/interrupted.csv`` (none if absent), numbers parsed; a
+    malformed file is an error (never overwritten)."""
+    import csv
+
+    path = out / INTERRUPTED_FILE
+    if not path.exists():
+        return []
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None or set(reader.fieldnames) != set(INTERRUPTED_COLUMNS):
+                raise ValueError(f"columns {reader.fieldnames}, expected {list(INTERRUPTED_COLUMNS)}")
+            rows: list[dict[str, Any]] = []
+            for row in reader:
+                item: dict[str, Any] = dict(row)
+                item["charges"] = int(row["charges"]) if row["charges"] else None
+                for key in ("epsilon", "delta"):
+                    item[key] = float(row[key]) if row[key] else math.nan
+                rows.append(item)
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as exc:
+        raise ConfigError(
+            f"--out={str(out)!r}: {INTERRUPTED_FILE} is malformed ({exc}); move it away or fix it "
+            "(it is never overwritten)"
+        ) from exc
+    return rows
+
+
+def append_interrupted(out: Path, row: Mapping[str, Any]) -> None:
+    """Add one row to ``interrupted.csv`` (whole file rewritten atomically)."""
+    import csv
+    import io
+
+    from fedfdp.outputs import atomic_write
+
+    rows = [*read_interrupted(out), dict(row)]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(INTERRUPTED_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({c: _cell(r.get(c)) for c in INTERRUPTED_COLUMNS})
+    atomic_write(out / INTERRUPTED_FILE, buf.getvalue().encode())
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return repr(value) if isinstance(value, float) else value

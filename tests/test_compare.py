@@ -3,6 +3,7 @@ above, checked with an independent accountant), a tiny sweep end to end, restart
 and bad input before any run."""
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from fedfdp.config import ConfigError, load_config
 from simulations import compare
 from simulations.compare import Sweep, parse_sweep, run_sweep
+from simulations.compare_report import write_report
+from simulations.compare_results import read_interrupted
 from tests.mechanism_helpers import resolve
 from tests.references import dp_ref_eps
 
@@ -231,3 +234,140 @@ def test_summary_reports_fdp_minus_the_best_baseline(tmp_path):
     tuned = (tmp_path / "tuned.md").read_text()
     assert "Per-mode settings (every other key as the sweep's): `dp`: learning-rate = 1.0." in tuned
     assert "outside the privacy guarantee" in tuned and "corrdp-tv-floor" not in tuned  # no corrdp rows
+
+
+# ---------------------------------------------------------------------- interrupted runs
+def _interrupted(sweep: Sweep, out: Path, round_: int, *, snapshot_at: int | None = None):
+    """The run directory the sweep's one run leaves when ``fedfdp.run_centralised`` (what
+    compare runs) is interrupted by Ctrl-C inside ``round_`` (after the round's charge and
+    step, before its checkpoint); the bytes of its ledger then; and (``snapshot_at``) the
+    bytes of its ledger as they were on disk at that earlier round's evaluation."""
+    from fedfdp.algorithm import run_centralised
+    from fedfdp.data import load_dataset, resolve_devices
+
+    (run,) = compare.plan_runs(sweep, out)
+    data = load_dataset(run.cfg.data)
+    cfg = resolve_devices(run.cfg, data)
+    run_dir = Path(cfg.run.out_dir)
+    run_dir.mkdir(parents=True)
+    snapshot: list[bytes] = []
+
+    def evaluate(r, model):
+        if r == snapshot_at:
+            snapshot.append((run_dir / "ledger.json").read_bytes())
+        if r == round_:
+            raise KeyboardInterrupt
+        return {}
+
+    with pytest.raises(KeyboardInterrupt):
+        run_centralised(cfg, data, evaluate_fn=evaluate)
+    return run_dir, (run_dir / "ledger.json").read_bytes(), (snapshot[0] if snapshot else None)
+
+
+def _one(mode: str = "fdp", **extra) -> Sweep:
+    return parse_sweep({"modes": [mode], "target-epsilons": [1.0], "seeds": [0], **TINY, "num-rounds": 4,
+                        **extra})
+
+
+def _charges(run_dir: Path) -> list:
+    from fedfdp.ledger import read_ledger
+
+    return read_ledger(run_dir).charges
+
+
+def _resolved(run_dir: Path) -> dict:
+    import tomllib
+
+    return tomllib.loads((run_dir / "config.toml").read_text())["resolved"]
+
+
+@pytest.mark.parametrize(("interrupt", "after", "again"), [(3, 2, [1, 2, 3, 3]), (1, 0, [1, 1, 2, 3])])
+def test_interrupted_run_is_resumed_and_its_ledger_grows(tmp_path, capsys, interrupt, after, again):
+    """Ctrl-C inside a round (charged, not checkpointed): compare resumes the run from its
+    checkpoint; the new ledger starts with every old charge and charges that round again;
+    the last round would exceed ε = 1 and is not run."""
+    out = tmp_path / "cmp"
+    run_dir, old, _ = _interrupted(_one(), out, interrupt)
+    kept = tmp_path / "old"
+    kept.mkdir()
+    (kept / "ledger.json").write_bytes(old)
+    before = _charges(kept)
+    assert [c.round for c in before] == list(range(1, interrupt + 1))
+
+    run_sweep(_one(), out, progress=False)
+    assert f"resuming the interrupted run after round {after}" in capsys.readouterr().out
+    charges = _charges(run_dir)
+    assert charges[: len(before)] == before  # every old charge still there, in order
+    assert [c.round for c in charges] == again
+    assert not list((out / "runs").glob("*.interrupted-*"))
+    row = pd.read_csv(out / "results.csv").iloc[0]
+    assert row["resumed_after_round"] == after and row["rounds"] == 3
+    assert list(pd.read_csv(run_dir / "metrics.csv")["round"]) == [1, 2, 3]
+    # the row's ε is that of all four charges (within the target), checked independently
+    sigma = _resolved(run_dir)["accounted-noise-multiplier"]
+    ref = dp_ref_eps([(sigma, 0.05, 4)], row["delta"], vdi=1e-3)
+    assert ref - 1e-3 <= row["epsilon"] <= min(ref + 0.055, 1.0)
+    assert f"resumed after round {after}" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("mode", ["fdp", "corrdp"])
+def test_interrupted_run_of_another_configuration_is_kept_aside(tmp_path, capsys, mode):
+    """The sweep edited after a Ctrl-C inside round 3 (num-rounds 4 → 5): the library refuses
+    the resume; the directory is renamed, its ledger byte-identical, its spent ε reported
+    (add/remove: within dp-accounting's; CorrDP: its own relation, above what the run
+    reported after round 2); the run starts afresh."""
+    extra = {"dataset": "correlated", "insensitive-tv": "*=0.5"} if mode == "corrdp" else {}
+    out = tmp_path / "cmp"
+    run_dir, old, _ = _interrupted(_one(mode, **extra), out, 3)
+    resolved = _resolved(run_dir)
+    reported = pd.read_csv(run_dir / "metrics.csv").iloc[-1]
+
+    run_sweep(_one(mode, **{**extra, "num-rounds": 5}), out, progress=False)
+    kept = out / "runs" / f"{run_dir.name}.interrupted-1"
+    assert (kept / "ledger.json").read_bytes() == old
+    said = capsys.readouterr().out
+    assert f"kept aside as runs/{kept.name}" in said and "another resolved mechanism" in said
+    (row,) = read_interrupted(out)
+    assert row["run"] == run_dir.name and row["kept_at"] == f"runs/{kept.name}"
+    assert "another resolved mechanism" in row["reason"]
+    assert row["charges"] == 3 and row["delta"] == resolved["delta"]
+    assert row["relation"] == resolved["relation"]
+    if mode == "fdp":
+        ref = dp_ref_eps([(resolved["accounted-noise-multiplier"], 0.05, 3)], resolved["delta"], vdi=1e-3)
+        assert ref - 1e-3 <= row["epsilon"] <= ref + 0.055
+    else:
+        assert reported["round"] == 2 and reported["epsilon_corrdp"] < row["epsilon"] <= 1.0
+    summary = (out / "summary.md").read_text()
+    assert f"`runs/{kept.name}`" in summary and "in addition" in summary
+    spent = f"≤ {row['epsilon']:.3g} (upper bound, {row['relation']}, δ = {row['delta']:.3g}; 3 charges)"
+    assert spent in summary
+    # the rerun started afresh, with a ledger of its own
+    fresh = pd.read_csv(out / "results.csv").iloc[0]
+    assert math.isnan(fresh["resumed_after_round"])
+    assert [c.round for c in _charges(run_dir)] == list(range(1, int(fresh["rounds"]) + 1))
+
+    # a report redrawn later still names it; a second compare does not record it twice
+    write_report(out)
+    assert f"`runs/{kept.name}`" in (out / "summary.md").read_text()
+    run_sweep(_one(mode, **{**extra, "num-rounds": 5}), out, progress=False)
+    assert len(read_interrupted(out)) == 1
+
+
+def test_rolled_back_ledger_is_kept_aside_and_not_accounted(tmp_path):
+    """The ledger as it was at round 1 put back after a Ctrl-C inside round 3: the resume
+    is refused (the checkpoint's head is missing), the directory kept with that ledger,
+    and its budget reported as unknown with the ε the run had already reported (a lower
+    bound) — never as the smaller ε of the rolled-back file."""
+    out = tmp_path / "cmp"
+    run_dir, _, early = _interrupted(_one(), out, 3, snapshot_at=1)
+    (run_dir / "ledger.json").write_bytes(early)
+    reported = pd.read_csv(run_dir / "metrics.csv").iloc[-1]
+
+    run_sweep(_one(), out, progress=False)
+    kept = out / "runs" / f"{run_dir.name}.interrupted-1"
+    assert (kept / "ledger.json").read_bytes() == early
+    (row,) = read_interrupted(out)
+    assert "rolled back" in row["reason"] and math.isnan(row["epsilon"])
+    assert "rolled back" in row["note"] and f"epsilon {reported['epsilon']:.4g} after round 2" in row["note"]
+    summary = (out / "summary.md").read_text()
+    assert f"`runs/{kept.name}`" in summary and "unknown (not accounted" in summary
