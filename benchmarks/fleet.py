@@ -239,8 +239,7 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
                     cfg = _fleet_config(args, tempfile.mkdtemp(prefix="fleet-bench-"))
                     data = load_dataset(cfg.data)
                     model = build_model_for(cfg, data)
-                    strat = TimedFDP(model, cfg)
-                    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+                    strat = TimedFDP(model, cfg, evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
                     strat.marks = []
                     if registry is not None:
                         strat.registry = dict(registry)
@@ -398,6 +397,13 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         steps[key].append(time.thread_time() - t)
         return res
 
+    def checkpoint(r: int) -> None:
+        """What the round engine writes after a round (a checkpoint every round here)."""
+        if files is not None:
+            files.checkpoint(strat.server.checkpoint_state(r))
+
+    files = strat.server.files
+
     def configure(r: int, arrays: ArrayRecord) -> list[Any]:
         return list(strat.configure_train(r, arrays, ConfigRecord(), None))  # type: ignore[arg-type]
 
@@ -407,7 +413,7 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         replies = [client_reply(m) for m in msgs]
         outcome = timed("aggregate", strat.collect, r, replies)
         acc, loss = timed("evaluate", evaluate, strat.model, data.test_x, data.test_y)
-        timed("checkpoint", strat.server.checkpoint, r)
+        timed("checkpoint", checkpoint, r)
         rows.append({"round": r, "phase": "fdp", "epsilon": outcome.epsilon, "accuracy": acc, "loss": loss})
         timed("metrics", write_metrics, cfg.run.out_dir, rows)
     med = {k: 1e3 * statistics.median(v[1:]) for k, v in steps.items()}

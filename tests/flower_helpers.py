@@ -94,8 +94,8 @@ def registered_strategy(
     set_identity()
     data = load_dataset(cfg.data) if data is None else data
     parts = parts if parts is not None else server_parts_for(cfg, data)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts)
-    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts,
+                        evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}
     strat.resolve()
     return strat
