@@ -211,10 +211,12 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
     _clear_caches()
     b, t = _fresh_bound([(1.0, 0.01, 1000)], 1e-5, "replacement")
     extra.append({"what": "replacement eps, q=0.01 s=1.0 T=1k d=1e-5", "value": b.upper, "seconds": t})
-    sigma, t = _timed(lambda: acc_mod.calibrate_noise_multiplier(target_epsilon=8.0, sampling_rate=1 / 16, rounds=10_000, delta=1e-5))
+    sigma, t = _timed(lambda: acc_mod.calibrate_noise_multiplier(
+        target_epsilon=8.0, sampling_rate=1 / 16, rounds=10_000, delta=1e-5))
     extra.append({"what": "calibrate sigma for eps=8, q=1/16, T=10k, d=1e-5", "value": sigma, "seconds": t})
     _clear_caches()
-    (_, beta), t = _timed(lambda: acc_mod.tradeoff_curve([acc_mod.Repeated(acc_mod.SubsampledGaussian(1.0, 0.01), 1000)]))
+    ledger = [acc_mod.Repeated(acc_mod.SubsampledGaussian(1.0, 0.01), 1000)]
+    (_, beta), t = _timed(lambda: acc_mod.tradeoff_curve(ledger))
     what = "trade-off curve (600 alphas), q=0.01 s=1.0 T=1k: min beta"
     extra.append({"what": what, "value": float(np.min(beta)), "seconds": t})
     # formerly pathological inputs: bounded memory and time
@@ -222,7 +224,8 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
         ("sigma=1e-3 q=0.05 T=150 d=1e-5 (was >4 GB)",
          lambda: acc_mod.epsilon_for(1e-3, 0.05, 150, 1e-5).upper),
         ("calibrate target eps=1e12 q=0.05 T=150 (was ~23 GB)",
-         lambda: acc_mod.calibrate_noise_multiplier(target_epsilon=1e12, sampling_rate=0.05, rounds=150, delta=1e-5)),
+         lambda: acc_mod.calibrate_noise_multiplier(
+             target_epsilon=1e12, sampling_rate=0.05, rounds=150, delta=1e-5)),
         ("sigma=0.8 q=0.05 T=150 d=1e-300 (was math domain error)",
          lambda: acc_mod.epsilon_for(0.8, 0.05, 150, 1e-300).upper),
         ("sigma=0.1 q=1e-3 T=1k eps_error=0.004 (full FFT at the limit)",
