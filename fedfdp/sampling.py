@@ -62,11 +62,16 @@ class PublicStreams:
             raise ValueError("PublicStreams: give both generators, or the (seed, round, device) key")
         self._sample, self._padding, self._key = sample, padding, key
 
+    def _derivation_key(self) -> tuple[int, int, int]:
+        if self._key is None:  # __init__ refuses a missing generator without a key
+            raise RuntimeError("PublicStreams: no (seed, round, device) key to derive a stream from")
+        return self._key
+
     @property
     def sample(self) -> np.random.Generator:
         """The uniform public batch's stream."""
         if self._sample is None:
-            seed, round_, device = self._key  # type: ignore[misc]
+            seed, round_, device = self._derivation_key()
             self._sample = np.random.default_rng(_sequence(seed, _CLIENT, round_, device, _PUBLIC))
         return self._sample
 
@@ -74,7 +79,7 @@ class PublicStreams:
     def padding(self) -> torch.Generator:
         """The Gaussian padding of the public batch's views."""
         if self._padding is None:
-            seed, round_, device = self._key  # type: ignore[misc]
+            seed, round_, device = self._derivation_key()
             self._padding = _torch_generator(_sequence(seed, _CLIENT, round_, device, _PUBLIC_PADDING))
         return self._padding
 

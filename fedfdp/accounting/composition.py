@@ -516,23 +516,30 @@ class _ProfileCache:
 _PROFILE_CACHE = _ProfileCache(6, MEMORY_LIMIT_BYTES // 8)
 
 
-def _profile(
-    groups: Sequence[GroupLike], eps_disc: float, delta_error: float, max_grid_points: int
-) -> _Profile:
-    """Compose a ledger (aggregated by ``ledger_groups``) into both hockey-stick curves.
+class _CachedProfile:
+    """``_profile(groups, eps_disc, delta_error, max_grid_points)``: compose a ledger
+    (aggregated by ``ledger_groups``) into both hockey-stick curves.
 
-    ``groups`` holds :class:`~fedfdp.accounting.prv.Group` or plain ``(sigma, q, count)``
-    tuples (participation 1).  Results are cached (:class:`_ProfileCache`).
+    ``groups`` holds :class:`~fedfdp.accounting.prv.Group` or plain ``(sigma, q, rounds)``
+    tuples (participation 1).  Results are cached (:class:`_ProfileCache`);
+    ``cache_clear()`` empties the cache, like a ``functools`` cache.
     """
-    key = (tuple(as_group(g) for g in groups), eps_disc, delta_error, max_grid_points)
-    prof = _PROFILE_CACHE.get(key)
-    if prof is None:
-        prof = _compose_profile(*key)
-        _PROFILE_CACHE.put(key, prof)
-    return prof
+
+    def __call__(
+        self, groups: Sequence[GroupLike], eps_disc: float, delta_error: float, max_grid_points: int
+    ) -> _Profile:
+        key = (tuple(as_group(g) for g in groups), eps_disc, delta_error, max_grid_points)
+        prof = _PROFILE_CACHE.get(key)
+        if prof is None:
+            prof = _compose_profile(*key)
+            _PROFILE_CACHE.put(key, prof)
+        return prof
+
+    def cache_clear(self) -> None:
+        _PROFILE_CACHE.clear()
 
 
-_profile.cache_clear = _PROFILE_CACHE.clear  # type: ignore[attr-defined]
+_profile = _CachedProfile()
 
 
 def _compose_profile(

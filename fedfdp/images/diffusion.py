@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -206,6 +206,8 @@ class DiffusionLoss:
     psi: PublicMap
     num_classes: int
     conditional: bool = True
+    #: ``ᾱ_t`` of the schedule, computed once.
+    _alpha_bars: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.num_classes < 1:
@@ -216,7 +218,7 @@ class DiffusionLoss:
         """``x_t = √ᾱ_t (2x − 1) + √(1 − ᾱ_t) ε`` for images ``x`` in [0, 1]."""
         if x.shape != draw.noise.shape:
             raise ValueError(f"images {tuple(x.shape)} and noise {tuple(draw.noise.shape)} differ")
-        ab = self._alpha_bars.to(x.device)[draw.t].to(x.dtype).view(-1, 1, 1, 1)  # type: ignore[attr-defined]
+        ab = self._alpha_bars.to(x.device)[draw.t].to(x.dtype).view(-1, 1, 1, 1)
         return ab.sqrt() * (2 * x - 1) + (1 - ab).sqrt() * draw.noise.to(x.dtype)
 
     def _labels(self, y: torch.Tensor) -> torch.Tensor:
