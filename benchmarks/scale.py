@@ -16,7 +16,7 @@ phases of a shared machine:
     ``--records`` records (80 % for training), the default logistic model and
     fleet, record-level FDP with every device in every round (q = 0.05,
     public batch 256), ``eval-every = 1``, ``checkpoint-every = 1`` and an
-    output directory (metrics.csv, ledger.json, checkpoint.pt every round).
+    output directory (metrics.csv, ledger.jsonl, checkpoint.pt every round).
 ``centralised``
     :func:`fedfdp.algorithm.run_centralised` on the same configuration and
     data, in the same process (the ServerApp's thread), between the Flower

@@ -1,13 +1,15 @@
 """The privacy ledger: a hash chain of everything a run was charged, written ahead.
 
-``ledger.json`` in a run directory holds a list of entries, each carrying the SHA-256
+``ledger.jsonl`` in a run directory is append-only JSON Lines: a header line
+(``{"fedfdp-ledger": 3}``), then one entry per line, each carrying the SHA-256
 ``hash`` of its own content and the ``prev`` hash of the entry before it:
 
 * entry 0, ``mechanism``: the run's :class:`~fedfdp.mechanism.ResolvedMechanism`
   (:meth:`~fedfdp.mechanism.ResolvedMechanism.to_dict`) and its digest;
 * ``charge``: one private round — its number, its attempt and its event
-  (:mod:`fedfdp.accounting.events`) — written durably (temporary file, fsync,
-  rename, fsync of the directory) **before** the round draws its batches and noise;
+  (:mod:`fedfdp.accounting.events`) — appended durably (write, flush, fsync) **before**
+  the round draws its batches and noise (the first write creates the file atomically:
+  temporary file, fsync, rename, fsync of the directory);
 * ``unrecorded``: charges that a crashed session may have written after the last
   checkpoint but that are missing from the ledger, charged pessimistically on resume
   (:func:`fedfdp.checkpoint` and :class:`fedfdp.server.RunFiles` decide how many).
@@ -15,7 +17,10 @@
 The ledger stores events, not tuples: :meth:`Ledger.events` is everything ever
 charged, and :func:`fedfdp.mechanism.replay` turns it into the accountant whose ε the
 run prints — there is no second copy of the accountant's state to disagree with.
-Nothing here resets or shortens a ledger: :meth:`Ledger.append` is the only mutation.
+Nothing here resets or shortens a ledger: appending is the only mutation, and a write
+costs one line, not the whole ledger. A final line without its newline is a write that
+never completed (its fsync did not return, so its round drew nothing): it is ignored
+on reading, and the file is rewritten whole at the next write.
 
 What the chain detects: any edit, reordering, truncation below a recorded head, or a
 substituted mechanism (each checkpoint records the head it saw; see
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -37,7 +43,7 @@ from fedfdp.accounting.events import PrivacyEvent, event_from_dict
 from fedfdp.config import ConfigError
 from fedfdp.outputs import atomic_write
 
-LEDGER_FILE = "ledger.json"
+LEDGER_FILE = "ledger.jsonl"
 LEDGER_VERSION = 3
 GENESIS = "0" * 64
 
@@ -130,6 +136,9 @@ class Ledger:
     """
 
     entries: list[Entry] = field(default_factory=list)
+    #: How many of ``entries`` are on disk in the file this ledger was read from or
+    #: written to (0: the next write creates the file whole).
+    persisted: int = 0
 
     @classmethod
     def start(cls, mechanism: dict[str, Any], digest: str) -> Ledger:
@@ -219,19 +228,57 @@ class Ledger:
         return cls(entries)
 
 
+HEADER = {"fedfdp-ledger": LEDGER_VERSION}
+
+
+def _line(doc: Any) -> bytes:
+    return (json.dumps(doc, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
 def write_ledger(run_dir: str | Path, ledger: Ledger) -> None:
-    """Durably write ``run_dir/ledger.json`` (:func:`fedfdp.outputs.atomic_write`)."""
-    doc = json.dumps(ledger.to_dict(), indent=1, allow_nan=False)
-    atomic_write(Path(run_dir) / LEDGER_FILE, doc.encode())
+    """Durably write ``run_dir/ledger.jsonl``: append the entries not yet on disk
+    (write, flush, fsync), or create the file whole (:func:`fedfdp.outputs.atomic_write`)."""
+    path = Path(run_dir) / LEDGER_FILE
+    new = ledger.entries[ledger.persisted:]
+    if ledger.persisted == 0 or not path.exists():
+        atomic_write(path, _line(HEADER) + b"".join(_line(e.as_dict()) for e in ledger.entries))
+    elif new:
+        with open(path, "ab") as fh:
+            fh.write(b"".join(_line(e.as_dict()) for e in new))
+            fh.flush()
+            os.fsync(fh.fileno())
+    ledger.persisted = len(ledger.entries)
+
+
+def parse_ledger(raw: bytes) -> Ledger:
+    """The verified ledger a ``ledger.jsonl`` file holds (:meth:`Ledger.from_dict`); a
+    torn final line is ignored (module docstring). ``ValueError`` naming the first
+    line or entry that does not hold."""
+    text = raw.decode("utf-8")
+    lines = text.split("\n")
+    torn = lines[-1] != ""  # the last write did not complete
+    lines = lines[:-1]
+    if not lines:
+        raise ValueError("empty")
+    try:
+        header = json.loads(lines[0])
+        entries = [json.loads(line) for line in lines[1:]]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {exc.doc[:40]!r}...: not JSON ({exc.msg})") from None
+    if header != HEADER:
+        raise ValueError(f"header {str(header)[:80]!r}, expected {HEADER}")
+    ledger = Ledger.from_dict({"version": LEDGER_VERSION, "entries": entries})
+    ledger.persisted = 0 if torn else len(ledger.entries)
+    return ledger
 
 
 def read_ledger(run_dir: str | Path) -> Ledger | None:
-    """Read and verify ``run_dir/ledger.json`` (None if absent); :class:`LedgerError`
+    """Read and verify ``run_dir/ledger.jsonl`` (None if absent); :class:`LedgerError`
     naming the file for one that is malformed, edited or broken."""
     path = Path(run_dir) / LEDGER_FILE
     if not path.exists():
         return None
     try:
-        return Ledger.from_dict(json.loads(path.read_bytes().decode("utf-8")))
+        return parse_ledger(path.read_bytes())
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise LedgerError(f"{path}: not a valid privacy ledger ({exc}); refusing to use it") from None

@@ -7,7 +7,7 @@
     deprecated). ``N`` virtual SuperNodes (default: one per core; one per
     device up to 8 devices) each serve their share of the devices in one call
     per round.
-    Writes ``DIR/metrics.csv``, ``DIR/config.toml``, ``DIR/ledger.json``,
+    Writes ``DIR/metrics.csv``, ``DIR/config.toml``, ``DIR/ledger.jsonl``,
     ``DIR/checkpoint.pt`` and ``DIR/model.pt``.
 ``fedfdp run --centralised ...``
     The same configuration through the single-machine reference

@@ -10,3 +10,25 @@ def resolve(cfg: Config, num_records: int, num_params: int = 10) -> ResolvedMech
     """The mechanism ``cfg`` resolves to over ``num_records`` records on one device
     and a model of ``num_params`` parameters."""
     return resolve_mechanism(cfg, PublicFacts((num_records,), num_params))
+
+
+def ledger_doc(run_dir) -> dict:
+    """The verified ledger of ``run_dir`` as a mapping (``version``, ``entries``)."""
+    from fedfdp.ledger import read_ledger
+
+    ledger = read_ledger(run_dir)
+    if ledger is None:
+        raise FileNotFoundError(f"{run_dir}: no ledger")
+    return ledger.to_dict()
+
+
+def write_ledger_doc(run_dir, doc: dict) -> None:
+    """Write ``doc``'s entries to ``run_dir``'s ledger file as they are (no hashing,
+    no checks): how a test edits a ledger on disk."""
+    import json
+    from pathlib import Path
+
+    from fedfdp.ledger import HEADER, LEDGER_FILE
+
+    lines = [json.dumps(HEADER), *(json.dumps(e) for e in doc["entries"])]
+    (Path(run_dir) / LEDGER_FILE).write_text("\n".join(lines) + "\n")

@@ -256,7 +256,7 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     with pytest.raises(KeyboardInterrupt):
         run_centralised(load_config({**TINY, "out-dir": str(run)}), evaluate_fn=interrupt_at(2))
     before = base / "ledger-at-interruption.json"
-    shutil.copyfile(run / "ledger.json", before)
+    shutil.copyfile(run / "ledger.jsonl", before)
     fedfdp("run", "--centralised", "--resume", str(run))
     return run, before
 
@@ -478,12 +478,12 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def _not_json(run: Path) -> None:
-    (run / "ledger.json").write_text("{not json")
+    (run / "ledger.jsonl").write_text("{not json")
 
 
 def _truncated(run: Path) -> None:
-    data = (run / "ledger.json").read_bytes()
-    (run / "ledger.json").write_bytes(data[: len(data) // 2])
+    data = (run / "ledger.jsonl").read_bytes()
+    (run / "ledger.jsonl").write_bytes(data[: len(data) // 2])
 
 
 def _sigma(run: Path) -> tuple[str, str]:
@@ -494,17 +494,17 @@ def _sigma(run: Path) -> tuple[str, str]:
 def _one_charge_edited(run: Path) -> None:
     """The last σ written in the ledger doubled (the others, and what they compose to, kept)."""
     old, new = _sigma(run)
-    text = (run / "ledger.json").read_text()
+    text = (run / "ledger.jsonl").read_text()
     assert text.count(old) >= 2
     head, _, tail = text.rpartition(old)
-    (run / "ledger.json").write_text(head + new + tail)
+    (run / "ledger.jsonl").write_text(head + new + tail)
 
 
 def _every_sigma_edited(run: Path) -> None:
     """Every σ in the ledger doubled, its mechanism's included."""
     old, new = _sigma(run)
-    text = (run / "ledger.json").read_text()
-    (run / "ledger.json").write_text(text.replace(old, new))
+    text = (run / "ledger.jsonl").read_text()
+    (run / "ledger.jsonl").write_text(text.replace(old, new))
 
 
 def _resolved_delta_edited(run: Path) -> None:
@@ -557,7 +557,7 @@ def test_rolled_back_ledger_exit_2(resumed_run: tuple[Path, Path], tmp_path: Pat
     """The ledger the interruption left (2 charges) put back after the resumed run charged a
     third: it composes to less than the ε the run already reported."""
     run = _copy(resumed_run[0], tmp_path / "run")
-    shutil.copyfile(resumed_run[1], run / "ledger.json")
+    shutil.copyfile(resumed_run[1], run / "ledger.jsonl")
     rc, out, err = cli(["--run", str(run)], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "rolled back" in err and f"--run={str(run)!r}" in err, err
@@ -579,7 +579,7 @@ def test_runs_that_charge_nothing(public_run: Path, nonprivate_run: Path, tmp_pa
     rc, out, err = cli(["--run", str(nonprivate_run), "--ball", "0.1"], capsys)
     assert rc == 2 and "ε = ∞" in err
     run = _copy(public_run, tmp_path / "run")
-    (run / "ledger.json").unlink()
+    (run / "ledger.jsonl").unlink()
     rc, out, err = cli(["--run", str(run)], capsys)
     assert rc == 2 and out == "" and "missing" in err and "the ledger was deleted" in err, err
     (run / "checkpoint.pt").unlink()

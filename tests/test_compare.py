@@ -254,14 +254,14 @@ def _interrupted(sweep: Sweep, out: Path, round_: int, *, snapshot_at: int | Non
 
     def evaluate(r, model):
         if r == snapshot_at:
-            snapshot.append((run_dir / "ledger.json").read_bytes())
+            snapshot.append((run_dir / "ledger.jsonl").read_bytes())
         if r == round_:
             raise KeyboardInterrupt
         return {}
 
     with pytest.raises(KeyboardInterrupt):
         run_centralised(cfg, data, evaluate_fn=evaluate)
-    return run_dir, (run_dir / "ledger.json").read_bytes(), (snapshot[0] if snapshot else None)
+    return run_dir, (run_dir / "ledger.jsonl").read_bytes(), (snapshot[0] if snapshot else None)
 
 
 def _one(mode: str = "fdp", **extra) -> Sweep:
@@ -290,7 +290,7 @@ def test_interrupted_run_is_resumed_and_its_ledger_grows(tmp_path, capsys, inter
     run_dir, old, _ = _interrupted(_one(), out, interrupt)
     kept = tmp_path / "old"
     kept.mkdir()
-    (kept / "ledger.json").write_bytes(old)
+    (kept / "ledger.jsonl").write_bytes(old)
     before = _charges(kept)
     assert [c.round for c in before] == list(range(1, interrupt + 1))
 
@@ -324,7 +324,7 @@ def test_interrupted_run_of_another_configuration_is_kept_aside(tmp_path, capsys
 
     run_sweep(_one(mode, **{**extra, "num-rounds": 5}), out, progress=False)
     kept = out / "runs" / f"{run_dir.name}.interrupted-1"
-    assert (kept / "ledger.json").read_bytes() == old
+    assert (kept / "ledger.jsonl").read_bytes() == old
     said = capsys.readouterr().out
     assert f"kept aside as runs/{kept.name}" in said and "another resolved mechanism" in said
     (row,) = read_interrupted(out)
@@ -360,12 +360,12 @@ def test_rolled_back_ledger_is_kept_aside_and_not_accounted(tmp_path):
     bound) — never as the smaller ε of the rolled-back file."""
     out = tmp_path / "cmp"
     run_dir, _, early = _interrupted(_one(), out, 3, snapshot_at=1)
-    (run_dir / "ledger.json").write_bytes(early)
+    (run_dir / "ledger.jsonl").write_bytes(early)
     reported = pd.read_csv(run_dir / "metrics.csv").iloc[-1]
 
     run_sweep(_one(), out, progress=False)
     kept = out / "runs" / f"{run_dir.name}.interrupted-1"
-    assert (kept / "ledger.json").read_bytes() == early
+    assert (kept / "ledger.jsonl").read_bytes() == early
     (row,) = read_interrupted(out)
     assert "rolled back" in row["reason"] and math.isnan(row["epsilon"])
     assert "rolled back" in row["note"] and f"epsilon {reported['epsilon']:.4g} after round 2" in row["note"]

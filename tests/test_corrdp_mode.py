@@ -7,7 +7,6 @@ against closed forms (tests/references.py), the outputs (``epsilon_corrdp``, nev
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 
@@ -18,13 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from fedfdp.algorithm import run_centralised
-from fedfdp.ledger import LedgerError
 from fedfdp.config import ConfigError, load_config
 from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, trainable
 from fedfdp.corrdp.run import corrdp_setup, feature_groups
 from fedfdp.corrdp.synthetic import correlated_features
 from fedfdp.data import load_dataset
 from fedfdp.entropy import SeededEntropy
+from fedfdp.ledger import LedgerError
 from fedfdp.mechanisms import standard_normals
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
@@ -32,6 +31,7 @@ from fedfdp.parts import server_parts_for
 from fedfdp.sampling import poisson_sample
 from fedfdp.server import FDPServer, ServerParts
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
+from tests.mechanism_helpers import ledger_doc, write_ledger_doc
 from tests.references import gaussian_eps_ref
 
 #: m_s = 1 sensitive column s0, m_u = 3 insensitive u0..u2, |x_k| <= B = 1/sqrt(4) = 0.5.
@@ -131,12 +131,13 @@ def test_flower_path_and_centralised_engine_run_the_same_corrdp_plan(tmp_path):
         assert math.isnan(f["epsilon"]) and math.isnan(c["epsilon"])
         assert f["epsilon_corrdp"] == c["epsilon_corrdp"] > 0
         assert f["relation"] == c["relation"] == "corrdp"
-    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("flower", "central")]
+    ledgers = [ledger_doc(tmp_path / d) for d in ("flower", "central")]
     assert ledgers[0] == ledgers[1]
     mechanism = ledgers[0]["entries"][0]["mechanism"]
     assert mechanism["relation"] == "corrdp" and mechanism["noise_multiplier"] == SIGMA
     events = [e["event"] for e in ledgers[0]["entries"][1:]]
-    assert [(e["kind"], e["sampling_rate"], e["participation"]) for e in events] == [("corrdp-round", 0.5, 1.0)] * 3
+    got = [(e["kind"], e["sampling_rate"], e["participation"]) for e in events]
+    assert got == [("corrdp-round", 0.5, 1.0)] * 3
     for a, b in zip(strat.params, trainable(model), strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)
 
@@ -178,7 +179,7 @@ def test_epsilon_of_a_full_batch_run_matches_the_gaussian_closed_form(tmp_path):
     resolved = tomllib.loads((tmp_path / "config.toml").read_text())["resolved"]
     assert resolved["relation"] == "corrdp" and "membership not protected" in resolved["relation-text"]
     assert resolved["corrdp-tv"] == "u0=0.1,u1=0.4,u2=1"
-    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    ledger = ledger_doc(tmp_path)
     assert ledger["entries"][0]["mechanism"]["noise_multiplier"] == SIGMA
     assert [e["event"]["sampling_rate"] for e in ledger["entries"][1:]] == [1.0] * rounds
 
@@ -235,9 +236,9 @@ def test_resume_of_a_corrdp_run_equals_the_uninterrupted_run(tmp_path):
     for a, b in zip(ref.params, resumed.params, strict=True):
         assert torch.equal(a, b)
     # an edited charge is refused
-    doc = json.loads((out / "ledger.json").read_text())
+    doc = ledger_doc(out)
     doc["entries"][1]["event"]["sampling_rate"] = 0.01
-    (out / "ledger.json").write_text(json.dumps(doc))
+    write_ledger_doc(out, doc)
     again = registered_strategy(load_config({**cfg_map, "out-dir": str(out), "resume": True}))
     again.registry = {}
     with pytest.raises(LedgerError, match="hash mismatch"):

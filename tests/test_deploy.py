@@ -322,7 +322,7 @@ def test_server_killed_mid_run_and_resumed_from_checkpoint(deployment, tmp_path)
     def round_two_charged() -> bool:
         if not first.alive():
             raise RuntimeError(f"run ended early:\n{first.text()[-3000:]}")
-        ledger = read_ledger(out) if (out / "ledger.json").is_file() else None
+        ledger = read_ledger(out) if (out / "ledger.jsonl").is_file() else None
         return ledger is not None and [2, 0] in _charged(ledger)
 
     wait_until(round_two_charged, RUN_TIMEOUT, what="round 2 charged")

@@ -5,7 +5,6 @@ simulation mode (Flower's supported path; `flwr.simulation.run_simulation` is
 deprecated), on as many virtual SuperNodes as the machine has cores.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+
+from tests.mechanism_helpers import ledger_doc
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def test_fedfdp_run_simulation(tmp_path):
     assert "upper bound" in proc.stdout
     assert "deprecated" not in proc.stdout + proc.stderr
     assert cfg["resolved"]["num-nodes"] == 3  # a small fleet: one virtual SuperNode per device
-    for name in ("ledger.json", "checkpoint.pt", "model.pt"):
+    for name in ("ledger.jsonl", "checkpoint.pt", "model.pt"):
         assert (out / name).is_file(), name
 
 
@@ -101,7 +102,7 @@ def test_fedfdp_run_on_fewer_supernodes_is_the_same_run(tmp_path):
     assert list(a["epsilon"]) == list(b["epsilon"])
     assert list(a["normaliser"]) == pytest.approx(list(b["normaliser"]), rel=1e-12)
     assert list(a["asked"]) == [3, 3, 3] and (b["asked"] <= 2).all()  # 3 devices on 5 nodes / on 2
-    la, lb = (json.loads((runs[n] / "ledger.json").read_text()) for n in (5, 2))
+    la, lb = (ledger_doc(runs[n]) for n in (5, 2))
     assert la["charges"] == lb["charges"] and la["accountant"] == lb["accountant"]
     ma, mb = (torch.load(runs[n] / "model.pt") for n in (5, 2))
     for k in ma:

@@ -8,7 +8,6 @@
   models, normalisers, ε and ledgers, round after round.
 """
 
-import json
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from fedfdp.sampling import (
 )
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
+from tests.mechanism_helpers import ledger_doc
 
 
 @pytest.mark.parametrize("mode", ["fdp", "dp", "public", "nonprivate"])
@@ -115,7 +115,7 @@ MODES = {
 @pytest.mark.parametrize("mode", ["fdp", "fdp-dpsgd"])
 def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_path):
     """5 devices, 4 rounds (1 public pre-training round for fdp-dpsgd): both
-    engines write the same ledger.json charges, the same normaliser and ε per
+    engines write the same ledger.jsonl charges, the same normaliser and ε per
     round, and end at the same model."""
     cfg_map = {
         "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
@@ -135,7 +135,7 @@ def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_pa
         assert f["phase"] == c["phase"]
         assert f["epsilon"] == c["epsilon"]
         np.testing.assert_allclose(f["normaliser"], c["normaliser"], rtol=1e-12)
-    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("flower", "central")]
+    ledgers = [ledger_doc(tmp_path / d) for d in ("flower", "central")]
     # the same mechanism and charges, entry for entry (the hash chains are identical)
     assert ledgers[0]["entries"] == ledgers[1]["entries"]
     assert len(ledgers[0]["entries"]) - 1 == (3 if mode == "fdp-dpsgd" else 4)

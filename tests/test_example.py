@@ -38,4 +38,4 @@ def test_example_app_runs_with_flwr_run(deployment, tmp_path):
     assert m["epsilon"].is_monotonic_increasing and m["epsilon"].iloc[-1] > 0
     assert m["accuracy"].notna().all()
     assert "epsilon =" in res.stdout and "add/remove, upper bound" in res.stdout
-    assert (out / "ledger.json").is_file() and (out / "model.pt").is_file()
+    assert (out / "ledger.jsonl").is_file() and (out / "model.pt").is_file()

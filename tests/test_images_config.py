@@ -30,6 +30,7 @@ from fedfdp.losses import build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.parts import server_parts_for
 from tests.flower_helpers import InProcessGrid, registered_strategy
+from tests.mechanism_helpers import ledger_doc
 
 DIGITS = {
     "dataset": "digits", "model": "cnn", "cnn-width": 4, "hidden-size": 16, "num-devices": 4,
@@ -105,7 +106,7 @@ def test_flower_path_and_centralised_engine_agree_on_images(tmp_path):
     model, central_rows = run_centralised(load_config({**base, "out-dir": str(tmp_path / "central")}))
     assert [r["epsilon"] for r in strat.rows] == [r["epsilon"] for r in central_rows]
     assert central_rows[-1]["epsilon"] > 0
-    ledgers = [json.loads((tmp_path / d / "ledger.json").read_text()) for d in ("flower", "central")]
+    ledgers = [ledger_doc(tmp_path / d) for d in ("flower", "central")]
     # the same mechanism and charges, entry for entry (the hash chains are identical)
     assert ledgers[0]["entries"] == ledgers[1]["entries"] and len(ledgers[0]["entries"]) - 1 == 2
     moved = False

@@ -17,8 +17,6 @@ files (``device-ids`` in the node config).
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -34,6 +32,7 @@ from fedfdp.data import load_dataset
 from simulations.sites import split_sites
 from strategies.fdp_strategy import FDPStrategy, exchange
 from tests.flower_helpers import InProcessGrid, node_context, registered_strategy
+from tests.mechanism_helpers import ledger_doc
 from tests.site_tables import DECLARED, PHONES, trips
 
 
@@ -94,7 +93,7 @@ def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
     }
     runs = {p: _run(cfg_map, tmp_path, f"p{p}", p) for p in (5, 2, 1)}
     _, central_rows = run_centralised(load_config({**cfg_map, "out-dir": str(tmp_path / "central")}))
-    ledgers = {k: json.loads((tmp_path / k / "ledger.json").read_text())
+    ledgers = {k: ledger_doc(tmp_path / k)
                for k in ("p5", "p2", "p1", "central")}
     reference, _ = runs[5]
     for p, (strat, grid) in runs.items():
@@ -271,7 +270,7 @@ def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
     assert [r["epsilon"] for r in a.rows] == [r["epsilon"] for r in b.rows]
     assert [r["asked"] for r in b.rows] == [2, 2]
     assert a.num_records == b.num_records and len(b.registry) == 2
-    la, lb = (json.loads((tmp_path / n / "ledger.json").read_text()) for n in ("three", "two"))
+    la, lb = (ledger_doc(tmp_path / n) for n in ("three", "two"))
     assert la["entries"] == lb["entries"]  # the same mechanism and charges: identical hash chains
 
 

@@ -195,7 +195,8 @@ def test_auto_is_the_recipe_of_each_mode():
     cfg = load_config({"clipping-quantile": "auto"})
     assert cfg.privacy.clipping_quantile is None and cfg.to_flat()["clipping-quantile"] == "auto"
     assert load_config(cfg.to_flat()) == cfg
-    with pytest.raises(ConfigError, match=r"clipping-quantile='median': must be a number in \[0, 1\), or \"auto\""):
+    match = r"clipping-quantile='median': must be a number in \[0, 1\), or \"auto\""
+    with pytest.raises(ConfigError, match=match):
         load_config({"clipping-quantile": "median"})
     with pytest.raises(ConfigError, match="clipping-quantile=1"):
         load_config({"clipping-quantile": 1})

@@ -19,9 +19,10 @@ from fedfdp.accounting import FDPAccountant
 from fedfdp.algorithm import run_centralised
 from fedfdp.checkpoint import CHECKPOINT_FILE, CheckpointMismatch, load_checkpoint
 from fedfdp.config import load_config
-from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger
+from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger, write_ledger
 from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, registered_strategy
+from tests.mechanism_helpers import ledger_doc, write_ledger_doc
 
 BASE = {
     # a fixed C: the ledger arithmetic below is per σ (adaptive C: tests/test_quantile_clipping.py)
@@ -170,7 +171,7 @@ def test_resume_refuses_every_disagreeing_pair_and_leaves_the_files(tmp_path, da
 
     run_centralised(_cfg(run), evaluate_fn=evaluate)
     ledger_path, ckpt_path = run / LEDGER_FILE, run / CHECKPOINT_FILE
-    doc = json.loads(ledger_path.read_text())
+    doc = ledger_doc(run)
     if damage == "delete-ledger":
         ledger_path.unlink()
     elif damage == "delete-checkpoint":
@@ -179,12 +180,12 @@ def test_resume_refuses_every_disagreeing_pair_and_leaves_the_files(tmp_path, da
         ledger_path.write_bytes(b"\0" * ledger_path.stat().st_size)
     elif damage == "truncate-ledger":
         doc["entries"] = doc["entries"][:1]
-        ledger_path.write_text(json.dumps(doc))
+        write_ledger_doc(run, doc)
     elif damage == "rollback-before-head":
         ledger_path.write_bytes(copies[3])
     elif damage == "edit-event":
         doc["entries"][2]["event"]["noise_multiplier"] = 50.0
-        ledger_path.write_text(json.dumps(doc))
+        write_ledger_doc(run, doc)
     elif damage in ("edit-event-rehashed", "other-mechanism"):
         # a forged chain, valid link by link, but not the chain the checkpoint saw
         from fedfdp.accounting import event_from_dict
@@ -198,7 +199,7 @@ def test_resume_refuses_every_disagreeing_pair_and_leaves_the_files(tmp_path, da
             if damage == "edit-event-rehashed" and i == 1:
                 event["noise_multiplier"] = 50.0
             forged.append_charge(item["round"], item["attempt"], event_from_dict(event))
-        ledger_path.write_text(json.dumps(forged.to_dict()))
+        write_ledger(run, forged)
     elif damage == "checkpoint-head-zeroed":
         raw = torch.load(ckpt_path, weights_only=True)
         meta = json.loads(raw["meta"])
@@ -271,7 +272,7 @@ def test_cli_refusal_is_one_line_with_status_2(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", "--centralised", "--resume", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "ledger.json: missing" in err[0]
+    assert len(err) == 1 and "ledger.jsonl: missing" in err[0]
 
 
 def _sets(values: dict) -> list[str]:
@@ -334,6 +335,6 @@ def test_kill_9_then_ledger_rollback_then_resume_never_prints_less_than_was_spen
 
 
 def read_ledger_from_bytes(raw: bytes):
-    from fedfdp.ledger import Ledger
+    from fedfdp.ledger import parse_ledger
 
-    return Ledger.from_dict(json.loads(raw))
+    return parse_ledger(raw)

@@ -181,7 +181,7 @@ def read_run(run_dir: Path) -> Config:
 
 
 def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FDPAccountant | None:
-    """The run's ledger (``ledger.json``), or the ledger its configuration implies."""
+    """The run's ledger (``ledger.jsonl``), or the ledger its configuration implies."""
     from fedfdp.data import load_dataset
     from fedfdp.ledger import read_ledger
     from fedfdp.parts import mechanism_for
@@ -223,7 +223,7 @@ def attribute_attack_run(
     population structure, a gap is memorisation.
 
     Theorem 4's bound ``1 − f(Ball)`` comes from the run's ledger
-    (``ledger.json``) or, without one, from the ledger the configuration
+    (``ledger.jsonl``) or, without one, from the ledger the configuration
     implies: ``1`` for ``nonprivate`` (no guarantee) and ``Ball`` itself for
     ``public`` (ε = 0).
     """
