@@ -367,17 +367,21 @@ def resolve_mechanism(
     sub = subsampling if subsampling is not None else settings.subsampling
     delta = run_delta(cfg, facts.num_records)
     rounds = p.num_rounds - p.public_pretrain_rounds
-    common = dict(
-        mode=p.mode, relation=accounting.relation, column=accounting.column, delta=delta, sampling=settings,
-        subsampling=sub, num_rounds=p.num_rounds, public_pretrain_rounds=p.public_pretrain_rounds,
-        num_records=facts.num_records, num_devices=facts.num_devices, num_params=facts.num_params,
-        unit=p.privacy_unit, public_view=p.public_loss, reproducible_noise=p.reproducible_noise,
-    )
-    if not p.is_private:
+
+    def build(**specific: Any) -> ResolvedMechanism:
         return ResolvedMechanism(
+            mode=p.mode, relation=accounting.relation, column=accounting.column, delta=delta,
+            sampling=settings, subsampling=sub, num_rounds=p.num_rounds,
+            public_pretrain_rounds=p.public_pretrain_rounds, num_records=facts.num_records,
+            num_devices=facts.num_devices, num_params=facts.num_params, unit=p.privacy_unit,
+            public_view=p.public_loss, reproducible_noise=p.reproducible_noise, **specific,
+        )
+
+    if not p.is_private:
+        return build(
             private=False, unbounded=p.mode == "nonprivate", noise_multiplier=None,
             accounted_noise_multiplier=None, clipping=Clipping(p.clipping_norm), event=None,
-            private_rounds=0, max_epsilon=None, target_epsilon=None, **common,  # type: ignore[arg-type]
+            private_rounds=0, max_epsilon=None, target_epsilon=None,
         )
     target = _target(cfg)
     share = p.clipping_budget_share
@@ -386,9 +390,11 @@ def resolve_mechanism(
     def family(sigma: float) -> PrivacyEvent:
         return accounting.family(sigma, sub.rate, sub.participation)
 
-    if target is None:
-        given = float(p.noise_multiplier)  # type: ignore[arg-type]
+    given = p.noise_multiplier  # σ of the gradient when configured (then target is None)
+    if given is not None:
         accounted = given * math.sqrt(1 - share) if adaptive else given  # the count adds its share on top
+    elif target is None:  # pragma: no cover - _target returns a target whenever σ is unset
+        raise ConfigError("noise-multiplier and target-epsilon are both unset")
     else:
         try:
             accounted = calibrate(accounting.new, family, target_epsilon=target, rounds=rounds, delta=delta)
@@ -408,13 +414,13 @@ def resolve_mechanism(
             sigma = split_sigma
             clipping = Clipping(p.clipping_norm, gamma, p.clipping_learning_rate, count_noise)
         else:  # the recipe keeps C fixed: no count is released, the gradient gets the whole σ_eff
-            sigma = accounted = float(p.noise_multiplier) if target is None else accounted  # type: ignore[arg-type]
+            sigma = accounted = float(given) if given is not None else accounted
     cap = p.max_epsilon if p.max_epsilon is not None else target
-    return ResolvedMechanism(
+    return build(
         private=True, unbounded=False, noise_multiplier=float(sigma),
         accounted_noise_multiplier=float(accounted),
         clipping=clipping, event=family(float(accounted)), private_rounds=rounds, max_epsilon=cap,
-        target_epsilon=target, **common,  # type: ignore[arg-type]
+        target_epsilon=target,
     )
 
 

@@ -273,10 +273,13 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
         tv.update({f: e.tv_tilde for f, e in estimates.items()})
     elif missing:
         tv.update(dict.fromkeys(missing, 1.0))  # placeholders: a node's layout does not use TVs
+    resolved_tv = {f: v for f, v in tv.items() if v is not None}
+    if len(resolved_tv) != len(tv):  # pragma: no cover - every missing TV was estimated or set above
+        raise ConfigError(f"insensitive-tv: no TV for {sorted(set(tv) - set(resolved_tv))}")
     roles = FeatureRoles(
         len(columns),
         tuple(c for f in sensitive for c in groups[f]),
-        tuple(InsensitiveFeature(f, groups[f], float(tv[f])) for f in insensitive),  # type: ignore[arg-type]
+        tuple(InsensitiveFeature(f, groups[f], float(resolved_tv[f])) for f in insensitive),
         columns,
     )
     bound = p.corrdp_feature_bound or data.input_bound or 1.0
