@@ -318,3 +318,29 @@ def test_sum_bound_properties() -> None:
     assert sum_divergence_bound(1.0, 10) > sum_divergence_bound(1.0, 2) > sum_divergence_bound(2.0, 2)
     assert sum_divergence_bound(0.2, 2) == math.inf
     assert smoothing_divergence_bound(2.0) == pytest.approx(4 * math.exp(-8 * math.pi**2), rel=1e-6)
+
+
+def test_the_event_is_part_of_the_vocabulary_and_its_accountant_follows_the_protocol():
+    """The distributed round round-trips through the ledger's event parser, and its
+    accountant composes, checks without mutating, and restores state like the others;
+    its ε is route A's upper bound (never above route B's) and grows with rounds."""
+    from fedfdp.accounting import event_from_dict
+    from fedfdp.accounting.distributed import DistributedAccountant
+    from fedfdp.accounting.protocol import Accountant
+
+    ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19, dimension=10**5,
+                                     sampling_rate=0.05)
+    assert event_from_dict(ev.to_dict()) == ev
+    acc = DistributedAccountant()
+    assert isinstance(acc, Accountant)
+    acc.compose(ev, 100)
+    eps100 = acc.epsilon(1e-5)
+    bound = acc.epsilon_bound(1e-5)
+    assert bound.route_a.upper <= bound.route_b and eps100 == bound.epsilon
+    assert not acc.would_exceed(ev, 50, max_epsilon=1e9, delta=1e-5) and acc.rounds == 100
+    assert acc.would_exceed(ev, 50, max_epsilon=eps100, delta=1e-5)
+    clone = DistributedAccountant()
+    clone.load_state_dict(acc.state_dict())
+    assert clone.epsilon(1e-5) == eps100
+    acc.compose(ev, 50)
+    assert acc.epsilon(1e-5) > eps100

@@ -63,12 +63,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy import special
 
 from fedfdp.accounting import EpsilonBound, FDPAccountant, SubsampledGaussian
+from fedfdp.accounting.events import EventKind, PrivacyEvent, Relation
 
 __all__ = [
     "MAX_SLACK",
@@ -257,7 +258,7 @@ def ddg_tau(local_sigma: float, parties: int) -> float:
 
 
 @dataclass(frozen=True)
-class DistributedDiscreteGaussian:
+class DistributedDiscreteGaussian(PrivacyEvent):
     """One round of secure aggregation with distributed discrete Gaussian noise.
 
     Each honest party adds ``N_Z(0, σ_loc²)`` per coordinate to its scaled, randomly
@@ -294,6 +295,7 @@ class DistributedDiscreteGaussian:
     (1.9892, True)
     """
 
+    kind: ClassVar[EventKind] = EventKind.DISTRIBUTED_DISCRETE_GAUSSIAN
     local_sigma: float
     honest_parties: int
     scale: float
@@ -353,7 +355,7 @@ class DistributedDiscreteGaussian:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable mapping of every field."""
         return {
-            "kind": "distributed-discrete-gaussian",
+            "kind": str(self.kind),
             "local_sigma": self.local_sigma,
             "honest_parties": self.honest_parties,
             "scale": self.scale,
@@ -585,3 +587,104 @@ def distributed_epsilon(rounds: Rounds, delta: float, eps_error: float = 0.05) -
         slack,
         _delta(delta),
     )
+
+
+_STATE_VERSION = 1
+
+
+class DistributedAccountant:
+    """The :class:`~fedfdp.accounting.protocol.Accountant` of
+    :class:`DistributedDiscreteGaussian` rounds (add/remove, FDP paper Definition 6).
+
+    ``epsilon(δ)`` is the smaller of route A's certified upper bound (proved in
+    ``docs/secagg_accounting.md``) and route B's; both are upper bounds, so is their
+    minimum. :meth:`epsilon_bound` returns both (:class:`DistributedEpsilon`).
+
+    Examples
+    --------
+    >>> ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19,
+    ...                                  dimension=10**5, sampling_rate=0.05)
+    >>> acc = DistributedAccountant()
+    >>> acc.compose(ev, 150)
+    >>> b = acc.epsilon_bound(1 / 6400)
+    >>> b.route_a.upper <= b.route_b and acc.epsilon(1 / 6400) == b.epsilon
+    True
+    """
+
+    relation = Relation.ADD_REMOVE
+
+    def __init__(self, eps_error: float = 0.05) -> None:
+        self.eps_error = float(eps_error)
+        self._rounds: list[tuple[DistributedDiscreteGaussian, int]] = []
+        self._memo: dict[tuple[Any, ...], DistributedEpsilon] = {}
+
+    @property
+    def rounds(self) -> int:
+        return sum(n for _, n in self._rounds)
+
+    @staticmethod
+    def _appended(
+        rounds: Sequence[tuple[DistributedDiscreteGaussian, int]],
+        event: DistributedDiscreteGaussian,
+        count: int,
+    ) -> list[tuple[DistributedDiscreteGaussian, int]]:
+        if not isinstance(event, DistributedDiscreteGaussian):
+            raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian events")
+        count = _count("count", count)
+        out = list(rounds)
+        if out and out[-1][0] == event:
+            out[-1] = (event, out[-1][1] + count)
+        else:
+            out.append((event, count))
+        return out
+
+    def compose(self, event: DistributedDiscreteGaussian, count: int = 1) -> None:
+        """Record ``count`` rounds of ``event``."""
+        self._rounds = self._appended(self._rounds, event, count)
+
+    def _bound(
+        self, rounds: Sequence[tuple[DistributedDiscreteGaussian, int]], delta: float
+    ) -> DistributedEpsilon:
+        key = (tuple(rounds), float(delta))
+        if key not in self._memo:
+            if len(self._memo) >= 8:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[key] = distributed_epsilon(list(rounds), delta, self.eps_error)
+        return self._memo[key]
+
+    def epsilon_bound(self, delta: float) -> DistributedEpsilon:
+        """Routes A and B of everything composed (zero rounds: ε = 0)."""
+        if not self._rounds:
+            zero = EpsilonBound(0.0, 0.0, 0.0, _delta(delta), str(Relation.ADD_REMOVE))
+            return DistributedEpsilon(zero, 0.0, 0.0, _delta(delta))
+        return self._bound(self._rounds, delta)
+
+    def epsilon(self, delta: float) -> float:
+        return self.epsilon_bound(delta).epsilon
+
+    def would_exceed(
+        self, event: DistributedDiscreteGaussian, count: int = 1, *, max_epsilon: float, delta: float
+    ) -> bool:
+        """Whether ``count`` more rounds of ``event`` would take ε above ``max_epsilon``
+        (no mutation)."""
+        return self._bound(self._appended(self._rounds, event, count), delta).epsilon > max_epsilon
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, "eps_error": self.eps_error,
+                "ledger": [{"event": ev.to_dict(), "count": n} for ev, n in self._rounds]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the rounds by those in ``state``; nothing changes on error."""
+        from fedfdp.accounting.events import event_from_dict
+
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"state {state!r}: not a distributed accountant's state")
+        rounds: list[tuple[DistributedDiscreteGaussian, int]] = []
+        for i, item in enumerate(state.get("ledger", [])):
+            if not isinstance(item, dict) or set(item) != {"event", "count"}:
+                raise ValueError(f"state ledger[{i}]={item!r}: expected event and count")
+            event = event_from_dict(item["event"])
+            if not isinstance(event, DistributedDiscreteGaussian):
+                raise ValueError(f"state ledger[{i}]: not a distributed-discrete-gaussian event")
+            rounds = self._appended(rounds, event, item["count"])
+        self._rounds = rounds

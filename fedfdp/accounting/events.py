@@ -19,6 +19,11 @@ event                        mechanism of one round (dominating pair, in units o
                              Eq. (3)): per class of neighbour a Gaussian pair of
                              noise multiplier ``1/μ_c`` with weight ``d_c``, and the
                              whole-record shift ``M`` (``fedfdp.corrdp.accounting``)
+``DistributedDiscrete...``   one round of secure aggregation where each of ``n_h``
+                             honest parties adds ``N_Z(0, σ_loc²)``
+                             (:class:`fedfdp.accounting.distributed.\
+                             DistributedDiscreteGaussian`; its module has the maths,
+                             this one only its kind)
 ===========================  ========================================================
 
 Events are plain data: they import nothing but the standard library, validate on
@@ -51,6 +56,7 @@ class EventKind(StrEnum):
 
     SUBSAMPLED_GAUSSIAN = "subsampled-gaussian"
     CORRDP_ROUND = "corrdp-round"
+    DISTRIBUTED_DISCRETE_GAUSSIAN = "distributed-discrete-gaussian"
 
 
 class Relation(StrEnum):
@@ -284,4 +290,9 @@ def event_from_dict(doc: Any) -> PrivacyEvent:
         return CorrDPRound(
             tuple(classes), f["record_noise_multiplier"], f["sampling_rate"], f["participation"]
         )
+    if kind is EventKind.DISTRIBUTED_DISCRETE_GAUSSIAN:
+        from fedfdp.accounting.distributed import DistributedDiscreteGaussian  # its maths lives there
+
+        names = {"local_sigma", "honest_parties", "scale", "dimension", "sampling_rate", "smoothing"}
+        return DistributedDiscreteGaussian(**_fields(doc, kind, names))
     assert_never(kind)
