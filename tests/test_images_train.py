@@ -176,9 +176,9 @@ def test_diffusion_end_to_end_in_seconds(digits) -> None:
     xt, yt = test.tensors()
 
     def held_out_loss(model: torch.nn.Module) -> dict[str, float]:
-        g = torch.Generator().manual_seed(123)
+        gens = [torch.Generator().manual_seed(123 + i) for i in range(100)]
         with torch.no_grad():
-            inputs, targets, loss_fn = task.parts("full", xt[:100], yt[:100], g)
+            inputs, targets, loss_fn = task.parts("full", xt[:100], yt[:100], gens)
             return {"loss": float(loss_fn([model(v) for v in inputs], targets).mean())}
 
     shape = ImageShape(1, 8, 8)

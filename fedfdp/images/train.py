@@ -35,9 +35,37 @@ composed by the PRV accountant, and ``σ`` is calibrated so that the **upper**
 is the expected batch size ``qN``, never the realised one. Public steps,
 public pre-training (Remark 2) and everything computed from Ψ cost nothing.
 The Poisson coins and the noise come from ``secrets`` (default the OS
-CSPRNG); the model initialisation, the public batches, Ψ's generator and the
-diffusion draws ``(t, ε)`` are public randomness from ``settings.seed``.
+CSPRNG); everything else is public randomness from ``settings.seed``.
 Evaluation uses held-out data only.
+
+Public randomness, keyed by public quantities only
+--------------------------------------------------
+Every public draw comes from its own stream (:class:`PublicDraws`), keyed by
+``(seed, stage, step, …)`` and never by anything the private batch decides:
+
+==================================  ==========================================================
+stream                              key
+==================================  ==========================================================
+uniform public batch of a step      ``(seed, stage, step)``
+``nonprivate``'s Poisson batch      ``(seed, step)`` (``nonprivate`` has no guarantee)
+one record's draws in one part      ``(seed, stage, step, part, record index)``: the diffusion
+                                    draw ``(t, ε)``, then whatever a random Ψ draws
+==================================  ==========================================================
+
+So the public part of an ``fdp`` step — its batch, its draws, hence its
+unnoised gradient — is the same function of the seed whatever the private
+batch holds: nothing of ``|B_t|`` reaches it (a shared generator that served the
+private batch first let anyone with the seed read ``|B_t|`` off the public
+gradient). The private part's draws are per-record public streams too, keyed
+by the record's index (a public identity of the record, like ``Ψ(x)``; a
+neighbouring dataset adds or removes one record and the others keep their
+indices) under a part key of their own, so they are never the public batch's
+draws. Each record's draw is then fixed whoever else is in the batch, and
+adding a record changes the clipped private sum by that record's term only:
+sensitivity ``C`` under add/remove for every value of the draws, which the
+adversary may know (Theorem 5 holds conditionally on them). The draws need not
+be secret; keyed public draws keep runs reproducible and the secret stream
+feeds only the coins and the noise.
 """
 
 from __future__ import annotations
@@ -46,6 +74,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import IntEnum, StrEnum
 from typing import Protocol
 
 import numpy as np
@@ -57,9 +86,9 @@ from fedfdp.clipping import METHODS as CLIP_METHODS
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.config import Mode, Optimizer
 from fedfdp.entropy import BitStream, OSBits, SeededBits
-from fedfdp.images.blur import PublicMap
+from fedfdp.images.blur import GaussianBlur, PublicMap
 from fedfdp.images.data import ImageSet, ImageShape
-from fedfdp.images.diffusion import DiffusionLoss, draw_noise
+from fedfdp.images.diffusion import DiffusionDraw, DiffusionLoss, draw_noise
 from fedfdp.losses import cross_entropy, private_cross_entropy
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.sampling import poisson_sample, uniform_sample
@@ -69,8 +98,12 @@ __all__ = [
     "ClassificationTask",
     "DiffusionTask",
     "ImageTask",
+    "LossPart",
+    "PublicDraws",
+    "Stage",
     "TrainResult",
     "TrainSettings",
+    "apply_view",
     "evaluate_classifier",
     "train",
 ]
@@ -78,16 +111,121 @@ __all__ = [
 #: The five methods of Section 6.3.
 METHODS: tuple[Mode, ...] = (Mode.NONPRIVATE, Mode.PUBLIC, Mode.DP, Mode.FDP_DPSGD, Mode.FDP)
 
-_PARTS = ("full", "private", "public")
 LossFn = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class LossPart(StrEnum):
+    """Which loss a batch is evaluated on: ``ℓ``, ``ℓ_priv`` or ``ℓ_pub``."""
+
+    FULL = "full"
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+def _loss_part(part: LossPart | str) -> LossPart:
+    if part not in tuple(LossPart):
+        raise ValueError(f"part={part!r}: must be one of {', '.join(LossPart)}")
+    return LossPart(part)
+
+
+class Stage(IntEnum):
+    """The stage a step belongs to (part of every public stream's key)."""
+
+    PRETRAIN = 0
+    MAIN = 1
+
+
+# spawn-key root and purposes of the trainer's public streams (the federated
+# engines' public streams, fedfdp.sampling, use roots 0 and 1)
+_ROOT = 7
+_PUBLIC_BATCH, _NONPRIVATE_BATCH, _RECORD = 1, 2, 3
+_PART_KEY = {LossPart.FULL: 0, LossPart.PRIVATE: 1, LossPart.PUBLIC: 2}
+
+
+@dataclass(frozen=True)
+class PublicDraws:
+    """The trainer's public randomness: one stream per public key (module docstring).
+
+    Each stream is a :class:`numpy.random.SeedSequence` of ``seed`` with a spawn
+    key naming its purpose and position; no stream is shared between two
+    purposes, steps, parts or records, so what one of them yields never depends
+    on how much another consumed — in particular not on the size of a private
+    batch.
+
+    Parameters
+    ----------
+    seed : int
+        The run's public seed (``settings.seed``), ``>= 0``.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> draws = PublicDraws(3)
+    >>> a = draws.record_generators(Stage.MAIN, 0, LossPart.PUBLIC, np.array([5, 9]))
+    >>> b = draws.record_generators(Stage.MAIN, 0, LossPart.PUBLIC, np.array([9]))
+    >>> torch.equal(torch.randn(2, generator=a[1]), torch.randn(2, generator=b[0]))
+    True
+    """
+
+    seed: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r}: must be an integer >= 0")
+
+    def _sequence(self, *key: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(entropy=self.seed, spawn_key=(_ROOT, *key))
+
+    def public_batch(self, stage: Stage, step: int, n: int, size: int) -> np.ndarray:
+        """The uniform public batch (``size`` of ``n`` indices) of step ``step`` of ``stage``."""
+        rng = np.random.default_rng(self._sequence(_PUBLIC_BATCH, int(stage), step))
+        return uniform_sample(n, size, rng)
+
+    def nonprivate_batch(self, step: int, n: int, rate: float) -> np.ndarray:
+        """``nonprivate``'s Poisson batch of step ``step`` (public coins: no guarantee to keep)."""
+        return poisson_sample(n, rate, SeededBits(self._sequence(_NONPRIVATE_BATCH, step)))
+
+    def record_generators(
+        self, stage: Stage, step: int, part: LossPart, index: np.ndarray
+    ) -> list[torch.Generator]:
+        """One generator per record of ``index`` for its draws in ``part`` at ``step``.
+
+        Keyed by ``(stage, step, part, record index)`` only: a record's draws are
+        the same whichever batch it is in and whatever else that batch holds.
+        """
+        part_key = _PART_KEY[_loss_part(part)]
+        gens = []
+        for i in np.asarray(index, dtype=np.int64).tolist():
+            state = self._sequence(_RECORD, int(stage), step, part_key, i).generate_state(1, np.uint64)[0]
+            gens.append(torch.Generator().manual_seed(int(state >> np.uint64(1))))
+        return gens
+
+
+def apply_view(psi: PublicMap, x: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """``Ψ`` of every record of ``x``, record ``i``'s randomness from ``generators[i]``.
+
+    A map that draws nothing (:class:`~fedfdp.images.blur.GaussianBlur`, or a
+    validated user map that needs no generator) is applied to the whole batch at
+    once; any other map one record at a time, so that a record's view does not
+    depend on the records beside it.
+    """
+    if len(generators) != len(x):
+        raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
+    if isinstance(psi, GaussianBlur) or getattr(psi, "needs_generator", True) is False:
+        return psi(x, None)
+    if len(x) == 0:
+        return psi(x, torch.Generator().manual_seed(0))
+    return torch.cat([psi(x[i : i + 1], g) for i, g in enumerate(generators)])
 
 
 class ImageTask(Protocol):
     """What the trainer needs from a task: the inputs, targets and per-record
-    loss of one part (``full`` ℓ, ``private`` ℓ_priv, ``public`` ℓ_pub) on a batch."""
+    loss of one part (``full`` ℓ, ``private`` ℓ_priv, ``public`` ℓ_pub) on a
+    batch, every record's random draws from its own public generator
+    (:meth:`PublicDraws.record_generators`)."""
 
     def parts(
-        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+        self, part: LossPart, x: torch.Tensor, y: torch.Tensor, generators: Sequence[torch.Generator]
     ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]: ...
 
 
@@ -99,35 +237,43 @@ class ClassificationTask:
     psi: PublicMap
 
     def parts(
-        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+        self, part: LossPart, x: torch.Tensor, y: torch.Tensor, generators: Sequence[torch.Generator]
     ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]:
-        if part == "full":
+        part = _loss_part(part)
+        if part is LossPart.FULL:
             return [x], y, cross_entropy
-        if part == "private":
-            return [x, self.psi(x, generator)], y, private_cross_entropy
-        if part == "public":
-            return [self.psi(x, generator)], y, cross_entropy
-        raise ValueError(f"part={part!r}: must be one of {_PARTS}")
+        view = apply_view(self.psi, x, generators)
+        if part is LossPart.PRIVATE:
+            return [x, view], y, private_cross_entropy
+        return [view], y, cross_entropy
 
 
 @dataclass(frozen=True)
 class DiffusionTask:
     """The DDPM loss and its split (:class:`~fedfdp.images.diffusion.DiffusionLoss`);
-    one fresh draw ``(t, ε)`` per record and step from the public generator."""
+    one fresh draw ``(t, ε)`` per record, part and step from the record's own
+    public generator (then Ψ's draws, if any, from the same generator)."""
 
     loss: DiffusionLoss
 
     def parts(
-        self, part: str, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+        self, part: LossPart, x: torch.Tensor, y: torch.Tensor, generators: Sequence[torch.Generator]
     ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]:
-        draw = draw_noise(len(x), ImageShape(*x.shape[1:]), self.loss.schedule, generator, x.dtype)
-        if part == "full":
+        part = _loss_part(part)
+        if len(generators) != len(x):
+            raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
+        shape = ImageShape(*x.shape[1:])
+        per_record = [draw_noise(1, shape, self.loss.schedule, g, x.dtype) for g in generators]
+        draw = DiffusionDraw(
+            torch.cat([d.t for d in per_record]) if per_record else torch.empty(0, dtype=torch.long),
+            torch.cat([d.noise for d in per_record]) if per_record else x.new_empty((0, *x.shape[1:])),
+        )
+        if part is LossPart.FULL:
             return self.loss.full_inputs(x, y, draw), draw.noise, self.loss.full_loss
-        if part == "private":
-            return self.loss.private_inputs(x, y, draw, generator), draw.noise, self.loss.private_loss
-        if part == "public":
-            return self.loss.public_inputs(x, y, draw, generator), draw.noise, self.loss.public_loss
-        raise ValueError(f"part={part!r}: must be one of {_PARTS}")
+        public = self.loss.public_inputs_from_view(apply_view(self.loss.psi, x, generators), y, draw)
+        if part is LossPart.PRIVATE:
+            return self.loss.full_inputs(x, y, draw) + public, draw.noise, self.loss.private_loss
+        return public, draw.noise, self.loss.public_loss
 
 
 @dataclass(frozen=True)
@@ -276,20 +422,25 @@ class TrainResult:
 def _sum_grads(
     model: nn.Module,
     task: ImageTask,
-    part: str,
+    part: LossPart,
     x: torch.Tensor,
     y: torch.Tensor,
     index: np.ndarray,
     max_norm: float | None,
     settings: TrainSettings,
-    generator: torch.Generator,
+    draws: PublicDraws,
+    stage: Stage,
+    step: int,
     params: list[nn.Parameter],
 ) -> list[torch.Tensor]:
-    """``Σ_{i ∈ index}`` of the (clipped, when ``max_norm``) per-record gradients of ``part``."""
+    """``Σ_{i ∈ index}`` of the (clipped, when ``max_norm``) per-record gradients of
+    ``part``, record ``i``'s draws from its own stream ``(stage, step, part, i)``."""
     total = [torch.zeros_like(p) for p in params]
     for s in range(0, len(index), settings.chunk_size):
-        idx = torch.as_tensor(index[s : s + settings.chunk_size], dtype=torch.long)
-        inputs, targets, loss_fn = task.parts(part, x[idx], y[idx], generator)
+        chunk = index[s : s + settings.chunk_size]
+        idx = torch.as_tensor(chunk, dtype=torch.long)
+        generators = draws.record_generators(stage, step, part, chunk)
+        inputs, targets, loss_fn = task.parts(part, x[idx], y[idx], generators)
         result = clipped_grad_sum(model, inputs, targets, loss_fn, max_norm, settings.clip_method)
         total = [t + g for t, g in zip(total, result.grads, strict=True)]
     return total
@@ -348,10 +499,7 @@ def train(
     delta = settings.delta if settings.delta is not None else 1.0 / (2 * n)
     secret_stream: BitStream = secrets if secrets is not None else OSBits()
     reproducible = secrets is not None and not isinstance(secrets, OSBits)
-    seq = np.random.SeedSequence(entropy=settings.seed, spawn_key=(7,))
-    batch_rng = np.random.default_rng(seq.spawn(1)[0])
-    public_coins = SeededBits(seq.spawn(1)[0])
-    gen = torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+    draws = PublicDraws(settings.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     x, y = data.tensors()
     history: list[dict[str, float | int | str]] = []
@@ -375,9 +523,10 @@ def train(
         epsilon = float(epsilon_for(sigma, q, settings.steps, delta).upper)
     m_pub = min(settings.public_batch_size, n)
 
-    def public_step(opt: torch.optim.Optimizer) -> None:
-        idx = uniform_sample(n, m_pub, batch_rng)
-        total = _sum_grads(model, task, "public", x, y, idx, None, settings, gen, params)
+    def public_step(opt: torch.optim.Optimizer, stage: Stage, step: int) -> None:
+        idx = draws.public_batch(stage, step, n, m_pub)
+        total = _sum_grads(model, task, LossPart.PUBLIC, x, y, idx, None, settings, draws, stage, step,
+                           params)
         _step(params, opt, [t / m_pub for t in total])
 
     start = time.perf_counter()
@@ -386,33 +535,38 @@ def train(
         lr = settings.pretrain_learning_rate or settings.learning_rate
         opt = _optimizer(params, settings, lr)
         for s in range(settings.pretrain_steps):
-            public_step(opt)
+            public_step(opt, Stage.PRETRAIN, s)
             if settings.eval_every and (s + 1) % settings.eval_every == 0:
                 record(s + 1, "pretrain")
         pretrain_seconds = time.perf_counter() - start
 
     opt = _optimizer(params, settings, settings.learning_rate)
     mechanism = GaussianSumMechanism(sigma, settings.clipping_norm) if sigma is not None else None
+    main = Stage.MAIN
     for s in range(settings.steps):
         if settings.method is Mode.PUBLIC:
-            public_step(opt)
+            public_step(opt, main, s)
         elif settings.method is Mode.NONPRIVATE:
-            idx = poisson_sample(n, q, public_coins)
+            idx = draws.nonprivate_batch(s, n, q)
             if len(idx):
-                total = _sum_grads(model, task, "full", x, y, idx, None, settings, gen, params)
+                total = _sum_grads(model, task, LossPart.FULL, x, y, idx, None, settings, draws, main, s,
+                                   params)
                 _step(params, opt, [t / len(idx) for t in total])
         else:
             if mechanism is None:  # set whenever settings.private
                 raise RuntimeError("private phase without a mechanism")
-            part = "private" if settings.method is Mode.FDP else "full"
+            part = LossPart.PRIVATE if settings.method is Mode.FDP else LossPart.FULL
             idx = poisson_sample(n, q, secret_stream)
-            clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, gen, params)
+            clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, draws, main,
+                                 s, params)
             noisy = mechanism.privatize(clipped, secret_stream)
             weight = settings.alpha if settings.method is Mode.FDP else 1.0
             grad = [weight * t / (q * n) for t in noisy]
             if settings.method is Mode.FDP:
-                pub_idx = uniform_sample(n, m_pub, batch_rng)  # independent of the coins (Prop. 3)
-                pub = _sum_grads(model, task, "public", x, y, pub_idx, None, settings, gen, params)
+                # independent of the coins (Prop. 3), and of how many records they drew
+                pub_idx = draws.public_batch(main, s, n, m_pub)
+                pub = _sum_grads(model, task, LossPart.PUBLIC, x, y, pub_idx, None, settings, draws, main, s,
+                                 params)
                 grad = [g + t / m_pub for g, t in zip(grad, pub, strict=True)]
             _step(params, opt, grad)
         if settings.eval_every and (s + 1) % settings.eval_every == 0 and s + 1 < settings.steps:
