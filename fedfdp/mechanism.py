@@ -383,6 +383,14 @@ def resolve_mechanism(
             accounted_noise_multiplier=None, clipping=Clipping(p.clipping_norm), event=None,
             private_rounds=0, max_epsilon=None, target_epsilon=None,
         )
+    units = facts.num_devices if p.privacy_unit == "device" else facts.num_records
+    expected = sub.rate * sub.participation * units
+    if expected < 1.0:
+        what = "devices" if p.privacy_unit == "device" else "records"
+        raise ConfigError(
+            f"sampling-rate={p.sampling_rate:g}: the expected private batch is {expected:.3g} {what} (< 1); "
+            "the noisy sum would be divided by it, amplifying the noise: raise the rate or use more data"
+        )
     target = _target(cfg)
     share = p.clipping_budget_share
     adaptive = p.adaptive_clipping
@@ -407,9 +415,7 @@ def resolve_mechanism(
         if p.clipping_quantile is not None:
             gamma = float(p.clipping_quantile)
         else:
-            units = facts.num_devices if p.privacy_unit == "device" else facts.num_records
-            gamma = recipe_quantile(split_sigma, count_noise, facts.num_params,
-                                    sub.rate * sub.participation * units)
+            gamma = recipe_quantile(split_sigma, count_noise, facts.num_params, expected)
         if gamma > 0:
             sigma = split_sigma
             clipping = Clipping(p.clipping_norm, gamma, p.clipping_learning_rate, count_noise)

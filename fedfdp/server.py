@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from tqdm.auto import tqdm
 
 from fedfdp.accounting import PrivacyBudgetExhausted
 from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
-from fedfdp.config import Config
+from fedfdp.config import Config, ConfigError
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
 from fedfdp.evaluation import held_out_metrics
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
@@ -63,6 +64,29 @@ from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
 
 log = logging.getLogger("fedfdp.server")
+
+#: A parameter whose magnitude passes this has diverged (float32 overflows at 3.4e38;
+#: squares of such weights already overflow in a forward pass).
+DIVERGENCE_LIMIT = 1e15
+
+
+class RunDiverged(ConfigError):
+    """The model, the aggregate or a loss left the finite range in a round: the run
+    stops (the round's charge stays in the ledger, its noise was drawn; the last good
+    checkpoint and no final model are on disk). The message names the round and the
+    settings that most likely caused it."""
+
+
+def finite_or_raise(round_: int, what: str, tensors: Sequence[torch.Tensor], likely: str) -> None:
+    """Raise :class:`RunDiverged` when any of ``tensors`` holds a NaN, an infinity or a
+    magnitude above :data:`DIVERGENCE_LIMIT`."""
+    for t in tensors:
+        if not bool(torch.isfinite(t).all()):
+            raise RunDiverged(f"round {round_}: {what} is not finite (NaN or inf); likely {likely}")
+        if t.numel() and float(t.detach().abs().max()) > DIVERGENCE_LIMIT:
+            raise RunDiverged(f"round {round_}: {what} diverged (|value| > {DIVERGENCE_LIMIT:g}); "
+                              f"likely {likely}")
+
 
 #: The final model's state_dict, written at the end of a run.
 MODEL_FILE = "model.pt"
@@ -300,7 +324,11 @@ class FDPServer:
     # ---------------------------------------------------------------- resolve
     def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> ResolvedMechanism:
         """Build the sampling plan over the (public) device sizes and resolve the
-        mechanism (:func:`fedfdp.mechanism.resolve_mechanism`) for the event it charges."""
+        mechanism (:func:`fedfdp.mechanism.resolve_mechanism`) for the event it charges.
+        A model whose initial weights are not finite is refused (:class:`RunDiverged`)."""
+        for name, param in zip(self.names, self.params, strict=True):
+            if not bool(torch.isfinite(param).all()):
+                raise RunDiverged(f"model parameter {name!r}: initial weights are not finite (NaN or inf)")
         sizes = tuple(int(s) for s in device_sizes)
         self.sampling = self.parts.sampling_plan(sampling_settings(self.cfg), sizes, tuple(device_nodes))
         facts = PublicFacts(tuple(self.sampling.device_sizes), sum(int(t.numel()) for t in self.params))
@@ -397,7 +425,15 @@ class FDPServer:
             alpha=self.cfg.training.alpha,
             noise=noise,
         )
+        t = self.cfg.training
+        sigma_c = (mechanism.noise_multiplier or 0.0) * state.clipping_norm
+        finite_or_raise(state.round, "the aggregated gradient", grad,
+                        f"the noise (noise-multiplier x clipping-norm = {sigma_c:.3g}) over the normaliser "
+                        f"{state.plan.normaliser:.3g} (sampling-rate x records), or alpha={t.alpha:g}")
         apply_gradient(self.params, self.optimizer, grad)
+        finite_or_raise(state.round, "the model", list(self.params),
+                        f"learning-rate={t.learning_rate:g} (with momentum={t.momentum:g}) or "
+                        f"alpha={t.alpha:g} too large for this model")
         if self.parts.project is not None:
             self.parts.project(self.model)
         if noise is not None and clipping.adaptive and clipping.count_noise is not None:
@@ -407,6 +443,10 @@ class FDPServer:
             )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")
+        if public_count and not math.isfinite(public_loss):
+            raise RunDiverged(f"round {state.round}: the public loss is {public_loss}; likely "
+                              f"learning-rate={t.learning_rate:g} too large, or non-finite inputs in the "
+                              "data")
         epsilons = self.parts.accounting.columns(budget.epsilon())
         return RoundOutcome(
             epsilons["epsilon"], public_loss, stats or RoundStats(), state.plan.normaliser,
@@ -527,6 +567,9 @@ class FDPServer:
                 metrics: dict[str, float] = {}
                 if self.evaluate_fn is not None and (r % cfg.run.eval_every == 0 or r == total):
                     metrics = {k: float(v) for k, v in (self.evaluate_fn(r, self.model) or {}).items()}
+                    if "loss" in metrics and not math.isfinite(metrics["loss"]):
+                        raise RunDiverged(f"round {r}: the held-out loss is {metrics['loss']}; the model "
+                                          f"diverged (likely learning-rate={cfg.training.learning_rate:g})")
                 row = self.row(r, outcome, metrics)
                 self.rows.append(row)
                 if self.files is not None:
