@@ -86,12 +86,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (ConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path the user gave that the system refuses: name it, no traceback
         where = f"{exc.filename!r}: " if exc.filename else ""
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print(f"error: out of memory running 'fedfdp {args.command}': reduce the model (hidden-sizes), the "
+              "data (records-per-device, max-records) or the rounds; the ledger of a run is intact",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: 'fedfdp {args.command}' stopped; a run's ledger and last checkpoint are intact "
+              "(resume with fedfdp run --resume DIR)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal error: one line here, the traceback in a file
+        path = _write_traceback()
+        print(f"internal error: {type(exc).__name__}: {_one_line(exc)} (traceback in {path})",
+              file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception's message on one line."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
+def _write_traceback() -> str:
+    """Write the current exception's traceback to a temporary file; its path."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="fedfdp-traceback-", suffix=".txt")
+    with open(fd, "w", encoding="utf-8") as fh:
+        traceback.print_exc(file=fh)
+    return path
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""The CLI's one error path: user errors one line with status 2, Ctrl-C one line with
+status 130 and the ledger intact, internal errors one line naming a traceback file
+with status 1 — through the real command (subprocess)."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedfdp.ledger import read_ledger
+
+CLI = [sys.executable, "-m", "simulations.cli"]
+TINY = ["--set", "num-devices=3", "--set", "records-per-device=40", "--set", "hidden-size=8",
+        "--set", "progress=false"]
+
+
+def test_ctrl_c_in_a_run_prints_one_line_exits_130_and_keeps_the_ledger(tmp_path):
+    out = tmp_path / "run"
+    argv = [*CLI, "run", "--centralised", "--out", str(out), *TINY, "--set", "num-rounds=500"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        ledger = read_ledger(out) if (out / "ledger.jsonl").exists() else None
+        if ledger is not None and len(ledger.charges) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1 and "resume" in lines[0]
+    assert len(read_ledger(out).charges) >= 3  # intact and readable
+
+
+def test_an_internal_error_is_one_line_with_a_traceback_file(monkeypatch, capsys):
+    """An exception no user input explains: one line naming its type and message and the
+    file holding the traceback (status 1); the traceback is in that file, not on stderr."""
+    import argparse
+
+    import simulations.cli as cli
+
+    def parser(only=None, *, lazy=False):
+        p = argparse.ArgumentParser(prog="fedfdp")
+        sub = p.add_subparsers(dest="command", required=True)
+
+        def fail(args):
+            raise RuntimeError("an invariant broke\nsecond line")
+
+        sub.add_parser("run").set_defaults(func=fail)
+        return p
+
+    monkeypatch.setattr(cli, "make_parser", parser)
+    assert cli.main(["run"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("internal error: RuntimeError: an invariant broke; second line")
+    path = Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")"))
+    assert "Traceback" in path.read_text() and "an invariant broke" in path.read_text()
+    path.unlink()
