@@ -43,13 +43,10 @@ from typing import Any
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import Accountant, calibrate
-from fedfdp.config import Config, ConfigError
+from fedfdp.config import Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
-
-#: The ε a private mode is calibrated to when neither σ nor a target is configured.
-DEFAULT_TARGET_EPSILON = 2.0
 
 #: ``family(σ, q, p)`` → the event of one round at noise multiplier ``σ``.
 EventFamily = Callable[[float, float, float], PrivacyEvent]
@@ -209,7 +206,7 @@ class ResolvedMechanism:
         Whether secret randomness derives from the seed (every output says so).
     """
 
-    mode: str
+    mode: Mode
     relation: Relation
     column: str
     private: bool
@@ -229,8 +226,8 @@ class ResolvedMechanism:
     num_records: int
     num_devices: int
     num_params: int
-    unit: str
-    public_view: str
+    unit: PrivacyUnit
+    public_view: PublicLoss
     reproducible_noise: bool
 
     # -- the names the plan had (read by engines, reports and tests) --
@@ -254,7 +251,7 @@ class ResolvedMechanism:
     def expected_batch(self) -> float:
         """``E[batch]`` of a private round over every unit (records, or devices for the
         device unit): ``q·p`` times the units."""
-        units = self.num_devices if self.unit == "device" else self.num_records
+        units = self.num_devices if self.unit is PrivacyUnit.DEVICE else self.num_records
         return self.sampling_rate * self.participation * units
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,11 +313,6 @@ def sampling_settings(cfg: Config) -> SamplingSettings:
     )
 
 
-def _target(cfg: Config) -> float | None:
-    p = cfg.privacy
-    if p.noise_multiplier is not None:
-        return None
-    return p.target_epsilon if p.target_epsilon is not None else DEFAULT_TARGET_EPSILON
 
 
 def resolve_mechanism(
@@ -351,13 +343,13 @@ def resolve_mechanism(
     Examples
     --------
     >>> from fedfdp import Config, PrivacyConfig
-    >>> cfg = Config(privacy=PrivacyConfig(mode="dp", noise_multiplier=1.0, target_epsilon=None))
+    >>> cfg = Config(privacy=PrivacyConfig(mode="dp", noise_multiplier=1.0))
     >>> m = resolve_mechanism(cfg, PublicFacts((100, 100), num_params=10))
     >>> m.event, m.delta
     (SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05, participation=1.0), 0.0025)
     """
     p = cfg.privacy
-    if (p.mode == "corrdp") != (accounting.relation == Relation.CORRDP):
+    if (p.mode is Mode.CORRDP) != (accounting.relation is Relation.CORRDP):
         raise ConfigError(
             f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' "
             "(and only it) is accounted by the CorrDP accountant of its data "
@@ -379,19 +371,21 @@ def resolve_mechanism(
 
     if not p.is_private:
         return build(
-            private=False, unbounded=p.mode == "nonprivate", noise_multiplier=None,
+            private=False, unbounded=p.mode is Mode.NONPRIVATE, noise_multiplier=None,
             accounted_noise_multiplier=None, clipping=Clipping(p.clipping_norm), event=None,
             private_rounds=0, max_epsilon=None, target_epsilon=None,
         )
-    units = facts.num_devices if p.privacy_unit == "device" else facts.num_records
+    units = facts.num_devices if p.privacy_unit is PrivacyUnit.DEVICE else facts.num_records
     expected = sub.rate * sub.participation * units
     if expected < 1.0:
-        what = "devices" if p.privacy_unit == "device" else "records"
+        device = p.privacy_unit is PrivacyUnit.DEVICE
+        what, key, rate = ("devices", "device-sampling-rate", p.device_sampling_rate) if device else (
+            "records", "sampling-rate", p.sampling_rate)
         raise ConfigError(
-            f"sampling-rate={p.sampling_rate:g}: the expected private batch is {expected:.3g} {what} (< 1); "
+            f"{key}={rate:g}: the expected private batch is {expected:.3g} {what} (< 1); "
             "the noisy sum would be divided by it, amplifying the noise: raise the rate or use more data"
         )
-    target = _target(cfg)
+    target = p.calibration_target  # None when σ is given
     share = p.clipping_budget_share
     adaptive = p.adaptive_clipping
 
@@ -401,7 +395,7 @@ def resolve_mechanism(
     given = p.noise_multiplier  # σ of the gradient when configured (then target is None)
     if given is not None:
         accounted = given * math.sqrt(1 - share) if adaptive else given  # the count adds its share on top
-    elif target is None:  # pragma: no cover - _target returns a target whenever σ is unset
+    elif target is None:  # pragma: no cover - a target exists whenever σ is unset
         raise ConfigError("noise-multiplier and target-epsilon are both unset")
     else:
         try:
@@ -421,7 +415,7 @@ def resolve_mechanism(
             clipping = Clipping(p.clipping_norm, gamma, p.clipping_learning_rate, count_noise)
         else:  # the recipe keeps C fixed: no count is released, the gradient gets the whole σ_eff
             sigma = accounted = float(given) if given is not None else accounted
-    cap = p.max_epsilon if p.max_epsilon is not None else target
+    cap = p.epsilon_cap
     return build(
         private=True, unbounded=False, noise_multiplier=float(sigma),
         accounted_noise_multiplier=float(accounted),

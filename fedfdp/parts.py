@@ -27,7 +27,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from fedfdp.config import Config
+from fedfdp.config import Config, Mode
 from fedfdp.contribution import ClientParts
 from fedfdp.corrdp.noise import corrdp_mechanism_factory, project_weights_
 from fedfdp.corrdp.run import BlockClippedSum, corrdp_accounting, corrdp_setup
@@ -60,7 +60,7 @@ def client_parts_for(cfg: Config, data: FederatedData, secrets: SecretSource | N
     'BlockClippedSum'
     """
     secrets = secrets if secrets is not None else run_secrets(cfg)
-    if cfg.privacy.mode != "corrdp":
+    if cfg.privacy.mode is not Mode.CORRDP:
         return ClientParts(secrets=secrets)
     _refuse_images(data)
     layout = corrdp_setup(cfg, data, estimate=False).design
@@ -80,7 +80,7 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
     >>> str(parts.accounting.relation), parts.accounting.column
     ('corrdp', 'epsilon_corrdp')
     """
-    if cfg.privacy.mode != "corrdp":
+    if cfg.privacy.mode is not Mode.CORRDP:
         return ServerParts()
     _refuse_images(data)
     setup = corrdp_setup(cfg, data)

@@ -57,11 +57,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfdp.config.choices import PrivacyUnit
 from fedfdp.entropy import BitStream, uniforms
 from fedfdp.modes import Phase
 from fedfdp.sampling import allocate_public_batch
 
-UNITS = ("record", "device")
+UNITS = tuple(PrivacyUnit)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class SamplingSettings:
 
     sampling_rate: float
     device_sampling_rate: float | None = None
-    unit: str = "record"
+    unit: PrivacyUnit = PrivacyUnit.RECORD
     nodes_per_round: int = 0
     public_batch_size: int = 0
 
@@ -108,7 +109,8 @@ class SamplingSettings:
             raise ValueError(f"device-sampling-rate={p}: must be in (0, 1]")
         if self.unit not in UNITS:
             raise ValueError(f"privacy-unit={self.unit!r}: must be record or device")
-        if self.unit == "device" and p is None:
+        object.__setattr__(self, "unit", PrivacyUnit(self.unit))
+        if self.unit is PrivacyUnit.DEVICE and p is None:
             raise ValueError("privacy-unit='device': needs device-sampling-rate in (0, 1]")
         if self.nodes_per_round < 0:
             raise ValueError(f"clients-per-round={self.nodes_per_round}: must be >= 0")
@@ -122,7 +124,7 @@ class SamplingSettings:
     @property
     def subsampling(self) -> Subsampling:
         """The sampling of the event one private round is charged (module docstring)."""
-        if self.unit == "device":
+        if self.unit is PrivacyUnit.DEVICE:
             if self.device_sampling_rate is None:  # unreachable after validation
                 raise RuntimeError("device unit without device-sampling-rate")
             return Subsampling(self.device_sampling_rate)
@@ -210,7 +212,7 @@ class SamplingPlan:
         p = s.device_sampling_rate
         if p is not None:
             drawn = uniforms(secret_draw, d) < p
-            if s.unit == "device":
+            if s.unit is PrivacyUnit.DEVICE:
                 public_mask = public_rng.random(d) < p
                 normaliser = p * d
             else:
@@ -238,6 +240,6 @@ class SamplingPlan:
         node's private sum has norm at most ``C`` times this."""
         idx = np.asarray(devices, dtype=np.int64)
         chosen = idx[plan.private[idx]]
-        if self.settings.unit == "device":
+        if self.settings.unit is PrivacyUnit.DEVICE:
             return len(chosen)
         return int(np.sum(np.array(self.device_sizes)[chosen]))

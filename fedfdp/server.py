@@ -58,7 +58,7 @@ from fedfdp.mechanism import (
 from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
 from fedfdp.modes import Phase
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
-from fedfdp.quantile_clipping import adapt_clipping_norm
+from fedfdp.quantile_clipping import next_clipping_norm
 from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
@@ -115,6 +115,10 @@ class ServerParts:
     project : callable or None
         ``project(model)`` in place after every step and when the plan is resolved
         (post-processing onto the parameter set Θ, e.g. CorrDP-SGD's weight bound).
+    count_mechanism : callable
+        ``count_mechanism(σ_b, 1)`` → the noise mechanism of adaptive clipping's count of
+        vectors within ``C`` (a sum of indicators: sensitivity 1); it draws from the
+        round's secret noise stream, after the gradient noise.
     """
 
     secrets: SecretSource | None = None
@@ -122,6 +126,7 @@ class ServerParts:
     sampling_plan: Callable[[SamplingSettings, tuple[int, ...], tuple[int, ...]], SamplingPlan] = SamplingPlan
     accounting: Accounting = FDP_ACCOUNTING
     project: Callable[[nn.Module], None] | None = None
+    count_mechanism: Callable[[float, float], SumMechanism] = GaussianSumMechanism
 
 
 @dataclass
@@ -279,7 +284,7 @@ class FDPServer:
     --------
     >>> import torch
     >>> from fedfdp import Config, FDPServer, PrivacyConfig
-    >>> cfg = Config(privacy=PrivacyConfig(noise_multiplier=1.0, target_epsilon=None, num_rounds=5))
+    >>> cfg = Config(privacy=PrivacyConfig(noise_multiplier=1.0, num_rounds=5))
     >>> server = FDPServer(cfg, torch.nn.Linear(4, 2))
     >>> mechanism = server.resolve([100, 80, 120])   # public device sizes
     >>> round(mechanism.noise_multiplier, 2), mechanism.sampling_rate
@@ -437,9 +442,11 @@ class FDPServer:
         if self.parts.project is not None:
             self.parts.project(self.model)
         if noise is not None and clipping.adaptive and clipping.count_noise is not None:
-            self.clipping_norm = adapt_clipping_norm(
-                state.clipping_norm, unclipped, clipping.count_noise, state.plan.normaliser,
-                clipping.quantile, clipping.learning_rate, noise.stream,
+            count = self.parts.count_mechanism(clipping.count_noise, 1.0)
+            (noisy,) = count.privatize([torch.tensor([float(unclipped)], dtype=torch.float64)], noise.stream)
+            self.clipping_norm = next_clipping_norm(
+                state.clipping_norm, float(noisy), state.plan.normaliser, clipping.quantile,
+                clipping.learning_rate,
             )
         self.current = None
         public_loss = public_loss_sum / public_count if public_count else float("nan")

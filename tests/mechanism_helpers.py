@@ -6,10 +6,11 @@ from fedfdp.config import Config
 from fedfdp.mechanism import PublicFacts, ResolvedMechanism, resolve_mechanism
 
 
-def resolve(cfg: Config, num_records: int, num_params: int = 10) -> ResolvedMechanism:
-    """The mechanism ``cfg`` resolves to over ``num_records`` records on one device
-    and a model of ``num_params`` parameters."""
-    return resolve_mechanism(cfg, PublicFacts((num_records,), num_params))
+def resolve(cfg: Config, num_records: int, num_params: int = 10, devices: int = 1) -> ResolvedMechanism:
+    """The mechanism ``cfg`` resolves to over ``num_records`` records split evenly over
+    ``devices`` devices, and a model of ``num_params`` parameters."""
+    sizes = [num_records // devices + (1 if d < num_records % devices else 0) for d in range(devices)]
+    return resolve_mechanism(cfg, PublicFacts(tuple(sizes), num_params))
 
 
 def ledger_doc(run_dir) -> dict:

@@ -66,7 +66,7 @@ def test_device_unit_public_sample_independent_of_private_sample():
     for a, b in zip(priv[:, 0], pub[:, 0], strict=True):
         table[a, b] += 1
     assert stats.chi2_contingency(table)[1] > 1e-4
-    plan = resolve(cfg, 480)
+    plan = resolve(cfg, 480, devices=cfg.data.num_devices)
     assert (plan.sampling_rate, plan.participation) == (0.5, 1.0)
 
 

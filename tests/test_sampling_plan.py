@@ -126,7 +126,7 @@ def test_privacy_plan_takes_the_event_from_the_sampling_settings():
     plan = resolve(cfg, 1000)
     assert (plan.sampling_rate, plan.participation) == (0.05, 0.2)
     dev = load_config({"device-sampling-rate": 0.2, "privacy-unit": "device", "noise-multiplier": 1.0})
-    plan = resolve(dev, 1000)
+    plan = resolve(dev, 1000, devices=10)
     assert (plan.sampling_rate, plan.participation) == (0.2, 1.0)
     with pytest.raises(ConfigError, match="not both"):
         load_config({"device-sampling-rate": 0.2, "clients-per-round": 3})

@@ -54,6 +54,9 @@ from typing import Any, ClassVar, assert_never
 class EventKind(StrEnum):
     """The kinds of privacy event (the ``kind`` field of a serialised event)."""
 
+    def __repr__(self) -> str:
+        return repr(self.value)
+
     SUBSAMPLED_GAUSSIAN = "subsampled-gaussian"
     CORRDP_ROUND = "corrdp-round"
     DISTRIBUTED_DISCRETE_GAUSSIAN = "distributed-discrete-gaussian"
@@ -72,6 +75,9 @@ class Relation(StrEnum):
     ADD_REMOVE = "add-remove"
     REPLACEMENT = "replacement"
     CORRDP = "corrdp"
+
+    def __repr__(self) -> str:  # the literal, as in the configuration's messages
+        return repr(self.value)
 
 
 def _real(name: str, value: Any) -> float:

@@ -53,8 +53,7 @@ import torch
 from torch import nn
 
 from fedfdp.accounting.events import PrivacyEvent
-from fedfdp.config import Config, ConfigError
-from fedfdp.config.values import PAPER_FLOOR
+from fedfdp.config import ClipShares, Config, ConfigError, TvFloor
 from fedfdp.contribution import PrivateBatch, PrivateSum, RoundSettings
 from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPAccountant
 from fedfdp.corrdp.noise import CorrDPDesign, glm_clipped_sum
@@ -283,9 +282,9 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
         columns,
     )
     bound = p.corrdp_feature_bound or data.input_bound or 1.0
-    floor = None if p.corrdp_tv_floor == PAPER_FLOOR else float(p.corrdp_tv_floor)
+    floor = None if p.corrdp_tv_floor is TvFloor.PAPER else float(p.corrdp_tv_floor)
     blocks = 1 + len(insensitive) + 1  # sensitive, each insensitive feature, bias
-    shares = None if p.corrdp_clip_shares == "proportional" else (1.0 / math.sqrt(blocks),) * blocks
+    shares = None if p.corrdp_clip_shares is ClipShares.PROPORTIONAL else (1.0 / math.sqrt(blocks),) * blocks
     try:
         design = CorrDPDesign(
             roles, data.num_classes, (bound,) * len(columns), p.corrdp_weight_bound, bias=True,
