@@ -75,7 +75,17 @@ def adapt_clipping_norm(
         ``C · exp(−η (b̃ − γ))`` with ``b̃ = (count + noise) / E[batch]``.
     """
     noisy = unclipped + count_std * float(standard_normals(stream, 1)[0])
-    share = noisy / expected_batch
+    return next_clipping_norm(clipping_norm, noisy, expected_batch, quantile, learning_rate)
+
+
+def next_clipping_norm(
+    clipping_norm: float, noisy_count: float, expected_batch: float, quantile: float, learning_rate: float
+) -> float:
+    """``C · exp(−η (b̃ − γ))`` with ``b̃ = noisy_count / E[batch]``: the geometric step
+    of :func:`adapt_clipping_norm` from an already released noisy count (the server
+    draws the count's noise through :attr:`fedfdp.server.ServerParts.count_mechanism`).
+    Post-processing of the noisy count: no privacy cost of its own."""
+    share = noisy_count / expected_batch
     return float(clipping_norm * math.exp(-learning_rate * (share - quantile)))
 
 
