@@ -4,7 +4,7 @@ Each subcommand lives in its own module of this package and registers itself
 with a ``register(subparsers)`` function: ``run`` (one training run),
 ``compare`` (sweeps and reports), ``account`` (privacy accounting), ``audit``
 (empirical privacy audits and attacks), ``sites`` (per-site files for
-node-local data).
+node-local data), ``keys`` (the configuration keys).
 
 Only the module of the subcommand that runs is imported (some pull in torch,
 pandas or Flower, seconds of start-up). ``fedfdp --help`` reads each
@@ -25,7 +25,7 @@ from pathlib import Path
 from fedfdp.config import ConfigError
 
 #: Subcommand modules, in help order; a module not yet present is skipped.
-SUBCOMMANDS = ("run", "compare", "account", "audit", "sites")
+SUBCOMMANDS = ("run", "compare", "account", "audit", "sites", "keys")
 
 
 def _declared_help(name: str, origin: str | None) -> str | None:

@@ -373,7 +373,8 @@ def _tool(name: str) -> str:
         return str(path)
     found = shutil.which(name)
     if found is None:
-        raise SimulationError(f"{name}: not found next to {sys.executable} nor on PATH (install flwr 1.41)")
+        raise SimulationError(f"{name}: not found next to {sys.executable} nor on PATH "
+                              "(install fedfdp, which brings its flwr: pip install -e .)")
     return found
 
 
@@ -505,11 +506,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``run`` to the ``fedfdp`` parser."""
-    run = sub.add_parser("run", help="one federated training run")
+    run = sub.add_parser(
+        "run", help="one federated training run",
+        epilog="Configuration keys (--set KEY=VALUE, or an experiment TOML): `fedfdp keys` lists every key "
+        "with its type, default, whether it defines the privacy guarantee and its meaning "
+        "(docs/configuration.md).",
+    )
     run.add_argument("--config", help="experiment TOML (flat kebab-case keys)")
     run.add_argument("--out", help="output directory")
     run.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last checkpoint")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a key (fedfdp keys lists them)")
     run.add_argument(
         "--centralised", action="store_true", help="run the single-machine reference instead of Flower"
     )

@@ -59,3 +59,22 @@ def test_an_internal_error_is_one_line_with_a_traceback_file(monkeypatch, capsys
     path = Path(err[0].rsplit("traceback in ", 1)[1].rstrip(")"))
     assert "Traceback" in path.read_text() and "an invariant broke" in path.read_text()
     path.unlink()
+
+
+def test_keys_lists_every_key_from_the_configuration_table(capsys):
+    """``fedfdp keys`` prints every key of the key table with its guarantee flag (one
+    source with docs/configuration.md); ``fedfdp run --help`` points to it."""
+    import json
+
+    from fedfdp.config import GUARANTEE_KEYS, key_reference
+    from simulations.cli import main
+
+    assert main(["keys", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in rows] == [r.key for r in key_reference()]
+    flagged = {r["key"] for r in rows if r["guarantee"] == "yes"}
+    assert flagged <= set(GUARANTEE_KEYS) and "noise-multiplier" in flagged and "progress" not in flagged
+    assert main(["keys", "--guarantee", "--json"]) == 0
+    assert "progress" not in {r["key"] for r in json.loads(capsys.readouterr().out)}
+    done = subprocess.run([*CLI, "run", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "fedfdp keys" in done.stdout
