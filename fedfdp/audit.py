@@ -33,6 +33,17 @@ replacement), the implementation is not the accounted mechanism. The test's
 statistic and threshold must not be fitted on the trials they are evaluated
 on: :func:`choose_test` picks them on separate calibration trials.
 
+Black-box form (hockey-stick divergence)
+----------------------------------------
+The same test also bounds the hockey-stick divergence
+``H_{e^ε}(P‖Q) = sup_E P(E) − e^ε Q(E)`` of the two worlds' outputs from below
+(:func:`hockey_stick_lower_bound`): ``(ε, δ)`` holds for a pair exactly when
+both ``H_{e^ε}(P1‖P2)`` and ``H_{e^ε}(P2‖P1)`` are at most ``δ`` — the criterion
+of black-box testers such as Google's dp_auditorium. :func:`audit_trials` runs
+the whole procedure on per-trial scores of two neighbouring inputs (choose the
+test on the first share of each world's trials, bound on the rest);
+``tests/test_blackbox_mechanisms.py`` applies it to one real round of every mode.
+
 The attribute-inference attack of Theorem 4 lives in :mod:`fedfdp.attack`.
 
 Nothing here imports Flower: the harness that drives the client and strategy
@@ -42,6 +53,7 @@ lives in :mod:`simulations.audit`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,11 +63,13 @@ __all__ = [
     "AuditResult",
     "EpsilonLowerBound",
     "Test",
+    "audit_trials",
     "choose_test",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
     "epsilon_lower_bound",
     "evaluate_test",
+    "hockey_stick_lower_bound",
 ]
 
 #: Default total confidence level of the audit (split α/2 per error rate).
@@ -339,3 +353,99 @@ class AuditResult:
         """Whether the lower bound exceeds the claimed ε (the implementation is
         not the accounted mechanism, with 95% confidence)."""
         return self.epsilon_lower > self.epsilon_claimed
+
+
+# --------------------------------------------------------------------------------------
+# black-box form: divergence bound, and the whole procedure on per-trial scores
+# --------------------------------------------------------------------------------------
+
+
+def hockey_stick_lower_bound(bound: EpsilonLowerBound, epsilon: float) -> float:
+    """Lower confidence bound on the hockey-stick divergence at ``e^ε`` of the two worlds.
+
+    With ``E`` the event "the test says world 1", ``P1(E) ≥ 1 − FNR_ub`` and
+    ``P2(E) ≤ FPR_ub`` hold together with probability ``≥ 1 − alpha`` (the two
+    Clopper–Pearson bounds of ``bound``), and then
+
+        H_{e^ε}(P1‖P2) ≥ P1(E) − e^ε P2(E) ≥ (1 − FNR_ub) − e^ε FPR_ub,
+        H_{e^ε}(P2‖P1) ≥ (1 − FPR_ub) − e^ε FNR_ub     (the complement of E).
+
+    Returns the larger of the two (at least 0). A mechanism that is ``(ε, δ)``
+    for the pair has both divergences ``≤ δ``, so a value above ``δ`` refutes the
+    claim with confidence ``1 − alpha`` — the same verdict as
+    ``bound.epsilon > ε``.
+    """
+    e = float(epsilon)
+    if not (math.isfinite(e) and e >= 0.0):
+        raise ValueError(f"epsilon={epsilon!r}: must be finite and >= 0")
+    forward = (1.0 - bound.fnr_upper) - math.exp(e) * bound.fpr_upper
+    backward = (1.0 - bound.fpr_upper) - math.exp(e) * bound.fnr_upper
+    return max(forward, backward, 0.0)
+
+
+def _scores(name: str, value: Mapping[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
+    if isinstance(value, Mapping):
+        return {k: np.asarray(v, dtype=float) for k, v in value.items()}
+    arr = np.asarray(value, dtype=float)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: scores of shape {arr.shape}; need one score per trial")
+    return {"score": arr}
+
+
+def audit_trials(
+    positives: Mapping[str, np.ndarray] | np.ndarray,
+    negatives: Mapping[str, np.ndarray] | np.ndarray,
+    *,
+    claimed_epsilon: float,
+    delta: float,
+    relation: str,
+    calibration: float = 1.0 / 3.0,
+    alpha: float = ALPHA,
+) -> AuditResult:
+    """A black-box audit of one neighbouring pair from per-trial scores.
+
+    ``positives`` are the scores of trials on world 1 (the input with the unit),
+    ``negatives`` those on world 2 (its neighbour), each a statistic name →
+    scores in trial order (or one array). The first ``calibration`` share of
+    each world's trials chooses the statistic, direction and threshold
+    (:func:`choose_test`, projected to the held-out counts); the rest bound ε
+    (:func:`evaluate_test`), so the bound pays for no search. The result is
+    :attr:`~AuditResult.violated` when the ``1 − alpha`` lower bound exceeds
+    ``claimed_epsilon``.
+    """
+    pos, neg = _scores("positives", positives), _scores("negatives", negatives)
+    if set(pos) != set(neg) or not pos:
+        raise ValueError("positives and negatives must name the same, non-empty set of statistics")
+    if not 0.0 < calibration < 1.0:
+        raise ValueError(f"calibration={calibration!r}: must be in (0, 1)")
+    if not (math.isfinite(claimed_epsilon) and claimed_epsilon >= 0.0):
+        raise ValueError(f"claimed_epsilon={claimed_epsilon!r}: must be finite and >= 0")
+    n_pos = {len(v) for v in pos.values()}
+    n_neg = {len(v) for v in neg.values()}
+    if len(n_pos) != 1 or len(n_neg) != 1:
+        raise ValueError("every statistic needs one score per trial (same length per world)")
+    cut_pos = round(calibration * n_pos.pop())
+    cut_neg = round(calibration * n_neg.pop())
+    held_pos = {k: v[cut_pos:] for k, v in pos.items()}
+    held_neg = {k: v[cut_neg:] for k, v in neg.items()}
+    first = next(iter(pos))
+    sizes = (len(held_pos[first]), len(held_neg[first]))
+    if min(cut_pos, cut_neg) < 1 or min(sizes) < 1:
+        raise ValueError(
+            f"trials (world 1, world 2): {(cut_pos, cut_neg)} for calibration, {sizes} held out; "
+            "need at least one of each"
+        )
+    calib_pos = {k: v[:cut_pos] for k, v in pos.items()}
+    calib_neg = {k: v[:cut_neg] for k, v in neg.items()}
+    test, cal_eps = choose_test(calib_pos, calib_neg, delta, alpha, sizes=sizes)
+    bound = evaluate_test(test, held_pos[test.statistic], held_neg[test.statistic], delta, alpha)
+    return AuditResult(
+        epsilon_lower=bound.epsilon,
+        epsilon_claimed=float(claimed_epsilon),
+        relation=relation,
+        delta=float(delta),
+        trials=sum(sizes),
+        test=test,
+        bound=bound,
+        calibration_epsilon=cal_eps,
+    )
