@@ -1,6 +1,6 @@
 """A long-lived ClientApp process for a SuperNode: every message of a run in one process.
 
-Flower 1.41 runs a ClientApp in a new process per message: by default the
+Flower 1.42 runs a ClientApp in a new process per message: by default the
 SuperNode (``--isolation subprocess``) starts a SuperExec that starts one
 ``flwr-clientapp`` process for each message it receives, which imports torch,
 Flower and the app, and loads the data and builds the model again, every round
@@ -27,10 +27,11 @@ previous one and imports the new ones. The worker never installs dependencies
 (no ``uv sync``): the machine must have the app's dependencies installed.
 
 Flower's own parts stay as they are (wire protocol, tokens, heartbeats,
-object store); what this relies on from Flower 1.41 are the Runtime API calls
-``flwr-clientapp`` and ``flower-superexec`` make (``flwr.supernode.runtime.run_clientapp``,
-``flwr.supercore.runtime``), so it is pinned to ``flwr==1.41.*`` like the rest
-of fedfdp.
+object store). What this relies on are the Runtime API calls ``flwr-clientapp``
+and ``flower-superexec`` make, which Flower does not publish: they come from
+:mod:`clients.flower_adapter`, the one module that imports Flower internals,
+which refuses (one line naming both versions) any Flower but the release range
+fedfdp pins (``flwr>=1.42,<1.43``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clients.flower_adapter import (
+    RuntimeEndpoint,
+    RuntimePoller,
+    TaskConnection,
+    TaskInput,
+    error_reply,
+    install_fab,
+    load_client_app,
+)
+
 log = logging.getLogger("fedfdp.worker")
 
 #: Seconds between AcquireTask polls right after a task; the pause grows by half
@@ -58,21 +69,8 @@ class Worker:
 
     def __init__(self, runtime_api_address: str, *, insecure: bool = True,
                  root_certificates: str | None = None) -> None:
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
-        from flwr.supercore.tls import validate_and_resolve_root_certificates
-
-        self.address = runtime_api_address
-        self.insecure = insecure
-        self.certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
-        self.client = RuntimeHttpClient.from_server_address(
-            server_address=runtime_api_address,
-            insecure=insecure,
-            root_certificates=self.certificates,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-            retry_invoker=make_simple_http_retry_invoker(),
-        )
+        self.endpoint = RuntimeEndpoint(runtime_api_address, insecure, root_certificates)
+        self.poller = RuntimePoller(self.endpoint)
         self.stop = threading.Event()
         self.tasks = 0
         self._fab_hash: str | None = None
@@ -82,13 +80,7 @@ class Worker:
     # ----------------------------------------------------------------- loop
     def acquire(self) -> str | None:
         """A ClientApp task's token, or None when the SuperNode has none."""
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
-        from flwr.supercore.constant import TaskType
-
-        res = self.client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
-        if res.HasField("task") and res.token:
-            return str(res.token)
-        return None
+        return self.poller.acquire()
 
     def serve(self, max_tasks: int | None = None) -> None:
         """Run tasks until :attr:`stop` is set (or ``max_tasks`` ran)."""
@@ -112,80 +104,46 @@ class Worker:
     # ----------------------------------------------------------------- one task
     def run_task(self, token: str) -> None:
         """One ClientApp task, as ``flwr-clientapp`` runs it, in this process."""
-        from flwr.app import Message
-        from flwr.app.error import Error
-        from flwr.clientapp.client_app import LoadClientAppError
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import make_simple_http_retry_invoker
-        from flwr.supercore.runtime import RuntimeHttpClient
-        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
-
         self.tasks += 1
-        retry = make_simple_http_retry_invoker()
-        client = RuntimeHttpClient.from_server_address(
-            server_address=self.address,
-            insecure=self.insecure,
-            root_certificates=self.certificates,
-            interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-                          RuntimeTokenHttpInterceptor(token)],
-            retry_invoker=retry,
-        )
-        heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+        conn = TaskConnection(self.endpoint, token)
         message = reply = context = None
-        status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+        completed, details = False, "ClientApp task failed due to unknown reason"
         marks = [time.perf_counter()]
         try:
-            heartbeat.start()
-            message, context, run, fab = _pull_task_input(client)
+            conn.start_heartbeat()
+            task = conn.pull_input(initial_backoff=PULL_INITIAL_BACKOFF, backoff_cap=PULL_BACKOFF_CAP)
+            message, context = task.message, task.context
             marks.append(time.perf_counter())
-            app = self.client_app(run, fab)
+            app = self.client_app(task)
             reply = app(message=message, context=context)
             marks.append(time.perf_counter())
-            status, details = SubStatus.COMPLETED, ""
+            completed, details = True, ""
         except Exception as ex:  # answered with an error reply, as flwr-clientapp does
-            code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-            reason = f"{type(ex)}:<'{ex}'>"
-            if isinstance(ex, LoadClientAppError):
-                code, reason = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "An exception was raised when " \
-                    "attempting to load `ClientApp`"
             log.error("ClientApp raised an exception", exc_info=ex)
-            details = reason
-            if message is not None:
-                reply = Message(Error(code=code, reason=reason), reply_to=message)
+            reply, details = error_reply(message, ex)
         finally:
             try:
                 if reply is not None and context is not None:
-                    push_message(client, reply, context)
+                    conn.push_reply(reply, context)
             except Exception as ex:
                 log.error("Failed to push the reply message", exc_info=ex)
-            retry.max_tries = 1
-            push_task_output(client=client, context=context, sub_status=status, details=details)
-            if heartbeat.is_running:
-                heartbeat.stop()
-            client.close()
+            conn.finish(context, completed=completed, details=details)
             marks.append(time.perf_counter())
             steps = ", ".join(f"{b - a:.3f}" for a, b in itertools.pairwise(marks))
+            status = "completed" if completed else "failed"
             log.info("task %d (%s): %.3f s (pull, app, push: %s)", self.tasks, status, marks[-1] - marks[0],
                      steps)
 
-    def client_app(self, run: Any, fab: Any) -> Any:
-        """The ClientApp of ``fab``: installed and imported on first use, kept
-        until a task brings another FAB."""
-        if fab.hash_str == self._fab_hash and self._app is not None:
+    def client_app(self, task: TaskInput) -> Any:
+        """The ClientApp of the task's FAB: installed and imported on first use,
+        kept until a task brings another FAB."""
+        if task.fab_hash == self._fab_hash and self._app is not None:
             return self._app
-        from flwr.cli.install import install_from_fab
-        from flwr.clientapp.utils import get_load_client_app_fn
-        from flwr.common.config import get_project_dir
-
-        install_from_fab(fab.content, skip_prompt=True)
-        app_dir = Path(get_project_dir(run.fab_id, run.fab_version, fab.hash_str)).absolute()
+        app_dir = install_fab(task)
         self._forget_app()
         _drop_modules(_top_level_names(app_dir))  # the app's packages come from its FAB
-        app = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)(
-            run.fab_id, run.fab_version, fab.hash_str)
-        self._fab_hash, self._app_dir, self._app = fab.hash_str, app_dir, app
+        app = load_client_app(task)
+        self._fab_hash, self._app_dir, self._app = task.fab_hash, app_dir, app
         return app
 
     def _forget_app(self) -> None:
@@ -198,7 +156,7 @@ class Worker:
 
     def close(self) -> None:
         self.stop.set()
-        self.client.close()
+        self.poller.close()
 
 
 #: Backoff while the SuperNode still downloads a message's objects from the SuperLink.
@@ -207,44 +165,6 @@ class Worker:
 #: too late to meet it) would cost ~1 s a round.
 PULL_INITIAL_BACKOFF = 0.005
 PULL_BACKOFF_CAP = 0.25
-
-
-def _pull_task_input(client: Any) -> tuple[Any, Any, Any, Any]:
-    """``flwr.supernode.runtime.run_clientapp.pull_task_input`` with a short backoff
-    for objects not yet available (:data:`PULL_INITIAL_BACKOFF`)."""
-    from flwr.app import Message
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest  # pylint: disable=E0611
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-    from flwr.supercore.task_identity import TaskIdentity
-
-    res = client.PullTaskInput(PullTaskInputRequest())
-    TaskIdentity.task_id = res.task_id
-    TaskIdentity.run_id = res.run.run_id
-    TaskIdentity.node_id = res.context.node_id
-    context = context_from_proto(res.context)
-    run = run_from_proto(res.run)
-    fab = fab_from_proto(res.fab)
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    if not pulled.messages_list:
-        raise RuntimeError("No messages received from Runtime API")
-    node = Node(node_id=context.node_id)
-    tree = pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree,
-        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
-        return_type=Message,
-        initial_backoff=PULL_INITIAL_BACKOFF,
-        backoff_cap=PULL_BACKOFF_CAP,
-    )
-    message.metadata.__dict__["_message_id"] = tree.object_id  # as pull_task_input sets it
-    return message, context, run, fab
 
 
 def _top_level_names(app_dir: Path) -> set[str]:

@@ -19,8 +19,8 @@ import os
 
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.superlink.grid import InMemoryGrid
 
+from clients.flower_adapter import is_simulation_grid
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_server_data
 from fedfdp.models import build_model_for
@@ -57,7 +57,7 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        if simulation and not isinstance(grid, InMemoryGrid):
+        if simulation and not is_simulation_grid(grid):
             raise ConfigError(
                 "strategies.server_app:simulation_app runs only on Flower's Simulation Runtime "
                 "(fedfdp run); a deployment uses strategies.server_app:app"
