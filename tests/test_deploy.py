@@ -297,7 +297,7 @@ def test_bad_reply_and_killed_supernode(deployment, tmp_path):
 
 def _charged(ledger):
     """The ledger's charges as [round, attempt] pairs."""
-    return [[c.round, c.attempt] for c in ledger.charges]
+    return [[c.round, c.body.get("attempt")] for c in ledger.charges]
 
 
 @pytest.mark.slow
@@ -316,7 +316,7 @@ def test_server_killed_mid_run_and_resumed_from_checkpoint(deployment, tmp_path)
     app = stage_app(tmp_path / "app")
     out = tmp_path / "out"
     # a fixed σ and no ε cap, so the re-charged round does not stop the run at the budget
-    cfg = {**RUN, "num-rounds": 2, "out-dir": str(out), "noise-multiplier": 0.8}
+    cfg = {**RUN, "num-rounds": 2, "out-dir": str(out), "noise-multiplier": 0.8, "target-epsilon": ""}
     first = d.start_run(app, cfg)
 
     def round_two_charged() -> bool:
@@ -333,7 +333,8 @@ def test_server_killed_mid_run_and_resumed_from_checkpoint(deployment, tmp_path)
     with contextlib.suppress(subprocess.TimeoutExpired):
         first.popen.wait(timeout=30)  # the CLI loses its log stream
     d.kill(first, signal.SIGKILL)
-    assert load_checkpoint(out)["round"] == 1
+    checkpoint = load_checkpoint(out)
+    assert checkpoint is not None and checkpoint.round == 1
     assert _charged(read_ledger(out)) == [[1, 0], [2, 0]]
 
     d.start_superlink(database=database, name="superlink-restarted")
