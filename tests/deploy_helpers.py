@@ -11,7 +11,7 @@ Every process gets its own ``FLWR_HOME`` under the test's temporary folder, so
 nothing is written to ``~/.flwr`` and parallel runs cannot share state.
 
 :func:`stage_app` copies the Flower App (the repository root) into a temporary
-folder before ``flwr run``: with flwr 1.41, ``flwr run APP`` rewrites
+folder before ``flwr run``: with flwr 1.41 and 1.42, ``flwr run APP`` rewrites
 ``APP/pyproject.toml`` when it holds a legacy ``[tool.flwr.federations]`` table
 (it comments the table out and moves it to ``$FLWR_HOME/config.toml``), and a
 test must never modify the checkout.
@@ -177,7 +177,7 @@ def make_tls(folder: Path) -> TLSFiles:
 def make_node_key(folder: Path, name: str) -> tuple[Path, Path]:
     """An EC (P-384) SuperNode key pair in OpenSSH format: ``(private, public)`` paths.
 
-    This is the format flwr 1.41 reads: ``flower-supernode --auth-supernode-private-key``
+    This is the format flwr 1.42 reads: ``flower-supernode --auth-supernode-private-key``
     loads an OpenSSH private key, ``flwr supernode register`` an OpenSSH public key.
     """
     from cryptography.hazmat.primitives import serialization
