@@ -142,3 +142,26 @@ def test_error_reply_carries_the_exception_as_flwr_clientapp_does(adapter):
 def test_runtime_endpoint_refuses_an_address_without_a_port(adapter):
     with pytest.raises(ValueError, match=r"address='localhost': expected HOST:PORT"):
         adapter.RuntimeEndpoint("localhost")
+
+
+def test_what_if_patches_replace_the_waits_they_name():
+    """The benchmark's what-ifs patch what they say (in a fresh process: they rebind
+    module attributes of Flower's SuperNode loop and Grid)."""
+    code = (
+        "import functools, time\n"
+        "from clients.flower_adapter import shorten_grid_object_pulls, shorten_supernode_waits\n"
+        "import flwr.supernode.start_client_internal as loop\n"
+        "import flwr.superlink.grid.http_grid as grid\n"
+        "slept = []\n"
+        "time.sleep = slept.append\n"  # the patched loop sleeps through time.sleep
+        "shorten_supernode_waits(0.02, initial_backoff=0.01, backoff_cap=0.2)\n"
+        "shorten_grid_object_pulls(initial_backoff=0.03, backoff_cap=0.3)\n"
+        "loop.time.sleep(3); loop.time.sleep(0.5); loop.time.sleep(7)\n"
+        "assert loop.time.monotonic is time.monotonic\n"
+        "print(slept, loop.pull_objects.keywords, grid.pull_objects.keywords)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == ("[0.02, 0.02, 7] {'initial_backoff': 0.01, 'backoff_cap': 0.2} "
+                                  "{'initial_backoff': 0.03, 'backoff_cap': 0.3}")
