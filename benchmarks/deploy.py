@@ -180,24 +180,17 @@ client_app = _make_client_app()
 #: ``python -c`` source of the what-if SuperNode: Flower's SuperNode with its idle
 #: (3 s) and reply-check (0.5 s) sleeps shortened to 20 ms.
 FAST_SUPERNODE = (
-    "import functools, sys, time, types; import flwr.supernode.start_client_internal as m; "
-    "m.time = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith('_')}); "
-    "m.time.sleep = lambda s, _sleep=time.sleep: _sleep(0.02 if s in (3, 0.5) else s); "
-    "m.pull_objects = functools.partial(m.pull_objects, initial_backoff=0.02, backoff_cap=0.25); "
-    "from flwr.supernode.cli.flower_supernode import flower_supernode; "
-    "sys.argv[0] = 'flower-supernode'; flower_supernode()"
+    "from clients.flower_adapter import shorten_supernode_waits, run_flower_supernode; "
+    "shorten_supernode_waits(0.02, initial_backoff=0.02, backoff_cap=0.25); run_flower_supernode()"
 )
 
 
 def _fast_object_pulls() -> None:
     """What-if: the ServerApp's Grid retries a reply's not-yet-uploaded objects after
     20 ms (Flower: 1 s, doubling)."""
-    import functools
+    from clients.flower_adapter import shorten_grid_object_pulls
 
-    import flwr.superlink.grid.http_grid as http_grid
-
-    http_grid.pull_objects = functools.partial(  # type: ignore[attr-defined]
-        http_grid.pull_objects, initial_backoff=0.02, backoff_cap=0.25)
+    shorten_grid_object_pulls(initial_backoff=0.02, backoff_cap=0.25)
 
 
 def stage(dest: Path) -> Path:

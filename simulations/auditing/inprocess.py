@@ -20,16 +20,14 @@ here and hands them to the handler itself:
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.supercore.task_identity import TaskIdentity
 
+from clients.flower_adapter import set_task_identity
 from strategies.fdp_strategy import FDPStrategy
 
 
 def set_identity() -> None:
     """Messages need a run/node/task identity; give them fixed in-process values."""
-    TaskIdentity.run_id = 1
-    TaskIdentity.node_id = 0
-    TaskIdentity.task_id = 1
+    set_task_identity(run_id=1, node_id=0, task_id=1)
 
 
 def train_messages(strat: FDPStrategy, round_: int) -> list[Message]:
