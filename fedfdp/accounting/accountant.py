@@ -35,6 +35,7 @@ import numpy as np
 
 from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
 from fedfdp.accounting.events import Relation, SubsampledGaussian, event_from_dict
+from fedfdp.accounting.protocol import append_repeated
 from fedfdp.accounting.replacement import replacement_epsilon
 
 RELATIONS = ("add-remove", "replacement")
@@ -249,12 +250,8 @@ def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
 
 def appended(ledger: Sequence[Repeated], entry: Repeated) -> list[Repeated]:
     """``ledger + [entry]``, merged into the last entry when the events are equal."""
-    out = list(ledger)
-    if out and out[-1].event == entry.event:
-        out[-1] = Repeated(entry.event, out[-1].count + entry.count)
-    else:
-        out.append(entry)
-    return out
+    merged = append_repeated([(r.event, r.count) for r in ledger], entry.event, entry.count)
+    return [Repeated(event, count) for event, count in merged]
 
 
 class FDPAccountant:

@@ -70,6 +70,7 @@ from scipy import special
 
 from fedfdp.accounting import EpsilonBound, FDPAccountant, SubsampledGaussian
 from fedfdp.accounting.events import EventKind, PrivacyEvent, Relation
+from fedfdp.accounting.protocol import append_repeated
 
 __all__ = [
     "MAX_SLACK",
@@ -630,13 +631,7 @@ class DistributedAccountant:
     ) -> list[tuple[DistributedDiscreteGaussian, int]]:
         if not isinstance(event, DistributedDiscreteGaussian):
             raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian events")
-        count = _count("count", count)
-        out = list(rounds)
-        if out and out[-1][0] == event:
-            out[-1] = (event, out[-1][1] + count)
-        else:
-            out.append((event, count))
-        return out
+        return append_repeated(rounds, event, _count("count", count))
 
     def compose(self, event: DistributedDiscreteGaussian, count: int = 1) -> None:
         """Record ``count`` rounds of ``event``."""

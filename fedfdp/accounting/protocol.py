@@ -15,7 +15,7 @@ target ε, for any accountant and any family of events ``σ ↦ event``: bisecti
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fedfdp.accounting.events import PrivacyEvent
@@ -75,6 +75,28 @@ class Accountant(Protocol[E_contra]):
 
 
 E = TypeVar("E", bound=PrivacyEvent)
+
+
+def append_repeated(entries: Sequence[tuple[E, int]], event: E, count: int) -> list[tuple[E, int]]:
+    """``entries + [(event, count)]``, merged into the last entry when its event is equal
+    (composition is the same either way; merging keeps ledgers short). The one merge of
+    every accountant.
+
+    Examples
+    --------
+    >>> from fedfdp.accounting.events import SubsampledGaussian
+    >>> a, b = SubsampledGaussian(1.0, 0.1), SubsampledGaussian(2.0, 0.1)
+    >>> [n for _, n in append_repeated(append_repeated([(a, 2)], a, 3), b, 1)]
+    [5, 1]
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count={count!r}: must be an integer >= 1")
+    out = list(entries)
+    if out and out[-1][0] == event:
+        out[-1] = (event, out[-1][1] + count)
+    else:
+        out.append((event, count))
+    return out
 
 
 def calibrate(

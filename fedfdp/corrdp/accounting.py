@@ -76,7 +76,7 @@ from typing import Any
 
 from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.accounting.events import CorrDPRound, Relation, event_from_dict
-from fedfdp.accounting.protocol import calibrate
+from fedfdp.accounting.protocol import append_repeated, calibrate
 from fedfdp.corrdp.noise import CorrDPDesign
 
 #: Explanation of the relation, printed beside every CorrDP ε.
@@ -149,12 +149,7 @@ Rounds = tuple[tuple[CorrDPRound, int], ...]
 
 
 def _appended(rounds: Sequence[tuple[CorrDPRound, int]], event: CorrDPRound, count: int) -> Rounds:
-    out = list(rounds)
-    if out and out[-1][0] == event:
-        out[-1] = (event, out[-1][1] + count)
-    else:
-        out.append((event, count))
-    return tuple(out)
+    return tuple(append_repeated(rounds, event, count))
 
 
 def _class_events(rounds: Rounds) -> dict[str, tuple[float, list[tuple[float, float, int]]]]:
