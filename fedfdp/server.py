@@ -27,24 +27,22 @@ checkpoints — each through its collaborator.
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from fedfdp.accounting import PrivacyBudgetExhausted
-from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
-from fedfdp.config import Config, ConfigError
+from fedfdp.checkpoint import Checkpoint, Resume
+from fedfdp.config import Config
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, run_secrets
 from fedfdp.evaluation import held_out_metrics
-from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
+from fedfdp.health import RunDiverged, finite_or_raise
+from fedfdp.ledger import Ledger
 from fedfdp.mechanism import (
     FDP_ACCOUNTING,
     Accounting,
@@ -57,42 +55,13 @@ from fedfdp.mechanism import (
 )
 from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
 from fedfdp.modes import Phase
-from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
 from fedfdp.quantile_clipping import next_clipping_norm
+from fedfdp.run_files import Progress, RunFiles
 from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
 
 log = logging.getLogger("fedfdp.server")
-
-#: A parameter whose magnitude passes this has diverged (float32 overflows at 3.4e38;
-#: squares of such weights already overflow in a forward pass).
-DIVERGENCE_LIMIT = 1e15
-
-
-class RunDiverged(ConfigError):
-    """The model, the aggregate or a loss left the finite range in a round: the run
-    stops (the round's charge stays in the ledger, its noise was drawn; the last good
-    checkpoint and no final model are on disk). The message names the round and the
-    settings that most likely caused it."""
-
-
-def finite_or_raise(round_: int, what: str, tensors: Sequence[torch.Tensor], likely: str) -> None:
-    """Raise :class:`RunDiverged` when any of ``tensors`` holds a NaN, an infinity or a
-    magnitude above :data:`DIVERGENCE_LIMIT`."""
-    for t in tensors:
-        if not bool(torch.isfinite(t).all()):
-            raise RunDiverged(f"round {round_}: {what} is not finite (NaN or inf); likely {likely}")
-        if t.numel() and float(t.detach().abs().max()) > DIVERGENCE_LIMIT:
-            raise RunDiverged(f"round {round_}: {what} diverged (|value| > {DIVERGENCE_LIMIT:g}); "
-                              f"likely {likely}")
-
-
-#: The final model's state_dict, written at the end of a run.
-MODEL_FILE = "model.pt"
-#: Files that mark a directory as holding a run.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, LEDGER_FILE, CHECKPOINT_FILE, MODEL_FILE)
-
 
 @dataclass(frozen=True)
 class ServerParts:
@@ -166,11 +135,6 @@ class RoundOutcome:
     epsilons: dict[str, Any] | None = None
 
 
-def occupied(out: str | Path) -> list[str]:
-    """The run files already in ``out``."""
-    return [f for f in RUN_FILES if (Path(out) / f).exists()]
-
-
 #: ``evaluate_fn(round, model) -> metrics``: server-side evaluation on held-out
 #: data (``accuracy`` and ``loss`` fill those columns of ``metrics.csv``; other
 #: keys become columns too). Never on private training data.
@@ -185,74 +149,6 @@ def held_out_evaluation(x: Any, y: Any) -> EvaluateFn:
         return held_out_metrics(model, x, y)
 
     return evaluate_fn
-
-
-class Progress:
-    """The progress bar of a run (tqdm; silent when ``enabled`` is False)."""
-
-    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
-        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="round", disable=not enabled,
-                        leave=True)
-
-    def update(self, epsilon: float, accuracy: float) -> None:
-        self.bar.update(1)
-        self.bar.set_postfix(eps=f"{epsilon:.3g}", acc=f"{accuracy:.3f}")
-
-    def write(self, line: str) -> None:
-        self.bar.write(line)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-class RunFiles:
-    """The run directory of a run: every file it writes, and the resume checks.
-
-    The ledger is written durably (write-ahead) by :meth:`write_ledger`, which the
-    round engine calls before a round draws anything; everything else is written
-    after a round (:mod:`fedfdp.checkpoint` for the rules).
-
-    Parameters
-    ----------
-    out : str or Path
-        The run directory.
-    cfg : Config
-        Its configuration (``resume`` and ``checkpoint-every`` are read here).
-    """
-
-    def __init__(self, out: str | Path, cfg: Config) -> None:
-        self.out = Path(out)
-        self.cfg = cfg
-
-    def write_ledger(self, ledger: Ledger) -> None:
-        write_ledger(self.out, ledger)
-
-    def verify(self, mechanism: ResolvedMechanism) -> Resume:
-        """The resume checks (:func:`fedfdp.checkpoint.verify_resume`)."""
-        return verify_resume(
-            self.out, self.cfg.to_flat(), mechanism.digest(), mechanism.num_records,
-            resume=self.cfg.run.resume, num_rounds=mechanism.num_rounds,
-            private_round=lambda r: mechanism.phase(r).noise, occupied=occupied(self.out),
-        )
-
-    def write_config(self, values: dict[str, Any]) -> None:
-        write_config(self.out, self.cfg.to_flat(), values)
-
-    def due(self, round_: int) -> bool:
-        """Whether a checkpoint is due after ``round_``."""
-        every, total = self.cfg.run.checkpoint_every, self.cfg.privacy.num_rounds
-        return bool(every) and (round_ % every == 0 or round_ == total)
-
-    def checkpoint(self, ckpt: Checkpoint) -> None:
-        save_checkpoint(self.out, ckpt)
-
-    def metrics(self, rows: list[dict[str, Any]]) -> None:
-        write_metrics(self.out, rows)
-
-    def model(self, model: nn.Module) -> None:
-        buf = io.BytesIO()
-        torch.save(model.state_dict(), buf)
-        atomic_write(self.out / MODEL_FILE, buf.getvalue())
 
 
 class FDPServer:

@@ -310,7 +310,7 @@ def recover_interrupted(
     line saying which. Returns the run to execute and the round it resumes after
     (None: from the start).
     """
-    from fedfdp.server import occupied
+    from fedfdp.run_files import occupied
 
     run_dir = Path(run.cfg.run.out_dir)
     if not occupied(run_dir):
@@ -336,7 +336,7 @@ def _resume_point(cfg: Config) -> tuple[int | None, str]:
     from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.ledger import LedgerError
     from fedfdp.parts import mechanism_for
-    from fedfdp.server import RunFiles
+    from fedfdp.run_files import RunFiles
 
     run_dir = Path(cfg.run.out_dir)
     data = load_dataset(cfg.data)

@@ -460,7 +460,7 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
     ServerApp thread are only logged)."""
     from fedfdp.ledger import LedgerError
     from fedfdp.parts import mechanism_for
-    from fedfdp.server import RunFiles
+    from fedfdp.run_files import RunFiles
 
     # the mechanism the run's server will resolve (its mode's accounting: corrdp too)
     mechanism = mechanism_for(cfg, data)

@@ -12,8 +12,8 @@ import torch
 from fedfdp.algorithm import run_centralised
 from fedfdp.checkpoint import load_checkpoint
 from fedfdp.config import load_config
+from fedfdp.health import RunDiverged
 from fedfdp.ledger import read_ledger
-from fedfdp.server import RunDiverged
 
 BASE = {"num-devices": 3, "records-per-device": 40, "num-rounds": 4, "progress": False, "hidden-size": 8,
         "clipping-quantile": 0}

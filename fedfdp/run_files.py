@@ -1,0 +1,103 @@
+"""The run directory: every file a run writes, and the resume checks.
+
+``config.toml`` (the configuration and the resolved mechanism), ``ledger.jsonl`` (the
+write-ahead ledger, :mod:`fedfdp.ledger`), ``checkpoint.pt`` (:mod:`fedfdp.checkpoint`),
+``metrics.csv`` and ``model.pt``. :class:`RunFiles` and :class:`Progress` are the
+collaborators the round engine (:class:`fedfdp.server.FDPServer`) is given.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
+from fedfdp.config import Config
+from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
+from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
+
+if TYPE_CHECKING:
+    from fedfdp.mechanism import ResolvedMechanism
+
+#: The final model's state_dict, written at the end of a run.
+MODEL_FILE = "model.pt"
+#: Files that mark a directory as holding a run.
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, LEDGER_FILE, CHECKPOINT_FILE, MODEL_FILE)
+
+
+def occupied(out: str | Path) -> list[str]:
+    """The run files already in ``out``."""
+    return [f for f in RUN_FILES if (Path(out) / f).exists()]
+
+
+class Progress:
+    """The progress bar of a run (tqdm; silent when ``enabled`` is False)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="round", disable=not enabled,
+                        leave=True)
+
+    def update(self, epsilon: float, accuracy: float) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(eps=f"{epsilon:.3g}", acc=f"{accuracy:.3f}")
+
+    def write(self, line: str) -> None:
+        self.bar.write(line)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class RunFiles:
+    """The run directory of a run: every file it writes, and the resume checks.
+
+    The ledger is written durably (write-ahead) by :meth:`write_ledger`, which the
+    round engine calls before a round draws anything; everything else is written
+    after a round (:mod:`fedfdp.checkpoint` for the rules).
+
+    Parameters
+    ----------
+    out : str or Path
+        The run directory.
+    cfg : Config
+        Its configuration (``resume`` and ``checkpoint-every`` are read here).
+    """
+
+    def __init__(self, out: str | Path, cfg: Config) -> None:
+        self.out = Path(out)
+        self.cfg = cfg
+
+    def write_ledger(self, ledger: Ledger) -> None:
+        write_ledger(self.out, ledger)
+
+    def verify(self, mechanism: ResolvedMechanism) -> Resume:
+        """The resume checks (:func:`fedfdp.checkpoint.verify_resume`)."""
+        return verify_resume(
+            self.out, self.cfg.to_flat(), mechanism.digest(), mechanism.num_records,
+            resume=self.cfg.run.resume, num_rounds=mechanism.num_rounds,
+            private_round=lambda r: mechanism.phase(r).noise, occupied=occupied(self.out),
+        )
+
+    def write_config(self, values: dict[str, Any]) -> None:
+        write_config(self.out, self.cfg.to_flat(), values)
+
+    def due(self, round_: int) -> bool:
+        """Whether a checkpoint is due after ``round_``."""
+        every, total = self.cfg.run.checkpoint_every, self.cfg.privacy.num_rounds
+        return bool(every) and (round_ % every == 0 or round_ == total)
+
+    def checkpoint(self, ckpt: Checkpoint) -> None:
+        save_checkpoint(self.out, ckpt)
+
+    def metrics(self, rows: list[dict[str, Any]]) -> None:
+        write_metrics(self.out, rows)
+
+    def model(self, model: nn.Module) -> None:
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        atomic_write(self.out / MODEL_FILE, buf.getvalue())
