@@ -450,7 +450,10 @@ def _summarise(out: Path, cfg: Config) -> int:
     )
     if cfg.privacy.reproducible_noise:
         print(f"warning: {REPRODUCIBLE_WARNING}")
-    print(f"wrote {path} and {out / 'config.toml'}")
+    from fedfdp.run_files import RUN_FILES
+
+    written = [name for name in RUN_FILES if (out / name).exists()]
+    print(f"wrote {', '.join(written)} in {out}")
     return 0
 
 
