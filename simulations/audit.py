@@ -7,6 +7,9 @@
     :class:`strategies.fdp_strategy.FDPStrategy`, against the ε the accountant
     claims for the same ``q``, ``σ`` and one round (add/remove: Theorem 5 /
     Def. 6 with Algorithm 2's simulator; replacement: Def. 5, via Prop. 1).
+    ``--clipping-quantile auto`` (or a ``γ > 0``) audits the default recipe's
+    adaptive clipping: its noisy count, released through the next round's ``C``,
+    is read by a counted canary.
     ``--break`` audits one planted bug (:mod:`simulations.auditing.bugs`): a
     broken component passed through the same seam a normal run uses; no
     configuration key reaches one. ``--relation corrdp`` audits ``mode = "corrdp"``
@@ -40,7 +43,7 @@ from fedfdp.config import ConfigError
 #: Planted bugs (names only: the components live in simulations.auditing.bugs,
 #: imported when an audit runs).
 BUG_NAMES = ("shared-batch", "no-clip", "realized-normalization", "low-noise", "predictable-noise",
-             "pq-accounting")
+             "pq-accounting", "count-public-stream", "count-low-noise")
 #: Planted bugs of the CorrDP audit (``--relation corrdp``).
 CORRDP_BUG_NAMES = ("tv-no-inflation", "tv-underestimated")
 
@@ -220,10 +223,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
         "delta": args.delta,
         "rounds": args.rounds,
     }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    if args.clipping_quantile is not None:
+        chosen["clipping_quantile"] = _quantile(args.clipping_quantile)
     rows = []
     audited: set[Any] = set()
     for bug in _bugs(args):
-        setup = recommended_setup(bug, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
+        setup = recommended_setup(bug, seed=args.seed, **chosen)
         if args.all_bugs and bug is not None and setup not in audited:
             rows += run_audit(setup, relations, None)  # the correct mechanism on the same canaries
         audited.add(setup)
@@ -268,6 +274,16 @@ def _bugs(args: argparse.Namespace) -> list[str | None]:
     return [None, *BUG_NAMES] if args.all_bugs else [args.break_]
 
 
+def _quantile(text: str) -> float | None:
+    """``--clipping-quantile``: ``auto`` (None) or a number in [0, 1)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--clipping-quantile={text!r}: auto or a number in [0, 1)") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``audit`` to the ``fedfdp`` parser."""
     p = sub.add_parser(
@@ -291,6 +307,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampling-rate", type=float, default=None, help="q (default 0.07)")
     p.add_argument("--noise-multiplier", type=float, default=None, help="sigma (default 0.5)")
     p.add_argument("--delta", type=float, default=None, help="delta (default 0.01)")
+    p.add_argument("--clipping-quantile", default=None, metavar="GAMMA",
+                   help="canary audit: clipping-quantile of the audited round, auto or a number in [0, 1) "
+                        "(default: 0, a fixed C; auto for the count bugs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--attack", choices=["attribute"], default=None)
     p.add_argument("--run", action="append", metavar="DIR", help="run directory (repeatable) for --attack")

@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
+from fedfdp import load_config
 from fedfdp.accounting import epsilon_for
 from fedfdp.audit import (
     choose_test,
@@ -18,6 +20,9 @@ from fedfdp.audit import (
     epsilon_lower_bound,
     evaluate_test,
 )
+from fedfdp.config import ConfigError
+from fedfdp.mechanisms import GaussianSumMechanism
+from fedfdp.server import FDPServer, ServerParts
 from simulations.audit import BUG_NAMES
 from simulations.auditing import canaries as A
 from simulations.auditing.analysis import run_audit
@@ -226,6 +231,108 @@ def test_audit_fails_every_planted_bug(bug, rounds):
     assert res["violated"], res
 
 
+# --------------------------------------------------------------------------------------
+# the default recipe: adaptive clipping, its noisy count released through the next C
+# --------------------------------------------------------------------------------------
+
+
+def test_server_noises_the_count_through_its_parts_then_steps_c_geometrically():
+    """The seam a normal run uses: FDPServer noises adaptive clipping's count with
+    ServerParts.count_mechanism(σ_b, 1) and moves C by C·exp(−η(b̃ − γ)), b̃ the
+    noisy count over the expected batch (here a mechanism that adds nothing)."""
+    cfg = load_config({"num-devices": 2, "noise-multiplier": 1.0, "clipping-quantile": 0.5, "num-rounds": 1,
+                       "sampling-rate": 0.5, "clipping-norm": 1.5, "progress": False})
+    calls = []
+
+    class Exact:
+        def __init__(self, std, sensitivity):
+            calls.append((std, sensitivity))
+
+        def privatize(self, values, stream):
+            return [v.clone() for v in values]
+
+    assert ServerParts().count_mechanism is GaussianSumMechanism
+    server = FDPServer(cfg, torch.nn.Linear(3, 2), parts=ServerParts(count_mechanism=Exact))
+    mechanism = server.resolve([40, 60])
+    state = server.begin_round(1)
+    server.finish_round([[torch.zeros_like(p) for p in server.params]], [], 0, 0.0, unclipped=13)
+    sigma_eff = math.sqrt(1 - 0.05)  # σ = 1 is the gradient's; the count takes the share 0.05
+    assert calls == [(pytest.approx(sigma_eff / math.sqrt(0.05)), 1.0)]
+    assert mechanism.clipping.count_noise == pytest.approx(sigma_eff / math.sqrt(0.05))
+    assert state.plan.normaliser == pytest.approx(0.5 * 100)
+    assert server.clipping_norm == pytest.approx(1.5 * math.exp(-0.2 * (13 / 50 - 0.5)))
+
+
+def test_adaptive_canaries_resolve_the_recipe_and_read_the_count():
+    """The recommended adaptive canaries: "auto" adapts (fillers raise the expected
+    batch), σ_eff and σ_b follow the share; with little noise the count read off the
+    next C is 1 exactly when the counted canary's coordinate shows it sampled (ρC)."""
+    plan = A.audited_plan(A.design(A.recommended_setup("count-public-stream", rounds=3)), None)
+    sigma_eff = 2.0 * math.sqrt(1 - 0.05)
+    assert plan.accounted_noise_multiplier == pytest.approx(sigma_eff)
+    assert plan.clipping.count_noise == pytest.approx(sigma_eff / math.sqrt(0.05))
+    assert 0.5 <= plan.clipping.quantile <= 0.99
+    explicit = A.audited_plan(A.design(A.recommended_setup("count-public-stream", rounds=3,
+                                                            clipping_quantile=0.5)), None)
+    assert explicit.clipping.quantile == 0.5
+    setup = A.AuditSetup(alone=2, twins=0, counted=1, fillers=300, clipping_quantile=None,
+                         noise_multiplier=0.01, sampling_rate=0.5, rounds=3)
+    des = A.design(setup)  # checks: the counted canary is ρC on its coordinate and within C
+    sigma_b = A.audited_plan(des, None).clipping.count_noise
+    A.set_identity()
+    seen = []
+    for seed in range(8):
+        trial = A.one_round(des, seed, np.full(3, A.WORLD1))
+        sampled = trial.projection[2] * setup.noise_multiplier / setup.counted_norm
+        assert round(sampled) in (0, 1) and abs(sampled - round(sampled)) < 0.1
+        assert trial.count * sigma_b == pytest.approx(round(sampled), abs=0.25)
+        seen.append(round(sampled))
+    assert 0 < np.mean(seen) < 1
+
+
+def test_count_bugs_are_count_mechanisms():
+    """count-public-stream: with the counted canary absent, the count the round releases
+    is exactly the draw of the round's public stream (what the auditor predicts from the
+    seed); honest: it is not. count-low-noise: σ_b/20."""
+    des = A.design(A.recommended_setup("count-public-stream", rounds=3))
+    worlds = np.full(des.num_canaries, A.ADD_REMOVE)
+    A.set_identity()
+    broken = A.one_round(des, 5, worlds, BUGS["count-public-stream"])
+    honest = A.one_round(des, 5, worlds)
+    assert broken.count == pytest.approx(broken.count_predicted, abs=1e-9)
+    assert honest.count != pytest.approx(honest.count_predicted, abs=1e-3)
+    parts = BUGS["count-low-noise"].server(0)
+    assert parts.count_mechanism(8.0, 1.0).std == pytest.approx(0.4)
+
+
+def test_counted_canary_needs_adaptive_clipping_and_its_own_count():
+    with pytest.raises(ConfigError, match="adaptive"):
+        run_audit(A.AuditSetup(alone=1, counted=1, rounds=3, clipping_quantile=0), ["add-remove"])
+    with pytest.raises(ConfigError, match="at most 1"):
+        A.AuditSetup(counted=2)
+    with pytest.raises(ConfigError, match="crowd"):
+        A.AuditSetup(counted=1, crowd=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantile", [None, 0.5])
+def test_audit_passes_the_correct_mechanism_under_adaptive_clipping(quantile):
+    """The default recipe ("auto", γ ≈ 0.70 here) and an explicit γ: the counted canary's
+    sum and count together face the claim for σ_eff (0.52)."""
+    res = _audit(None, 300, clipping_quantile=quantile)  # the adaptive canaries (recommended_setup)
+    assert res["epsilon_claimed"] == pytest.approx(0.52, abs=0.01)
+    assert res["clipping"]["resolved_quantile"] > 0
+    assert not res["violated"] and res["epsilon_lower"] < res["epsilon_claimed"], res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantile", [None, 0.5])
+@pytest.mark.parametrize("bug", ["count-public-stream", "count-low-noise"])
+def test_audit_catches_the_count_bugs(bug, quantile):
+    res = _audit(bug, 600, clipping_quantile=quantile)
+    assert res["violated"] and res["test"]["statistic"].startswith("counted/"), res
+
+
 def test_planted_bugs_are_components_and_unknown_ones_refused():
     for name, bug in BUGS.items():
         assert bug.name == name and bug.component
@@ -248,6 +355,10 @@ def test_cli_json_and_errors(capsys):
     assert "--run" in capsys.readouterr().err
     assert main(["audit", "--rounds", "0"]) == 2  # refused, not the default 400
     assert "rounds=0" in capsys.readouterr().err
+    assert main(["audit", "--clipping-quantile", "often"]) == 2
+    assert "--clipping-quantile='often'" in capsys.readouterr().err
+    assert main(["audit", "--clipping-quantile", "1.5", "--rounds", "3"]) == 2
+    assert "clipping-quantile=1.5" in capsys.readouterr().err
 
 
 def test_tests_build_rounds_like_the_audit_on_a_real_grid():

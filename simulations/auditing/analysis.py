@@ -8,6 +8,7 @@ The trials come from :mod:`simulations.auditing.canaries`; the statistics
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +17,12 @@ import numpy as np
 
 from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.audit import AuditResult, choose_test, evaluate_test
+from fedfdp.config import ConfigError
 from fedfdp.mechanism import ResolvedMechanism
 from simulations.auditing.bugs import planted
 from simulations.auditing.canaries import (
     ALONE,
+    COUNTED,
     CROWD,
     GROUP_NAMES,
     MATES,
@@ -43,7 +46,15 @@ def claimed_epsilon(plan: ResolvedMechanism, relation: str) -> float:
     return acc.epsilon(plan.delta, relation)
 
 
-def group_statistics(obs: Observations, mask: np.ndarray, group: int, drawn: float) -> dict[str, np.ndarray]:
+def group_statistics(
+    obs: Observations, mask: np.ndarray, group: int, drawn: float, shifts: tuple[float, float] = (1.0, 0.0)
+) -> dict[str, np.ndarray]:
+    """The candidate statistics of ``group``'s trials in ``mask``.
+
+    ``shifts = (ρ/σ, 1/σ_b)``: the counted canary's mean shift, when sampled, on its
+    coordinate (units of ``σC``) and on the count (units of ``σ_b``); their
+    Neyman–Pearson combination has unit variance and shift ``√(ρ²/σ² + 1/σ_b²)``
+    (``1/σ_eff`` at ``ρ = 1``)."""
     m = mask & (obs.group == group)
     t = obs.projection[m]
     out = {"projection": t, "projection-minus-seeded-noise": t - obs.predicted[m]}
@@ -51,6 +62,12 @@ def group_statistics(obs: Observations, mask: np.ndarray, group: int, drawn: flo
         out["projection-if-public"] = np.where(obs.public[m] >= 1, t, -np.inf)
     if group == MATES:
         out["projection-if-drawn"] = np.where(obs.mates[m] > drawn, t, -np.inf)
+    if group == COUNTED and np.all(np.isfinite(obs.count[m])):
+        a, b = shifts
+        count = obs.count[m]
+        out["count"] = count
+        out["projection-and-count"] = (a * t + b * count) / math.hypot(a, b)
+        out["count-minus-public-noise"] = count - obs.count_predicted[m]
     return out
 
 
@@ -60,11 +77,13 @@ def analyse(obs: Observations, setup: AuditSetup, plan: ResolvedMechanism, relat
     cal = obs.round < max(1, round(setup.calibration * setup.rounds))
     # a drawn device's mates add ≈ q·mates·C on their coordinate: half of it, in units of σC
     drawn = 0.5 * setup.sampling_rate * setup.mate_count / setup.noise_multiplier
+    count_noise = plan.clipping.count_noise
+    shifts = (setup.counted_norm / setup.noise_multiplier, 1.0 / count_noise if count_noise else 0.0)
     best = None
     for group in GROUP_NAMES:
         if not np.any(obs.group == group):
             continue
-        stats_ = group_statistics(obs, cal, group, drawn)
+        stats_ = group_statistics(obs, cal, group, drawn, shifts)
         w = obs.world[cal & (obs.group == group)]
         if not np.any(w == WORLD1) or not np.any(w == w2):
             continue
@@ -85,7 +104,7 @@ def analyse(obs: Observations, setup: AuditSetup, plan: ResolvedMechanism, relat
         raise RuntimeError("no calibration trials in both worlds: increase rounds")
     group, test, cal_eps = best
     held = ~cal
-    stats_ = group_statistics(obs, held, group, drawn)
+    stats_ = group_statistics(obs, held, group, drawn, shifts)
     w = obs.world[held & (obs.group == group)]
     bound = evaluate_test(
         test, stats_[test.statistic][w == WORLD1], stats_[test.statistic][w == w2], setup.delta,
@@ -118,13 +137,21 @@ def run_audit(
     start = time.perf_counter()
     des = design(setup)
     plan = audited_plan(des, bug)
+    if setup.counted and not plan.clipping.adaptive:
+        raise ConfigError(
+            f"counted={setup.counted}: the counted canary needs adaptive clipping, but clipping-quantile="
+            f"{'auto' if setup.clipping_quantile is None else setup.clipping_quantile} resolves to a fixed C "
+            "here (give a quantile in (0, 1), or fillers so that the recipe picks one)"
+        )
     obs = collect(des, relations, bug)
     seconds = time.perf_counter() - start
-    return [result_dict(analyse(obs, setup, plan, r), setup, bug, seconds, obs.rejected) for r in relations]
+    return [result_dict(analyse(obs, setup, plan, r), setup, bug, seconds, obs.rejected, plan)
+            for r in relations]
 
 
 def result_dict(
-    res: AuditResult, setup: AuditSetup, bug: str | None, seconds: float, rejected: int = 0
+    res: AuditResult, setup: AuditSetup, bug: str | None, seconds: float, rejected: int = 0,
+    plan: ResolvedMechanism | None = None,
 ) -> dict[str, Any]:
     """The JSON record of one audit. ``violated``: the lower bound exceeds the
     claim, or the server rejected replies (an honest node never sends one)."""
@@ -158,8 +185,14 @@ def result_dict(
         "calibration_epsilon": round(res.calibration_epsilon, 4),
         "rounds": setup.rounds,
         "canaries": {"alone": setup.alone, "twins": setup.twins, "crowd": setup.crowd, "mates": setup.mates,
-                     "twin_count": setup.twin_count, "crowd_size": setup.crowd_size,
-                     "mate_count": setup.mate_count},
+                     "counted": setup.counted, "twin_count": setup.twin_count, "crowd_size": setup.crowd_size,
+                     "mate_count": setup.mate_count, "fillers": setup.fillers},
+        "clipping": {
+            "quantile": "auto" if setup.clipping_quantile is None else setup.clipping_quantile,
+            "resolved_quantile": plan.clipping.quantile if plan is not None else None,
+            "count_noise": plan.clipping.count_noise if plan is not None else None,
+            "accounted_noise_multiplier": plan.accounted_noise_multiplier if plan is not None else None,
+        },
         "sampling_rate": setup.sampling_rate,
         "device_sampling_rate": setup.device_sampling_rate,
         "noise_multiplier": setup.noise_multiplier,

@@ -25,7 +25,19 @@ bug                        component      what breaks
 ``pq-accounting``          sampling plan  Poisson device sampling (record unit) is
                                           charged at rate ``p·q`` (device-mates reveal
                                           whether a device was drawn: not a bound)
+``count-public-stream``    count          adaptive clipping's count is noised from the
+                           mechanism      server's *public* stream of the round
+                                          (:func:`fedfdp.sampling.server_public_rng`,
+                                          which every reader of the configuration can
+                                          replay); the gradient noise stays secret
+``count-low-noise``        count          the count's noise has std ``σ_b/20`` (what
+                           mechanism      ``σ_eff·√r`` in place of ``σ_eff/√r`` gives at
+                                          the default share ``r = 0.05``) while the
+                                          accountant is charged ``σ_eff``
 =========================  =============  ==============================================
+
+The count bugs enter through :attr:`fedfdp.server.ServerParts.count_mechanism`, the
+component that noises adaptive clipping's count in every adaptive run.
 
 CorrDP (``mode = "corrdp"``, audited by :mod:`simulations.auditing.corrdp`):
 
@@ -43,11 +55,13 @@ bug                        component      what breaks
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from torch import nn
 
 from fedfdp.config import Config, PrivacyUnit
@@ -62,11 +76,11 @@ from fedfdp.contribution import (
 from fedfdp.corrdp.noise import corrdp_mechanism_factory
 from fedfdp.corrdp.run import corrdp_setup
 from fedfdp.corrdp.tv import TVEstimate
-from fedfdp.entropy import DeviceSecrets, SecretSource, SeededEntropy
+from fedfdp.entropy import BitStream, DeviceSecrets, SecretSource, SeededEntropy
 from fedfdp.losses import FeatureMap
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.parts import server_parts_for
-from fedfdp.sampling import PublicStreams, poisson_sample
+from fedfdp.sampling import PublicStreams, poisson_sample, server_public_rng
 from fedfdp.sampling_plan import SamplingPlan, Subsampling
 from fedfdp.server import ServerParts
 
@@ -120,6 +134,42 @@ class HalfNoise(GaussianSumMechanism):
         return 0.5 * self.noise_multiplier * self.clipping_norm
 
 
+class TwentiethNoise(GaussianSumMechanism):
+    """Bug (for the count): noise with ``σ_b/20`` while the accountant is charged for
+    ``σ_b`` — ``σ_eff·√r`` in place of ``σ_eff/√r`` at the default share ``r = 0.05``."""
+
+    @property
+    def std(self) -> float:
+        return self.noise_multiplier * self.clipping_norm / 20.0
+
+
+@dataclass(frozen=True)
+class PublicStreamNoise(GaussianSumMechanism):
+    """Bug (for the count): the noise of round ``round_`` drawn from the server's public
+    stream of that round (:func:`fedfdp.sampling.server_public_rng` of the run seed),
+    not from the secret stream it is handed."""
+
+    seed: int = 0
+    round_: int = 1
+
+    def privatize(self, clipped_sum: Sequence[torch.Tensor], stream: BitStream) -> list[torch.Tensor]:
+        rng = server_public_rng(self.seed, self.round_)
+        return [(s.double() + self.std * torch.from_numpy(rng.standard_normal(tuple(s.shape)))).to(s.dtype)
+                for s in clipped_sum]
+
+
+def public_count_server(seed: int) -> ServerParts:
+    """The server of the ``count-public-stream`` bug: its ``k``-th noisy count (round
+    ``k`` of a run whose rounds are all private) draws from the public stream of round
+    ``k`` of ``seed``."""
+    calls = itertools.count(1)
+
+    def count_mechanism(std: float, sensitivity: float) -> PublicStreamNoise:
+        return PublicStreamNoise(std, sensitivity, seed, next(calls))
+
+    return ServerParts(count_mechanism=count_mechanism)
+
+
 class ProductPlan(SamplingPlan):
     """Bug: Poisson device sampling at the record level charged at rate ``p·q``."""
 
@@ -164,6 +214,9 @@ BUGS: dict[str, PlantedBug] = {
         PlantedBug(
             "pq-accounting", "sampling plan", server=lambda seed: ServerParts(sampling_plan=ProductPlan)
         ),
+        PlantedBug("count-public-stream", "count mechanism", server=public_count_server),
+        PlantedBug("count-low-noise", "count mechanism",
+                   server=lambda seed: ServerParts(count_mechanism=TwentiethNoise)),
     )
 }
 

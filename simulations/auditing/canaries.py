@@ -62,6 +62,26 @@ lives on its own device. Groups (what else is on the canary's device):
     whether the device was drawn; ``T`` if drawn (``−inf`` otherwise) then
     faces the claim for a round that touches the canary with probability
     ``p``.
+``counted``
+    adaptive clipping (the default recipe): one canary whose private value is
+    set so that its gradient has norm ``ρC`` (``ρ = 0.99``): it is *not* clipped
+    and is counted among the vectors within ``C``, so when sampled it adds
+    ``ρC`` to its coordinate of the sum **and** 1 to the count the server
+    releases with noise ``σ_b``. Every other record of the design is clipped
+    (its count is known: 0), so the auditor reads the noisy count off what the
+    round releases — the next round's ``C`` (``C' = C·exp(−η(b̃ − γ))``, the
+    ``C`` the next instruction carries and ``metrics.csv`` publishes):
+    ``count = E[batch]·(γ − ln(C'/C)/η)``. Statistics: ``T``; the count in
+    units of ``σ_b``; both combined as the Neyman–Pearson direction of the
+    pair (shift ``1/σ_eff``, what the accountant charges); and the count minus
+    the draw of the round's *public* stream (catches a count noised from it).
+    The count is one number per round, so one counted canary per round keeps
+    the trials independent.
+
+``fillers`` (not canaries) are records on a device of their own whose
+gradient is ``+C`` on a unit of their own (never within ``C``): they raise
+``N`` and the expected batch, so that the recipe's ``clipping-quantile =
+"auto"`` picks a ``γ > 0`` on the crafted model as it does on a real table.
 
 Every canary draws its world independently per round. The statistic, its
 direction, its threshold and the group are chosen on the first third of the
@@ -74,6 +94,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +108,7 @@ from clients.client_app import NodeRecords, reply_message
 from fedfdp import protocol as P
 from fedfdp.audit import ALPHA
 from fedfdp.config import Config, ConfigError, load_config
-from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum
+from fedfdp.contribution import PrivateBatch, private_clipped_sum, private_gradient_sum, public_gradient_sum
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec
@@ -96,6 +117,7 @@ from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.mechanisms import gaussian_noise
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.sampling import server_public_rng
 from simulations.auditing.bugs import PlantedBug, planted
 from simulations.auditing.inprocess import set_identity, train_messages
 from strategies.fdp_strategy import FDPStrategy
@@ -104,8 +126,8 @@ from strategies.fdp_strategy import FDPStrategy
 WORLD1, ADD_REMOVE, REPLACEMENT = 1, 2, 3
 RELATION_WORLDS = {"add-remove": ADD_REMOVE, "replacement": REPLACEMENT}
 #: Canary groups.
-ALONE, TWINS, CROWD, MATES = 0, 1, 2, 3
-GROUP_NAMES = {ALONE: "alone", TWINS: "twins", CROWD: "crowd", MATES: "mates"}
+ALONE, TWINS, CROWD, MATES, COUNTED = 0, 1, 2, 3, 4
+GROUP_NAMES = {ALONE: "alone", TWINS: "twins", CROWD: "crowd", MATES: "mates", COUNTED: "counted"}
 
 
 @dataclass(frozen=True)
@@ -120,11 +142,19 @@ class AuditSetup:
         δ of the claimed and of the measured ε.
     rounds : int
         Rounds of the real code; each yields one trial per canary.
-    alone, twins, crowd, mates : int
+    alone, twins, crowd, mates, counted : int
         Canaries of each group (one device each). ``mates`` needs
-        ``device_sampling_rate``.
+        ``device_sampling_rate``; ``counted`` (0 or 1) needs adaptive clipping
+        and no ``crowd`` (whose all-zero fillers are counted too).
     twin_count, crowd_size, mate_count : int
         Records beside each canary of those groups.
+    fillers : int
+        Records on a device of their own, each ``+C`` on a unit of their own.
+    clipping_quantile : float or None
+        ``clipping-quantile`` of the audited run: 0 a fixed ``C``, ``γ`` in
+        (0, 1) adaptive clipping, ``None`` the recipe's ``"auto"``.
+    counted_norm : float
+        ``ρ``: the counted canary's gradient norm in units of ``C``.
     amplitude : float
         ``|a|``, the canary's private value (its raw gradient is ≫ ``C``).
     public_batch_size : int
@@ -154,9 +184,13 @@ class AuditSetup:
     twins: int = 24
     crowd: int = 0
     mates: int = 0
+    counted: int = 0
     twin_count: int = 100
     crowd_size: int = 19
     mate_count: int = 100
+    fillers: int = 0
+    clipping_quantile: float | None = 0.0
+    counted_norm: float = 0.99
     amplitude: float = 1000.0
     public_batch_size: int = 1
     device_sampling_rate: float | None = None
@@ -175,9 +209,21 @@ class AuditSetup:
             raise ConfigError(f"delta={self.delta}: must be in (0, 1)")
         if self.rounds < 3:
             raise ConfigError(f"rounds={self.rounds}: need at least 3 (calibration and test)")
-        counts = (self.alone, self.twins, self.crowd, self.mates)
+        counts = (self.alone, self.twins, self.crowd, self.mates, self.counted)
         if min(counts) < 0 or sum(counts) < 1:
-            raise ConfigError(f"alone, twins, crowd, mates={counts}: need at least one canary")
+            raise ConfigError(f"alone, twins, crowd, mates, counted={counts}: need at least one canary")
+        if self.counted > 1:
+            raise ConfigError(f"counted={self.counted}: at most 1 (the count is one number per round)")
+        if self.counted and self.crowd:
+            raise ConfigError(f"counted={self.counted} with crowd={self.crowd}: the crowd's zero fillers are "
+                              "counted too, so the count of the other records would not be known")
+        if self.fillers < 0:
+            raise ConfigError(f"fillers={self.fillers}: must be >= 0")
+        g = self.clipping_quantile
+        if g is not None and not 0 <= g < 1:
+            raise ConfigError(f"clipping-quantile={g}: must be in [0, 1) or auto")
+        if not 0 < self.counted_norm < 1:
+            raise ConfigError(f"counted-norm={self.counted_norm}: must be in (0, 1)")
         if self.mates and self.device_sampling_rate is None:
             raise ConfigError("mates canaries need device-sampling-rate (Poisson device sampling)")
         p = self.device_sampling_rate
@@ -186,6 +232,13 @@ class AuditSetup:
         if not 0 < self.calibration < 1:
             raise ConfigError(f"calibration={self.calibration}: must be in (0, 1)")
 
+
+#: The default recipe's adaptive clipping (``clipping-quantile = "auto"``): one counted
+#: canary beside alone ones, fillers so that the recipe picks ``γ > 0`` (about 0.7
+#: here), ``σ = 2`` so that the claim is small (0.52 at ``q = 0.5``, δ = 0.01) while a
+#: count known to the auditor gives the canary away whenever it is sampled.
+ADAPTIVE: dict[str, Any] = {"alone": 8, "twins": 0, "counted": 1, "fillers": 300, "clipping_quantile": None,
+                            "noise_multiplier": 2.0, "sampling_rate": 0.5, "rounds": 600}
 
 #: Canary groups each planted bug is audited with (``fedfdp audit --all-bugs``).
 RECOMMENDED: dict[str | None, dict[str, Any]] = {
@@ -197,14 +250,21 @@ RECOMMENDED: dict[str | None, dict[str, Any]] = {
     "realized-normalization": {"alone": 0, "twins": 48},
     "pq-accounting": {"alone": 0, "twins": 0, "mates": 48, "mate_count": 30, "device_sampling_rate": 0.1,
                       "sampling_rate": 0.5, "rounds": 1000},
+    "count-public-stream": ADAPTIVE,
+    "count-low-noise": ADAPTIVE,
 }
 
 
 def recommended_setup(bug: str | None, **overrides: Any) -> AuditSetup:
-    """The audit configuration for ``bug`` (:data:`RECOMMENDED`) with ``overrides``."""
+    """The audit configuration for ``bug`` (:data:`RECOMMENDED`) with ``overrides``; the
+    correct mechanism under adaptive clipping (``clipping_quantile`` auto or ``γ > 0``)
+    runs on the :data:`ADAPTIVE` canaries."""
     if bug not in RECOMMENDED:
         planted(bug)  # raises naming the known bugs
-    return AuditSetup(**{**RECOMMENDED[bug], **overrides})
+    base = RECOMMENDED[bug]
+    if bug is None and overrides.get("clipping_quantile", 0) != 0:
+        base = ADAPTIVE
+    return AuditSetup(**{**base, **overrides})
 
 
 # --------------------------------------------------------------------------------------
@@ -229,10 +289,16 @@ class CanaryDesign:
     public_marker: str = "0.bias"
     private_column: int = 0
     marker: np.ndarray = field(default_factory=lambda: np.ones(1))
+    filler_x: np.ndarray = field(default_factory=lambda: np.zeros((0, 1), dtype=np.float32))
 
     @property
     def num_canaries(self) -> int:
         return len(self.groups)
+
+    @property
+    def num_devices(self) -> int:
+        """One device per canary, and one for the fillers if any."""
+        return self.num_canaries + (1 if self.setup.fillers else 0)
 
     def devices(self, worlds: np.ndarray, view: str) -> FederatedData:
         """The devices of one trial. ``view="private"``: an add/remove world-2
@@ -252,6 +318,9 @@ class CanaryDesign:
             rows = canary + mates if g == CROWD else mates + canary
             x = np.array(rows, dtype=np.float32).reshape(len(rows), d)
             devs.append(DeviceData(x, np.full(len(rows), self.canary_y[j], dtype=np.int64)))
+        if s.fillers:
+            devs.append(DeviceData(np.repeat(self.filler_x, s.fillers, axis=0),
+                                   np.ones(s.fillers, dtype=np.int64)))
         return FederatedData(
             name="audit-canaries",
             spec=self.spec,
@@ -272,37 +341,40 @@ def design(setup: AuditSetup) -> CanaryDesign:
     clipped private gradient is ``+C`` on ``W1[j, private]`` and zero elsewhere,
     and reads off its public-gradient marker on ``b1[j]``.
     """
-    counts = {ALONE: setup.alone, TWINS: setup.twins, CROWD: setup.crowd, MATES: setup.mates}
+    counts = {ALONE: setup.alone, TWINS: setup.twins, CROWD: setup.crowd, MATES: setup.mates,
+              COUNTED: setup.counted}
     groups = np.concatenate([np.full(n, g) for g, n in counts.items()]).astype(np.int64)
     k = len(groups)
-    pub = tuple(f"unit_{j:03d}" for j in range(2 * k))
+    units = 2 * k + (1 if setup.fillers else 0)  # unit 2k: the fillers'
+    pub = tuple(f"unit_{j:03d}" for j in range(units))
     spec = FeatureSpec(columns=(*pub, "secret"), public=pub, private=("secret",))
-    canary_x = np.zeros((k, 2 * k + 1), dtype=np.float32)
+    canary_x = np.zeros((k, units + 1), dtype=np.float32)
     canary_x[np.arange(k), np.arange(k)] = 1.0
-    canary_x[:, 2 * k] = setup.amplitude
-    twin_x = canary_x.copy()
-    twin_x[:, 2 * k] = -setup.amplitude
+    canary_x[:, units] = setup.amplitude
     mate_x = np.zeros_like(canary_x)
     mate_x[np.arange(k), k + np.arange(k)] = 1.0
-    mate_x[:, 2 * k] = setup.amplitude
+    mate_x[:, units] = setup.amplitude
+    filler_x = np.zeros((1, units + 1), dtype=np.float32)
+    if setup.fillers:
+        filler_x[0, 2 * k] = 1.0
+        filler_x[0, units] = setup.amplitude
     canary_y = np.ones(k, dtype=np.int64)
     cfg = load_config(
         {
             "mode": "fdp",
             "model": "mlp",
-            "hidden-sizes": [2 * k],
+            "hidden-sizes": [units],
             "public-loss": "zero",
             "noise-multiplier": setup.noise_multiplier,
             "sampling-rate": setup.sampling_rate,
             "clipping-norm": setup.clipping_norm,
-            # the crafted canaries are +C on one coordinate: a fixed C (the count of
-            # adaptive clipping is accounted and tested in tests/test_quantile_clipping.py)
-            "clipping-quantile": 0,
+            # 0: a fixed C; γ or "auto" (None): adaptive clipping, its count released too
+            "clipping-quantile": setup.clipping_quantile,
             "public-batch-size": setup.public_batch_size,
             "device-sampling-rate": setup.device_sampling_rate,
             "delta": setup.delta,
             "num-rounds": 1,
-            "num-devices": k,
+            "num-devices": k + (1 if setup.fillers else 0),
             "alpha": 1.0,
             "learning-rate": 1.0,
             "momentum": 0.0,
@@ -310,23 +382,49 @@ def design(setup: AuditSetup) -> CanaryDesign:
             "progress": False,
         }
     )
-    w1 = torch.zeros(2 * k, 2 * k + 1)
-    w1[:, : 2 * k] = torch.eye(2 * k)
+    w1 = torch.zeros(units, units + 1)
+    w1[:, :units] = torch.eye(units)
     state = {
         "0.weight": w1,
-        "0.bias": torch.full((2 * k,), -0.5),
-        "2.weight": torch.stack([torch.ones(2 * k), torch.zeros(2 * k)]),
+        "0.bias": torch.full((units,), -0.5),
+        "2.weight": torch.stack([torch.ones(units), torch.zeros(units)]),
         "2.bias": torch.zeros(2),
     }
-    des = CanaryDesign(setup, cfg, spec, groups, canary_x, canary_y, twin_x, mate_x, state,
-                       private_column=2 * k)
+    des = CanaryDesign(setup, cfg, spec, groups, canary_x, canary_y, canary_x.copy(), mate_x, state,
+                       private_column=units, filler_x=filler_x)
+    if setup.counted:
+        # the counted canary's gradient is linear in its private value (W1[:, private] = 0):
+        # scale it to norm ρC, read off the real per-record code at value 1
+        j = int(np.flatnonzero(groups == COUNTED)[0])
+        des.canary_x[j, units] = 1.0
+        des.canary_x[j, units] = setup.counted_norm * setup.clipping_norm / _raw_gradient(des, j)
+    des.twin_x[:, units] = -des.canary_x[:, units]
     des.marker = _check_design(des)
     return des
 
 
+def _raw_gradient(des: CanaryDesign, j: int) -> float:
+    """Canary ``j``'s unclipped private gradient on its coordinate (real per-record code)."""
+    data = des.devices(np.full(des.num_canaries, WORLD1), "public")
+    model = build_model_for(des.cfg, data)
+    model.load_state_dict(des.state)
+    dec = build_decomposition(des.cfg, data)
+    batch = PrivateBatch(torch.as_tensor(des.canary_x[j : j + 1]), torch.as_tensor(des.canary_y[j : j + 1]),
+                         torch.Generator().manual_seed(0), 1)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    grads = dict(zip(names, private_gradient_sum(model, dec, PHASES["fdp"], [batch], None), strict=True))
+    return abs(float(grads[des.private_weight][j, des.private_column]))
+
+
 def _check_design(des: CanaryDesign) -> np.ndarray:
     """White-box check of the canaries' gradients; returns each canary's
-    public-gradient marker (its public gradient on ``b1[j]``)."""
+    public-gradient marker (its public gradient on ``b1[j]``).
+
+    Through the real per-record code (:func:`fedfdp.contribution.private_clipped_sum`):
+    canary ``j``'s clipped private gradient is ``+C`` on ``W1[j, private]`` (``+ρC``
+    for the counted canary) and zero elsewhere; only the counted canary is within
+    ``C`` (adaptive clipping's count); a filler is ``+C`` on its own unit, never within ``C``.
+    """
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
     model = build_model_for(des.cfg, data)
     model.load_state_dict(des.state)
@@ -335,17 +433,30 @@ def _check_design(des: CanaryDesign) -> np.ndarray:
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     markers = np.zeros(des.num_canaries)
     c = des.setup.clipping_norm
+
+    def clipped(x: np.ndarray, y: np.ndarray) -> tuple[dict[str, torch.Tensor], int]:
+        batch = PrivateBatch(torch.as_tensor(x), torch.as_tensor(y), gen, 1)
+        out = private_clipped_sum(model, dec, PHASES["fdp"], [batch], c)
+        return dict(zip(names, out.grads, strict=True)), out.unclipped
+
     for j in range(des.num_canaries):
-        x = torch.as_tensor(des.canary_x[j : j + 1])
-        y = torch.as_tensor(des.canary_y[j : j + 1])
-        batch = PrivateBatch(x, y, gen, 1)
-        grads = dict(zip(names, private_gradient_sum(model, dec, PHASES["fdp"], [batch], c), strict=True))
+        counted = des.groups[j] == COUNTED
+        grads, within = clipped(des.canary_x[j : j + 1], des.canary_y[j : j + 1])
         expect = {n: torch.zeros_like(g) for n, g in grads.items()}
-        expect[des.private_weight][j, des.private_column] = c
+        expect[des.private_weight][j, des.private_column] = des.setup.counted_norm * c if counted else c
         if not all(torch.allclose(grads[n], expect[n], atol=1e-5 * c) for n in names):
             raise RuntimeError(f"canary {j}: clipped private gradient is not +C on its coordinate")
-        pub, _, _ = public_gradient_sum(model, dec, [(x, y, gen)])
+        if within != int(counted):
+            raise RuntimeError(f"canary {j}: counted {within} times within C, expected {int(counted)}")
+        x = torch.as_tensor(des.canary_x[j : j + 1])
+        pub, _, _ = public_gradient_sum(model, dec, [(x, torch.as_tensor(des.canary_y[j : j + 1]), gen)])
         markers[j] = float(dict(zip(names, pub, strict=True))[des.public_marker][j])
+    if des.setup.fillers:
+        k = des.num_canaries
+        grads, within = clipped(des.filler_x, np.ones(1, dtype=np.int64))
+        if within or not math.isclose(float(grads[des.private_weight][2 * k, des.private_column]), c,
+                                      rel_tol=1e-5):
+            raise RuntimeError("a filler's clipped private gradient is not +C on its own unit")
     if not np.all(markers > 0):
         raise RuntimeError("a canary's public gradient has no marker")
     return markers
@@ -365,6 +476,8 @@ class Trial:
     predicted: np.ndarray  # the noise an adversary predicts from the run seed
     mates: np.ndarray  # released private sum on the mates' coordinate
     rejected: int  # replies the server rejected
+    count: float = math.nan  # adaptive clipping: the released noisy count, in units of σ_b
+    count_predicted: float = math.nan  # the draw of the round's public stream (units of σ_b)
 
 
 def _sum_arrays(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None):
@@ -392,14 +505,15 @@ def one_round(
             server_parts = dataclasses.replace(server_parts, secrets=secrets)
     strat = FDPStrategy(build_model_for(cfg, public_view), cfg, parts=server_parts)
     strat.model.load_state_dict(des.state)
-    strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in public_view.devices])}
-    strat.resolve()
+    strat.registry = {0: (list(range(des.num_devices)), [len(d) for d in public_view.devices])}
+    mechanism = strat.resolve()
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)
     round_state = strat.round_in_flight
     if round_state is None:
         raise RuntimeError("canary audit: no round in flight")
     normaliser, attempt = round_state.plan.normaliser, round_state.attempt
+    clipping_norm = round_state.clipping_norm
     state = msg.content[P.ARRAYS].to_torch_state_dict()
     private_records = NodeRecords.partition_of(private_view, 0, 1)
     conf = msg.content[P.CONFIG]
@@ -439,12 +553,23 @@ def one_round(
     guess = gaussian_noise(shapes, scale, SeededEntropy(seed).noise(1, attempt))
     guessed = dict(zip(strat.shapes, guess, strict=True))[des.private_weight][:, des.private_column]
     marks = pub[des.public_marker].double().numpy() if pub is not None else np.zeros(2 * k)
+    count = count_predicted = math.nan
+    clip = mechanism.clipping
+    if clip.adaptive and clip.count_noise is not None:
+        # what the round releases besides the model: the next round's C, a function of the
+        # noisy count alone; every record but the counted canary is clipped (known count 0)
+        noisy = normaliser * (clip.quantile - math.log(strat.server.clipping_norm / clipping_norm)
+                              / clip.learning_rate)
+        count = noisy / clip.count_noise
+        count_predicted = float(server_public_rng(seed, 1).standard_normal())
     return Trial(
         projection=column[:k],
         public=np.rint(marks[:k] / des.marker),
         predicted=guessed.numpy()[:k] / scale,
-        mates=column[k:],
+        mates=column[k : 2 * k],
         rejected=rejected,
+        count=count,
+        count_predicted=count_predicted,
     )
 
 
@@ -460,6 +585,8 @@ class Observations:
     public: np.ndarray
     predicted: np.ndarray
     mates: np.ndarray
+    count: np.ndarray
+    count_predicted: np.ndarray
     rejected: int = 0
 
 
@@ -472,7 +599,8 @@ def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None)
     choices = np.array([WORLD1, *(RELATION_WORLDS[r] for r in relations)])
     k = des.num_canaries
     world = np.empty((setup.rounds, k), dtype=np.int64)
-    fields = {name: np.empty((setup.rounds, k)) for name in ("projection", "public", "predicted", "mates")}
+    fields = {name: np.empty((setup.rounds, k))
+              for name in ("projection", "public", "predicted", "mates", "count", "count_predicted")}
     rejected = 0
     set_identity()
     server_log = logging.getLogger("fedfdp.server")
@@ -501,5 +629,5 @@ def audited_plan(des: CanaryDesign, bug: str | None) -> ResolvedMechanism:
     its event is what the run claims."""
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
     strat = FDPStrategy(build_model_for(des.cfg, data), des.cfg, parts=planted(bug).server(des.setup.seed))
-    strat.registry = {0: (list(range(des.num_canaries)), [len(d) for d in data.devices])}
+    strat.registry = {0: (list(range(des.num_devices)), [len(d) for d in data.devices])}
     return strat.resolve()
