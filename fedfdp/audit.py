@@ -44,6 +44,14 @@ the whole procedure on per-trial scores of two neighbouring inputs (choose the
 test on the first share of each world's trials, bound on the rest);
 ``tests/test_blackbox_mechanisms.py`` applies it to one real round of every mode.
 
+One run (Steinke, Nasr and Jagielski 2023)
+------------------------------------------
+:func:`one_run_bound` turns the scores of ``m`` canaries, each put in the training
+data of **one** run by an independent fair coin, into guesses and a ``1 − alpha``
+lower bound on ε (:func:`one_run_p_value`: the theorem's tail of
+``Binomial(r, e^ε/(1+e^ε))`` plus its δ term; :func:`one_run_epsilon`). The run and
+the canaries are :mod:`simulations.auditing.one_run`'s (``fedfdp audit --one-run``).
+
 The attribute-inference attack of Theorem 4 lives in :mod:`fedfdp.attack`.
 
 Nothing here imports Flower: the harness that drives the client and strategy
@@ -449,3 +457,176 @@ def audit_trials(
         bound=bound,
         calibration_epsilon=cal_eps,
     )
+
+
+# --------------------------------------------------------------------------------------
+# one-run auditing (Steinke, Nasr and Jagielski 2023)
+# --------------------------------------------------------------------------------------
+#
+# m canaries, each in the training data or not by an independent fair coin; one
+# training run; the auditor guesses "in" for some canaries, "out" for others and
+# abstains on the rest. If the run is (ε, δ)-DP with respect to each canary (for
+# FDP: the add/remove relation of Def. 6, the simulator standing in for an absent
+# canary), the number W of correct guesses among r guesses satisfies, for every v,
+#
+#     P[W ≥ v] ≤ P[B ≥ v] + 2mδ · max_{1≤i≤v} P[v − i ≤ B < v] / i,   B ~ Bin(r, e^ε/(1 + e^ε))
+#
+# (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS
+# 2023: the theorem for approximate DP; for δ = 0 it says W is stochastically dominated
+# by B). The right-hand side at the observed W is a p-value for the claim "(ε, δ)".
+
+
+def one_run_p_value(epsilon: float, delta: float, canaries: int, guesses: int, correct: int) -> float:
+    """The p-value of ``correct`` right guesses out of ``guesses`` under the claim that
+    the run is ``(epsilon, delta)``-DP with respect to each of ``canaries`` canaries
+    included by independent fair coins (the theorem in the section comment above).
+
+    ``P[B ≥ v] + 2mδ · max_{1≤i≤v} P[v − i ≤ B < v]/i`` with ``B ~ Bin(r, e^ε/(1+e^ε))``,
+    ``m = canaries``, ``r = guesses``, ``v = correct``; at most 1.
+    """
+    m, r, v = _check_guesses(canaries, guesses, correct)
+    e, d = float(epsilon), float(delta)
+    if not (math.isfinite(e) and e >= 0.0):
+        raise ValueError(f"epsilon={epsilon!r}: must be finite and >= 0")
+    if not 0.0 <= d < 1.0:
+        raise ValueError(f"delta={delta!r}: must be in [0, 1)")
+    p = 1.0 / (1.0 + math.exp(-e))
+    tail = float(stats.binom.sf(v - 1, r, p))  # P[B ≥ v]
+    if d == 0.0 or v == 0:
+        return min(1.0, tail)
+    steps = np.arange(1, v + 1)
+    between = stats.binom.sf(v - steps - 1, r, p) - tail  # P[v − i ≤ B < v]
+    return float(min(1.0, tail + 2.0 * m * d * float(np.max(between / steps))))
+
+
+def _check_guesses(canaries: int, guesses: int, correct: int) -> tuple[int, int, int]:
+    for name, value in (("canaries", canaries), ("guesses", guesses), ("correct", correct)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise ValueError(f"{name}={value!r}: must be an integer")
+    m, r, v = int(canaries), int(guesses), int(correct)
+    if not 0 <= v <= r <= m or m < 1:
+        raise ValueError(f"canaries={m}, guesses={r}, correct={v}: need 0 <= correct <= guesses <= canaries")
+    return m, r, v
+
+
+def one_run_epsilon(canaries: int, guesses: int, correct: int, delta: float, alpha: float = ALPHA) -> float:
+    """The ``1 − alpha`` lower confidence bound on ε from one run's guesses: the largest
+    ε whose claim ``(ε, delta)`` the guesses reject at level ``alpha``
+    (:func:`one_run_p_value` ``≤ alpha``); 0 when not even ε = 0 is rejected. For
+    ``delta = 0`` in closed form (``P[Bin(r, p) ≥ v] = α`` at the ``α``-quantile of
+    ``Beta(v, r − v + 1)``), otherwise by bisection below that value.
+
+    The p-value grows with ε when ``2·canaries·delta ≤ 1`` (the δ term's derivative
+    cannot outweigh the tail's), so every ε below the returned one is rejected too;
+    a larger δ term is refused. If the run is ``(ε*, delta)``-DP, the returned value
+    exceeds ε* with probability at most ``alpha``.
+    """
+    m, r, v = _check_guesses(canaries, guesses, correct)
+    a = _check_alpha(alpha)
+    if 2.0 * m * float(delta) > 1.0:
+        raise ValueError(
+            f"canaries={m}, delta={delta}: the theorem's delta term 2*m*delta = {2 * m * delta:.3g} "
+            "exceeds 1 (fewer canaries, or a smaller delta)"
+        )
+    if r == 0 or v == 0 or one_run_p_value(0.0, delta, m, r, v) > a:
+        return 0.0
+    # δ = 0: P[Bin(r, p) ≥ v] = I_p(v, r − v + 1) is α at the α-quantile of Beta(v, r − v + 1)
+    p0 = float(stats.beta.ppf(a, v, r - v + 1))
+    top = math.log(p0) - math.log1p(-p0) if p0 < 1.0 else 745.0
+    if float(delta) == 0.0:
+        return max(0.0, top)
+    lo, hi = 0.0, max(top, 0.0)  # the δ term only raises the p-value: the bound is at most top
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if one_run_p_value(mid, delta, m, r, v) <= a:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class OneRunBound:
+    """The one-run audit's bound (:func:`one_run_bound`).
+
+    Attributes
+    ----------
+    epsilon : float
+        The ``1 − alpha`` lower bound on ε at ``delta``: the best over the guess
+        patterns tried, each bounded at ``alpha / candidates`` (Bonferroni).
+    guesses_in, guesses_out : int
+        The pattern that gave it: "in" for the top-scored ``guesses_in`` canaries,
+        "out" for the bottom-scored ``guesses_out`` (``r`` is their sum).
+    correct : int
+        ``v``: correct guesses of that pattern.
+    canaries, included : int
+        ``m`` and how many canaries the coins put in.
+    delta, alpha : float
+    candidates : int
+        Patterns tried.
+    """
+
+    epsilon: float
+    guesses_in: int
+    guesses_out: int
+    correct: int
+    canaries: int
+    included: int
+    delta: float
+    alpha: float
+    candidates: int
+
+    @property
+    def guesses(self) -> int:
+        return self.guesses_in + self.guesses_out
+
+
+#: Guess patterns of :func:`one_run_bound`: ``(in, out)`` as shares of the canaries —
+#: "in" for the top-scored, "out" for the bottom-scored, abstaining on the rest. Fixed
+#: before any score is seen.
+GUESS_PATTERNS: tuple[tuple[float, float], ...] = (
+    (0.025, 0.0), (0.05, 0.0), (0.1, 0.0), (0.2, 0.0), (0.35, 0.0),
+    (0.05, 0.05), (0.1, 0.1), (0.2, 0.2), (0.35, 0.35), (0.5, 0.5),
+)
+
+
+def one_run_bound(
+    scores: np.ndarray,
+    included: np.ndarray,
+    delta: float,
+    alpha: float = ALPHA,
+    patterns: tuple[tuple[float, float], ...] = GUESS_PATTERNS,
+) -> OneRunBound:
+    """Guess from scores and bound ε (Steinke et al. 2023; :func:`one_run_epsilon`).
+
+    For each pattern ``(a, b)`` the auditor guesses "in" for the ``round(a·m)``
+    highest ``scores`` and "out" for the ``round(b·m)`` lowest (abstaining on the
+    rest), counts the correct guesses against ``included`` (the coins) and bounds ε
+    at level ``alpha/len(patterns)``; the largest bound is returned (Bonferroni over
+    the patterns: it holds with probability ``≥ 1 − alpha``). Ties are broken by
+    canary index, a rule fixed before the scores.
+    """
+    s = np.asarray(scores, dtype=float)
+    inc = np.asarray(included, dtype=bool)
+    if s.ndim != 1 or s.shape != inc.shape or len(s) < 2:
+        raise ValueError(f"scores {s.shape}, included {inc.shape}: need one score per canary, >= 2 canaries")
+    if np.isnan(s).any():
+        raise ValueError("scores: NaN for some canary")
+    if not patterns or any(not (min(a, b) >= 0.0 and 0.0 < a + b <= 1.0) for a, b in patterns):
+        raise ValueError(f"patterns={patterns}: need shares (in, out) >= 0 with 0 < in + out <= 1")
+    a_ = _check_alpha(alpha)
+    m = len(s)
+    order = np.argsort(s, kind="stable")
+    best = OneRunBound(0.0, 0, 0, 0, m, int(inc.sum()), float(delta), a_, len(patterns))
+    for share_in, share_out in patterns:
+        k_in, k_out = round(share_in * m), round(share_out * m)
+        if k_in + k_out == 0 or k_in + k_out > m:
+            continue
+        correct = int(inc[order[m - k_in:]].sum() + (~inc[order[:k_out]]).sum())
+        eps = one_run_epsilon(m, k_in + k_out, correct, delta, a_ / len(patterns))
+        if eps > best.epsilon:
+            best = OneRunBound(eps, k_in, k_out, correct, m, int(inc.sum()), float(delta), a_, len(patterns))
+    return best
+
+
+__all__ += ["GUESS_PATTERNS", "OneRunBound", "one_run_bound", "one_run_epsilon", "one_run_p_value"]

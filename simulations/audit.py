@@ -16,6 +16,15 @@
     (:mod:`simulations.auditing.corrdp`): canaries that differ in one insensitive
     feature, the bound against the accountant's ε of that class; its bugs are
     ``tv-no-inflation`` and ``tv-underestimated``.
+``fedfdp audit --one-run [--canaries M] [--set KEY=VALUE ...] [--break BUG | --all-bugs] [--json]``
+    **One-run auditing** of a whole training run (:mod:`simulations.auditing.one_run`;
+    Steinke, Nasr and Jagielski 2023): ``M`` canaries — private value crafted, ``Ψ``
+    fixed, each in or out (FDP's add/remove relation, the simulator standing in for
+    an absent canary) by an independent fair coin — inserted into a fleet, **one**
+    run of the production centralised engine with the configuration's recipe (secret
+    randomness from the OS CSPRNG), every canary scored from the models the run
+    releases, and a ``1 − alpha`` lower bound on ε from the correct guesses beside the
+    run's printed ε, its relation and δ.
 ``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--references K] [--plot PNG]``
     The **attribute-inference attack** of Theorem 4 on the model of each run
     directory (:func:`fedfdp.attack.attribute_attack_run`): success on the
@@ -44,6 +53,8 @@ from fedfdp.config import ConfigError
 #: imported when an audit runs).
 BUG_NAMES = ("shared-batch", "no-clip", "realized-normalization", "low-noise", "predictable-noise",
              "pq-accounting", "count-public-stream", "count-low-noise")
+#: Other spellings accepted by ``--break``.
+BUG_ALIASES = {"no-clipping": "no-clip"}
 #: Planted bugs of the CorrDP audit (``--relation corrdp``).
 CORRDP_BUG_NAMES = ("tv-no-inflation", "tv-underestimated")
 
@@ -209,6 +220,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
         if args.out:
             atomic_write(args.out, json.dumps(shown if args.pool else rows, indent=1).encode())
         return 0
+    args.break_ = BUG_ALIASES.get(args.break_, args.break_)
+    if args.one_run:
+        return _cmd_one_run(args)
+    for name in ("canaries", "amplitude", "set", "score"):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"--{name}: an option of --one-run")
     if args.relation == "corrdp":
         return _cmd_corrdp_audit(args)
     if args.break_ in CORRDP_BUG_NAMES:
@@ -284,6 +301,61 @@ def _quantile(text: str) -> float | None:
         raise ConfigError(f"--clipping-quantile={text!r}: auto or a number in [0, 1)") from None
 
 
+def _print_one_run(rows: Sequence[dict[str, Any]]) -> None:
+    print(f"{'bug':<24}{'eps_lower':>10}{'eps_claimed':>12}{'guesses':>9}{'correct':>9}  verdict")
+    for r in rows:
+        print(
+            f"{r['bug'] or 'none (correct)':<24}{_fmt(r['epsilon_lower']):>10}"
+            f"{_fmt(r['epsilon_claimed']):>12}{r['guesses']:>9}{r['correct']:>9}  {r['verdict']}"
+        )
+    if rows:
+        r = rows[0]
+        print(
+            f"(one run of {r['rounds']} rounds, {r['num_records']} records of which {r['canaries']} canaries "
+            f"({r['included']} in by the coins); relation {r['relation']}, delta={r['delta']:.3g}: the run's "
+            f"printed epsilon; {r['confidence']:.0%} lower bound of Steinke, Nasr, Jagielski 2023 with its "
+            f"delta term, best of {len(r['patterns'])} guess patterns (Bonferroni); score: {r['score']}; "
+            f"q={r['sampling_rate']}, sigma={r['noise_multiplier']:.3g}, clipping-quantile "
+            f"{r['clipping']['quantile']:.3g}; secret randomness: {r['secrets']})"
+        )
+
+
+def _cmd_one_run(args: argparse.Namespace) -> int:
+    """``fedfdp audit --one-run``."""
+    from fedfdp.config import parse_override
+    from fedfdp.outputs import atomic_write
+    from simulations.auditing.one_run import OneRunSetup, Score, run_one_run_audit
+
+    if args.relation != "add-remove":
+        raise ConfigError(f"--relation {args.relation}: the one-run audit is of the add/remove relation")
+    if args.break_ in CORRDP_BUG_NAMES:
+        raise ConfigError(f"--break {args.break_}: a CorrDP bug; the one-run audit runs fdp or dp")
+    for name in ("rounds", "sampling_rate", "noise_multiplier", "delta", "clipping_quantile"):
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag}: an option of the canary audit; with --one-run use --set KEY=VALUE")
+    config: dict[str, Any] = {}
+    for item in args.set or []:
+        key, value = parse_override(item)
+        config[key] = value
+    if args.seed:
+        config.setdefault("seed", args.seed)
+    setup = OneRunSetup(
+        canaries=300 if args.canaries is None else args.canaries,
+        amplitude=1000.0 if args.amplitude is None else args.amplitude,
+        config=config,
+        score=Score(args.score or "rounds"),
+    )
+    rows = [run_one_run_audit(setup, bug) for bug in _bugs(args)]
+    if args.json:
+        print(json.dumps(rows if len(rows) > 1 else rows[0], indent=1))
+    else:
+        _print_one_run(rows)
+    if args.out:
+        atomic_write(args.out, json.dumps(rows, indent=1).encode())
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``audit`` to the ``fedfdp`` parser."""
     p = sub.add_parser(
@@ -291,15 +363,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="empirical privacy: canary audit (lower bound on epsilon) or attribute-inference attack",
         description=(
             "Canary audit of one round of the real client and strategy: a 95%% lower bound on "
-            "epsilon vs the accountant's claim. With --attack attribute: attribute inference on "
-            "the model of a run directory (Theorem 4)."
+            "epsilon vs the accountant's claim. With --one-run: one-run auditing of a whole training "
+            "run (Steinke et al. 2023) against the run's printed epsilon. With --attack attribute: "
+            "attribute inference on the model of a run directory (Theorem 4)."
         ),
     )
     p.add_argument("--relation", choices=["add-remove", "replacement", "both", "corrdp"],
                    default="add-remove",
                    help="neighbouring relation (corrdp: canaries differing in one insensitive feature)")
-    p.add_argument("--break", dest="break_", choices=[*BUG_NAMES, *CORRDP_BUG_NAMES], default=None,
-                   help="audit one planted bug (a broken component; testing the audit only)")
+    p.add_argument("--break", dest="break_", choices=[*BUG_NAMES, *BUG_ALIASES, *CORRDP_BUG_NAMES],
+                   default=None,
+                   help="audit one planted bug (a broken component; testing the audit only; no-clipping is "
+                        "no-clip)")
     p.add_argument("--all-bugs", action="store_true",
                    help="audit the correct mechanism and every planted bug")
     p.add_argument("--rounds", type=int, default=None,
@@ -311,6 +386,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="canary audit: clipping-quantile of the audited round, auto or a number in [0, 1) "
                         "(default: 0, a fixed C; auto for the count bugs)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--one-run", action="store_true",
+                   help="one-run auditing of a whole training run (Steinke, Nasr, Jagielski 2023)")
+    p.add_argument("--canaries", type=int, default=None, metavar="M", help="with --one-run: canaries (300)")
+    p.add_argument("--amplitude", type=float, default=None,
+                   help="with --one-run: each canary's private value (1000)")
+    p.add_argument("--score", choices=["rounds", "final"], default=None,
+                   help="with --one-run: score each round's release (rounds, default) or the final model")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="with --one-run: a configuration key of the audited run (repeatable)")
     p.add_argument("--attack", choices=["attribute"], default=None)
     p.add_argument("--run", action="append", metavar="DIR", help="run directory (repeatable) for --attack")
     p.add_argument("--references", type=int, default=4, metavar="K",
