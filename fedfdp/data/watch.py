@@ -35,7 +35,9 @@ Devices and held-out split
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -81,11 +83,29 @@ def window_features(signal: np.ndarray, window: int) -> np.ndarray:
     return np.stack(feats, axis=1).transpose(0, 2, 1).reshape(k, -1)
 
 
+#: SHA-256 of the pickled dataset file seglearn ships (1.2.5). The file can only be read
+#: by unpickling, which can run code: only a file with a known digest is unpickled.
+KNOWN_WATCH_DIGESTS = frozenset({"eb122f23cdf06ef6bd6c6c5312958ec5cf9d038e2e6d457b8081662c75a42537"})
+
+
+def unpickle_known(path: Path | str) -> dict:
+    """The dataset dict of ``path``, unpickled only if its SHA-256 is a known one
+    (:data:`KNOWN_WATCH_DIGESTS`); a replaced or unknown file is refused, naming it."""
+    import hashlib
+
+    raw = Path(path).read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest not in KNOWN_WATCH_DIGESTS:
+        raise DataError(f"{path}: unknown file (sha256 {digest[:16]}...); it is a pickle, which can run code "
+                        "when loaded, so only the file seglearn 1.2.5 ships is read")
+    return np.load(io.BytesIO(raw), allow_pickle=True).item()
+
+
 def load_watch(cfg: DataConfig) -> FederatedData:
     """Load the smartwatch exercises (see the module docstring for Ψ)."""
     if cfg.window_size < 4:
         raise DataError(f"window-size={cfg.window_size}: must be at least 4 samples")
-    raw = np.load(watch_file(), allow_pickle=True).item()
+    raw = unpickle_known(watch_file())
     labels = list(raw["y_labels"])
     xs, ys, subjects, recordings = [], [], [], []
     for r, (signal, label, subject) in enumerate(zip(raw["X"], raw["y"], raw["subject"], strict=True)):
