@@ -26,7 +26,6 @@ spent; bad input raises ``ValueError`` naming the parameter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,14 @@ from typing import Any
 import numpy as np
 
 from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
-from fedfdp.accounting.events import Relation, SubsampledGaussian, event_from_dict
+from fedfdp.accounting.events import (
+    Relation,
+    SubsampledGaussian,
+    check_noise_multiplier,
+    check_probability,
+    check_real,
+    event_from_dict,
+)
 from fedfdp.accounting.protocol import append_repeated
 from fedfdp.accounting.replacement import replacement_epsilon
 
@@ -105,29 +111,9 @@ class PrivacyBudgetExhausted(RuntimeError):
         return (type(self), args)
 
 
-def check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}={value!r}: must be a real number")
-    v = float(value)
-    if math.isnan(v):
-        raise ValueError(f"{name}={value!r}: must not be NaN")
-    return v
-
-
-def check_sigma(value: Any, name: str = "noise_multiplier") -> float:
-    v = check_real(name, value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name}={value!r}: must be finite")
-    if v <= 0:
-        raise ValueError(f"{name}={value!r}: must be > 0")
-    return v
-
-
-def check_rate(value: Any, name: str = "sampling_rate") -> float:
-    v = check_real(name, value)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
-    return v
+#: The accounting package's checks of σ and of a rate are the event vocabulary's.
+check_sigma = check_noise_multiplier
+check_rate = check_probability
 
 
 def check_count(value: Any, name: str = "count") -> int:

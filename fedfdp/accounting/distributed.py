@@ -69,7 +69,14 @@ import numpy as np
 from scipy import special
 
 from fedfdp.accounting import EpsilonBound, FDPAccountant, SubsampledGaussian
-from fedfdp.accounting.events import EventKind, PrivacyEvent, Relation
+from fedfdp.accounting.events import (
+    EventKind,
+    PrivacyEvent,
+    Relation,
+    check_noise_multiplier,
+    check_probability,
+    check_real,
+)
 from fedfdp.accounting.protocol import append_repeated
 
 __all__ = [
@@ -118,19 +125,14 @@ ROUTE_B_ORDERS: tuple[int, ...] = (
 
 
 def _real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ValueError(f"{name}={value!r}: must be a real number")
-    v = float(value)
+    v = check_real(name, value)
     if not math.isfinite(v):
         raise ValueError(f"{name}={value!r}: must be finite")
     return v
 
 
 def _positive(name: str, value: Any) -> float:
-    v = _real(name, value)
-    if not v > 0:
-        raise ValueError(f"{name}={value!r}: must be > 0")
-    return v
+    return check_noise_multiplier(value, name)
 
 
 def _count(name: str, value: Any, minimum: int = 1) -> int:
@@ -140,10 +142,7 @@ def _count(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def _rate(name: str, value: Any) -> float:
-    v = _real(name, value)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
-    return v
+    return check_probability(value, name)
 
 
 def _delta(value: Any) -> float:

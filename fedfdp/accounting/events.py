@@ -80,13 +80,15 @@ class Relation(StrEnum):
         return repr(self.value)
 
 
-def _real(name: str, value: Any) -> float:
+def check_real(name: str, value: Any) -> float:
+    """``value`` as a float (numpy scalars accepted; NaN refused), else ``ValueError``
+    naming ``name``. The one real-number check of the accounting package."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         try:
             import numpy as np  # numpy scalars are accepted, nothing else
 
             if isinstance(value, np.integer | np.floating):
-                return float(value)
+                return check_real(name, float(value))
         except ImportError:  # pragma: no cover - numpy is a dependency
             pass
         raise ValueError(f"{name}={value!r}: must be a real number")
@@ -98,15 +100,17 @@ def _real(name: str, value: Any) -> float:
 
 def check_noise_multiplier(value: Any, name: str = "noise_multiplier", *, allow_inf: bool = False) -> float:
     """``value`` as a float in ``(0, ∞)`` (``∞`` too with ``allow_inf``), else ``ValueError``."""
-    v = _real(name, value)
-    if not v > 0 or (math.isinf(v) and not allow_inf):
-        raise ValueError(f"{name}={value!r}: must be finite and > 0")
+    v = check_real(name, value)
+    if math.isinf(v) and not (allow_inf and v > 0):
+        raise ValueError(f"{name}={value!r}: must be finite")
+    if not v > 0:
+        raise ValueError(f"{name}={value!r}: must be > 0")
     return v
 
 
-def check_probability(value: Any, name: str) -> float:
+def check_probability(value: Any, name: str = "sampling_rate") -> float:
     """``value`` as a float in ``(0, 1]``, else ``ValueError``."""
-    v = _real(name, value)
+    v = check_real(name, value)
     if not 0.0 < v <= 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1]")
     return v
@@ -114,7 +118,7 @@ def check_probability(value: Any, name: str) -> float:
 
 def check_weight(value: Any, name: str) -> float:
     """``value`` as a float in ``[0, 1]``, else ``ValueError``."""
-    v = _real(name, value)
+    v = check_real(name, value)
     if not 0.0 <= v <= 1.0:
         raise ValueError(f"{name}={value!r}: must be in [0, 1]")
     return v
