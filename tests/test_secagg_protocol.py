@@ -24,6 +24,7 @@ from Crypto.Cipher import AES
 from scipy import stats
 
 from fedfdp.entropy import OSBits, SeededBits
+from fedfdp.secagg.client_session import ClientSession
 from fedfdp.secagg.crypto import (
     KeyPair,
     KeyPurpose,
@@ -67,13 +68,8 @@ from fedfdp.secagg.messages import (
     SetupReply,
     UnmaskRequest,
 )
-from fedfdp.secagg.session import (
-    AggregateResult,
-    ClientSession,
-    ServerSession,
-    default_neighbours,
-    default_threshold,
-)
+from fedfdp.secagg.server_session import AggregateResult, ServerSession
+from fedfdp.secagg.session import default_neighbours, default_threshold
 
 U32 = 2**32
 SPECIAL = np.array([0, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32)

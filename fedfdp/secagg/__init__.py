@@ -10,6 +10,7 @@ neighbourhood; computational assumptions X25519 (CDH), HKDF-SHA256, AES-256 as a
 AES-256-GCM as an AEAD. Out of scope: a malicious server that substitutes keys.
 """
 
+from fedfdp.secagg.client_session import ClientSession
 from fedfdp.secagg.crypto import KeyPair, KeyPurpose, Share, combine_shares, prg_uint32, share_secret
 from fedfdp.secagg.encoding import choose_scale, decode, default_scale, encode, from_ring, quantize, to_ring
 from fedfdp.secagg.errors import (
@@ -33,13 +34,8 @@ from fedfdp.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from fedfdp.secagg.session import (
-    AggregateResult,
-    ClientSession,
-    ServerSession,
-    default_neighbours,
-    default_threshold,
-)
+from fedfdp.secagg.server_session import AggregateResult, ServerSession
+from fedfdp.secagg.session import default_neighbours, default_threshold
 
 __all__ = [
     "AggregateResult",
