@@ -205,6 +205,49 @@ def test_diffusion_end_to_end_in_seconds(digits) -> None:
             assert last < first
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["nonprivate", "dp", "fdp"])
+def test_cuda_run_matches_the_cpu_run(digits, method: str) -> None:
+    """The same run (float64, plain SGD, identically seeded secret stream) on the CPU
+    and on CUDA: the secret stream is asked for the same words (coins and noise
+    only, drawn on the CPU), the model stays on its device and ends at the same
+    parameters up to float64 reduction-order differences (rtol 1e-7)."""
+    data, _ = digits
+    shape = ImageShape(1, 8, 8)
+
+    class Double(DiffusionTask):
+        def parts(self, part, xb, yb, generators):
+            return super().parts(part, xb.double(), yb, generators)
+
+    task = Double(DiffusionLoss(NoiseSchedule(100, "linear"), GaussianBlur(3, 1.0), 10))
+    settings = TrainSettings(
+        method=method,
+        steps=3,
+        sampling_rate=0.2,
+        noise_multiplier=1.0,
+        clipping_norm=0.5,
+        pretrain_steps=2,
+        public_batch_size=16,
+        learning_rate=0.05,
+        momentum=0.0,
+        seed=4,
+    )
+    ends, calls = [], []
+    for device in ("cpu", "cuda"):
+        model = build_unet(
+            shape, 10, base=8, mults=(1, 2), groups=4, generator=torch.Generator().manual_seed(0)
+        ).double()
+        model.to(device)
+        bits = CountingBits(9)
+        train(model, task, data, settings, secrets=bits)
+        assert all(p.device.type == device for p in model.parameters())
+        ends.append([p.detach().cpu() for p in model.parameters()])
+        calls.append(bits.calls)
+    assert calls[0] == calls[1]
+    for got, want in zip(ends[1], ends[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -38,6 +38,17 @@ The Poisson coins and the noise come from ``secrets`` (default the OS
 CSPRNG); everything else is public randomness from ``settings.seed``.
 Evaluation uses held-out data only.
 
+Device
+------
+The trainer computes on the device of the model's parameters (move the model
+to ``cuda`` before :func:`train` to train there; nothing here requires CUDA).
+Every random draw stays where it was: the Poisson coins and the Gaussian noise
+are drawn on the CPU from ``secrets`` (the noise is added to the clipped sum on
+the CPU, float64 then one rounding, and the result moved to the device), and
+the public per-record draws come from CPU generators and are moved to the
+device. So the public draws are the same on either device, and the secret
+stream feeds the coins and the noise only, as on the CPU.
+
 Public randomness, keyed by public quantities only
 --------------------------------------------------
 Every public draw comes from its own stream (:class:`PublicDraws`), keyed by
@@ -213,9 +224,10 @@ def apply_view(psi: PublicMap, x: torch.Tensor, generators: Sequence[torch.Gener
         raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
     if isinstance(psi, GaussianBlur) or getattr(psi, "needs_generator", True) is False:
         return psi(x, None)
+    # a map that draws does so with the records' CPU generators: apply it on the CPU
     if len(x) == 0:
-        return psi(x, torch.Generator().manual_seed(0))
-    return torch.cat([psi(x[i : i + 1], g) for i, g in enumerate(generators)])
+        return psi(x.cpu(), torch.Generator().manual_seed(0)).to(x.device)
+    return torch.cat([psi(x[i : i + 1].cpu(), g) for i, g in enumerate(generators)]).to(x.device)
 
 
 class ImageTask(Protocol):
@@ -263,10 +275,15 @@ class DiffusionTask:
         if len(generators) != len(x):
             raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
         shape = ImageShape(*x.shape[1:])
+        # drawn on the CPU from each record's generator, then moved to x's device
         per_record = [draw_noise(1, shape, self.loss.schedule, g, x.dtype) for g in generators]
         draw = DiffusionDraw(
-            torch.cat([d.t for d in per_record]) if per_record else torch.empty(0, dtype=torch.long),
-            torch.cat([d.noise for d in per_record]) if per_record else x.new_empty((0, *x.shape[1:])),
+            torch.cat([d.t for d in per_record]).to(x.device)
+            if per_record
+            else torch.empty(0, dtype=torch.long, device=x.device),
+            torch.cat([d.noise for d in per_record]).to(x.device)
+            if per_record
+            else x.new_empty((0, *x.shape[1:])),
         )
         if part is LossPart.FULL:
             return self.loss.full_inputs(x, y, draw), draw.noise, self.loss.full_loss
@@ -438,12 +455,18 @@ def _sum_grads(
     total = [torch.zeros_like(p) for p in params]
     for s in range(0, len(index), settings.chunk_size):
         chunk = index[s : s + settings.chunk_size]
-        idx = torch.as_tensor(chunk, dtype=torch.long)
+        idx = torch.as_tensor(chunk, dtype=torch.long, device=x.device)
         generators = draws.record_generators(stage, step, part, chunk)
         inputs, targets, loss_fn = task.parts(part, x[idx], y[idx], generators)
         result = clipped_grad_sum(model, inputs, targets, loss_fn, max_norm, settings.clip_method)
         total = [t + g for t, g in zip(total, result.grads, strict=True)]
     return total
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def _optimizer(params: list[nn.Parameter], settings: TrainSettings, lr: float) -> torch.optim.Optimizer:
@@ -477,6 +500,8 @@ def train(
     model : nn.Module
         Initialised by the caller (public randomness); for the private phase it
         must not mix records (no BatchNorm; refused by the clipping engine).
+        The run computes on the device of its parameters (module docstring:
+        Device); the records are copied there.
     task : ImageTask
         :class:`ClassificationTask` or :class:`DiffusionTask`.
     data : ImageSet
@@ -501,7 +526,8 @@ def train(
     reproducible = secrets is not None and not isinstance(secrets, OSBits)
     draws = PublicDraws(settings.seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    x, y = data.tensors()
+    device = _model_device(model)
+    x, y = (t.to(device) for t in data.tensors())
     history: list[dict[str, float | int | str]] = []
 
     def record(step: int, phase: str) -> None:
@@ -559,7 +585,8 @@ def train(
             idx = poisson_sample(n, q, secret_stream)
             clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, draws, main,
                                  s, params)
-            noisy = mechanism.privatize(clipped, secret_stream)
+            # the noise is drawn and added on the CPU (secret stream), the sum moved back
+            noisy = [t.to(device) for t in mechanism.privatize([c.cpu() for c in clipped], secret_stream)]
             weight = settings.alpha if settings.method is Mode.FDP else 1.0
             grad = [weight * t / (q * n) for t in noisy]
             if settings.method is Mode.FDP:
@@ -592,7 +619,8 @@ def evaluate_classifier(model: nn.Module, data: ImageSet, batch_size: int = 1000
     """Accuracy and mean cross-entropy on ``data`` (held-out), model in eval mode."""
     was_training = model.training
     model.eval()
-    x, y = data.tensors()
+    device = _model_device(model)
+    x, y = (t.to(device) for t in data.tensors())
     correct, loss = 0.0, 0.0
     try:
         for s in range(0, len(y), batch_size):
