@@ -51,6 +51,10 @@ OPTIONAL = {
     "tv-min-prob": "",
     "tv-delta": "",
     "corrdp-feature-bound": "",
+    "secagg-min-survivors": "",
+    "secagg-neighbours": "",
+    "secagg-threshold": "",
+    "secagg-scale": "",
 }
 
 #: A valid set value of each optional key (alone, on the defaults).
@@ -64,7 +68,16 @@ SET_VALUE = {
     "tv-min-prob": 0.2,
     "tv-delta": 1e-7,
     "corrdp-feature-bound": 2.0,
+    "secagg-min-survivors": 5,
+    "secagg-neighbours": 5,
+    "secagg-threshold": 4,
+    "secagg-scale": 1024.0,
 }
+
+#: What a set optional key needs beside it (a secagg-* key has no effect, and is
+#: refused, with plain aggregation).
+SET_WITH = {k: {"aggregation": "secagg", "secagg-min-survivors": 5}
+            for k in ("secagg-min-survivors", "secagg-neighbours", "secagg-threshold", "secagg-scale")}
 
 
 # ----------------------------------------------------------------- "not set" is None, never 0
@@ -78,7 +91,7 @@ def test_unset_is_none_and_round_trips_through_the_flat_form(key):
         assert getattr(getattr(cfg, spec.section), spec.attr) is None
         assert cfg.to_flat()[key] == OPTIONAL[key]
         assert load_config(cfg.to_flat()) == cfg
-    cfg = load_config({key: SET_VALUE[key]})
+    cfg = load_config({**SET_WITH.get(key, {}), key: SET_VALUE[key]})
     assert cfg.to_flat()[key] == SET_VALUE[key]
     assert load_config(cfg.to_flat()) == cfg
 
@@ -272,6 +285,9 @@ def test_guarantee_keys_hold_every_input_of_the_mechanism():
         # CorrDP
         "sensitive-columns", "insensitive-tv", "tv-estimate", "tv-bins", "tv-min-prob", "tv-delta",
         "corrdp-weight-bound", "corrdp-feature-bound", "corrdp-tv-floor", "corrdp-clip-shares",
+        # secure aggregation: who sees the sum, n_min, t_c (the charged event), s, k, t
+        "aggregation", "secagg-min-survivors", "secagg-colluders", "secagg-scale", "secagg-neighbours",
+        "secagg-threshold",
         # the secret seed when reproducible
         "seed",
     }  # fmt: skip
@@ -280,7 +296,7 @@ def test_guarantee_keys_hold_every_input_of_the_mechanism():
     assert not never & GUARANTEE_KEYS
     assert not ORCHESTRATION_KEYS & GUARANTEE_KEYS
     orchestration = {"eval-every", "out-dir", "checkpoint-every", "resume", "node-wait-timeout",
-                     "round-timeout", "progress"}
+                     "round-timeout", "progress", "secagg-timeout"}
     assert orchestration == ORCHESTRATION_KEYS
     assert GUARANTEE_KEYS | ORCHESTRATION_KEYS | never == set(config_keys())
     assert "seed" not in guarantee_keys_of(False) and "seed" in guarantee_keys_of(True)
@@ -299,7 +315,8 @@ def _other_value(key, value):
         "private-ranges": None, "private-categories": None, "public-ranges": None,
         "public-categories": None, "label-classes": None, "test-path": None, "num-devices": 5,
         "public-pretrain-rounds": 3, "blur-levels": 0, "blur-kernel": 5, "dirichlet-alpha": 0.5,
-        "tv-estimate": None,
+        "tv-estimate": None, "aggregation": None, "secagg-min-survivors": 6, "secagg-neighbours": 5,
+        "secagg-threshold": 3, "secagg-scale": 512.0,
     }  # fmt: skip
     if key in special:
         return special[key]
@@ -314,11 +331,13 @@ def _other_value(key, value):
 
 def test_only_guarantee_keys_change_the_guarantee_inputs():
     """Property: changing a key changes ``guarantee_inputs`` iff the key defines the guarantee."""
-    base = Config(privacy=PrivacyConfig(reproducible_noise=False))
-    flat = base.to_flat()
+    plain = Config(privacy=PrivacyConfig(reproducible_noise=False))
+    # a secagg-* key has an effect (and may be set) only with secure aggregation
+    secagg = Config(privacy=PrivacyConfig(aggregation="secagg", secagg_min_survivors=5))
     tried = 0
     for key in config_keys():
-        other = _other_value(key, flat[key])
+        base = secagg if key.startswith("secagg-") else plain
+        other = _other_value(key, base.to_flat()[key])
         if other is None:
             continue
         cfg = load_config({key: other}, base=base)
@@ -327,9 +346,9 @@ def test_only_guarantee_keys_change_the_guarantee_inputs():
         assert changed == expected, key
         tried += 1
     assert tried >= 50
-    repro = load_config({"reproducible-noise": True}, base=base)
+    repro = load_config({"reproducible-noise": True}, base=plain)
     assert load_config({"seed": 9}, base=repro).guarantee_inputs() != repro.guarantee_inputs()
-    assert load_config({"seed": 9}, base=base).guarantee_inputs() == base.guarantee_inputs()
+    assert load_config({"seed": 9}, base=plain).guarantee_inputs() == plain.guarantee_inputs()
 
 
 def test_every_key_has_a_one_line_meaning():

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfdp.config.choices import (
+    AGGREGATIONS,
     CLIP_SHARES,
     DATA_LOCATIONS,
     DATASETS,
@@ -44,6 +45,8 @@ from fedfdp.config.choices import (
     PRIVACY_UNITS,
     PRIVATE_MODES,
     PUBLIC_LOSSES,
+    SECAGG_MODES,
+    Aggregation,
     ClipShares,
     DataLocation,
     Mode,
@@ -76,6 +79,7 @@ from fedfdp.config.schema import (
 from fedfdp.config.values import IMPORT_PATH, ConfigError, UnknownKindError, parse_value
 
 __all__ = [
+    "AGGREGATIONS",
     "CLIP_SHARES",
     "DATASETS",
     "DATA_LOCATIONS",
@@ -91,6 +95,8 @@ __all__ = [
     "PRIVACY_UNITS",
     "PRIVATE_MODES",
     "PUBLIC_LOSSES",
+    "SECAGG_MODES",
+    "Aggregation",
     "ClipShares",
     "Config",
     "ConfigError",

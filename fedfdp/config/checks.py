@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedfdp.config.choices import DATASETS, IMAGE_DATASETS, DataLocation, Mode, PrivacyUnit, PublicLoss
+from fedfdp.config.choices import (
+    DATASETS,
+    IMAGE_DATASETS,
+    SECAGG_MODES,
+    Aggregation,
+    DataLocation,
+    Mode,
+    PrivacyUnit,
+    PublicLoss,
+)
 from fedfdp.config.values import ConfigError
 
 if TYPE_CHECKING:
@@ -43,6 +52,85 @@ def check_privacy(p: PrivacyConfig) -> None:
             f"clients-per-round={p.clients_per_round}: give it or device-sampling-rate, not both"
         )
     _check_corrdp(p)
+    _check_secagg(p)
+
+
+#: The ``secagg-*`` keys of the privacy section and their "not set" values: with
+#: ``aggregation = "plain"`` they have no effect, so a set one is refused.
+SECAGG_KEYS: dict[str, tuple[str, object]] = {
+    "secagg-min-survivors": ("secagg_min_survivors", None),
+    "secagg-colluders": ("secagg_colluders", 0),
+    "secagg-neighbours": ("secagg_neighbours", None),
+    "secagg-threshold": ("secagg_threshold", None),
+    "secagg-scale": ("secagg_scale", None),
+}
+
+
+def _check_secagg(p: PrivacyConfig) -> None:
+    """Secure aggregation (``docs/secagg_accounting.md``): what the protocol and its
+    accounting need; each refusal in one line naming the value."""
+    if p.aggregation is not Aggregation.SECAGG:
+        for key, (attr, unset) in SECAGG_KEYS.items():
+            if getattr(p, attr) != unset:
+                raise ConfigError(
+                    f"{key}={getattr(p, attr)!r}: has no effect with aggregation='plain' "
+                    "(set aggregation = 'secagg', or leave it unset)"
+                )
+        return
+    if p.mode not in SECAGG_MODES:
+        raise ConfigError(
+            f"mode={p.mode!r} with aggregation='secagg': secure aggregation serves the modes with one "
+            f"noisy private sum ({', '.join(repr(m) for m in SECAGG_MODES)})"
+        )
+    if p.secagg_min_survivors is None:
+        raise ConfigError(
+            "secagg-min-survivors is unset: aggregation='secagg' needs n_min, the count of SuperNodes "
+            "the noise is calibrated for (at least 3)"
+        )
+    n_min = p.secagg_min_survivors
+    if n_min < 3:
+        raise ConfigError(f"secagg-min-survivors={n_min}: secure aggregation needs at least 3 parties")
+    if p.secagg_colluders >= n_min:
+        raise ConfigError(
+            f"secagg-colluders={p.secagg_colluders}: must be below secagg-min-survivors={n_min} "
+            "(no honest noise would remain)"
+        )
+    k, t = p.secagg_neighbours, p.secagg_threshold
+    if k is not None and k < 3:
+        raise ConfigError(f"secagg-neighbours={k}: must be an odd integer >= 3")
+    if t is not None and t > n_min:
+        raise ConfigError(
+            f"secagg-threshold={t}: above secagg-min-survivors={n_min}, so the minimum survivors "
+            "could not meet it"
+        )
+    if k is not None and t is not None and not k // 2 + 1 <= t <= k:
+        raise ConfigError(f"secagg-threshold={t}: must be in [⌊k/2⌋+1, k] = [{k // 2 + 1}, {k}] for "
+                          f"secagg-neighbours={k}")
+    if k is not None and t is None and k // 2 + 1 > n_min:
+        raise ConfigError(
+            f"secagg-neighbours={k}: its default threshold {k // 2 + 1} is above "
+            f"secagg-min-survivors={n_min}, so the minimum survivors could not meet it"
+        )
+    if p.device_sampling_rate is not None and p.device_sampling_rate < 1:
+        raise ConfigError(
+            f"device-sampling-rate={p.device_sampling_rate}: with aggregation='secagg' the server draws "
+            "the devices, so it gives no amplification against the server; leave it unset (or 1)"
+        )
+    if p.clients_per_round:
+        raise ConfigError(
+            f"clients-per-round={p.clients_per_round}: aggregation='secagg' asks every SuperNode each "
+            "round (set it to 0)"
+        )
+    if p.clipping_quantile is not None and p.clipping_quantile > 0:
+        raise ConfigError(
+            f"clipping-quantile={p.clipping_quantile}: aggregation='secagg' keeps C fixed (the count of "
+            "vectors within C is not aggregated securely); set it to 0 or 'auto'"
+        )
+    if p.reproducible_noise:
+        raise ConfigError(
+            "reproducible-noise=true with aggregation='secagg': each party's noise, rounding and keys come "
+            "only from its own OS CSPRNG"
+        )
 
 
 def _check_corrdp(p: PrivacyConfig) -> None:

@@ -84,6 +84,19 @@ class DataLocation(Choice):
     NODE = "node"
 
 
+class Aggregation(Choice):
+    """``aggregation``: who may see the sum of the clipped private gradients.
+
+    ``plain``: the server receives each node's sum and adds the noise (a trusted
+    server). ``secagg``: secure aggregation (SecAgg+) with distributed discrete
+    Gaussian noise; the server sees only the noisy sum over the survivors
+    (``docs/secagg_accounting.md``).
+    """
+
+    PLAIN = "plain"
+    SECAGG = "secagg"
+
+
 class ClipShares(Choice):
     """``corrdp-clip-shares``: per-block clipping shares of CorrDP-SGD."""
 
@@ -105,6 +118,11 @@ PRIVACY_UNITS: tuple[PrivacyUnit, ...] = tuple(PrivacyUnit)
 OPTIMIZERS: tuple[Optimizer, ...] = tuple(Optimizer)
 DATA_LOCATIONS: tuple[DataLocation, ...] = tuple(DataLocation)
 CLIP_SHARES: tuple[ClipShares, ...] = tuple(ClipShares)
+AGGREGATIONS: tuple[Aggregation, ...] = tuple(Aggregation)
+#: The modes ``aggregation = "secagg"`` serves: those whose private part is one clipped,
+#: noised sum of record gradients (``corrdp`` noises per block, ``public`` and
+#: ``nonprivate`` release no noisy sum).
+SECAGG_MODES: tuple[Mode, ...] = (Mode.DP, Mode.FDP, Mode.FDP_DPSGD)
 #: ``corrdp-tv-floor`` meaning the paper's floor ``(m_s/m)²`` of Eq. (3).
 PAPER_FLOOR = TvFloor.PAPER
 #: Built-in models (``model`` also takes an import path ``package.module:build``).

@@ -35,6 +35,7 @@ from types import MappingProxyType
 from fedfdp.config.choices import (
     DATASETS,
     MODELS,
+    Aggregation,
     Choice,
     ClipShares,
     DataLocation,
@@ -232,6 +233,25 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("corrdp-clip-shares", P, "corrdp_clip_shares", K.CHOICE, YES,
             "CorrDP: per-block clipping shares, `proportional` to each block's input bound, or `equal`",
             choice_type=ClipShares),
+    KeySpec("aggregation", P, "aggregation", K.CHOICE, YES,
+            "`plain`: a trusted server adds the noise; `secagg`: secure aggregation, each SuperNode adds "
+            "discrete Gaussian noise and the server sees only the noisy sum (docs/secagg_accounting.md)",
+            choice_type=Aggregation),
+    KeySpec("secagg-min-survivors", P, "secagg_min_survivors", K.INT_POS, YES,
+            "`secagg`: n_min, a count of SuperNodes (>= 3); the noise is calibrated for n_min - colluders "
+            "honest survivors and a round with fewer survivors aborts (no unmask, no step, no charge)",
+            unset="needed by secagg (refused unset); no effect with plain aggregation"),
+    KeySpec("secagg-colluders", P, "secagg_colluders", K.INT0, YES,
+            "`secagg`: t_c, SuperNodes that may collude with the server; their noise is not counted"),
+    KeySpec("secagg-neighbours", P, "secagg_neighbours", K.ODD_POS, YES,
+            "`secagg`: k, each SuperNode's neighbourhood (odd, 3..n) in the SecAgg+ graph",
+            unset="min(n, 2⌈log₂ n⌉ + 1), lowered to odd, n the round's SuperNodes"),
+    KeySpec("secagg-threshold", P, "secagg_threshold", K.INT_POS, YES,
+            "`secagg`: t, Shamir threshold in [⌊k/2⌋+1, k], at most secagg-min-survivors",
+            unset="⌊k/2⌋ + 1"),
+    KeySpec("secagg-scale", P, "secagg_scale", K.FLOAT_POS, YES,
+            "`secagg`: s, integer units per clipping norm C of the fixed-point encoding",
+            unset="the largest power of two <= 2^⌈log₂(1000·√d)⌉ that passes the mod 2³² headroom check"),
     KeySpec("alpha", T, "alpha", K.FLOAT_POS, NO,
             "α: g = g_pub + α·g̃_priv (post-processing of the noisy sum)"),
     KeySpec("learning-rate", T, "learning_rate", K.FLOAT_POS, NO, "the server optimiser's step size"),
@@ -314,6 +334,9 @@ KEYS: tuple[KeySpec, ...] = (
             "seconds to wait for the SuperNodes at start"),
     KeySpec("round-timeout", R, "round_timeout", K.FLOAT_POS, NO, "seconds to wait for a round's replies"),
     KeySpec("progress", R, "progress", K.BOOL, NO, "show a progress bar"),
+    KeySpec("secagg-timeout", R, "secagg_timeout", K.FLOAT_POS, NO,
+            "`secagg`: seconds to wait for each of a round's four stages (keep it generous: a dropout "
+            "by timeout could depend on a secret batch size)"),
 )
 
 #: key -> its spec (read-only).

@@ -34,7 +34,16 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fedfdp.config.checks import check_config, check_data, check_privacy
-from fedfdp.config.choices import ClipShares, DataLocation, Mode, Optimizer, PrivacyUnit, PublicLoss, TvFloor
+from fedfdp.config.choices import (
+    Aggregation,
+    ClipShares,
+    DataLocation,
+    Mode,
+    Optimizer,
+    PrivacyUnit,
+    PublicLoss,
+    TvFloor,
+)
 from fedfdp.config.keys import (
     DEFAULT_TARGET_EPSILON,
     KEYS,
@@ -137,6 +146,25 @@ class PrivacyConfig:
         repeated exactly; the guarantee then holds only against parties who do
         not know the seed, every output says so, and deployments refuse it.
 
+    Secure aggregation (``docs/secagg_accounting.md``; the ``secagg_*`` keys have no
+    effect with ``plain`` aggregation and are refused there when set):
+
+    aggregation : Aggregation
+        ``plain`` (a trusted server adds ``N(0, σ²C²I)``) or ``secagg`` (SecAgg+; each
+        SuperNode adds discrete Gaussian noise; modes ``dp``, ``fdp``, ``fdp-dpsgd``;
+        a fixed ``C``: adaptive clipping's count is not aggregated).
+    secagg_min_survivors : int or None
+        ``n_min``: a count of SuperNodes; the noise is calibrated for ``n_min − t_c``
+        honest survivors and a round with fewer survivors aborts. Needed by ``secagg``.
+    secagg_colluders : int
+        ``t_c``: SuperNodes that may collude with the server (their noise is not counted).
+    secagg_neighbours : int or None
+        ``k``: the SecAgg+ neighbourhood size (odd); None: ``min(n, 2⌈log₂ n⌉ + 1)``.
+    secagg_threshold : int or None
+        ``t``: the Shamir threshold; None: ``⌊k/2⌋ + 1``.
+    secagg_scale : float or None
+        ``s``: integer units per ``C``; None: chosen from the public facts.
+
     CorrDP (``mode = "corrdp"`` only; ignored by the other modes; ``docs/corrdp.md``):
 
     sensitive_columns : tuple of str
@@ -211,6 +239,12 @@ class PrivacyConfig:
     corrdp_feature_bound: float | None = None
     corrdp_tv_floor: float | TvFloor = TvFloor.PAPER
     corrdp_clip_shares: ClipShares = ClipShares.PROPORTIONAL
+    aggregation: Aggregation = Aggregation.PLAIN
+    secagg_min_survivors: int | None = None
+    secagg_colluders: int = 0
+    secagg_neighbours: int | None = None
+    secagg_threshold: int | None = None
+    secagg_scale: float | None = None
 
     def __post_init__(self) -> None:
         _validate_fields(self, Section.PRIVACY)
@@ -249,7 +283,10 @@ class PrivacyConfig:
         weight against the public one and biases the fixed point toward the
         public-view model; DP-SGD clips the whole gradient of every record,
         which rescales it without that pull (docs/algorithm.md), and keeps a
-        fixed ``C`` under ``"auto"``."""
+        fixed ``C`` under ``"auto"``. With ``aggregation = "secagg"`` ``C`` is fixed
+        (the count of vectors within ``C`` is not aggregated securely)."""
+        if self.aggregation is Aggregation.SECAGG:
+            return False
         if self.clipping_quantile is not None:
             return self.clipping_quantile > 0
         return self.mode is Mode.FDP
@@ -445,6 +482,7 @@ class RunConfig:
     node_wait_timeout: float = 120.0
     round_timeout: float = 600.0
     progress: bool = True
+    secagg_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         _validate_fields(self, Section.RUN)
