@@ -41,12 +41,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
+from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import Accountant, calibrate
-from fedfdp.config import Config, ConfigError, Mode, PrivacyUnit, PublicLoss
+from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
+from fedfdp.secagg.plan import SecAggPlan, secagg_event, secagg_plan
 
 #: ``family(σ, q, p)`` → the event of one round at noise multiplier ``σ``.
 EventFamily = Callable[[float, float, float], PrivacyEvent]
@@ -100,6 +102,25 @@ class Accounting:
 
 #: The accounting of DP and FDP runs (add/remove, Theorem 5).
 FDP_ACCOUNTING = Accounting()
+
+
+def _distributed_accountant() -> Accountant[Any]:
+    return DistributedAccountant()
+
+
+#: The accounting of ``aggregation = "secagg"`` (add/remove): every private round a
+#: :class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian`, ε the smaller of
+#: routes A and B (``docs/secagg_accounting.md``). Its ``family`` is the central one,
+#: used only to calibrate ``σ`` (route A of a round at ``σ_eff = σ`` is that ε).
+DISTRIBUTED_ACCOUNTING = Accounting(new=_distributed_accountant, resolved={"aggregation": "secagg"})
+
+
+def run_accounting(cfg: Config, accounting: Accounting = FDP_ACCOUNTING) -> Accounting:
+    """The accounting a run uses: :data:`DISTRIBUTED_ACCOUNTING` under
+    ``aggregation = "secagg"`` in place of the add/remove one, else ``accounting``."""
+    if cfg.privacy.aggregation is Aggregation.SECAGG and accounting.relation is Relation.ADD_REMOVE:
+        return DISTRIBUTED_ACCOUNTING
+    return accounting
 
 
 @dataclass(frozen=True)
@@ -204,6 +225,10 @@ class ResolvedMechanism:
         The public view (``public-loss``).
     reproducible_noise : bool
         Whether secret randomness derives from the seed (every output says so).
+    secagg : SecAggPlan or None
+        ``aggregation = "secagg"``: ``σ_loc``, ``s``, ``d``, ``n_min``, ``t_c``, ``k``, ``t``
+        (:mod:`fedfdp.secagg.plan`); the event is then charged for ``n_min − t_c``
+        honest parties. None: a trusted server adds the noise.
     """
 
     mode: Mode
@@ -229,6 +254,7 @@ class ResolvedMechanism:
     unit: PrivacyUnit
     public_view: PublicLoss
     reproducible_noise: bool
+    secagg: SecAggPlan | None = None
 
     # -- the names the plan had (read by engines, reports and tests) --
     @property
@@ -284,6 +310,8 @@ class ResolvedMechanism:
             "unit": str(self.unit),
             "public_view": str(self.public_view),
             "reproducible_noise": self.reproducible_noise,
+            # only under secure aggregation (a plain run's digest is unchanged)
+            **({"secagg": self.secagg.to_dict()} if self.secagg is not None else {}),
         }
 
     def digest(self) -> str:
@@ -349,6 +377,7 @@ def resolve_mechanism(
     (SubsampledGaussian(noise_multiplier=1.0, sampling_rate=0.05, participation=1.0), 0.0025)
     """
     p = cfg.privacy
+    accounting = run_accounting(cfg, accounting)
     if (p.mode is Mode.CORRDP) != (accounting.relation is Relation.CORRDP):
         raise ConfigError(
             f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' "
@@ -392,6 +421,9 @@ def resolve_mechanism(
     def family(sigma: float) -> PrivacyEvent:
         return accounting.family(sigma, sub.rate, sub.participation)
 
+    if accounting is DISTRIBUTED_ACCOUNTING:  # σ calibrated centrally, then σ_loc (fedfdp.secagg.plan)
+        return _resolve_secagg(cfg, facts, build, sub, delta, rounds)
+
     given = p.noise_multiplier  # σ of the gradient when configured (then target is None)
     if given is not None:
         accounted = given * math.sqrt(1 - share) if adaptive else given  # the count adds its share on top
@@ -421,6 +453,55 @@ def resolve_mechanism(
         accounted_noise_multiplier=float(accounted),
         clipping=clipping, event=family(float(accounted)), private_rounds=rounds, max_epsilon=cap,
         target_epsilon=target,
+    )
+
+
+def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., ResolvedMechanism],
+                    sub: Subsampling, delta: float, rounds: int) -> ResolvedMechanism:
+    """``aggregation = "secagg"``: σ (given, or the central calibration at the target), a fixed
+    ``C``, the plan of :func:`fedfdp.secagg.plan.secagg_plan` and its event at ``n_min − t_c``.
+    A calibrated σ is raised by 10⁻⁶ steps until the distributed accountant's ε of the private
+    rounds is at most the target (route A adds ``2Λ`` and moves δ by ``e^{−Λ}``)."""
+    p = cfg.privacy
+    if sub.participation != 1.0:
+        raise ConfigError(f"device-sampling-rate={p.device_sampling_rate}: aggregation='secagg' credits no "
+                          "participation below 1 (the server draws the devices)")
+    target = p.calibration_target
+    if p.noise_multiplier is not None:
+        sigma = float(p.noise_multiplier)
+    else:
+        if target is None:  # pragma: no cover - a target exists whenever σ is unset
+            raise ConfigError("noise-multiplier and target-epsilon are both unset")
+        try:
+            sigma = calibrate(_fdp_accountant, lambda s: _gaussian_family(s, sub.rate, 1.0),
+                              target_epsilon=target, rounds=rounds, delta=delta)
+        except ValueError as exc:
+            raise ConfigError(f"target-epsilon={target}: {exc}") from None
+
+    def plan_event(sig: float) -> tuple[SecAggPlan, PrivacyEvent]:
+        try:
+            plan = secagg_plan(
+                sig, dimension=facts.num_params, num_records=facts.num_records, max_parties=facts.num_devices,
+                min_survivors=int(p.secagg_min_survivors or 0), colluders=p.secagg_colluders,
+                neighbours=p.secagg_neighbours, threshold=p.secagg_threshold, scale=p.secagg_scale,
+            )
+            return plan, secagg_event(plan, sub.rate)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    plan, event = plan_event(sigma)
+    if target is not None:
+        for _ in range(64):
+            acc = DistributedAccountant()
+            acc.compose(event, rounds)  # type: ignore[arg-type]
+            if acc.epsilon(delta) <= target:
+                break
+            sigma *= 1 + 1e-6
+            plan, event = plan_event(sigma)
+    return build(
+        private=True, unbounded=False, noise_multiplier=sigma, accounted_noise_multiplier=sigma,
+        clipping=Clipping(p.clipping_norm), event=event, private_rounds=rounds, max_epsilon=p.epsilon_cap,
+        target_epsilon=target, secagg=plan,
     )
 
 
