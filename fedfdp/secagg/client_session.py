@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from enum import Enum
 from typing import Any
@@ -261,6 +262,71 @@ class ClientSession:
         except BaseException:
             self._abort()
             raise
+
+    # -- persistence between stages ------------------------------------------------------
+
+    def export_state(self) -> bytes:
+        """The session's whole state (its secrets included) as bytes, for the party's own
+        storage between stages (a Flower node keeps it in its ``Context.state``, which
+        never leaves the node). :meth:`restore` is the inverse."""
+
+        def hexmap(m: dict[int, bytes]) -> dict[str, str]:
+            return {str(k): v.hex() for k, v in m.items()}
+
+        def shares(m: dict[int, Share]) -> dict[str, str]:
+            return {str(k): v.to_bytes().hex() for k, v in m.items()}
+
+        doc = {
+            "node_id": str(self.node_id), "phase": self._phase.value, "round": self._round,
+            "neighbours": [str(v) for v in sorted(self._neighbours)], "threshold": self._threshold,
+            "dim": self._dim,
+            "mask_sk": self._mask_keys.private_bytes().hex() if self._mask_keys is not None else None,
+            "enc_sk": self._enc_keys.private_bytes().hex() if self._enc_keys is not None else None,
+            "seed": self._seed.hex() if self._seed is not None else None,
+            "pk_mask": hexmap(self._peer_pk_mask), "pk_enc": hexmap(self._peer_pk_enc),
+            "own_b": self._own_b_share.to_bytes().hex() if self._own_b_share is not None else None,
+            "held_b": shares(self._held_b), "held_sk": shares(self._held_sk),
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def restore(cls, raw: bytes) -> ClientSession:
+        """The session :meth:`export_state` wrote.
+
+        Raises
+        ------
+        ValueError
+            ``raw`` is not such a state.
+        """
+        try:
+            doc = json.loads(raw.decode())
+            session = cls(int(doc["node_id"]))
+            session._phase = _ClientPhase(doc["phase"])
+            session._round = int(doc["round"])
+            session._neighbours = frozenset(int(v) for v in doc["neighbours"])
+            session._threshold = int(doc["threshold"])
+            session._dim = int(doc["dim"])
+            if session._phase is not _ClientPhase.NEW:
+                session._index = {
+                    v: i + 1 for i, v in enumerate(sorted(session._neighbours | {session.node_id}))
+                }
+
+            def blob(h: str | None) -> bytes | None:
+                return bytes.fromhex(h) if h is not None else None
+
+            mask_sk, enc_sk = blob(doc["mask_sk"]), blob(doc["enc_sk"])
+            session._mask_keys = KeyPair.from_private_bytes(mask_sk) if mask_sk is not None else None
+            session._enc_keys = KeyPair.from_private_bytes(enc_sk) if enc_sk is not None else None
+            session._seed = blob(doc["seed"])
+            session._peer_pk_mask = {int(k): bytes.fromhex(v) for k, v in doc["pk_mask"].items()}
+            session._peer_pk_enc = {int(k): bytes.fromhex(v) for k, v in doc["pk_enc"].items()}
+            own = blob(doc["own_b"])
+            session._own_b_share = Share.from_bytes(own) if own is not None else None
+            session._held_b = {int(k): Share.from_bytes(bytes.fromhex(v)) for k, v in doc["held_b"].items()}
+            session._held_sk = {int(k): Share.from_bytes(bytes.fromhex(v)) for k, v in doc["held_sk"].items()}
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"client session state: unreadable ({type(exc).__name__}: {exc})") from None
+        return session
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""The SecAgg+ messages as flat records of strings and bytes (the Flower layer's wire form).
+
+Flower's ``ConfigRecord`` holds signed 64-bit integers, but node ids are unsigned 64-bit
+(:data:`~fedfdp.secagg.crypto.MAX_NODE_ID`), so every integer travels as a decimal
+string and a tuple of ids as one comma-separated string; a tuple of equal-length byte
+strings travels as their concatenation (its item length beside it). The ``uint32``
+array of :class:`~fedfdp.secagg.messages.CollectReply` is not part of the record: the
+caller puts it in an ``ArrayRecord``. :func:`from_wire` rebuilds the message, whose
+constructor validates every field (:class:`~fedfdp.secagg.errors.MessageError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, TypeVar
+
+import numpy as np
+
+from fedfdp.secagg.errors import MessageError
+from fedfdp.secagg.messages import (
+    CollectReply,
+    CollectRequest,
+    KeysReply,
+    KeysRequest,
+    SetupReply,
+    SetupRequest,
+    UnmaskReply,
+    UnmaskRequest,
+)
+
+__all__ = ["MESSAGE_TYPES", "from_wire", "to_wire"]
+
+_M = TypeVar("_M")
+
+#: The eight message classes, by name.
+MESSAGE_TYPES: dict[str, type[Any]] = {
+    cls.__name__: cls
+    for cls in (SetupRequest, SetupReply, KeysRequest, KeysReply, CollectRequest, CollectReply,
+                UnmaskRequest, UnmaskReply)
+}
+
+
+def to_wire(msg: Any) -> dict[str, str | bytes]:
+    """``msg``'s fields as strings and bytes (module docstring); a ``CollectReply``'s
+    ``masked`` array is left out."""
+    out: dict[str, str | bytes] = {"type": type(msg).__name__}
+    for f in fields(msg):
+        value = getattr(msg, f.name)
+        if isinstance(value, np.ndarray):
+            continue
+        if isinstance(value, bytes):
+            out[f.name] = value
+        elif isinstance(value, int):
+            out[f.name] = str(value)
+        elif isinstance(value, tuple) and f.type == "tuple[bytes, ...]":
+            sizes = {len(v) for v in value}
+            if len(sizes) > 1:
+                raise ValueError(f"{type(msg).__name__}.{f.name}: byte strings of unequal length")
+            out[f.name] = b"".join(value)
+            out[f"{f.name}.size"] = str(sizes.pop() if sizes else 0)
+        elif isinstance(value, tuple):
+            out[f.name] = ",".join(str(int(v)) for v in value)
+        else:
+            raise TypeError(f"{type(msg).__name__}.{f.name}: cannot be put on the wire "
+                            f"({type(value).__name__})")
+    return out
+
+
+def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _M:
+    """The ``cls`` message a :func:`to_wire` record describes (``masked``: a
+    ``CollectReply``'s array). Raises :class:`MessageError` naming the field."""
+    if record.get("type") != cls.__name__:
+        raise MessageError(f"{cls.__name__}: the record is a {record.get('type')!r}", field="type")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.type == "np.ndarray":
+            kwargs[f.name] = masked
+            continue
+        if f.name not in record:
+            raise MessageError(f"{cls.__name__}.{f.name}: missing", field=f.name)
+        raw = record[f.name]
+        try:
+            if f.type == "int":
+                kwargs[f.name] = int(str(raw))
+            elif f.type == "bytes":
+                kwargs[f.name] = bytes(raw)
+            elif f.type == "tuple[int, ...]":
+                text = str(raw)
+                kwargs[f.name] = tuple(int(v) for v in text.split(",")) if text else ()
+            elif f.type == "tuple[bytes, ...]":
+                size = int(str(record[f"{f.name}.size"]))
+                blob = bytes(raw)
+                if size < 0 or (size == 0 and blob) or (size and len(blob) % size):
+                    raise ValueError(f"{len(blob)} bytes in items of {size}")
+                kwargs[f.name] = tuple(blob[i : i + size] for i in range(0, len(blob), size)) if size else ()
+            else:  # pragma: no cover - every field type is listed
+                raise ValueError(f"unknown field type {f.type}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.__name__}.{f.name}: unreadable ({exc})", field=f.name) from None
+    return cls(**kwargs)
