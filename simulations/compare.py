@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfdp.config import (
+    KEY_TABLE,
     MODES,
     ORCHESTRATION_KEYS,
     PRIVATE_MODES,
@@ -234,14 +235,35 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def shared_keys_for(base: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The sweep's shared keys that act in ``mode``.
+
+    The one rule of a sweep's shared keys: they are given to every mode in which
+    they have an effect (the key table's scope, :attr:`fedfdp.config.KeySpec.applies`:
+    ``clipping-norm`` reaches ``dp`` and ``fdp``, not ``nonprivate`` or ``public``);
+    a shared key that acts in none of the sweep's modes is refused by
+    :func:`plan_runs`, and a key of a ``[mode.NAME]`` table must act in that mode.
+    """
+    specs = {k: KEY_TABLE.get(k) for k in base}
+    return {k: v for k, v in base.items()
+            if specs[k] is None or specs[k].applies is None or specs[k].applies.admits("mode", mode)}
+
+
 def plan_runs(sweep: Sweep, out: Path) -> list[RunSpec]:
     """Every run of the sweep, each configuration validated."""
     runs = []
+    for key, value in sweep.base.items():
+        spec = KEY_TABLE.get(key)
+        if spec is not None and spec.applies is not None and not any(
+            spec.applies.admits("mode", m) for m in sweep.modes
+        ):
+            raise ConfigError(f"{key}={value!r}: has no effect in modes={list(sweep.modes)} (it applies with "
+                              f"{spec.applies.text()}); remove it")
     for mode in sweep.modes:
         targets: Sequence[float | None] = sweep.target_epsilons if mode in PRIVATE_MODES else [None]
         for eps in targets:
             for seed in sweep.seeds:
-                mapping = dict(sweep.base)
+                mapping = shared_keys_for(sweep.base, mode)
                 mapping.update(sweep.per_mode.get(mode, {}))
                 mapping.update(
                     {"mode": mode, "seed": seed, "noise-multiplier": None, "progress": False,

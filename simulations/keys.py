@@ -18,12 +18,14 @@ def cmd_keys(args: argparse.Namespace) -> int:
         rows = [r for r in rows if r.guarantee != "no"]
     if args.json:
         json.dump([{"key": r.key, "section": str(r.section), "type": r.type, "default": r.default,
-                    "guarantee": str(r.guarantee), "meaning": r.meaning} for r in rows], sys.stdout, indent=1)
+                    "guarantee": str(r.guarantee), "applies": r.applies,
+                    "meaning": r.meaning} for r in rows], sys.stdout, indent=1)
         print()
         return 0
     width = max((len(r.key) for r in rows), default=3)
     for r in rows:
-        print(f"{r.key:<{width}}  {r.type}; default {r.default}; guarantee: {r.guarantee}")
+        where = "" if r.applies == "always" else f"; applies with {r.applies}"
+        print(f"{r.key:<{width}}  {r.type}; default {r.default}; guarantee: {r.guarantee}{where}")
         print(f"{'':<{width}}  {r.meaning}")
     return 0
 

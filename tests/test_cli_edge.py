@@ -11,7 +11,7 @@ from pathlib import Path
 from fedfdp.ledger import read_ledger
 
 CLI = [sys.executable, "-m", "simulations.cli"]
-TINY = ["--set", "num-devices=3", "--set", "records-per-device=40", "--set", "hidden-size=8",
+TINY = ["--set", "num-devices=3", "--set", "records-per-device=40",
         "--set", "progress=false"]
 
 

@@ -75,9 +75,11 @@ SET_VALUE = {
 }
 
 #: What a set optional key needs beside it (a secagg-* key has no effect, and is
-#: refused, with plain aggregation).
+#: refused, with plain aggregation; so is a key outside its scope, KeySpec.applies).
 SET_WITH = {k: {"aggregation": "secagg", "secagg-min-survivors": 5}
             for k in ("secagg-min-survivors", "secagg-neighbours", "secagg-threshold", "secagg-scale")}
+# ... and a CorrDP key, or σ and the cap, outside the modes where they act
+SET_WITH |= {k: {"mode": "corrdp"} for k in ("tv-min-prob", "tv-delta", "corrdp-feature-bound")}
 
 
 # ----------------------------------------------------------------- "not set" is None, never 0
@@ -337,6 +339,12 @@ def test_only_guarantee_keys_change_the_guarantee_inputs():
     tried = 0
     for key in config_keys():
         base = secagg if key.startswith("secagg-") else plain
+        applies = KEY_TABLE[key].applies
+        if applies is not None:  # a configuration in which the key acts (the first value of its scope)
+            where = {decider: accepted[0] for decider, accepted in applies.when}
+            if where.get("model") == "cnn":
+                where["dataset"] = "mnist5k"
+            base = load_config(where, base=base)
         other = _other_value(key, base.to_flat()[key])
         if other is None:
             continue

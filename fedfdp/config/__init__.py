@@ -52,6 +52,7 @@ from fedfdp.config.choices import (
     Mode,
     Optimizer,
     PrivacyUnit,
+    PrivateStatistics,
     PublicLoss,
     TvFloor,
 )
@@ -62,6 +63,7 @@ from fedfdp.config.keys import (
     KEY_TABLE,
     KEYS,
     ORCHESTRATION_KEYS,
+    Applies,
     Guarantee,
     KeySpec,
     Kind,
@@ -87,6 +89,7 @@ __all__ = [
     "GUARANTEE_KEYS",
     "IMAGE_DATASETS",
     "KEYS",
+    "KEY_TABLE",
     "MODELS",
     "MODES",
     "OPTIMIZERS",
@@ -97,6 +100,7 @@ __all__ = [
     "PUBLIC_LOSSES",
     "SECAGG_MODES",
     "Aggregation",
+    "Applies",
     "ClipShares",
     "Config",
     "ConfigError",
@@ -110,6 +114,7 @@ __all__ = [
     "Optimizer",
     "PrivacyConfig",
     "PrivacyUnit",
+    "PrivateStatistics",
     "PublicLoss",
     "RunConfig",
     "Section",
@@ -230,10 +235,18 @@ def load_toml_file(path: str | Path) -> dict[str, Any]:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read an experiment TOML file: flat keys at the top level, or under
-    ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too)."""
+    ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too) — not both: a
+    file with configuration keys at the top level beside that table is refused,
+    naming them (neither place silently wins)."""
     data = load_toml_file(path)
     app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
     if app is not None:
+        stray = sorted(k for k in data if k in KEY_TABLE)
+        if stray:
+            raise ConfigError(
+                f"config={str(path)!r}: keys {stray} at the top level and a [tool.flwr.app.config] table; "
+                "put every key in one of the two places"
+            )
         return dict(app)
     data.pop("resolved", None)  # values a run resolved at start (written by fedfdp run)
     return data

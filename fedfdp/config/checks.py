@@ -12,6 +12,7 @@ from fedfdp.config.choices import (
     DataLocation,
     Mode,
     PrivacyUnit,
+    PrivateStatistics,
     PublicLoss,
 )
 from fedfdp.config.values import ConfigError
@@ -167,8 +168,40 @@ def _check_corrdp(p: PrivacyConfig) -> None:
         )
 
 
+def check_applicability(cfg: Config) -> None:
+    """Refuse a key set (to a value other than its default) where it has no effect.
+
+    Where each key acts is data in the key table (:attr:`KeySpec.applies`), so
+    ``fedfdp keys`` and ``docs/configuration.md`` show it too; a deciding value
+    that is an import path (a user's model or dataset) admits every key. E.g.
+    ``mode = "nonprivate"`` with ``noise-multiplier = 1``:
+    ``noise-multiplier=1.0: has no effect with mode='nonprivate' (it applies with mode in dp, ...)``.
+    """
+    from dataclasses import fields
+
+    from fedfdp.config.keys import KEYS
+    from fedfdp.config.values import IMPORT_PATH, flat_value
+
+    flat = cfg.to_flat()
+    for spec in KEYS:
+        if spec.applies is None:
+            continue
+        section = getattr(cfg, spec.section)
+        field = next(f for f in fields(section) if f.name == spec.attr)
+        if flat[spec.key] == flat_value(spec, field.default):
+            continue
+        for decider, accepted in spec.applies.when:
+            actual = str(flat.get(decider, ""))
+            if actual not in accepted and not IMPORT_PATH.match(actual):
+                raise ConfigError(
+                    f"{spec.key}={flat[spec.key]!r}: has no effect with {decider}={actual!r} (it applies "
+                    f"with {spec.applies.text()}); remove it"
+                )
+
+
 def check_config(cfg: Config) -> None:
-    """Settings of different sections that only make sense together."""
+    """Settings of different sections that only make sense together; last, a key set
+    where it has no effect (:func:`check_applicability`)."""
     p, t = cfg.privacy, cfg.training
     if p.reproducible_noise and cfg.data.data_location is DataLocation.NODE:
         raise ConfigError(
@@ -188,11 +221,23 @@ def check_config(cfg: Config) -> None:
             "training record); declare the TVs (insensitive-tv) for a deployment"
         )
     _check_images(cfg)
+    d = cfg.data
+    if p.public_loss is PublicLoss.LABEL_FREE and d.dataset == "csv" and not d.label_classes:
+        raise ConfigError(
+            "label-classes='': under public-loss='label-free' the label is private, and its classes "
+            "taken from the data would disclose them; declare label-classes"
+        )
+    if p.mode is Mode.CORRDP and d.private_statistics is PrivateStatistics.ESTIMATE:
+        raise ConfigError(
+            "private-statistics='estimate' with mode='corrdp': the CorrDP accountant does not compose "
+            "the estimates' Gaussian histograms; declare private-ranges and private-categories"
+        )
     if p.public_loss is PublicLoss.LABEL_FREE and t.model != "logistic":
         raise ConfigError(
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
             "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
         )
+    check_applicability(cfg)
 
 
 def _check_images(cfg: Config) -> None:
@@ -236,6 +281,7 @@ def check_data(d: DataConfig) -> None:
         "public-ranges": d.public_ranges,
         "public-categories": d.public_categories,
         "label-classes": d.label_classes,
+        "estimated-ranges": d.estimated_ranges,
     }
     _check_location(d)
     if d.num_devices == 0 and not (
@@ -293,12 +339,36 @@ def check_data(d: DataConfig) -> None:
                 raise ConfigError(
                     f"{side}-ranges and {side}-categories both declare {sorted(ranges & cats)}: pick one"
                 )
+        _check_estimates(d)
     if d.dataset in ("watch", "storms", "csv") and d.dirichlet_alpha and (
         d.dataset != "csv" or d.device_column
     ):
         raise ConfigError(
             f"dirichlet-alpha={d.dirichlet_alpha}: dataset={d.dataset!r} has natural devices; "
             "the Dirichlet split applies to datasets without them"
+        )
+
+
+def _check_estimates(d: DataConfig) -> None:
+    """``estimated-ranges``: what ``private-statistics = "estimate"`` released, for
+    undeclared private columns only, and only through the central table."""
+    estimated = [n for n, _, _ in d.estimated_ranges]
+    if estimated and d.private_statistics is not PrivateStatistics.ESTIMATE:
+        raise ConfigError(
+            f"estimated-ranges names {estimated}: ranges released by private-statistics='estimate' "
+            f"(got {str(d.private_statistics)!r}); declare them in private-ranges instead"
+        )
+    declared = {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}
+    wrong = sorted((set(estimated) - set(d.private_columns)) | (set(estimated) & declared))
+    if wrong:
+        raise ConfigError(
+            f"estimated-ranges names {wrong}: only private columns without a declared encoding "
+            f"are estimated (private-columns={list(d.private_columns)})"
+        )
+    if d.private_statistics is PrivateStatistics.ESTIMATE and d.data_location is not DataLocation.CENTRAL:
+        raise ConfigError(
+            "private-statistics='estimate': needs data-location='central' (one estimate over the "
+            "table, released to every site); declare private-ranges and private-categories for a deployment"
         )
 
 

@@ -28,12 +28,13 @@ the key must be positive.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from fedfdp.config.choices import (
     DATASETS,
+    IMAGE_DATASETS,
     MODELS,
     Aggregation,
     Choice,
@@ -42,6 +43,7 @@ from fedfdp.config.choices import (
     Mode,
     Optimizer,
     PrivacyUnit,
+    PrivateStatistics,
     PublicLoss,
 )
 
@@ -96,6 +98,51 @@ class Guarantee(Choice):
 
 
 @dataclass(frozen=True)
+class Applies:
+    """Where a key has an effect: for each deciding key, the values under which it acts.
+
+    A key with a non-default value outside its scope is refused when the
+    configuration is validated (:func:`fedfdp.config.checks.check_applicability`),
+    naming the key, the deciding setting and where the key applies: a setting is
+    never silently ignored. A deciding value that is an import path (a user's model
+    or dataset) is taken to use every key (its code may read it).
+
+    Attributes
+    ----------
+    when : tuple of (str, tuple of str)
+        ``(deciding key, accepted values)`` pairs, all of which must hold, e.g.
+        ``(("mode", ("dp", "fdp")),)``.
+
+    Examples
+    --------
+    >>> only(mode=("dp", "fdp")).text()
+    'mode in dp, fdp'
+    """
+
+    when: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def admits(self, decider: str, value: str) -> bool:
+        """Whether the key may act when ``decider`` has ``value`` (the other deciding
+        keys aside).
+
+        Examples
+        --------
+        >>> only(mode=("dp",)).admits("mode", "public"), only(mode=("dp",)).admits("dataset", "csv")
+        (False, True)
+        """
+        return all(value in accepted for key, accepted in self.when if key == decider)
+
+    def text(self) -> str:
+        """Where the key applies, in words (``docs/configuration.md``, ``fedfdp keys``)."""
+        return "; ".join(f"{key} in {', '.join(values)}" for key, values in self.when)
+
+
+def only(**when: Sequence[str]) -> Applies:
+    """:class:`Applies` from keyword arguments (``data_location=`` for ``data-location``)."""
+    return Applies(tuple((k.replace("_", "-"), tuple(str(v) for v in vs)) for k, vs in when.items()))
+
+
+@dataclass(frozen=True)
 class KeySpec:
     """One configuration key.
 
@@ -120,6 +167,9 @@ class KeySpec:
     unset_word : str
         A second spelling of "not set" besides ``""`` (``clipping-quantile``:
         ``"auto"``), written by :meth:`fedfdp.config.Config.to_flat`.
+    applies : Applies or None
+        Where the key has an effect (``None``: in every configuration); a
+        non-default value elsewhere is refused.
     """
 
     key: str
@@ -132,6 +182,7 @@ class KeySpec:
     choice_type: type[Choice] | None = None
     names: tuple[str, ...] = ()
     unset_word: str = ""
+    applies: Applies | None = None
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -155,6 +206,13 @@ P, T, D, R = Section.PRIVACY, Section.TRAINING, Section.DATA, Section.RUN
 K = Kind
 YES, NO, IF_REPRODUCIBLE = Guarantee.YES, Guarantee.NO, Guarantee.IF_REPRODUCIBLE
 
+#: Where keys have an effect (:class:`Applies`): the noisy modes (σ, the target and the
+#: cap, clipping), the modes with a private part (its sampling rate), CorrDP, images.
+NOISY = only(mode=tuple(m for m in Mode if m.is_private))
+WITH_PRIVATE_PART = only(mode=tuple(m for m in Mode if m is not Mode.PUBLIC))
+CORRDP = only(mode=(Mode.CORRDP,))
+IMAGES = only(dataset=IMAGE_DATASETS)
+
 #: The ε a private mode calibrates σ to when neither ``noise-multiplier`` nor
 #: ``target-epsilon`` is set (:attr:`fedfdp.config.PrivacyConfig.calibration_target`).
 DEFAULT_TARGET_EPSILON = 2.0
@@ -167,28 +225,29 @@ KEYS: tuple[KeySpec, ...] = (
             "`fdp-dpsgd`, `corrdp`: a CorrDP ε)", choice_type=Mode),
     KeySpec("noise-multiplier", P, "noise_multiplier", K.FLOAT_POS, YES,
             "σ: the noise on the private sum has std σ·C; give it or `target-epsilon`, not both",
-            unset="σ is calibrated to the calibration target"),
+            unset="σ is calibrated to the calibration target", applies=NOISY),
     KeySpec("target-epsilon", P, "target_epsilon", K.FLOAT_POS, YES,
             "ε (add/remove, at `delta`, upper bound) the private rounds end at, not above; σ is calibrated",
-            unset=f"{DEFAULT_TARGET_EPSILON} when noise-multiplier is unset too, else none"),
+            unset=f"{DEFAULT_TARGET_EPSILON} when noise-multiplier is unset too, else none", applies=NOISY),
     KeySpec("max-epsilon", P, "max_epsilon", K.FLOAT_POS, YES,
             "hard budget: a round that would take ε above it is refused",
-            unset="the calibration target when σ is calibrated, no cap when σ is given"),
+            unset="the calibration target when σ is calibrated, no cap when σ is given", applies=NOISY),
     KeySpec("delta", P, "delta", K.FLOAT01_OPEN, YES,
             "δ of every reported ε", unset="1/(2N), N the training records"),
     KeySpec("clipping-norm", P, "clipping_norm", K.FLOAT_POS, YES,
             "C: per-unit L2 bound of the private gradient (the sensitivity); with adaptive clipping, "
-            "the first round's"),
+            "the first round's", applies=NOISY),
     KeySpec("clipping-quantile", P, "clipping_quantile", K.FLOAT01, YES,
             "γ: adaptive clipping tracks the γ-quantile of the private gradients' norms; 0: a fixed C",
             unset="the mode's recipe: in fdp, γ from the run's noise level; in other modes, a fixed C",
-            unset_word="auto"),
+            unset_word="auto", applies=NOISY),
     KeySpec("clipping-learning-rate", P, "clipping_learning_rate", K.FLOAT_POS, YES,
-            "η of adaptive clipping's geometric update C ← C·exp(−η(b̃ − γ))"),
+            "η of adaptive clipping's geometric update C ← C·exp(−η(b̃ − γ))", applies=NOISY),
     KeySpec("clipping-budget-share", P, "clipping_budget_share", K.FLOAT01_OPEN, YES,
-            "share of each adaptive round's privacy spent on the noisy count of vectors within C"),
+            "share of each adaptive round's privacy spent on the noisy count of vectors within C",
+            applies=NOISY),
     KeySpec("sampling-rate", P, "sampling_rate", K.PROB, YES,
-            "q: Poisson inclusion probability of a record in the private batch"),
+            "q: Poisson inclusion probability of a record in the private batch", applies=WITH_PRIVATE_PART),
     KeySpec("public-batch-size", P, "public_batch_size", K.INT_POS, NO,
             "m': uniform public batch, drawn independently of the private one (Prop. 3); costs no ε"),
     KeySpec("public-loss", P, "public_loss", K.CHOICE, YES,
@@ -211,28 +270,31 @@ KEYS: tuple[KeySpec, ...] = (
             "true: the secret randomness derives from `seed` (tests, tables); the guarantee then holds "
             "only against parties who do not know it, and deployments refuse it"),
     KeySpec("sensitive-columns", P, "sensitive_columns", K.STRLIST, YES,
-            "CorrDP: the sensitive features (empty: the dataset's private columns)"),
+            "CorrDP: the sensitive features (empty: the dataset's private columns)", applies=CORRDP),
     KeySpec("insensitive-tv", P, "insensitive_tv", K.TVS, YES,
-            "CorrDP: declared TV(j) in [0, 1] of insensitive features (`*`: every other one)"),
+            "CorrDP: declared TV(j) in [0, 1] of insensitive features (`*`: every other one)",
+            applies=CORRDP),
     KeySpec("tv-estimate", P, "tv_estimate", K.BOOL, YES,
-            "CorrDP: estimate undeclared TVs in-sample (Def. 3.10, inflated; spends `tv-delta`)"),
+            "CorrDP: estimate undeclared TVs in-sample (Def. 3.10, inflated; spends `tv-delta`)",
+            applies=CORRDP),
     KeySpec("tv-bins", P, "tv_bins", K.BINS, YES,
-            "CorrDP: public cut points of every numeric input the TV estimate bins"),
+            "CorrDP: public cut points of every numeric input the TV estimate bins", applies=CORRDP),
     KeySpec("tv-min-prob", P, "tv_min_prob", K.PROB, YES,
             "CorrDP: π_min, declared lower bound on every bin's probability (needed by `tv-estimate`)",
-            unset="none declared, and tv-estimate is refused"),
+            unset="none declared, and tv-estimate is refused", applies=CORRDP),
     KeySpec("tv-delta", P, "tv_delta", K.FLOAT01_OPEN, YES,
-            "CorrDP: δ spent by the TV estimate (part of `delta`)", unset="half of delta"),
+            "CorrDP: δ spent by the TV estimate (part of `delta`)", unset="half of delta", applies=CORRDP),
     KeySpec("corrdp-weight-bound", P, "corrdp_weight_bound", K.FLOAT_POS, YES,
-            "CorrDP: D, every weight column is projected to norm ≤ D"),
+            "CorrDP: D, every weight column is projected to norm ≤ D", applies=CORRDP),
     KeySpec("corrdp-feature-bound", P, "corrdp_feature_bound", K.FLOAT_POS, YES,
             "CorrDP: B, inputs are clamped to [−B, B]",
-            unset="the dataset's declared bound, else 1 (declared ranges encode to [−1, 1])"),
+            unset="the dataset's declared bound, else 1 (declared ranges encode to [−1, 1])", applies=CORRDP),
     KeySpec("corrdp-tv-floor", P, "corrdp_tv_floor", K.FLOOR, YES,
-            "CorrDP: floor of an insensitive block's noise factor (Eq. (3)); `paper`: (m_s/m)²"),
+            "CorrDP: floor of an insensitive block's noise factor (Eq. (3)); `paper`: (m_s/m)²",
+            applies=CORRDP),
     KeySpec("corrdp-clip-shares", P, "corrdp_clip_shares", K.CHOICE, YES,
             "CorrDP: per-block clipping shares, `proportional` to each block's input bound, or `equal`",
-            choice_type=ClipShares),
+            choice_type=ClipShares, applies=CORRDP),
     KeySpec("aggregation", P, "aggregation", K.CHOICE, YES,
             "`plain`: a trusted server adds the noise; `secagg`: secure aggregation, each SuperNode adds "
             "discrete Gaussian noise and the server sees only the noisy sum (docs/secagg_accounting.md)",
@@ -255,7 +317,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("alpha", T, "alpha", K.FLOAT_POS, NO,
             "α: g = g_pub + α·g̃_priv (post-processing of the noisy sum)"),
     KeySpec("learning-rate", T, "learning_rate", K.FLOAT_POS, NO, "the server optimiser's step size"),
-    KeySpec("momentum", T, "momentum", K.FLOAT01, NO, "SGD momentum"),
+    KeySpec("momentum", T, "momentum", K.FLOAT01, NO, "SGD momentum", applies=only(optimizer=("sgd",))),
     KeySpec("optimizer", T, "optimizer", K.CHOICE, NO, "the server's optimiser: `sgd` or `adam`",
             choice_type=Optimizer),
     KeySpec("model", T, "model", K.CHOICE_OR_PATH, YES,
@@ -266,7 +328,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("hidden-sizes", T, "hidden_sizes", K.INTLIST, YES,
             "widths of the MLP's hidden layers (empty: two of `hidden-size`): the parameter count"),
     KeySpec("cnn-width", T, "cnn_width", K.INT_POS, YES,
-            "`cnn`: channels of the first convolution: the parameter count"),
+            "`cnn`: channels of the first convolution: the parameter count", applies=only(model=("cnn",))),
     KeySpec("dataset", D, "dataset", K.CHOICE_OR_PATH, YES,
             "the records, Ψ and the private columns (docs/datasets.md), or `package.module:load`",
             names=DATASETS),
@@ -287,12 +349,14 @@ KEYS: tuple[KeySpec, ...] = (
             "`csv`: the natural device of each row (public): the device sizes"),
     KeySpec("dirichlet-alpha", D, "dirichlet_alpha", K.FLOAT0, YES,
             "0: IID split; > 0: per-device label mix Dirichlet(α) (datasets without natural devices)"),
-    KeySpec("blur-kernel", D, "blur_kernel", K.ODD_POS, YES, "images: Ψ's Gaussian blur, kernel width (odd)"),
-    KeySpec("blur-sigma", D, "blur_sigma", K.FLOAT_POS, YES, "images: Ψ's Gaussian blur, its σ in pixels"),
+    KeySpec("blur-kernel", D, "blur_kernel", K.ODD_POS, YES, "images: Ψ's Gaussian blur, kernel width (odd)",
+            applies=IMAGES),
+    KeySpec("blur-sigma", D, "blur_sigma", K.FLOAT_POS, YES, "images: Ψ's Gaussian blur, its σ in pixels",
+            applies=IMAGES),
     KeySpec("blur-levels", D, "blur_levels", K.LEVELS, YES,
-            "images: Ψ quantised to this many grey levels (0: the exact, invertible blur)"),
+            "images: Ψ quantised to this many grey levels (0: the exact, invertible blur)", applies=IMAGES),
     KeySpec("image-pool", D, "image_pool", K.INT_POS, YES,
-            "images: average-pool every image by this factor first (2: MNIST at 14×14)"),
+            "images: average-pool every image by this factor first (2: MNIST at 14×14)", applies=IMAGES),
     KeySpec("private-ranges", D, "private_ranges", K.RANGES, YES,
             "`csv`: declared ranges of numeric private columns, scaled to [−1, 1]"),
     KeySpec("private-categories", D, "private_categories", K.CATEGORIES, YES,
@@ -303,24 +367,39 @@ KEYS: tuple[KeySpec, ...] = (
             "`csv`: declared categories of public columns"),
     KeySpec("label-classes", D, "label_classes", K.CLASSES, YES,
             "`csv`: the label values in class order (empty: the file's sorted distinct values)"),
+    KeySpec("private-statistics", D, "private_statistics", K.CHOICE, YES,
+            "`csv`: an undeclared private column: `declared` refuses the run, `estimate` releases a noisy "
+            "range charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
+    KeySpec("estimation-epsilon", D, "estimation_epsilon", K.FLOAT_POS, YES,
+            "`private-statistics = \"estimate\"`: ε of all the estimates together at δ = 1/(2N); "
+            "training is calibrated on the composition"),
+    KeySpec("estimated-ranges", D, "estimated_ranges", K.RANGES, YES,
+            "the noisy ranges `private-statistics = \"estimate\"` released (written by the run, charged "
+            "once per column in the ledger)"),
     KeySpec("data-location", D, "data_location", K.CHOICE, YES,
             "`central`, or `node`: each SuperNode reads its own file and is one device (docs/deploy.md)",
             choice_type=DataLocation),
     KeySpec("test-path", D, "test_path", K.STR, NO,
             "`data-location = \"node\"`: the server's held-out file, evaluation only"),
-    KeySpec("window-size", D, "window_size", K.INT_POS, YES, "`watch`: samples per window (50 Hz): N"),
+    KeySpec("window-size", D, "window_size", K.INT_POS, YES, "`watch`: samples per window (50 Hz): N",
+            applies=only(dataset=("watch",))),
     KeySpec("max-records", D, "max_records", K.INT0, YES,
             "read at most this many rows of a file (0: all): N"),
     KeySpec("num-public-features", D, "num_public_features", K.INT_POS, YES,
-            "`purchase100`: how many of the 600 features are public (Ψ)"),
+            "`purchase100`: how many of the 600 features are public (Ψ)",
+            applies=only(dataset=("purchase100",))),
     KeySpec("hash-buckets", D, "hash_buckets", K.INT_POS, YES,
-            "`criteo`: width of the hashed one-hot encoding of the categories"),
-    KeySpec("num-sensitive", D, "num_sensitive", K.INT_POS, YES, "`correlated`: m_s sensitive columns"),
-    KeySpec("num-insensitive", D, "num_insensitive", K.INT_POS, YES, "`correlated`: m_u insensitive columns"),
+            "`criteo`: width of the hashed one-hot encoding of the categories",
+            applies=only(dataset=("criteo",))),
+    KeySpec("num-sensitive", D, "num_sensitive", K.INT_POS, YES, "`correlated`: m_s sensitive columns",
+            applies=only(dataset=("correlated",))),
+    KeySpec("num-insensitive", D, "num_insensitive", K.INT_POS, YES, "`correlated`: m_u insensitive columns",
+            applies=only(dataset=("correlated",))),
     KeySpec("correlation", D, "correlation", K.UNIT, YES,
-            "`correlated`: ρ, the chance an insensitive column copies a sensitive sign (its TV)"),
+            "`correlated`: ρ, the chance an insensitive column copies a sensitive sign (its TV)",
+            applies=only(dataset=("correlated",))),
     KeySpec("label-signal", D, "label_signal", K.FLOAT_POS, YES,
-            "`correlated`: how strongly the signs decide the label"),
+            "`correlated`: how strongly the signs decide the label", applies=only(dataset=("correlated",))),
     KeySpec("seed", T, "seed", K.INT0, IF_REPRODUCIBLE,
             "the public randomness (initialisation, public batches, node choice); with "
             "`reproducible-noise`, the secret noise too"),

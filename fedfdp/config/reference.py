@@ -45,6 +45,9 @@ class KeyReference:
         Whether it defines the guarantee (is an input of the resolved mechanism).
     meaning : str
         One line; for a key that may be left unset, what "not set" means.
+    applies : str
+        Where the key has an effect (``"always"``, or e.g. ``"mode in dp, fdp"``): a
+        value other than the default elsewhere is refused.
 
     Examples
     --------
@@ -61,6 +64,7 @@ class KeyReference:
     default: str
     guarantee: Guarantee
     meaning: str
+    applies: str = "always"
 
 
 def toml_literal(value: Any) -> str:
@@ -116,6 +120,7 @@ def key_reference() -> tuple[KeyReference, ...]:
             default=toml_literal(flat_value(spec, getattr(getattr(defaults, spec.section), spec.attr))),
             guarantee=spec.guarantee,
             meaning=_meaning(spec),
+            applies=spec.applies.text() if spec.applies is not None else "always",
         )
         for spec in KEYS
     )
@@ -172,6 +177,19 @@ def reference_markdown() -> str:
         f"`fedfdp.config.ORCHESTRATION_KEYS` ({len(ORCHESTRATION_KEYS)} keys),",
         "`Config.guarantee_inputs()`, and `fedfdp.config.key_reference()` for these rows.",
         "",
+        "**Where a key acts.** The `applies` column says in which configurations a",
+        "key has an effect (`mode in dp, fdp, ...`, `dataset in ...`; `always`:",
+        "everywhere). A key set to anything but its default where it has no effect",
+        "is refused in one line naming the key, the deciding setting and where the",
+        "key applies (`KeySpec.applies`, checked by `check_applicability`); a model",
+        "or dataset given by import path admits every key. In a `fedfdp compare`",
+        "sweep, a shared key reaches only the modes in which it acts; a key of a",
+        "`[mode.NAME]` table must act in that mode.",
+        "",
+        "**One place per file.** An experiment TOML file holds its keys either at",
+        "the top level or in a `[tool.flwr.app.config]` table (as `pyproject.toml`",
+        "does), not both: a file with both is refused, naming the top-level keys.",
+        "",
         "Closed choices are enums that equal their strings (`Mode.FDP == \"fdp\"`):",
         "`Mode`, `PrivacyUnit`, `PublicLoss`, `Optimizer`, `DataLocation`,",
         "`ClipShares`, `TvFloor` (`fedfdp.config`).",
@@ -181,11 +199,12 @@ def reference_markdown() -> str:
             "",
             f"## `{section}`: {_SECTION_TEXT[section]}",
             "",
-            "| key | type | default | guarantee | meaning |",
-            "|---|---|---|---|---|",
+            "| key | type | default | guarantee | applies | meaning |",
+            "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| `{r.key}` | {_cell(r.type)} | `{_cell(r.default)}` | {r.guarantee} | {_cell(r.meaning)} |"
+            f"| `{r.key}` | {_cell(r.type)} | `{_cell(r.default)}` | {r.guarantee} | {_cell(r.applies)} "
+            f"| {_cell(r.meaning)} |"
             for r in rows
             if r.section is section
         ]
