@@ -11,7 +11,6 @@ import pytest
 from fedfdp.config import ConfigError, DataConfig, load_config
 from fedfdp.data import DataError, MissingExtraError, load_dataset
 from fedfdp.data.split import require
-from fedfdp.data.tabular import PrivateStatisticsWarning
 
 
 def _rows(data):
@@ -270,7 +269,7 @@ def test_csv_and_parquet_loader(tmp_path, suffix):
     else:
         frame.to_parquet(path, index=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", PrivateStatisticsWarning)  # everything private is declared
+        warnings.simplefilter("error")  # everything private is declared: nothing to warn about
         data = load_dataset(_csv_cfg(path).data)
     spec = data.spec
     assert spec.public == ("speed", "weather=rain", "weather=sunny")
@@ -311,10 +310,11 @@ def test_csv_parquet_agree(tmp_path):
     np.testing.assert_allclose(_rows(a), _rows(b), atol=1e-6)
 
 
-def test_csv_undeclared_private_columns_warn(tmp_path):
+def test_csv_undeclared_private_columns_are_refused(tmp_path):
     path = tmp_path / "t.csv"
     _table().to_csv(path, index=False)
-    with pytest.warns(PrivateStatisticsWarning, match=r"age \(min/max\).*city \(categories\)"):
+    with pytest.raises(DataError, match=r"\['age', 'city'\] have no declared encoding.*private-ranges.*"
+                       r"private-statistics = \"estimate\""):
         load_dataset(_csv_cfg(path, **{"private-ranges": "", "private-categories": ""}).data)
 
 

@@ -28,7 +28,7 @@ def _table(tmp_path, rows, header="site,speed,heading,lat,y"):
 def _cfg(path, **kw):
     base = {"dataset": "csv", "data-path": str(path), "label-column": "y",
             "public-columns": ["speed", "heading"], "private-columns": ["lat"], "num-devices": 2,
-            "test-fraction": 0.2}
+            "test-fraction": 0.2, "private-ranges": "lat=-90:90"}
     return load_config({**base, **kw})
 
 
@@ -82,7 +82,8 @@ def test_a_public_device_column_may_be_a_feature_a_private_one_is_refused(tmp_pa
 def _base(path, **kw):
     """A csv configuration without num-devices (the user's first try)."""
     return {"dataset": "csv", "data-path": str(path), "label-column": "y",
-            "public-columns": ["speed", "heading"], "private-columns": ["lat"], "test-fraction": 0.2, **kw}
+            "public-columns": ["speed", "heading"], "private-columns": ["lat"], "test-fraction": 0.2,
+            "private-ranges": "lat=-90:90", **kw}
 
 
 def test_with_a_device_column_num_devices_defaults_to_the_devices_in_the_file(tmp_path):

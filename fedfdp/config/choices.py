@@ -104,6 +104,19 @@ class ClipShares(Choice):
     EQUAL = "equal"
 
 
+class PrivateStatistics(Choice):
+    """``private-statistics``: what a private column without a declared encoding gets.
+
+    ``declared`` (the default) refuses the run: every private column's range or
+    categories, and a private label's classes, must be declared. ``estimate``
+    releases a differentially private estimate of each undeclared numeric range
+    (:mod:`fedfdp.data.private_statistics`), charged to the run's ledger.
+    """
+
+    DECLARED = "declared"
+    ESTIMATE = "estimate"
+
+
 class TvFloor(Choice):
     """``corrdp-tv-floor`` as a word: ``paper``, the floor ``(m_s/m)²`` of Eq. (3)
     (otherwise the key is a number in [0, 1])."""

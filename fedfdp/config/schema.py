@@ -41,6 +41,7 @@ from fedfdp.config.choices import (
     Mode,
     Optimizer,
     PrivacyUnit,
+    PrivateStatistics,
     PublicLoss,
     TvFloor,
 )
@@ -403,6 +404,19 @@ class DataConfig:
     label_classes : tuple of str
         ``csv``: the declared label values, in class order; empty: the sorted
         distinct values of the file (``central`` only).
+    private_statistics : PrivateStatistics
+        ``csv``: what a private column without ``private-ranges`` or
+        ``private-categories`` gets: ``declared`` (default) refuses the run;
+        ``estimate`` releases a Gaussian-noised range of each such numeric column,
+        charged to the ledger (:mod:`fedfdp.data.private_statistics`).
+    estimation_epsilon : float
+        ``estimate``: ε of all the estimates together at ``δ = 1/(2N)`` (their noise
+        multiplier is calibrated to it); a target ε is met by the accountant's
+        composition of the estimates and the training rounds.
+    estimated_ranges : tuple of (column, low, high)
+        The noisy ranges an ``estimate`` released, written into the run's
+        configuration so that every process and a resume encode alike (each column
+        is charged once, whether estimated now or read back).
     data_location : DataLocation
         ``central`` (default) or ``node``: every SuperNode reads its own
         ``csv`` file, named by ``data-path`` in its **node config**, and serves
@@ -447,6 +461,9 @@ class DataConfig:
     public_ranges: tuple[tuple[str, float, float], ...] = ()
     public_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     label_classes: tuple[str, ...] = ()
+    private_statistics: PrivateStatistics = PrivateStatistics.DECLARED
+    estimation_epsilon: float = 0.5
+    estimated_ranges: tuple[tuple[str, float, float], ...] = ()
     data_location: DataLocation = DataLocation.CENTRAL
     test_path: str = ""
     window_size: int = 100

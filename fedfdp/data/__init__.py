@@ -28,6 +28,7 @@ from functools import lru_cache
 from fedfdp.config import DATASETS, Config, DataConfig, DataLocation
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
+from fedfdp.data.private_statistics import estimated_columns
 from fedfdp.data.split import DataError, MissingExtraError
 
 __all__ = [
@@ -167,9 +168,12 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
 def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     """``cfg`` with ``num-devices = 0`` (one device per value of ``device-column``)
     replaced by the number of devices of the table (``data``, or the table
-    loaded now); any other configuration unchanged. Every part of a run that
-    needs the count before it sees the data (SuperNodes, the strategy's
-    registrations, ``config.toml``) uses the resolved configuration.
+    loaded now), and with the ranges ``private-statistics = "estimate"`` released
+    while loading it written into ``estimated-ranges`` (so every process and a
+    resume encode with the same released values, and none estimates again);
+    any other configuration unchanged. Every part of a run that needs the count
+    before it sees the data (SuperNodes, the strategy's registrations,
+    ``config.toml``) uses the resolved configuration.
 
     Examples
     --------
@@ -178,7 +182,14 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     >>> resolve_devices(load_config({"num-devices": 7})).data.num_devices
     7
     """
-    if cfg.data.num_devices:
+    needs_devices = not cfg.data.num_devices
+    needs_ranges = bool(estimated_columns(cfg.data)) and not cfg.data.estimated_ranges
+    if not (needs_devices or needs_ranges):
         return cfg
     data = data if data is not None else load_dataset(cfg.data)
-    return replace(cfg, data=replace(cfg.data, num_devices=len(data.devices)))
+    changes: dict[str, object] = {}
+    if needs_devices:
+        changes["num_devices"] = len(data.devices)
+    if data.estimated_ranges != cfg.data.estimated_ranges:
+        changes["estimated_ranges"] = data.estimated_ranges
+    return replace(cfg, data=replace(cfg.data, **changes)) if changes else cfg

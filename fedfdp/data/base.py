@@ -73,6 +73,11 @@ class FederatedData:
         Image datasets: every record's ``x`` is a ``(C, H, W)`` image in [0, 1] and the
         public view is its Gaussian blur (``blur-kernel``, ``blur-sigma``, ``blur-levels``;
         :func:`fedfdp.losses.build_decomposition`); ``None`` for tables.
+    estimated_ranges : tuple of (column, low, high)
+        Ranges of private columns released by ``private-statistics = "estimate"``
+        (Gaussian-noised, charged to the ledger; :mod:`fedfdp.data.private_statistics`),
+        which :func:`fedfdp.data.resolve_devices` writes into the run's configuration
+        (``estimated-ranges``) so that every process encodes alike.
 
     Your own data plugs in as one of these (no change to ``fedfdp/data``): in
     Python, pass it to :func:`fedfdp.run_centralised`; in a configuration, name
@@ -103,6 +108,7 @@ class FederatedData:
     public_loss: str = "zero"
     input_bound: float | None = None
     image_shape: tuple[int, int, int] | None = None
+    estimated_ranges: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.spec is None) == (self.image_shape is None):

@@ -13,10 +13,14 @@ numeric public             ``[low, high] → [−1, 1]`` (linear, not      stand
                            clipped: Ψ is disclosed anyway)             training split's mean and std
 text public                one-hot over the declared categories        one-hot over the training
                                                                        split's categories
-numeric private            ``[low, high] → [−1, 1]``, clipped          the data's min/max, with a
-                                                                       :class:`PrivateStatisticsWarning`
-text private               one-hot over the declared categories        the data's categories, warned
-label                      index in ``label-classes``                  sorted distinct values
+numeric private            ``[low, high] → [−1, 1]``, clipped          refused, or with
+                                                                       ``private-statistics =
+                                                                       "estimate"`` a noisy range
+                                                                       charged to the ε, clipped
+text private               one-hot over the declared categories        refused
+label                      index in ``label-classes``                  sorted distinct values (the
+                                                                       label is public; refused when
+                                                                       it is private, label-free)
 =========================  ==========================================  =============================
 
 Missing values encode to 0 (numeric: the range centre or the mean) or to an
@@ -24,7 +28,9 @@ all-zero one-hot block (missing or undeclared category).
 
 Why declarations matter for privacy: scaling a private column by its min/max
 or enumerating its values discloses statistics of the private features that
-no ε accounts for. Why they matter for deployments: with
+no ε accounts for; so a private column is declared or estimated with accounted
+noise (:mod:`fedfdp.data.private_statistics`), never encoded with the data's own
+statistics. Why they matter for deployments: with
 ``data-location = "node"`` every SuperNode encodes its own file, and only a
 fully declared encoding (``strict``) guarantees that all sites and the server
 map the same record to the same input vector without exchanging statistics of
@@ -40,12 +46,9 @@ import numpy as np
 import pandas as pd
 
 from fedfdp.config import DataConfig
+from fedfdp.data.private_statistics import refuse_undeclared
 from fedfdp.data.split import DataError
 from fedfdp.features import FeatureSpec
-
-
-class PrivateStatisticsWarning(UserWarning):
-    """A private column was scaled or encoded with statistics of the data itself."""
 
 
 def is_numeric(series: pd.Series) -> bool:
@@ -235,35 +238,31 @@ def table_encoding(
     cfg: DataConfig,
     frame: pd.DataFrame | None = None,
     train: np.ndarray | None = None,
-) -> tuple[TableEncoding, list[str]]:
+) -> TableEncoding:
     """Build the encoding of ``cfg``'s columns.
 
     Parameters
     ----------
     cfg : DataConfig
-        Column lists and declarations.
+        Column lists and declarations; a private column's range may also come from
+        ``estimated-ranges`` (released with accounted noise,
+        :func:`fedfdp.data.private_statistics.estimate_private_ranges`).
     frame : DataFrame, optional
-        The reference table for what is not declared (public statistics from
-        its ``train`` rows, private statistics from all rows). ``None``: strict,
-        every column and the label classes must be declared.
+        The reference table for undeclared **public** columns (statistics of its
+        ``train`` rows) and the label classes. ``None``: strict, every column and the
+        label classes must be declared. Private columns never read it.
     train : np.ndarray of bool, optional
         Training rows of ``frame`` (default: all).
-
-    Returns
-    -------
-    (TableEncoding, list of str)
-        The encoding, and the private columns whose encoding was computed from
-        the data (to be warned about).
 
     Raises
     ------
     DataError
-        Strict mode with an undeclared column or label classes; a private
-        column without any value.
+        A private column neither declared nor estimated (one line naming the
+        columns and both ways out); strict mode with an undeclared column or label
+        classes.
     """
     if frame is not None and train is None:
         train = np.ones(len(frame), dtype=bool)
-    computed: list[str] = []
 
     def undeclared(col: str, side: str) -> DataError:
         return DataError(
@@ -294,33 +293,18 @@ def table_encoding(
                 public.append(ColumnEncoding(col, "onehot", categories=categories))
 
     private: list[ColumnEncoding] = []
-    ranges = {n: (lo, hi) for n, lo, hi in cfg.private_ranges}
+    ranges = {n: (lo, hi) for n, lo, hi in (*cfg.private_ranges, *cfg.estimated_ranges)}
     cats = dict(cfg.private_categories)
+    missing = [c for c in cfg.private_columns if c not in ranges and c not in cats]
+    if missing:
+        if frame is None:  # strict
+            raise undeclared(missing[0], "private")
+        raise refuse_undeclared(missing, cfg)
     for col in cfg.private_columns:
         if col in ranges:
             private.append(ColumnEncoding(col, "range", *ranges[col], clip=True))
-            continue
-        if col in cats:
-            private.append(ColumnEncoding(col, "onehot", categories=cats[col]))
-            continue
-        if frame is None:  # strict
-            raise undeclared(col, "private")
-        series = frame[col]
-        check_numeric_cells(series, col)
-        if is_numeric(series):
-            seen = _as_float(series)
-            seen = seen[~np.isnan(seen)]
-            if len(seen) == 0:
-                raise DataError(f"private-columns: column {col!r} has no values")
-            lo, hi = float(seen.min()), float(seen.max())
-            private.append(ColumnEncoding(col, "range", lo, hi if hi > lo else lo + 1.0, clip=True))
-            computed.append(f"{col} (min/max)")
         else:
-            values = tuple(sorted({v for v in _text(series) if v is not None}))
-            if not values:
-                raise DataError(f"private-columns: column {col!r} has no values")
-            private.append(ColumnEncoding(col, "onehot", categories=values))
-            computed.append(f"{col} (categories)")
+            private.append(ColumnEncoding(col, "onehot", categories=cats[col]))
 
     enc = TableEncoding(tuple(public), tuple(private), cfg.label_column, label_classes(cfg, frame))
     names = list(enc.spec.columns)
@@ -329,7 +313,7 @@ def table_encoding(
         raise DataError(f"public-columns/private-columns: encoded column names collide: {dup[:5]}")
     if not enc.spec.public:
         raise DataError(f"public-columns={list(cfg.public_columns)}: encode to no column (no values)")
-    return enc, computed
+    return enc
 
 
 def check_columns(frame: pd.DataFrame, cfg: DataConfig, where: str, extra: Sequence[str] = ()) -> None:

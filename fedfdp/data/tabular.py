@@ -34,9 +34,11 @@ Encoding
     (``private-ranges``, e.g. ``"age=0:120,income=0:500000"``;
     ``private-categories``, e.g. ``"city=Paris|Lyon|Nice"``; the same for
     public columns); otherwise, with ``central`` data only, public columns are
-    standardised / one-hot encoded with the training split's statistics, and
-    private columns with the data's min/max or categories, with a
-    :class:`PrivateStatisticsWarning` (a disclosure no ε accounts for).
+    standardised / one-hot encoded with the training split's statistics. A
+    private column without a declaration is refused, or with
+    ``private-statistics = "estimate"`` (numeric columns) scaled to a
+    Gaussian-noised range charged to the run's ε
+    (:mod:`fedfdp.data.private_statistics`).
 Labels
     Any values; rows with a missing label are dropped. Classes are
     ``label-classes`` if declared (other values are refused), else the sorted
@@ -52,7 +54,6 @@ Devices and held-out split
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -62,12 +63,12 @@ import pandas as pd
 from fedfdp.config import DataConfig
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.encoding import (
-    PrivateStatisticsWarning,
     check_columns,
     encode_label_values,
     label_classes,
     table_encoding,
 )
+from fedfdp.data.private_statistics import estimate_private_ranges
 from fedfdp.data.split import (
     DataError,
     assemble,
@@ -78,7 +79,7 @@ from fedfdp.data.split import (
 )
 from fedfdp.features import PublicStatistics
 
-__all__ = ["PrivateStatisticsWarning", "load_csv", "load_frame", "load_heldout", "load_site", "read_table"]
+__all__ = ["load_csv", "load_frame", "load_heldout", "load_site", "read_table"]
 
 
 def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path") -> pd.DataFrame:
@@ -158,16 +159,9 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
         device = split_records(y, num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2),
                                dataset=name)
     test = holdout_records(device, cfg.test_fraction, data_rng(cfg.data_seed, 1))
-    enc, computed = table_encoding(cfg, frame, ~test)
-    if computed:
-        warnings.warn(
-            f"private column(s) {computed} of {where} were scaled/encoded with statistics "
-            "computed from the data, which discloses them outside the privacy guarantee; declare "
-            "private-ranges (numeric) and private-categories (text) in the configuration",
-            PrivateStatisticsWarning,
-            stacklevel=2,
-        )
-    return assemble(
+    cfg = estimate_private_ranges(cfg, frame, ~test)  # refuses what is neither declared nor estimated
+    enc = table_encoding(cfg, frame, ~test)
+    data = assemble(
         name,
         enc.spec,
         enc.encode(frame),
@@ -180,6 +174,7 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
         public_loss="zero",
         public_statistics=enc.public_statistics,
     )
+    return dataclasses.replace(data, estimated_ranges=cfg.estimated_ranges)
 
 
 def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData, np.ndarray, np.ndarray]:
@@ -189,7 +184,7 @@ def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData
     frame = read_table(path, cfg.max_records, key=key)
     check_columns(frame, cfg, where)
     frame = _labelled(frame, cfg, where)
-    enc, _ = table_encoding(cfg)
+    enc = table_encoding(cfg)
     with np.errstate(over="ignore"):  # an overflow to inf is refused just below
         x = np.ascontiguousarray(enc.encode(frame), dtype=np.float32)
     if not np.isfinite(x).all():

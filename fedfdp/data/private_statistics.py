@@ -1,0 +1,273 @@
+"""Statistics of private columns: declared by the user, or released with accounted noise.
+
+The encoding of a private column is part of what a run releases (the model's
+input layout and scale). Scaling a column by its own min/max discloses its
+extreme values; nothing of that kind may leave a run outside the ledger
+(``shared/DESIGN.md`` §2). So a private column's encoding is
+
+* **declared** (``private-ranges``, ``private-categories``; a private label's
+  ``label-classes``): a public fact about the schema, no ε; or
+* **estimated** (``private-statistics = "estimate"``, numeric columns): a range
+  released by the mechanism below and charged to the run's ledger before
+  training, one event per column (:func:`estimation_events`);
+* otherwise the run is **refused** (:func:`refuse_undeclared`), naming the columns
+  and both ways out.
+
+The range estimate (one numeric column)
+---------------------------------------
+1. A histogram of the column's training values over a fixed, public grid of
+   :data:`NUM_BUCKETS` buckets whose edges are signed powers of two
+   (:func:`range_grid`: ``±2^k`` for ``k`` in ``[GRID_MIN_EXPONENT,
+   GRID_MAX_EXPONENT + 1]``, one bucket ``[−2^kmin, 2^kmin)`` around zero; values
+   beyond the outer edges are counted in the outer buckets; a missing value in
+   none).
+2. Gaussian noise ``N(0, σ_e²)`` on every bucket, drawn from the OS CSPRNG
+   (:class:`fedfdp.entropy.OSBits`), never from the configuration's seed.
+3. The released range: from the lower edge of the lowest bucket to the upper edge
+   of the highest bucket whose **noisy** count exceeds ``τ = σ_e Φ⁻¹(1 − β/B)``
+   (:func:`range_from_histogram`; ``β =`` :data:`FALSE_BUCKET_PROBABILITY`). It is
+   a function of the noisy histogram only (post-processing: no further cost).
+
+Sensitivity and relation. One record is in at most one bucket. Under the FDP
+paper's add/remove relation (Definition 6: one record added, only its Ψ known)
+the histogram changes by 1 in one bucket: L2 sensitivity 1, so step 2 is the
+Gaussian mechanism of noise multiplier ``σ_e``, charged as
+``SubsampledGaussian(σ_e, sampling_rate=1)`` (its dominating pair ``N(0, σ_e²)``
+vs ``N(1, σ_e²)``; Theorem 5 with ``q = 1``). Under replacement (Definition 5:
+one record's private value replaced) two buckets change by 1: sensitivity √2,
+covered by Proposition 1 from the add/remove statement, as for every other
+event. Several columns are several events; the accountant composes them with
+the training rounds (Theorem 3), so the printed ε includes them.
+
+What the threshold buys (not privacy, which step 2 already gives): with
+probability at least ``1 − β`` no empty bucket clears ``τ`` (the range stays
+inside the buckets that hold data), and a bucket holding at least
+``τ + σ_e Φ⁻¹(1 − β)`` records clears it with probability at least ``1 − β``.
+Values outside the released range are clipped to its ends, as with a declared
+range.
+
+The budget. ``σ_e`` is the smallest noise multiplier whose estimates alone (one
+event per estimated column) have ε at most ``estimation-epsilon`` at
+``δ_e = 1/(2N)`` (:func:`estimation_noise_multiplier`, the accountant's own
+calibrator; ``N`` the training records, public). A run's ``target-epsilon`` is
+then met by calibrating training on the accountant's composition of the
+estimates and the rounds (:func:`fedfdp.mechanism.resolve_mechanism`), not by
+subtracting ε's.
+
+Text columns are not estimated here: releasing category names from the data
+needs a thresholded histogram with a δ term of its own, which the event
+vocabulary does not carry; they must be declared (``private-categories``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from fedfdp.accounting import FDPAccountant
+from fedfdp.accounting.events import SubsampledGaussian
+from fedfdp.accounting.protocol import calibrate
+from fedfdp.config import DataConfig, PrivateStatistics
+from fedfdp.data.split import DataError
+from fedfdp.entropy import BitStream, OSBits
+from fedfdp.mechanisms import standard_normals
+
+__all__ = [
+    "FALSE_BUCKET_PROBABILITY",
+    "GRID_MAX_EXPONENT",
+    "GRID_MIN_EXPONENT",
+    "NUM_BUCKETS",
+    "Estimate",
+    "estimate_private_ranges",
+    "estimated_columns",
+    "estimation_delta",
+    "estimation_events",
+    "estimation_noise_multiplier",
+    "histogram",
+    "range_from_histogram",
+    "range_grid",
+    "refuse_undeclared",
+    "released_range",
+    "threshold",
+]
+
+#: The grid's smallest magnitude is ``2**GRID_MIN_EXPONENT`` (the zero bucket's half-width).
+GRID_MIN_EXPONENT = -20
+#: Its largest finite inner edge is ``2**GRID_MAX_EXPONENT``; the outer edges are ``±2**(max + 1)``.
+GRID_MAX_EXPONENT = 40
+#: β: the chance that some empty bucket clears the threshold (and that a well-filled one does not).
+FALSE_BUCKET_PROBABILITY = 0.01
+
+
+def range_grid() -> np.ndarray:
+    """The public bucket edges, increasing: ``−2^(max+1), …, −2^min, 2^min, …, 2^(max+1)``.
+
+    Examples
+    --------
+    >>> edges = range_grid()
+    >>> len(edges) - 1 == NUM_BUCKETS, edges[0] == -edges[-1], float(edges[-1]) == 2.0 ** 41
+    (True, True, True)
+    """
+    powers = 2.0 ** np.arange(GRID_MIN_EXPONENT, GRID_MAX_EXPONENT + 2, dtype=np.float64)
+    return np.concatenate([-powers[::-1], powers])
+
+
+#: Buckets of the grid (``2 (max − min + 2) − 1``).
+NUM_BUCKETS = 2 * (GRID_MAX_EXPONENT - GRID_MIN_EXPONENT + 2) - 1
+
+
+def histogram(values: np.ndarray) -> np.ndarray:
+    """Counts of ``values`` (NaN: missing, in no bucket) per bucket of :func:`range_grid`;
+    values beyond the outer edges count in the outer buckets."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    edges = range_grid()
+    index = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, NUM_BUCKETS - 1)
+    return np.bincount(index, minlength=NUM_BUCKETS).astype(np.float64)
+
+
+def threshold(noise_multiplier: float) -> float:
+    """``τ = σ_e Φ⁻¹(1 − β/B)``: an empty bucket's noisy count exceeds it with probability
+    ``β/B``, so some empty bucket does with probability at most ``β`` (union bound)."""
+    return float(noise_multiplier) * NormalDist().inv_cdf(1.0 - FALSE_BUCKET_PROBABILITY / NUM_BUCKETS)
+
+
+def range_from_histogram(noisy: np.ndarray, noise_multiplier: float) -> tuple[float, float] | None:
+    """The released range of a noisy histogram (module docstring, step 3); ``None``
+    when no bucket clears the threshold. Post-processing of ``noisy`` only."""
+    noisy = np.asarray(noisy, dtype=np.float64)
+    if noisy.shape != (NUM_BUCKETS,):
+        raise ValueError(f"noisy histogram of shape {noisy.shape}: expected ({NUM_BUCKETS},)")
+    above = np.flatnonzero(noisy > threshold(noise_multiplier))
+    if len(above) == 0:
+        return None
+    edges = range_grid()
+    return float(edges[above[0]]), float(edges[above[-1] + 1])
+
+
+def released_range(
+    values: np.ndarray, noise_multiplier: float, stream: BitStream | None = None
+) -> tuple[float, float] | None:
+    """Steps 1–3 of the module docstring for one column: the histogram, Gaussian noise
+    of std ``σ_e`` from ``stream`` (default: the OS CSPRNG; a test may inject a seeded
+    stream), the thresholded range."""
+    sigma = float(noise_multiplier)
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"noise_multiplier={noise_multiplier!r}: must be finite and > 0")
+    noise = standard_normals(stream if stream is not None else OSBits(), NUM_BUCKETS) * sigma
+    return range_from_histogram(histogram(values) + noise, sigma)
+
+
+def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
+    """The private columns charged an estimate: under ``private-statistics = "estimate"``,
+    every private column without ``private-ranges`` or ``private-categories`` (estimated
+    now, or read back from ``estimated-ranges``); none otherwise."""
+    if cfg.private_statistics is not PrivateStatistics.ESTIMATE:
+        return ()
+    declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
+    return tuple(c for c in cfg.private_columns if c not in declared)
+
+
+def estimation_delta(num_records: int) -> float:
+    """``δ_e = 1/(2N)``: the δ at which ``estimation-epsilon`` is stated."""
+    if isinstance(num_records, bool) or not isinstance(num_records, int) or num_records < 1:
+        raise ValueError(f"num_records={num_records!r}: must be an integer >= 1")
+    return 1.0 / (2 * num_records)
+
+
+def estimation_noise_multiplier(epsilon: float, count: int, num_records: int) -> float:
+    """``σ_e``: the smallest noise multiplier whose ``count`` Gaussian histograms
+    (sensitivity 1 each) have upper ε at most ``epsilon`` at ``δ_e = 1/(2N)``
+    (the accountant's calibrator, :func:`fedfdp.accounting.protocol.calibrate`)."""
+    try:
+        return calibrate(FDPAccountant, lambda s: SubsampledGaussian(s, 1.0), target_epsilon=epsilon,
+                         rounds=count, delta=estimation_delta(num_records))
+    except ValueError as exc:
+        raise DataError(f"estimation-epsilon={epsilon}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One charged estimate: what it released and its event (a Gaussian histogram)."""
+
+    statistic: str
+    event: SubsampledGaussian
+
+
+def estimation_events(cfg: DataConfig, num_records: int) -> tuple[Estimate, ...]:
+    """The charges of the estimates of ``cfg`` over ``N = num_records`` training records:
+    one ``SubsampledGaussian(σ_e, 1)`` per :func:`estimated_columns` (module docstring).
+    A function of the configuration and ``N`` only: every engine derives the same."""
+    columns = estimated_columns(cfg)
+    if not columns:
+        return ()
+    sigma = estimation_noise_multiplier(cfg.estimation_epsilon, len(columns), num_records)
+    return tuple(Estimate(f"range of {c!r}", SubsampledGaussian(sigma, 1.0)) for c in columns)
+
+
+def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
+    """The one-line refusal of private columns that are neither declared nor estimated."""
+    estimate = cfg.private_statistics is PrivateStatistics.ESTIMATE
+    why = ("they are text, and only numeric ranges are estimated" if estimate
+           else "private-statistics='declared'")
+    return DataError(
+        f"private-columns: {list(columns)} have no declared encoding ({why}); declare them "
+        "(private-ranges = \"col=low:high\", private-categories = \"col=a|b\")"
+        + ("" if estimate else
+           ", or set private-statistics = \"estimate\" to release noisy ranges charged to the run's ε "
+           "(estimation-epsilon)")
+    )
+
+
+def estimate_private_ranges(
+    cfg: DataConfig,
+    frame: pd.DataFrame,
+    train: np.ndarray,
+    stream: BitStream | None = None,
+) -> DataConfig:
+    """``cfg`` with every private column it neither declares nor has an estimate of
+    released now (``estimated-ranges``); refused (:func:`refuse_undeclared`) under
+    ``private-statistics = "declared"`` or for a text column.
+
+    Parameters
+    ----------
+    frame : DataFrame
+        The table; the estimate reads the private columns of its ``train`` rows.
+    train : np.ndarray of bool
+        The training rows (``N`` is their number).
+    stream : BitStream, optional
+        The noise's source (default: the OS CSPRNG).
+    """
+    from fedfdp.data.encoding import check_numeric_cells, is_numeric
+
+    declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
+    done = {n for n, _, _ in cfg.estimated_ranges}
+    todo = [c for c in cfg.private_columns if c not in declared and c not in done]
+    if not todo:
+        return cfg
+    if cfg.private_statistics is not PrivateStatistics.ESTIMATE:
+        raise refuse_undeclared(todo, cfg)
+    for col in todo:
+        check_numeric_cells(frame[col], col)
+    text = [c for c in todo if not is_numeric(frame[c])]
+    if text:
+        raise refuse_undeclared(text, cfg)
+    num_records = int(np.count_nonzero(train))
+    sigma = estimation_events(cfg, num_records)[0].event.noise_multiplier
+    released = list(cfg.estimated_ranges)
+    for col in todo:
+        values = pd.to_numeric(frame[col], errors="coerce").astype("float64").to_numpy()[train]
+        found = released_range(values, sigma, stream)
+        if found is None:
+            raise DataError(
+                f"private-statistics='estimate': column {col!r}: no bucket of its noisy histogram clears "
+                f"the threshold {threshold(sigma):.3g} (noise multiplier {sigma:.3g}: too few records for "
+                f"estimation-epsilon={cfg.estimation_epsilon}); declare its range in private-ranges"
+            )
+        released.append((col, *found))
+    return replace(cfg, estimated_ranges=tuple(released))
