@@ -232,6 +232,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--break {args.break_}: a CorrDP bug; audit it with --relation corrdp")
     from simulations.auditing.analysis import run_audit
     from simulations.auditing.canaries import recommended_setup
+    from simulations.resources import check_audit_memory
 
     relations = ["add-remove", "replacement"] if args.relation == "both" else [args.relation]
     given = {
@@ -245,8 +246,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
         chosen["clipping_quantile"] = _quantile(args.clipping_quantile)
     rows = []
     audited: set[Any] = set()
-    for bug in _bugs(args):
-        setup = recommended_setup(bug, seed=args.seed, **chosen)
+    setups = [(bug, recommended_setup(bug, seed=args.seed, **chosen)) for bug in _bugs(args)]
+    for _, setup in setups:  # before any trial: the observations of every round must fit
+        canaries = setup.alone + setup.twins + setup.crowd + setup.mates + setup.counted
+        check_audit_memory(setup.rounds, canaries)
+    for bug, setup in setups:
         if args.all_bugs and bug is not None and setup not in audited:
             rows += run_audit(setup, relations, None)  # the correct mechanism on the same canaries
         audited.add(setup)
@@ -362,7 +366,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "audit",
         help="empirical privacy: canary audit (lower bound on epsilon) or attribute-inference attack",
         description=(
-            "Canary audit of one round of the real client and strategy: a 95%% lower bound on "
+            "Canary audit of one round of the real client and strategy: a 95% lower bound on "
             "epsilon vs the accountant's claim. With --one-run: one-run auditing of a whole training "
             "run (Steinke et al. 2023) against the run's printed epsilon. With --attack attribute: "
             "attribute inference on the model of a run directory (Theorem 4)."

@@ -18,6 +18,7 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename!r}: " if exc.filename else ""
         print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:
+        if not names_a_key(exc):
+            return _internal_error(exc)
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        if "can't allocate memory" not in str(exc) and "out of memory" not in str(exc).lower():
+            return _internal_error(exc)
+        print(f"error: out of memory running 'fedfdp {args.command}' ({_one_line(exc)[:200]}): reduce the "
+              "model (hidden-sizes), the data (records-per-device, max-records) or the rounds; the ledger "
+              "of a run is intact", file=sys.stderr)
+        return 2
     except MemoryError:
         print(f"error: out of memory running 'fedfdp {args.command}': reduce the model (hidden-sizes), the "
               "data (records-per-device, max-records) or the rounds; the ledger of a run is intact",
@@ -102,10 +115,29 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(resume with fedfdp run --resume DIR)", file=sys.stderr)
         return 130
     except Exception as exc:  # an internal error: one line here, the traceback in a file
-        path = _write_traceback()
-        print(f"internal error: {type(exc).__name__}: {_one_line(exc)} (traceback in {path})",
-              file=sys.stderr)
-        return 1
+        return _internal_error(exc)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """One line naming the exception and the file holding its traceback; status 1."""
+    path = _write_traceback()
+    print(f"internal error: {type(exc).__name__}: {_one_line(exc)} (traceback in {path})", file=sys.stderr)
+    return 1
+
+
+#: ``key=value: ...`` at the start of a message: the form of every refusal of a setting.
+_NAMED_SETTING = re.compile(r"^\s*(--)?([a-z][a-z0-9-]*)=")
+
+
+def names_a_key(exc: BaseException) -> bool:
+    """Whether ``exc`` refuses a user's setting: its message starts ``key=value`` with a
+    configuration key (``records-per-device=1: must be >= 4``, raised by a data
+    loader as a plain ``ValueError``) or a command-line option (``--threads=0``).
+    Such an error is the user's (status 2); any other ``ValueError`` is internal."""
+    from fedfdp.config import KEY_TABLE
+
+    match = _NAMED_SETTING.match(str(exc))
+    return bool(match) and (match.group(1) is not None or match.group(2) in KEY_TABLE)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ from fedfdp.entropy import REPRODUCIBLE_WARNING
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
+    from fedfdp.mechanism import ResolvedMechanism
 
 
 def build_config(config_path: str | None, overrides: Sequence[str], out: str | None) -> Config:
@@ -462,21 +463,46 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
     ledger does not match, before any work starts (errors inside Flower's
     ServerApp thread are only logged)."""
     from fedfdp.ledger import LedgerError
-    from fedfdp.parts import mechanism_for
+    from fedfdp.parts import mechanism_for, public_facts
     from fedfdp.run_files import RunFiles
+    from simulations.resources import check_model_memory
 
     # the mechanism the run's server will resolve (its mode's accounting: corrdp too)
+    check_model_memory(cfg, public_facts(cfg, data).num_params)
     mechanism = mechanism_for(cfg, data)
     try:
         RunFiles(cfg.run.out_dir, cfg).verify(mechanism)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from exc
+    if not cfg.run.resume:
+        _check_first_round_fits(cfg, data, mechanism)
+
+
+def _check_first_round_fits(cfg: Config, data: FederatedData, mechanism: ResolvedMechanism) -> None:
+    """Refuse a cap (``max-epsilon``) below the ε of the first private round: the run
+    would stop before it, with nothing trained."""
+    from fedfdp.parts import server_parts_for
+
+    if mechanism.event is None or mechanism.max_epsilon is None:
+        return
+    accountant = server_parts_for(cfg, data).accounting.new()
+    if not accountant.would_exceed(mechanism.event, 1, max_epsilon=mechanism.max_epsilon,
+                                   delta=mechanism.delta):
+        return
+    accountant.compose(mechanism.event)
+    one = float(accountant.epsilon(mechanism.delta))
+    raise ConfigError(
+        f"max-epsilon={mechanism.max_epsilon:g}: below the ε of one private round ({one:.4g} at "
+        f"delta={mechanism.delta:.3g}, noise-multiplier={mechanism.noise_multiplier}); the run would stop "
+        "before it: raise max-epsilon or the noise"
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
     from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.outputs import CONFIG_FILE, prepare_output_dir
+    from simulations.resources import check_data_memory
 
     if args.resume:
         if args.out or args.config:
@@ -488,6 +514,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
+    check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
