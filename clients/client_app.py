@@ -3,6 +3,10 @@
 ``@app.query`` answers the server's one-time question "which devices do you
 hold and how many training records each" (dataset sizes are public in FDP).
 
+``@app.train("sa_setup" | "sa_keys" | "sa_collect" | "sa_unmask")`` are the four
+stages of a secure-aggregation round (``aggregation = "secagg"``,
+:mod:`clients.secagg_handlers`).
+
 ``@app.train`` runs the node side of one round of Algorithm 1 for the devices
 the instruction names (:func:`fedfdp.contribution.node_contribution`): the
 clipped private sum over each device's Poisson batch — coins and padding from
@@ -48,6 +52,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, MetricRecordVa
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from clients import secagg_handlers
 from fedfdp import protocol as P
 from fedfdp.config import Config, ConfigError, DataLocation, load_config
 from fedfdp.contribution import ClientParts, Contribution, client_update
@@ -385,6 +390,24 @@ def make_client_app(cfg: Config | None = None, *, simulation: bool = False) -> C
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
         private, public, metrics = runtime.train(state, msg.content.config_records[P.CONFIG])
         return reply_message(msg, private, public, metrics)
+
+    # secure aggregation (aggregation = "secagg"): one round in four stages (clients/secagg_handlers.py)
+    @app.train("sa_setup")
+    def sa_setup(msg: Message, context: Context) -> Message:
+        return secagg_handlers.sa_setup(msg, context)
+
+    @app.train("sa_keys")
+    def sa_keys(msg: Message, context: Context) -> Message:
+        return secagg_handlers.sa_keys(msg, context)
+
+    @app.train("sa_collect")
+    def sa_collect(msg: Message, context: Context) -> Message:
+        runtime = node_runtime(_config(cfg, context, simulation), context)
+        return secagg_handlers.sa_collect(msg, context, runtime)
+
+    @app.train("sa_unmask")
+    def sa_unmask(msg: Message, context: Context) -> Message:
+        return secagg_handlers.sa_unmask(msg, context)
 
     return app
 

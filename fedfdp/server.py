@@ -27,6 +27,7 @@ checkpoints — each through its collaborator.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +52,7 @@ from fedfdp.mechanism import (
     ResolvedMechanism,
     replay,
     resolve_mechanism,
+    run_accounting,
     sampling_settings,
 )
 from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
@@ -62,6 +64,12 @@ from fedfdp.sampling_plan import RoundPlan, SamplingPlan, SamplingSettings
 from fedfdp.update import RoundNoise, apply_gradient, build_optimizer, combine_gradient
 
 log = logging.getLogger("fedfdp.server")
+
+class RoundAborted(RuntimeError):
+    """A round could not complete without releasing more than it may (secure
+    aggregation below ``n_min`` survivors, every try): the run stops before it,
+    nothing of it charged or stepped."""
+
 
 @dataclass(frozen=True)
 class ServerParts:
@@ -201,6 +209,8 @@ class FDPServer:
         self.cfg = cfg
         self.evaluate_fn = evaluate_fn
         self.parts = parts if parts is not None else ServerParts()
+        #: The run's accounting: the parts', or the distributed one under secure aggregation.
+        self.accounting = run_accounting(cfg, self.parts.accounting)
         if files is None and cfg.run.out_dir:
             files = RunFiles(cfg.run.out_dir, cfg)
         self.files = files
@@ -235,7 +245,7 @@ class FDPServer:
         facts = PublicFacts(tuple(self.sampling.device_sizes), sum(int(t.numel()) for t in self.params))
         self.mechanism = resolve_mechanism(self.cfg, facts, accounting=self.parts.accounting,
                                            subsampling=self.sampling.subsampling)
-        self.budget = Budget(self.mechanism, self.parts.accounting.new())
+        self.budget = Budget(self.mechanism, self.accounting.new())
         self.ledger = Ledger.start(self.mechanism.to_dict(), self.mechanism.digest())
         if self.parts.project is not None:
             self.parts.project(self.model)  # the initial model in Θ (post-processing: no cost)
@@ -271,24 +281,60 @@ class FDPServer:
             self.files.write_ledger(ledger)
         return attempt
 
-    def begin_round(self, round_: int) -> RoundState:
+    def begin_round(self, round_: int, *, charge: bool = True) -> RoundState:
         """Phase, budget check and write-ahead charge, then the round's sampling.
+
+        ``charge=False`` (secure aggregation): the budget is checked but the charge
+        waits for :meth:`charge_round`, after the collect stage; a round that aborts
+        before it (:meth:`abort_round`) is never charged.
 
         Raises
         ------
         PrivacyBudgetExhausted
             The round would take ε above the cap; nothing was charged.
         """
-        sampling, mechanism, budget, _ = self._ready()
+        sampling, mechanism, budget, ledger = self._ready()
         phase = mechanism.phase(round_)
         attempt = 0
         if phase.noise:
             budget.check()
-            attempt = self.charge(round_)
+            attempt = self.charge(round_) if charge else ledger.attempts(round_)
         public_rng = server_public_rng(self.cfg.training.seed, round_)
         plan = sampling.round(phase, public_rng, self.secrets.device_draw(round_, attempt))
         self.current = RoundState(round_, phase, attempt, plan, self.clipping_norm)
         return self.current
+
+    def charge_round(self) -> None:
+        """The deferred charge of the round in flight (``begin_round(charge=False)``):
+        budget check, then the event written durably to the ledger and composed —
+        before anything of the round is released (secure aggregation: before unmasking).
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            Nothing was charged.
+        """
+        state = self.current
+        if state is None:
+            raise RuntimeError("charge_round without begin_round")
+        _, _, budget, _ = self._ready()
+        if not state.phase.noise:
+            raise RuntimeError(f"round {state.round}: a round without noise is not charged")
+        budget.check()
+        state.attempt = self.charge(state.round)
+
+    def abort_round(self, stats: RoundStats | None = None) -> RoundOutcome:
+        """End the round in flight without a step: the model, the optimizer, ``C`` and
+        the ledger are unchanged (secure aggregation below ``n_min`` survivors)."""
+        state = self.current
+        if state is None:
+            raise RuntimeError("abort_round without begin_round")
+        _, _, budget, _ = self._ready()
+        self.current = None
+        log.warning("round %d aborted: no step, nothing charged", state.round)
+        epsilons = self.accounting.columns(budget.epsilon())
+        return RoundOutcome(epsilons["epsilon"], float("nan"), stats or RoundStats(), state.plan.normaliser,
+                            state.clipping_norm, epsilons)
 
     def finish_round(
         self,
@@ -311,13 +357,17 @@ class FDPServer:
         _, mechanism, budget, _ = self._ready()
         noise = None
         clipping = mechanism.clipping
-        if state.phase.noise:
+        phase = state.phase
+        if phase.noise and mechanism.secagg is not None:
+            # secure aggregation: the private sum arrives with the parties' noise in it
+            phase = dataclasses.replace(phase, noise=False)
+        elif state.phase.noise:
             if mechanism.noise_multiplier is None:
                 raise RuntimeError(f"round {state.round}: a private round without a noise multiplier")
             noise = RoundNoise(self.parts.mechanism(mechanism.noise_multiplier, state.clipping_norm),
                                self.secrets.noise(state.round, state.attempt))
         grad, _ = combine_gradient(
-            state.phase,
+            phase,
             private_sums,
             public_sums,
             public_count,
@@ -350,7 +400,7 @@ class FDPServer:
             raise RunDiverged(f"round {state.round}: the public loss is {public_loss}; likely "
                               f"learning-rate={t.learning_rate:g} too large, or non-finite inputs in the "
                               "data")
-        epsilons = self.parts.accounting.columns(budget.epsilon())
+        epsilons = self.accounting.columns(budget.epsilon())
         return RoundOutcome(
             epsilons["epsilon"], public_loss, stats or RoundStats(), state.plan.normaliser,
             state.clipping_norm, epsilons,
@@ -375,7 +425,7 @@ class FDPServer:
             if self.files is not None:
                 self.files.write_ledger(ledger)
         self.ledger = ledger
-        self.budget = Budget(mechanism, replay(ledger.events(), self.parts.accounting.new))
+        self.budget = Budget(mechanism, replay(ledger.events(), self.accounting.new))
         ckpt = resume.checkpoint
         if ckpt is None:
             return 1
@@ -406,13 +456,16 @@ class FDPServer:
             "private-rounds": m.private_rounds,
             "max-epsilon": m.max_epsilon,
             "relation": str(m.relation),
-            **self.parts.accounting.resolved,
+            **self.accounting.resolved,
             "accounted-rate": m.sampling_rate,
             "accounted-participation": m.participation,
             "event": m.event.to_dict() if m.event is not None else None,
             "mechanism-digest": m.digest(),
             "noise-source": noise_source(self.cfg),
         }
+        if m.secagg is not None:
+            values.update({"secagg-local-sigma": m.secagg.local_sigma, "secagg-scale": m.secagg.scale,
+                           "secagg-honest-parties": m.secagg.honest_parties})
         if m.clipping.count_noise is not None:
             values["clipping-count-std"] = m.clipping.count_noise
         if m.clipping.count_noise is not None or (m.private and self.cfg.privacy.clipping_quantile is None
@@ -457,12 +510,12 @@ class FDPServer:
             self.files.write_config(self.resolved_values(resolved))
         total = cfg.privacy.num_rounds
         progress = Progress(total, first - 1, f"fedfdp {cfg.privacy.mode}", cfg.run.progress)
-        column = self.parts.accounting.column
+        column = self.accounting.column
         try:
             for r in range(first, total + 1):
                 try:
                     outcome = step(r)
-                except PrivacyBudgetExhausted as exc:
+                except (PrivacyBudgetExhausted, RoundAborted) as exc:
                     self.stop_reason = f"stopped before round {r}: {exc}"
                     log.warning(self.stop_reason)
                     progress.write(self.stop_reason)

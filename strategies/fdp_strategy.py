@@ -16,6 +16,11 @@ server half the centralised engine runs); this module is its Flower transport:
     the server's secret stream, divide by the plan's normaliser, add the public
     gradient, step.
 
+With ``aggregation = "secagg"`` a private round is instead one secure-aggregation
+round of four stages (:class:`strategies.secagg_round.SecAggRound`): the server only
+ever holds masked vectors and their sum, adds no noise, and charges the round after
+the collect stage (an aborted round is never charged).
+
 :meth:`FDPStrategy.start` runs the rounds: it first waits until nodes covering
 every device have registered and learns the device sizes (``N`` is public),
 resolves σ/δ, and hands the loop to :meth:`FDPServer.run` (budget stop,
@@ -36,7 +41,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedfdp import protocol as P
-from fedfdp.config import Config, ConfigError
+from fedfdp.config import Aggregation, Config, ConfigError
 from fedfdp.ledger import Ledger
 from fedfdp.mechanism import Budget, ResolvedMechanism
 from fedfdp.server import EvaluateFn, FDPServer, RoundOutcome, RoundState, RoundStats, ServerParts
@@ -302,6 +307,13 @@ class FDPStrategy(Strategy):
         charged) when the round would exceed the budget.
         """
         state = self.server.begin_round(server_round)
+        return self.instructions(server_round, state, arrays, config)
+
+    def instructions(
+        self, server_round: int, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
+    ) -> list[Message]:
+        """One train message per node with work in the round ``state`` begun: its devices,
+        their public counts and private flags (no seed, no secret)."""
         sampling = self.server.sampling
         if sampling is None:  # begin_round checked it
             raise RuntimeError("no sampling plan")
@@ -333,6 +345,12 @@ class FDPStrategy(Strategy):
             content = RecordDict({P.ARRAYS: arrays, P.CONFIG: cfg_rec})
             messages.append(Message(content, message_type=MessageType.TRAIN, dst_node_id=node))
         return messages
+
+    def asked_public_count(self, node: int) -> int:
+        """The public batch size allocated to ``node`` in the round in flight."""
+        if node not in self._asked:
+            raise P.InvalidReply("reply from a node that was not asked this round")
+        return self._asked[node][2]
 
     def _parse(self, reply: Message) -> P.ValidReply:
         node = reply.metadata.src_node_id
@@ -491,8 +509,23 @@ class FDPStrategy(Strategy):
         self.summary()
         result = Result()
 
+        secagg = None
+        if self.cfg.privacy.aggregation is Aggregation.SECAGG:
+            from strategies.secagg_round import SecAggRound  # the secure-aggregation round driver
+
+            secagg = SecAggRound(self, grid)
+            secagg.check_parties(len(self.registry))
+
         def step(r: int) -> RoundOutcome:
             arrays = ArrayRecord(self.model.state_dict())
+            mechanism = self.server.mechanism
+            if secagg is not None and mechanism is not None and mechanism.phase(r).noise:
+                outcome = secagg.run(r, arrays, train_config or ConfigRecord())
+                s = outcome.stats
+                result.train_metrics_clientapp[r] = MetricRecord(
+                    {"epsilon": outcome.epsilon, "replies": s.replies, "rejected": s.rejected}
+                )
+                return outcome
             messages = self.configure_train(r, arrays, train_config or ConfigRecord(), grid)
             outcome = self.collect(r, exchange(grid, list(messages), timeout))
             s = outcome.stats

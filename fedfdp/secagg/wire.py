@@ -28,7 +28,14 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 
-__all__ = ["MESSAGE_TYPES", "from_wire", "to_wire"]
+__all__ = ["MASKED", "MESSAGE_TYPES", "SECAGG", "STAGES", "from_wire", "to_wire"]
+
+#: The record of a secure-aggregation message (a ``ConfigRecord`` of :func:`to_wire`).
+SECAGG = "secagg"
+#: The ``ArrayRecord`` (and its one array) holding a collect reply's masked vector.
+MASKED = "masked"
+#: The four stages of a round, as Flower ``train`` actions (``train.sa_setup`` ...).
+STAGES = ("sa_setup", "sa_keys", "sa_collect", "sa_unmask")
 
 _M = TypeVar("_M")
 

@@ -1,0 +1,54 @@
+"""What one secure-aggregation party contributes in the collect stage, before masking.
+
+``contribution(x) = (R((s/C)·x) + e) mod 2³²`` with ``x`` the party's clipped private
+sum (over its secret Poisson sample), ``R`` unbiased randomized rounding and
+``e ~ N_Z(0, σ_loc²)^d`` the exact discrete Gaussian (Canonne, Kamath, Steinke 2020),
+both drawn from the party's own OS CSPRNG (:class:`fedfdp.entropy.OSBits`), never from
+anything in the configuration. Privacy: add/remove of one record moves the honest
+parties' rounded sum by at most ``Δ = s + √d`` in L2 (coupled rounding); the sum of
+``n_h`` honest noises is accounted by
+:class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian`
+(``docs/secagg_accounting.md``, route A proved there, route B the papers' RDP bound).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedfdp.accounting.distributed import MIN_LOCAL_SIGMA
+from fedfdp.entropy import BitStream, OSBits
+from fedfdp.secagg.encoding import quantize, to_ring
+from fedfdp.secagg.noise import sample_discrete_gaussian
+
+__all__ = ["noisy_contribution"]
+
+
+def noisy_contribution(
+    x: np.ndarray, *, clip: float, scale: float, local_sigma: float, stream: BitStream | None = None
+) -> np.ndarray:
+    """``(R((s/C)·x) + N_Z(0, σ_loc²)^d) mod 2³²`` as ``uint32`` (module docstring).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        The clipped private sum, flattened (``d`` floats).
+    clip, scale : float
+        ``C`` and ``s``.
+    local_sigma : float
+        ``σ_loc`` in integer units, at least ``MIN_LOCAL_SIGMA``.
+    stream : BitStream, optional
+        The party's secret bits; default its OS CSPRNG.
+
+    Raises
+    ------
+    ValueError
+        ``σ_loc < MIN_LOCAL_SIGMA`` (such a request is refused: its noise would not be
+        accounted), or a malformed input.
+    """
+    if not local_sigma >= MIN_LOCAL_SIGMA:
+        raise ValueError(f"local_sigma={local_sigma!r}: below {MIN_LOCAL_SIGMA}, refused")
+    bits = stream if stream is not None else OSBits()
+    flat = np.asarray(x, dtype=np.float64).ravel()
+    z = quantize(flat, clip=clip, scale=scale, stream=bits)
+    z = z + sample_discrete_gaussian(float(local_sigma) ** 2, flat.size, bits)
+    return to_ring(z)

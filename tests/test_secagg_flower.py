@@ -1,0 +1,252 @@
+"""Secure aggregation wired into Flower: the strategy's four-stage round against the real
+ClientApp (in-process Grid: every reply is the real ClientApp's, through
+``ClientApp.__call__`` with one persistent ``Context`` per node), and ``fedfdp run`` on
+Flower's simulation engine (slow).
+
+What is checked, with independent references:
+
+* the strategy only ever receives masked ``uint32`` vectors and public sums (no private
+  array, no count of vectors within C);
+* the printed ε equals ``min(route A upper, route B)`` recomputed from the ledger's events
+  by :func:`route_a_epsilon` and :func:`route_b_epsilon` directly;
+* a round below ``n_min`` survivors aborts: model, optimizer and ledger unchanged;
+* with zero private sums the decoded aggregate's variance is
+  ``σ²C²(1 + √d/s)²·|U3|/(n_min − t_c)`` (discrete Gaussian variance to ≤ 1e-9 relative
+  at these σ_loc) within 5 standard errors of a variance estimate over ``d`` coordinates;
+* equal ``seed``s give different noise (secret randomness from the OS CSPRNG);
+* resume replays the distributed events.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context, Error, Message
+
+import clients.secagg_handlers as handlers
+from clients.client_app import make_client_app
+from fedfdp import protocol as P
+from fedfdp.accounting.distributed import (
+    DistributedDiscreteGaussian,
+    route_a_epsilon,
+    route_b_epsilon,
+)
+from fedfdp.config import Config, ConfigError, load_config
+from fedfdp.data import load_dataset
+from fedfdp.models import build_model_for
+from fedfdp.secagg.wire import MASKED
+from fedfdp.server import FDPServer, held_out_evaluation
+from strategies.fdp_strategy import FDPStrategy
+from tests.flower_helpers import InProcessGrid, node_context
+
+REAL_FINISH_ROUND = FDPServer.finish_round
+
+#: ``fail(node, message_type) -> True``: that node's handler raises for that message.
+Fail = Callable[[int, str], bool]
+
+
+class ClientAppGrid(InProcessGrid):
+    """Every message answered by the real ClientApp (``make_client_app(cfg)``) with one
+    persistent ``Context`` per node, as a SuperNode keeps it; a raised handler becomes an
+    error reply, as Flower sends it. ``seen`` keeps every reply the strategy receives."""
+
+    def __init__(self, cfg: Config, fail: Fail | None = None) -> None:
+        super().__init__(cfg)
+        self.app = make_client_app(cfg)
+        self.fail = fail
+        self.contexts: dict[int, Context] = {}
+        self.seen: list[tuple[str, int, Message]] = []
+
+    def answer(self, msg: Message) -> Message:
+        node = msg.metadata.dst_node_id
+        context = self.contexts.setdefault(node, node_context(self.cfg, node))
+        try:
+            if self.fail is not None and self.fail(node, msg.metadata.message_type):
+                raise RuntimeError(f"node {node} fails at {msg.metadata.message_type}")
+            reply = self.app(msg, context)
+        except Exception as exc:
+            reply = Message(error=Error(code=0, reason=str(exc)), reply_to=msg)
+        self.seen.append((msg.metadata.message_type, node, reply))
+        return reply
+
+
+def secagg_config(**extra: Any) -> Config:
+    base = {
+        "dataset": "fleet", "num-devices": 4, "records-per-device": 60, "num-rounds": 3,
+        "aggregation": "secagg", "secagg-min-survivors": 3, "progress": False, "round-timeout": 30.0,
+        "secagg-timeout": 30.0, "node-wait-timeout": 10.0,
+    }
+    return load_config({**base, **extra})
+
+
+def run_strategy(cfg: Config, fail: Fail | None = None) -> tuple[FDPStrategy, ClientAppGrid, dict[str, Any]]:
+    data = load_dataset(cfg.data)
+    model = build_model_for(cfg, data)
+    initial = copy.deepcopy(model.state_dict())
+    strat = FDPStrategy(model, cfg, num_devices=len(data.devices),
+                        evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+    grid = ClientAppGrid(cfg, fail)
+    strat.start(grid, ArrayRecord(model.state_dict()))
+    return strat, grid, initial
+
+
+def printed_from_ledger(events: list[Any], delta: float) -> float:
+    """min(route A upper, route B) of the ledger's events, computed directly."""
+    assert events and all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    return min(route_a_epsilon(events, delta).upper, route_b_epsilon(events, delta))
+
+
+# ----------------------------------------------------------------- the round, in-process
+
+
+def test_secagg_round_trains_and_the_printed_epsilon_is_the_ledgers():
+    cfg = secagg_config()
+    strat, _grid, initial = run_strategy(cfg)
+    assert strat.stop_reason is None
+    assert [r["round"] for r in strat.rows] == [1, 2, 3]
+    events = strat.ledger.events()
+    assert len(events) == 3
+    plan = strat.plan.secagg
+    assert events[0] == DistributedDiscreteGaussian(plan.local_sigma, 3, plan.scale, plan.dimension,
+                                                    cfg.privacy.sampling_rate)
+    want = printed_from_ledger(events, strat.plan.delta)
+    assert strat.rows[-1]["epsilon"] == pytest.approx(want, rel=1e-12)
+    assert want <= 2.0  # calibrated to the default target, route A (the smaller) at most 2
+    # the model moved (the rounds stepped) and stayed finite
+    moved = any(not torch.equal(initial[k], v) for k, v in strat.model.state_dict().items())
+    assert moved and all(torch.isfinite(v).all() for v in strat.model.state_dict().values())
+
+
+def test_the_strategy_receives_only_masked_uint32_vectors_and_public_sums():
+    cfg = secagg_config(**{"num-rounds": 2})
+    strat, grid, _ = run_strategy(cfg)
+    d = strat.plan.secagg.dimension
+    collects = [(node, reply) for kind, node, reply in grid.seen if kind == "train.sa_collect"]
+    assert len(collects) == 2 * 4
+    for _, reply in collects:
+        arrays = reply.content.array_records
+        assert set(arrays) == {MASKED, P.PUBLIC}  # no 'private' record
+        masked = arrays[MASKED][MASKED].numpy()
+        assert masked.dtype == np.uint32 and masked.shape == (d,)
+        assert P.UNCLIPPED_COUNT not in reply.content.metric_records[P.METRICS]
+    for kind, _, reply in grid.seen:  # no other stage carries arrays at all
+        if kind != "train.sa_collect" and not reply.has_error():
+            assert kind == "query" or not reply.content.array_records
+    # a masked vector looks uniform: its top bit is set about half the time (d coordinates)
+    top = np.concatenate([r.content.array_records[MASKED][MASKED].numpy() >> 31 for _, r in collects])
+    assert abs(top.mean() - 0.5) < 5 * 0.5 / math.sqrt(top.size)
+
+
+def test_a_round_below_min_survivors_aborts_leaving_model_and_ledger_unchanged():
+    cfg = secagg_config(**{"secagg-min-survivors": 4})
+    strat, grid, initial = run_strategy(cfg, fail=lambda node, kind: node == 2 and kind == "train.sa_collect")
+    assert strat.stop_reason is not None and "aborted" in strat.stop_reason
+    assert strat.rows == [] and strat.ledger.charges == []
+    for k, v in strat.model.state_dict().items():
+        assert torch.equal(initial[k], v), k
+    # no unmask request was ever sent
+    assert not any(kind == "train.sa_unmask" for kind, _, _ in grid.seen)
+
+
+def test_a_dropout_at_collect_above_min_survivors_is_charged_the_planned_event():
+    cfg = secagg_config(**{"num-rounds": 2})
+    strat, _grid, _ = run_strategy(cfg, fail=lambda node, kind: node == 1 and kind == "train.sa_collect")
+    assert strat.stop_reason is None and len(strat.rows) == 2
+    assert [r["replies"] for r in strat.rows] == [3, 3]
+    assert all(e == strat.plan.event for e in strat.ledger.events())
+
+
+def test_a_dropout_at_unmask_still_decodes():
+    cfg = secagg_config(**{"num-rounds": 1})
+    strat, _grid, _ = run_strategy(cfg, fail=lambda node, kind: node == 0 and kind == "train.sa_unmask")
+    assert strat.stop_reason is None and len(strat.rows) == 1 and len(strat.ledger.charges) == 1
+
+
+# ----------------------------------------------------------------- the noise
+
+
+def _zero_data_totals(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> tuple[list[np.ndarray], Any]:
+    """The decoded private sums of every round with every node's private sum zero."""
+    monkeypatch.setattr(handlers, "flat_private", lambda model, private: np.zeros(
+        sum(p.numel() for p in model.parameters() if p.requires_grad)))
+    totals: list[np.ndarray] = []
+    real = REAL_FINISH_ROUND
+
+    def spy(self: Any, private_sums: Any, *args: Any, **kwargs: Any) -> Any:
+        totals.append(np.concatenate([t.double().reshape(-1).numpy() for t in private_sums[0]]))
+        return real(self, private_sums, *args, **kwargs)
+
+    monkeypatch.setattr(FDPServer, "finish_round", spy)
+    strat, _, _ = run_strategy(cfg)
+    return totals, strat
+
+
+def test_zero_data_aggregate_variance_is_the_calibrated_one(monkeypatch):
+    sigma, clip = 0.8, 1.0
+    cfg = secagg_config(**{"num-rounds": 2, "noise-multiplier": sigma, "model": "mlp", "hidden-size": 32,
+                           "mode": "dp"})
+    totals, strat = _zero_data_totals(cfg, monkeypatch)
+    plan = strat.plan.secagg
+    d, s, u3, n_h = plan.dimension, plan.scale, 4, plan.honest_parties
+    assert d > 1000
+    want = sigma**2 * clip**2 * (1 + math.sqrt(d) / s) ** 2 * u3 / n_h
+    for total in totals:
+        var = float(np.mean(total**2))  # mean zero by construction (symmetric noise, zero data)
+        # the variance of a mean of d squared Gaussians is 2 var²/d
+        assert abs(var - want) < 5 * want * math.sqrt(2 / d), (var, want)
+
+
+def test_equal_seeds_give_different_noise(monkeypatch):
+    cfg = secagg_config(**{"num-rounds": 1, "noise-multiplier": 1.0, "mode": "dp"})
+    first, _ = _zero_data_totals(cfg, monkeypatch)
+    second, _ = _zero_data_totals(cfg, monkeypatch)
+    assert cfg.training.seed == 0 and len(first) == len(second) == 1
+    assert not np.array_equal(first[0], second[0])
+
+
+# ----------------------------------------------------------------- refusals
+
+
+def test_too_few_supernodes_for_min_survivors_is_refused():
+    cfg = secagg_config(**{"secagg-min-survivors": 5, "num-devices": 5})
+    data = load_dataset(cfg.data)
+    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=5)
+    strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices) if d < 4}
+    strat.registry[3] = ([3, 4], [len(data.devices[3]), len(data.devices[4])])  # 4 nodes for 5 devices
+    strat.resolve()
+    from strategies.secagg_round import SecAggRound
+
+    with pytest.raises(ConfigError, match=r"^secagg-min-survivors=5: only 4 SuperNodes"):
+        SecAggRound(strat, grid=None).check_parties(len(strat.registry))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="at least 3 parties"):
+        SecAggRound(strat, grid=None).check_parties(2)  # type: ignore[arg-type]
+
+
+def test_a_contribution_request_below_the_noise_floor_is_refused():
+    from fedfdp.secagg.party import noisy_contribution
+
+    with pytest.raises(ValueError, match="local_sigma=3.9: below 4.0"):
+        noisy_contribution(np.zeros(3), clip=1.0, scale=8.0, local_sigma=3.9)
+
+
+def test_node_ids_beyond_int64_survive_the_wire():
+    from fedfdp.secagg.messages import UnmaskRequest
+    from fedfdp.secagg.wire import from_wire, to_wire
+
+    req = UnmaskRequest(3, 2**64 - 1, (2**64 - 1, 2**63 + 5), ())
+    wire = to_wire(req)
+    assert all(isinstance(v, str | bytes) for v in wire.values())
+    assert from_wire(UnmaskRequest, wire) == req
+
+
+def test_context_state_holds_the_session_between_stages():
+    cfg = secagg_config(**{"num-rounds": 1})
+    _, grid, _ = run_strategy(cfg)
+    for ctx in grid.contexts.values():
+        assert handlers.STATE not in ctx.state  # wiped after unmask
