@@ -32,7 +32,7 @@ from fedfdp.contribution import ClientParts
 from fedfdp.corrdp.noise import corrdp_mechanism_factory, project_weights_
 from fedfdp.corrdp.run import BlockClippedSum, corrdp_accounting, corrdp_setup
 from fedfdp.entropy import SecretSource, run_secrets
-from fedfdp.mechanism import PublicFacts, ResolvedMechanism, resolve_mechanism
+from fedfdp.mechanism import PublicFacts, ResolvedMechanism, resolve_mechanism, run_accounting
 from fedfdp.server import ServerParts
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
     ('corrdp', 'epsilon_corrdp')
     """
     if cfg.privacy.mode is not Mode.CORRDP:
-        return ServerParts()
+        # aggregation = "secagg": the distributed accounting (fedfdp.mechanism.run_accounting)
+        return ServerParts(accounting=run_accounting(cfg))
     _refuse_images(data)
     setup = corrdp_setup(cfg, data)
     return ServerParts(
