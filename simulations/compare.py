@@ -559,12 +559,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """``fedfdp compare``."""
     import torch
 
+    if args.threads < 1:
+        raise ConfigError(f"--threads={args.threads}: must be >= 1 (torch threads per run)")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     if args.report_only:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out={str(out)!r}: not a directory")
         if read_results(out).empty:
-            print(f"error: no {RESULTS_FILE} in {out}", file=sys.stderr)
-            return 1
+            raise ConfigError(f"--out={str(out)!r}: no {RESULTS_FILE} with results to report on (run the "
+                              "sweep first, without --report-only)")
         write_report(out, title=args.title, metric=args.metric)
     else:
         doc: dict[str, Any] = {} if args.config is None else load_toml_file(args.config)

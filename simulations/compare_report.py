@@ -117,7 +117,9 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
                 continue
             r = hit.iloc[0]
             means[mode][t] = r[f"{metric}_mean"]
-            cell = f"{scale * r[f'{metric}_mean']:.{digits}f} ± {scale * r[f'{metric}_sd']:.{digits}f}"
+            cell = f"{scale * r[f'{metric}_mean']:.{digits}f}"
+            if r["seeds"] > 1:  # one seed has no spread: none is shown
+                cell += f" ± {scale * r[f'{metric}_sd']:.{digits}f}"
             cells.append(f"**{cell}**" if best[t] == mode else cell)
         name = f"`{mode}` (CorrDP ε)" if mode in OTHER_RELATION else f"`{mode}`"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -290,9 +292,14 @@ def write_summary(
             lines.append(f"**Warning:** {REPRODUCIBLE_WARNING}.")
         lines.append("")
         lines += _target_table(part, targets)
+        if (part["seeds"] < 2).any():
+            lines += ["", "One seed: a cell shows its value alone (no spread over seeds)."]
         for metric in METRIC_TITLES:
             if part[f"{metric}_mean"].notna().any():
                 lines += _metric_table(part, targets, metric)
+            elif metric == "auc":
+                lines += ["", "No AUC: it is reported for binary tasks only (both classes in the "
+                          "held-out split), and this task is not one.", ""]
         lines.append("")
         lines.append("Realised ε (max over seeds) and calibrated σ per private mode:")
         lines.append("")

@@ -449,8 +449,11 @@ def _summarise(out: Path, cfg: Config) -> int:
         f"rounds={int(last['round'])} accuracy={acc:.4f} "
         f"epsilon={last['epsilon']:.4g} ({last['relation']}, delta={last['delta']:.3g}, upper bound)"
     )
-    if cfg.privacy.reproducible_noise:
+    if cfg.privacy.reproducible_noise:  # every output says so (stderr said it at the start)
         print(f"warning: {REPRODUCIBLE_WARNING}")
+    if "auc" in frame and frame["auc"].isna().all():
+        print("auc: empty in metrics.csv (reported for binary tasks with both classes in the held-out "
+              "split; this task is not one)")
     from fedfdp.run_files import RUN_FILES
 
     written = [name for name in RUN_FILES if (out / name).exists()]
@@ -498,6 +501,25 @@ def _check_first_round_fits(cfg: Config, data: FederatedData, mechanism: Resolve
     )
 
 
+class _StderrLines(logging.Handler):
+    """``warning: message`` on the current ``sys.stderr`` (looked up at each record)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"{record.levelname.lower()}: {record.getMessage()}\n")
+        except Exception:  # a closed stream: never fail a run for a warning
+            self.handleError(record)
+
+
+def _library_warnings_one_line() -> None:
+    """Show the library's warnings (``fedfdp.*`` loggers) once each, as ``warning: message``
+    on stderr (without a handler Python's last-resort one would print them bare)."""
+    logger = logging.getLogger("fedfdp")
+    if not any(isinstance(h, _StderrLines) for h in logger.handlers):
+        handler = _StderrLines(logging.WARNING)
+        logger.addHandler(handler)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``fedfdp run``."""
     from fedfdp.data import load_dataset, resolve_devices
@@ -519,13 +541,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
     _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     out = prepare_output_dir(cfg.run.out_dir, "--out")
-    if cfg.privacy.reproducible_noise:
-        print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
     if args.centralised:
         from fedfdp.algorithm import run_centralised
 
+        _library_warnings_one_line()  # the engine's own warnings (reproducible-noise: once)
         run_centralised(cfg, data)
     else:
+        if cfg.privacy.reproducible_noise:  # the ServerApp's log is not shown: say it here, once
+            print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
         try:
             run_simulation_for(cfg, verbose=args.verbose, supernodes=args.supernodes)
         except SimulationError as exc:
