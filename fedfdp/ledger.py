@@ -6,6 +6,9 @@
 
 * entry 0, ``mechanism``: the run's :class:`~fedfdp.mechanism.ResolvedMechanism`
   (:meth:`~fedfdp.mechanism.ResolvedMechanism.to_dict`) and its digest;
+* ``estimate``: one statistic of private data released with accounted noise before
+  training (``private-statistics = "estimate"``: its name and its event), written with
+  the mechanism when the ledger starts (:meth:`Ledger.start`), before anything is drawn;
 * ``charge``: one private round — its number, its attempt and its event
   (:mod:`fedfdp.accounting.events`) — appended durably (write, flush, fsync) **before**
   the round draws its batches and noise (the first write creates the file atomically:
@@ -56,6 +59,7 @@ class EntryKind(StrEnum):
     MECHANISM = "mechanism"
     CHARGE = "charge"
     UNRECORDED = "unrecorded"
+    ESTIMATE = "estimate"
 
 
 def _canonical(doc: Any) -> str:
@@ -142,8 +146,13 @@ class Ledger:
 
     @classmethod
     def start(cls, mechanism: dict[str, Any], digest: str) -> Ledger:
-        """A ledger whose first entry is the resolved mechanism."""
-        return cls([_entry(EntryKind.MECHANISM, {"mechanism": mechanism, "digest": digest}, GENESIS)])
+        """A ledger whose first entry is the resolved mechanism, followed by one
+        ``estimate`` charge per statistic the mechanism lists under ``estimates``."""
+        ledger = cls([_entry(EntryKind.MECHANISM, {"mechanism": mechanism, "digest": digest}, GENESIS)])
+        for item in mechanism.get("estimates", ()):
+            ledger._append(EntryKind.ESTIMATE,
+                           {"round": None, "statistic": str(item["statistic"]), "event": item["event"]})
+        return ledger
 
     @property
     def mechanism_digest(self) -> str:
@@ -208,7 +217,8 @@ class Ledger:
             body = {k: v for k, v in item.items() if k not in ("kind", "prev", "hash")}
             want = {EntryKind.MECHANISM: {"mechanism", "digest"},
                     EntryKind.CHARGE: {"round", "attempt", "event"},
-                    EntryKind.UNRECORDED: {"round", "event", "reason"}}[kind]
+                    EntryKind.UNRECORDED: {"round", "event", "reason"},
+                    EntryKind.ESTIMATE: {"round", "statistic", "event"}}[kind]
             if set(body) != want:
                 raise ValueError(f"entry {i}: expected the fields {sorted(want)}")
             if item["prev"] != prev:
@@ -216,6 +226,9 @@ class Ledger:
             entry = Entry(kind, body, prev, str(item["hash"]))
             if _entry(kind, body, prev).hash != entry.hash:
                 raise ValueError(f"entry {i}: hash mismatch: the ledger was edited")
+            first = (EntryKind.MECHANISM, EntryKind.ESTIMATE)
+            if kind is EntryKind.ESTIMATE and (body["round"] is not None or entries[-1].kind not in first):
+                raise ValueError(f"entry {i}: an estimate comes right after the mechanism, with no round")
             if kind is EntryKind.CHARGE:
                 r, a = body["round"], body["attempt"]
                 if isinstance(r, bool) or not isinstance(r, int) or r < 1 or \
@@ -225,6 +238,14 @@ class Ledger:
                 event_from_dict(body["event"])  # validates
             entries.append(entry)
             prev = entry.hash
+        listed = entries[0].body["mechanism"].get("estimates", []) if isinstance(
+            entries[0].body["mechanism"], dict) else []
+        charged = [{"statistic": e.body["statistic"], "event": e.body["event"]}
+                   for e in entries if e.kind is EntryKind.ESTIMATE]
+        partial = len(charged) < len(listed) and len(entries) > len(charged) + 1  # a round before them all
+        if charged != listed[:len(charged)] or partial:
+            raise ValueError("its estimate entries differ from the estimates its mechanism lists: the ledger "
+                             "was edited")
         return cls(entries)
 
 

@@ -45,6 +45,7 @@ from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import Accountant, calibrate
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
+from fedfdp.data.private_statistics import Estimate, estimation_events
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
@@ -225,6 +226,11 @@ class ResolvedMechanism:
         The public view (``public-loss``).
     reproducible_noise : bool
         Whether secret randomness derives from the seed (every output says so).
+    estimates : tuple of Estimate
+        The charges of ``private-statistics = "estimate"`` (one Gaussian histogram per
+        estimated column, :mod:`fedfdp.data.private_statistics`): written to the ledger
+        right after this mechanism, before any round, composed with the rounds by the
+        accountant (so in every printed ε) and in the calibration of a target ε.
     secagg : SecAggPlan or None
         ``aggregation = "secagg"``: ``σ_loc``, ``s``, ``d``, ``n_min``, ``t_c``, ``k``, ``t``
         (:mod:`fedfdp.secagg.plan`); the event is then charged for ``n_min − t_c``
@@ -255,6 +261,7 @@ class ResolvedMechanism:
     public_view: PublicLoss
     reproducible_noise: bool
     secagg: SecAggPlan | None = None
+    estimates: tuple[Estimate, ...] = ()
 
     # -- the names the plan had (read by engines, reports and tests) --
     @property
@@ -312,6 +319,9 @@ class ResolvedMechanism:
             "reproducible_noise": self.reproducible_noise,
             # only under secure aggregation (a plain run's digest is unchanged)
             **({"secagg": self.secagg.to_dict()} if self.secagg is not None else {}),
+            # only with private-statistics = "estimate" (a run without estimates keeps its digest)
+            **({"estimates": [{"statistic": e.statistic, "event": e.event.to_dict()} for e in self.estimates]}
+               if self.estimates else {}),
         }
 
     def digest(self) -> str:
@@ -388,6 +398,13 @@ def resolve_mechanism(
     sub = subsampling if subsampling is not None else settings.subsampling
     delta = run_delta(cfg, facts.num_records)
     rounds = p.num_rounds - p.public_pretrain_rounds
+    estimates = estimation_events(cfg.data, facts.num_records)
+    if estimates and (accounting.relation is Relation.CORRDP or accounting is DISTRIBUTED_ACCOUNTING):
+        raise ConfigError(
+            f"private-statistics='estimate' (columns {[e.statistic for e in estimates]}): only the FDP "
+            "accountant composes the estimates with training (not mode='corrdp' nor aggregation='secagg'); "
+            "declare private-ranges"
+        )
 
     def build(**specific: Any) -> ResolvedMechanism:
         return ResolvedMechanism(
@@ -395,7 +412,8 @@ def resolve_mechanism(
             sampling=settings, subsampling=sub, num_rounds=p.num_rounds,
             public_pretrain_rounds=p.public_pretrain_rounds, num_records=facts.num_records,
             num_devices=facts.num_devices, num_params=facts.num_params, unit=p.privacy_unit,
-            public_view=p.public_loss, reproducible_noise=p.reproducible_noise, **specific,
+            public_view=p.public_loss, reproducible_noise=p.reproducible_noise, estimates=estimates,
+            **specific,
         )
 
     if not p.is_private:
@@ -430,10 +448,15 @@ def resolve_mechanism(
     elif target is None:  # pragma: no cover - a target exists whenever σ is unset
         raise ConfigError("noise-multiplier and target-epsilon are both unset")
     else:
+        def new() -> Accountant[Any]:  # the estimates first: training gets what their composition leaves
+            return replay([e.event for e in estimates], accounting.new)
+
         try:
-            accounted = calibrate(accounting.new, family, target_epsilon=target, rounds=rounds, delta=delta)
+            accounted = calibrate(new, family, target_epsilon=target, rounds=rounds, delta=delta)
         except ValueError as exc:
-            raise ConfigError(f"target-epsilon={target}: {exc}") from None
+            spent = (f" (the estimates of private-statistics='estimate' alone: estimation-epsilon="
+                     f"{cfg.data.estimation_epsilon} at δ = 1/(2N))" if estimates else "")
+            raise ConfigError(f"target-epsilon={target}: {exc}{spent}") from None
     clipping = Clipping(p.clipping_norm)
     sigma = accounted
     if adaptive:
@@ -519,6 +542,11 @@ class Budget:
     def __init__(self, mechanism: ResolvedMechanism, accountant: Accountant[Any]) -> None:
         self.mechanism = mechanism
         self.accountant = accountant
+        if mechanism.estimates and isinstance(accountant, FDPAccountant) and accountant.rounds == 0:
+            # a fresh run: the ledger starts with the estimates' charges (Ledger.start), so
+            # does the accountant; a resumed one replays them from the ledger
+            for estimate in mechanism.estimates:
+                accountant.compose(estimate.event)
 
     def epsilon(self) -> float:
         """ε spent so far: the accountant's upper bound for the mechanism's relation at
@@ -526,7 +554,7 @@ class Budget:
         m = self.mechanism
         if m.unbounded:
             return float("inf")
-        if not m.private:
+        if not m.private and not m.estimates:
             return 0.0
         return float(self.accountant.epsilon(m.delta))
 

@@ -233,7 +233,7 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
     from fedfdp.accounting import FDPAccountant, Relation
     from fedfdp.checkpoint import load_checkpoint
     from fedfdp.corrdp.accounting import CorrDPAccountant
-    from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger
+    from fedfdp.ledger import LEDGER_FILE, EntryKind, LedgerError, read_ledger
     from fedfdp.mechanism import replay
 
     path = Path(run_dir) / LEDGER_FILE
@@ -277,7 +277,8 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
         else:
             merged.append((ev, 1))
     charged = {e.round for e in ledger.charges if e.round is not None}
-    return RunLedger(acc, tuple(merged), len(ledger.charges), len(charged), mechanism)
+    rounds = [e for e in ledger.charges if e.kind is not EntryKind.ESTIMATE]  # estimates: before round 1
+    return RunLedger(acc, tuple(merged), len(rounds), len(charged), mechanism)
 
 
 def _line(exc: BaseException) -> str:
@@ -339,8 +340,9 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
                 f"{mine.get(key)!r}: the ledger or the configuration was edited"
             )
     planned = resolved.get("event")
+    estimated = [e.get("event") for e in mine.get("estimates", [])]  # charged before round 1
     for event, _ in replayed.events:
-        if planned is not None and event.to_dict() != planned:
+        if planned is not None and event.to_dict() != planned and event.to_dict() not in estimated:
             raise ConfigError(
                 f"{label}: the ledger charges {event.to_dict()}, {cfg_path} [resolved] event is "
                 f"{planned}: the ledger or the configuration was edited"
@@ -363,6 +365,7 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
         "mode": doc.get("mode"),
         "charges": replayed.charges,
         "charged_rounds": replayed.charged_rounds,
+        "estimates": [e.get("statistic") for e in mine.get("estimates", [])],
         "planned_private_rounds": resolved.get("private-rounds"),
         "unbounded": bool(mine.get("unbounded", False)),
         "ledger": [{"noise_multiplier": s, "sampling_rate": q, "count": n, "participation": p}
@@ -466,7 +469,7 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         "noise_multiplier": info.pop("noise_multiplier"),
         "sampling_rate": info.pop("sampling_rate"),
         "device_sampling_rate": info.pop("device_sampling_rate"),
-        "rounds": acc.rounds,
+        "rounds": acc.rounds - len(info.get("estimates", ())),  # the estimates are charged before round 1
         "relation": relation,
         "eps_error": acc.eps_error,
     }
@@ -527,6 +530,8 @@ def format_report(r: dict[str, Any]) -> str:
         of = f" of {planned} planned" if planned is not None else ""
         rows.append(("run", f"{r['run']} (mode {r.get('mode') or '?'})"))
         rows.append(("rounds charged", f"{r['rounds']}{of}{again}"))
+        if r.get("estimates"):
+            rows.append(("estimates", f"{', '.join(r['estimates'])} (charged before round 1, in the ε)"))
         mixed = None in (r["noise_multiplier"], r["sampling_rate"], r["device_sampling_rate"])
         if mixed and r["relation"] != CORRDP:
             for ev in r["ledger"]:

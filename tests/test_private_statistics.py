@@ -95,3 +95,211 @@ def test_estimate_keys_are_checked(tmp_path, extra, fragment):
     with pytest.raises(ConfigError) as info:
         load_config({**base, **extra})
     assert fragment in str(info.value)
+
+
+# ----------------------------------------------------------------- the estimator
+
+
+def test_the_grid_is_public_signed_powers_of_two():
+    from fedfdp.data.private_statistics import GRID_MAX_EXPONENT, GRID_MIN_EXPONENT, NUM_BUCKETS, range_grid
+
+    edges = range_grid()
+    assert len(edges) == NUM_BUCKETS + 1 and np.all(np.diff(edges) > 0)
+    positive = edges[edges > 0]
+    np.testing.assert_array_equal(positive, 2.0 ** np.arange(GRID_MIN_EXPONENT, GRID_MAX_EXPONENT + 2))
+    np.testing.assert_array_equal(edges[edges < 0], -positive[::-1])
+
+
+def test_histogram_counts_each_present_value_once_and_clamps_the_outer_buckets():
+    from fedfdp.data.private_statistics import NUM_BUCKETS, histogram, range_grid
+
+    edges = range_grid()
+    values = np.array([0.0, 1.0, 1.5, 3.0, -3.0, 1e300, -1e300, np.nan])
+    h = histogram(values)
+    assert h.sum() == 7  # NaN is missing: no bucket
+    assert h[0] == 1 and h[NUM_BUCKETS - 1] == 1  # beyond the outer edges: the outer buckets
+    for v in (1.0, 1.5, 3.0, -3.0):  # an independent bucket lookup: low edge <= v < high edge
+        k = next(i for i in range(NUM_BUCKETS) if edges[i] <= v < edges[i + 1])
+        assert h[k] >= 1
+    assert h[next(i for i in range(NUM_BUCKETS) if edges[i] <= 1.0 < edges[i + 1])] == 2  # 1 and 1.5
+
+
+def test_noise_is_gaussian_with_the_stated_std_and_comes_from_the_secret_source():
+    """Noise minus the true histogram over 100 default (OS CSPRNG) draws: mean 0 within
+    5 standard errors, std sigma within 3 % (its relative standard error is 0.45 % here),
+    and two draws never coincide (nothing seeded)."""
+    from fedfdp.data.private_statistics import NUM_BUCKETS, histogram, noisy_histogram
+
+    values = np.arange(100.0)
+    sigma = 3.7
+    noise = np.stack([noisy_histogram(values, sigma) - histogram(values) for _ in range(100)]).ravel()
+    n = noise.size
+    assert n == 100 * NUM_BUCKETS
+    assert abs(noise.mean()) < 5 * sigma / np.sqrt(n)
+    assert abs(noise.std() / sigma - 1) < 0.03
+    assert not np.array_equal(noisy_histogram(values, sigma), noisy_histogram(values, sigma))
+
+
+def test_the_range_covers_the_data_buckets_and_no_empty_bucket_with_the_stated_probability():
+    """Ages uniform on 18..65 (2000 records): the buckets [16, 32), [32, 64), [64, 128) hold
+    ~580, ~1330 and ~83 records, all above tau + sigma z(1 - beta); every other bucket is empty.
+    The module's statement: each full bucket is missed with probability <= beta and some empty
+    one passes with probability <= beta, so the range is exactly [16, 128) with probability
+    >= 1 - 4 beta = 0.96. Over 300 releases the failures are Binomial(300, <= 0.04): mean <= 12;
+    more than 30 has probability < 1e-5."""
+    from fedfdp.data.private_statistics import FALSE_BUCKET_PROBABILITY, released_range, threshold
+
+    rng = np.random.default_rng(5)
+    ages = rng.integers(18, 66, 2000).astype(float)
+    sigma = 4.0
+    assert np.sum(ages >= 64) > threshold(sigma) + sigma * 2.33  # the full-bucket condition holds
+    failures = sum(released_range(ages, sigma) != (16.0, 128.0) for _ in range(300))
+    assert FALSE_BUCKET_PROBABILITY == 0.01
+    assert failures <= 30
+
+
+def test_too_few_records_for_the_budget_are_refused_in_one_line(tmp_path):
+    from fedfdp.data import DataError, load_dataset
+
+    path = _table(tmp_path / "t.csv", n=40)
+    cfg = load_config({"dataset": "csv", "data-path": str(path), "public-columns": "speed,heading",
+                       "private-columns": "age", "label-column": "label", "num-devices": 2,
+                       "private-statistics": "estimate", "estimation-epsilon": 0.05})
+    with pytest.raises(DataError, match=r"column 'age': no bucket of its noisy histogram clears the thresh"):
+        load_dataset(cfg.data)
+
+
+# ----------------------------------------------------------------- the property
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_replacing_one_private_value_changes_the_release_only_through_the_noisy_histogram(tmp_path, seed):
+    """With the noise injected, D and D' (one record's age replaced) release the same range
+    and the same encoding of every other record whenever their noisy histograms are equal
+    (noise z for D, z + (h(D) - h(D')) / sigma for D'): the data reach the released layout only
+    through the noisy histogram. And h(D) - h(D') has L1 norm <= 2 (L2 <= sqrt 2): two buckets."""
+    from fedfdp.data.encoding import table_encoding
+    from fedfdp.data.private_statistics import (
+        NUM_BUCKETS,
+        estimate_private_ranges,
+        estimation_events,
+        histogram,
+    )
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    frame = pd.DataFrame({"speed": rng.normal(size=n), "age": rng.integers(18, 90, n).astype(float),
+                          "label": rng.integers(0, 2, n)})
+    other = frame.copy()
+    victim = int(rng.integers(n))
+    other.loc[victim, "age"] = float(rng.choice([0.5, 17.0, 40.0, 1e6, -3.0]))
+    train = np.ones(n, dtype=bool)
+    cfg = load_config({"dataset": "csv", "data-path": "unused.csv", "public-columns": "speed",
+                       "private-columns": "age", "label-column": "label", "num-devices": 2,
+                       "private-statistics": "estimate", "estimation-epsilon": 1.0}).data
+    diff = histogram(frame["age"].to_numpy()) - histogram(other["age"].to_numpy())
+    assert np.abs(diff).sum() <= 2 and np.count_nonzero(diff) <= 2
+    z = rng.normal(size=NUM_BUCKETS)
+    shift = diff / estimation_events(cfg, n)[0].event.noise_multiplier
+    released = estimate_private_ranges(cfg, frame, train, normals=lambda k: z)
+    released_other = estimate_private_ranges(cfg, other, train, normals=lambda k: z + shift)
+    assert released.estimated_ranges == released_other.estimated_ranges
+    x = table_encoding(released, frame, train).encode(frame)
+    x_other = table_encoding(released_other, other, train).encode(other)
+    keep = np.arange(n) != victim
+    np.testing.assert_array_equal(x[keep], x_other[keep])
+
+
+# ----------------------------------------------------------------- charged, in the printed ε
+
+
+def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path):
+    """The real CLI with two estimated columns and a fixed sigma: the ledger holds the two
+    estimates right after the mechanism, config.toml the released ranges, and the printed
+    epsilon is dp-accounting's composition of every ledger event (independent reference),
+    above the rounds alone; the estimates' own epsilon at 1/(2N) is the declared share."""
+    from fedfdp.ledger import EntryKind, read_ledger
+    from tests.references import dp_ref_eps, gaussian_eps_ref
+
+    path = _table(tmp_path / "t.csv", n=600)
+    out = tmp_path / "run"
+    argv = [*CLI, "run", "--centralised", "--out", str(out),
+            *_keys(path, private="age,income", **{"private-statistics": "estimate", "noise-multiplier": "1.0",
+                                                   "clipping-quantile": "0", "num-rounds": "4",
+                                                   "estimation-epsilon": "0.4"})]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = float(proc.stdout.split("epsilon=")[1].split()[0])
+    ledger = read_ledger(out)
+    kinds = [e.kind for e in ledger.entries]
+    assert kinds[:3] == [EntryKind.MECHANISM, EntryKind.ESTIMATE, EntryKind.ESTIMATE]
+    assert [e.body["statistic"] for e in ledger.entries[1:3]] == ["range of 'age'", "range of 'income'"]
+    estimates = [e.event for e in ledger.entries[1:3]]
+    rounds = [e.event for e in ledger.entries[3:]]
+    assert len(rounds) == 4 and all(e.sampling_rate == 1.0 for e in estimates)
+    config = (out / "config.toml").read_text()
+    assert 'private-statistics = "estimate"' in config and "estimated-ranges = \"age=" in config
+    delta = float(ledger.mechanism["delta"])
+    every = [(e.noise_multiplier, e.sampling_rate, 1) for e in estimates + rounds]
+    alone = [(e.noise_multiplier, e.sampling_rate, 1) for e in rounds]
+    reference = dp_ref_eps(every, delta)
+    assert printed >= reference - 0.01  # an upper bound (PLD's own discretisation: 1e-4)
+    assert printed <= reference + 0.1  # within the accountant's eps_error (0.05) and its mesh
+    assert printed > dp_ref_eps(alone, delta) + 0.05  # the estimates are in it
+    num_records = int(ledger.mechanism["num_records"])
+    sigma_e = estimates[0].noise_multiplier
+    own = gaussian_eps_ref(np.sqrt(2) / sigma_e, 1 / (2 * num_records))  # two Gaussians: mu = sqrt(2)/sigma
+    assert 0.35 <= own <= 0.4 + 1e-9
+
+
+def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_path):
+    """resolve_mechanism calibrates training on what the estimates leave: the composed upper
+    epsilon is at most the target, the training sigma is larger than without estimates, and the
+    mechanism's dict (the ledger's entry 0) lists the estimates; without them the digest is
+    that of a configuration that never heard of estimates."""
+    from fedfdp.accounting import FDPAccountant
+    from fedfdp.ledger import EntryKind, Ledger
+    from fedfdp.mechanism import Budget, PublicFacts, resolve_mechanism
+
+    base = {"dataset": "csv", "data-path": "unused.csv", "public-columns": "speed",
+            "private-columns": "age,income", "label-column": "label", "num-devices": 2,
+            "private-ranges": "age=0:120", "target-epsilon": 2.0, "clipping-quantile": 0.0,
+            "num-rounds": 30}
+    facts = PublicFacts((300, 300), num_params=10)
+    declared = resolve_mechanism(load_config({**base, "private-ranges": "age=0:120,income=0:1e4"}), facts)
+    estimated = resolve_mechanism(load_config({**base, "private-statistics": "estimate"}), facts)
+    assert declared.estimates == () and "estimates" not in declared.to_dict()
+    assert [e.statistic for e in estimated.estimates] == ["range of 'income'"]  # age is declared
+    assert estimated.noise_multiplier > declared.noise_multiplier
+    budget = Budget(estimated, FDPAccountant())
+    assert budget.accountant.rounds == 1  # a fresh run starts with its estimate
+    budget.spend(estimated.event, 30)
+    assert budget.epsilon() <= 2.0
+    ledger = Ledger.start(estimated.to_dict(), estimated.digest())
+    assert [e.kind for e in ledger.entries] == [EntryKind.MECHANISM, EntryKind.ESTIMATE]
+    assert Ledger.from_dict(ledger.to_dict()).events() == [estimated.estimates[0].event]
+    # a resumed run replays the estimate from the ledger: not composed twice
+    from fedfdp.mechanism import replay
+
+    resumed = Budget(estimated, replay(ledger.events(), FDPAccountant))
+    assert resumed.accountant.rounds == 1
+
+
+def test_an_edited_estimate_entry_is_refused(tmp_path):
+    from fedfdp.ledger import Ledger
+    from fedfdp.mechanism import PublicFacts, resolve_mechanism
+
+    cfg = load_config({"dataset": "csv", "data-path": "unused.csv", "public-columns": "speed",
+                       "private-columns": "age", "label-column": "label", "num-devices": 2,
+                       "private-statistics": "estimate", "noise-multiplier": 1.0})
+    m = resolve_mechanism(cfg, PublicFacts((300, 300), num_params=10))
+    doc = Ledger.start(m.to_dict(), m.digest()).to_dict()
+    doc["entries"] = doc["entries"][:1]  # the estimate dropped, the chain still valid
+    doc["entries"].append(Ledger.start({"x": 1}, "d" * 64).to_dict()["entries"][0] | {"kind": "charge"})
+    with pytest.raises(ValueError):
+        Ledger.from_dict(doc)
+    short = Ledger.start(m.to_dict(), m.digest())
+    short.entries = short.entries[:1]
+    short.append_charge(1, 0, m.event)
+    with pytest.raises(ValueError, match="estimate entries differ from the estimates its mechanism lists"):
+        Ledger.from_dict(short.to_dict())

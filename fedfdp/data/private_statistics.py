@@ -62,7 +62,7 @@ vocabulary does not carry; they must be declared (``private-categories``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
@@ -74,7 +74,7 @@ from fedfdp.accounting.events import SubsampledGaussian
 from fedfdp.accounting.protocol import calibrate
 from fedfdp.config import DataConfig, PrivateStatistics
 from fedfdp.data.split import DataError
-from fedfdp.entropy import BitStream, OSBits
+from fedfdp.entropy import OSBits
 from fedfdp.mechanisms import standard_normals
 
 __all__ = [
@@ -89,10 +89,12 @@ __all__ = [
     "estimation_events",
     "estimation_noise_multiplier",
     "histogram",
+    "noisy_histogram",
     "range_from_histogram",
     "range_grid",
     "refuse_undeclared",
     "released_range",
+    "secret_normals",
     "threshold",
 ]
 
@@ -100,6 +102,16 @@ __all__ = [
 GRID_MIN_EXPONENT = -20
 #: Its largest finite inner edge is ``2**GRID_MAX_EXPONENT``; the outer edges are ``±2**(max + 1)``.
 GRID_MAX_EXPONENT = 40
+#: ``normals(n)`` → ``n`` independent standard normal draws: the noise source of an estimate.
+Normals = Callable[[int], np.ndarray]
+
+
+def secret_normals(n: int) -> np.ndarray:
+    """``n`` standard normals from the OS CSPRNG (the project's hardened sampler,
+    :func:`fedfdp.mechanisms.standard_normals`): the default, and only production, source."""
+    return standard_normals(OSBits(), n)
+
+
 #: β: the chance that some empty bucket clears the threshold (and that a well-filled one does not).
 FALSE_BUCKET_PROBABILITY = 0.01
 
@@ -150,17 +162,26 @@ def range_from_histogram(noisy: np.ndarray, noise_multiplier: float) -> tuple[fl
     return float(edges[above[0]]), float(edges[above[-1] + 1])
 
 
-def released_range(
-    values: np.ndarray, noise_multiplier: float, stream: BitStream | None = None
-) -> tuple[float, float] | None:
-    """Steps 1–3 of the module docstring for one column: the histogram, Gaussian noise
-    of std ``σ_e`` from ``stream`` (default: the OS CSPRNG; a test may inject a seeded
-    stream), the thresholded range."""
+def noisy_histogram(
+    values: np.ndarray, noise_multiplier: float, normals: Normals | None = None
+) -> np.ndarray:
+    """Steps 1–2 of the module docstring: the histogram plus ``σ_e`` times
+    ``normals(NUM_BUCKETS)`` (default :func:`secret_normals`; a test may inject its own)."""
     sigma = float(noise_multiplier)
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"noise_multiplier={noise_multiplier!r}: must be finite and > 0")
-    noise = standard_normals(stream if stream is not None else OSBits(), NUM_BUCKETS) * sigma
-    return range_from_histogram(histogram(values) + noise, sigma)
+    draws = np.asarray((normals or secret_normals)(NUM_BUCKETS), dtype=np.float64)
+    if draws.shape != (NUM_BUCKETS,):
+        raise ValueError(f"noise source gave shape {draws.shape}, expected ({NUM_BUCKETS},)")
+    return histogram(values) + sigma * draws
+
+
+def released_range(
+    values: np.ndarray, noise_multiplier: float, normals: Normals | None = None
+) -> tuple[float, float] | None:
+    """Steps 1–3 of the module docstring for one column: the released range is
+    :func:`range_from_histogram` of :func:`noisy_histogram`, nothing else."""
+    return range_from_histogram(noisy_histogram(values, noise_multiplier, normals), noise_multiplier)
 
 
 def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
@@ -228,7 +249,7 @@ def estimate_private_ranges(
     cfg: DataConfig,
     frame: pd.DataFrame,
     train: np.ndarray,
-    stream: BitStream | None = None,
+    normals: Normals | None = None,
 ) -> DataConfig:
     """``cfg`` with every private column it neither declares nor has an estimate of
     released now (``estimated-ranges``); refused (:func:`refuse_undeclared`) under
@@ -240,8 +261,9 @@ def estimate_private_ranges(
         The table; the estimate reads the private columns of its ``train`` rows.
     train : np.ndarray of bool
         The training rows (``N`` is their number).
-    stream : BitStream, optional
-        The noise's source (default: the OS CSPRNG).
+    normals : callable, optional
+        The noise's source, ``normals(n)`` standard normals (default:
+        :func:`secret_normals`, the OS CSPRNG).
     """
     from fedfdp.data.encoding import check_numeric_cells, is_numeric
 
@@ -262,7 +284,7 @@ def estimate_private_ranges(
     released = list(cfg.estimated_ranges)
     for col in todo:
         values = pd.to_numeric(frame[col], errors="coerce").astype("float64").to_numpy()[train]
-        found = released_range(values, sigma, stream)
+        found = released_range(values, sigma, normals)
         if found is None:
             raise DataError(
                 f"private-statistics='estimate': column {col!r}: no bucket of its noisy histogram clears "
