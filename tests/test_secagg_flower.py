@@ -39,6 +39,7 @@ from fedfdp.accounting.distributed import (
 )
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_dataset
+from fedfdp.ledger import read_ledger
 from fedfdp.models import build_model_for
 from fedfdp.secagg.wire import MASKED
 from fedfdp.server import FDPServer, held_out_evaluation
@@ -85,12 +86,14 @@ def secagg_config(**extra: Any) -> Config:
     return load_config({**base, **extra})
 
 
-def run_strategy(cfg: Config, fail: Fail | None = None) -> tuple[FDPStrategy, ClientAppGrid, dict[str, Any]]:
+def run_strategy(
+    cfg: Config, fail: Fail | None = None, evaluate: Any = None
+) -> tuple[FDPStrategy, ClientAppGrid, dict[str, Any]]:
     data = load_dataset(cfg.data)
     model = build_model_for(cfg, data)
     initial = copy.deepcopy(model.state_dict())
     strat = FDPStrategy(model, cfg, num_devices=len(data.devices),
-                        evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+                        evaluate_fn=evaluate or held_out_evaluation(data.test_x, data.test_y))
     grid = ClientAppGrid(cfg, fail)
     strat.start(grid, ArrayRecord(model.state_dict()))
     return strat, grid, initial
@@ -250,3 +253,36 @@ def test_context_state_holds_the_session_between_stages():
     _, grid, _ = run_strategy(cfg)
     for ctx in grid.contexts.values():
         assert handlers.STATE not in ctx.state  # wiped after unmask
+
+
+# ----------------------------------------------------------------- resume
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_replays_the_distributed_events(tmp_path):
+    """A session crashes after round 2 was charged and stepped, before its checkpoint; the
+    resumed session replays every charge (the distributed accountant's events) and ends
+    at the ε of the whole ledger, recomputed by routes A and B directly."""
+    cfg = secagg_config(**{"num-rounds": 4, "noise-multiplier": 2.0, "out-dir": str(tmp_path)})
+
+    def crash_at_2(r: int, model: Any) -> dict[str, float]:
+        if r == 2:
+            raise Crash("after round 2")
+        return {}
+
+    with pytest.raises(Crash):
+        run_strategy(cfg, evaluate=crash_at_2)
+    first = read_ledger(tmp_path)
+    assert len(first.charges) == 2
+    resumed = load_config({**cfg.to_flat(), "resume": True})
+    strat, _, _ = run_strategy(resumed, evaluate=lambda r, m: {})
+    ledger = read_ledger(tmp_path)
+    events = ledger.events()
+    assert all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    assert len(events) >= 4 and [r["round"] for r in strat.rows][-1] == 4
+    printed = strat.rows[-1]["epsilon"]
+    assert printed == pytest.approx(printed_from_ledger(events, strat.plan.delta), rel=1e-12)
+    assert printed >= printed_from_ledger(first.events(), strat.plan.delta)

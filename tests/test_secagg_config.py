@@ -1,0 +1,92 @@
+"""aggregation = "secagg": the configuration's refusals (one line each, naming the value)
+and the resolution (the distributed event at n_h = n_min − t_c, σ_eff = σ)."""
+
+import math
+
+import pytest
+
+from fedfdp.accounting.distributed import DistributedAccountant, DistributedDiscreteGaussian
+from fedfdp.config import ConfigError, load_config
+from fedfdp.mechanism import PublicFacts, resolve_mechanism
+
+SECAGG = {"aggregation": "secagg", "secagg-min-survivors": 4}
+
+
+@pytest.mark.parametrize(
+    ("extra", "start"),
+    [
+        ({"aggregation": "plain", "secagg-min-survivors": None, "secagg-colluders": 1},
+         "secagg-colluders=1: has no effect with aggregation='plain'"),
+        ({"aggregation": "plain", "secagg-min-survivors": None, "secagg-scale": 64.0},
+         "secagg-scale=64.0: has no effect"),
+        ({"secagg-min-survivors": None}, "secagg-min-survivors is unset"),
+        ({"secagg-min-survivors": 2}, "secagg-min-survivors=2: secure aggregation needs at least 3 parties"),
+        ({"secagg-colluders": 4}, "secagg-colluders=4: must be below secagg-min-survivors=4"),
+        ({"secagg-threshold": 5}, "secagg-threshold=5: above secagg-min-survivors=4"),
+        ({"secagg-neighbours": 7, "secagg-threshold": 3}, "secagg-threshold=3: must be in"),
+        ({"secagg-neighbours": 9}, "secagg-neighbours=9: its default threshold 5 is above"),
+        ({"device-sampling-rate": 0.5}, "device-sampling-rate=0.5: with aggregation='secagg'"),
+        ({"clients-per-round": 3}, "clients-per-round=3: aggregation='secagg'"),
+        ({"clipping-quantile": 0.5}, "clipping-quantile=0.5: aggregation='secagg' keeps C fixed"),
+        ({"mode": "corrdp", "clipping-quantile": 0}, "mode='corrdp' with aggregation='secagg'"),
+        ({"mode": "public"}, "mode='public' with aggregation='secagg'"),
+        ({"reproducible-noise": True}, "reproducible-noise=true with aggregation='secagg'"),
+    ],
+)
+def test_refusals_are_one_line_naming_the_value(extra, start):
+    with pytest.raises(ConfigError) as err:
+        load_config({**SECAGG, **extra})
+    text = str(err.value)
+    assert text.startswith(start) and "\n" not in text, text
+
+
+def test_modes_with_one_noisy_sum_are_accepted_and_auto_clipping_is_fixed():
+    for mode, extra in (("dp", {}), ("fdp", {}), ("fdp-dpsgd", {"public-pretrain-rounds": 2})):
+        p = load_config({**SECAGG, "mode": mode, **extra}).privacy
+        assert not p.adaptive_clipping
+
+
+def _facts(devices=10, per=160, d=1000):
+    return PublicFacts(tuple([per] * devices), num_params=d)
+
+
+def test_resolution_charges_n_min_minus_colluders_with_sigma_eff_equal_sigma():
+    cfg = load_config({**SECAGG, "secagg-min-survivors": 8, "secagg-colluders": 2, "noise-multiplier": 1.3,
+                       "num-rounds": 10})
+    m = resolve_mechanism(cfg, _facts())
+    ev, plan = m.event, m.secagg
+    assert isinstance(ev, DistributedDiscreteGaussian) and ev.honest_parties == 6
+    assert ev.noise_multiplier == pytest.approx(1.3, rel=1e-12)  # σ_eff = √(n_h σ_loc² − t²)/(s+√d)
+    delta_s = plan.scale + math.sqrt(1000)
+    assert plan.local_sigma == pytest.approx(math.sqrt((1.3**2 * delta_s**2 + 4) / 6), rel=1e-12)
+    assert m.to_dict()["secagg"]["min_survivors"] == 8
+
+
+def test_a_calibrated_run_stays_within_its_target_under_the_distributed_accountant():
+    cfg = load_config({**SECAGG, "target-epsilon": 2.0, "num-rounds": 40})
+    m = resolve_mechanism(cfg, _facts())
+    acc = DistributedAccountant()
+    acc.compose(m.event, 40)
+    assert acc.epsilon(m.delta) <= 2.0
+    acc.compose(m.event, 4)
+    assert acc.epsilon(m.delta) > 2.0  # not far from the target
+
+
+def test_a_plain_runs_description_has_no_secagg_entry():
+    m = resolve_mechanism(load_config({"noise-multiplier": 1.0}), _facts())
+    assert m.secagg is None and "secagg" not in m.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("extra", "facts", "start"),
+    [
+        ({"secagg-scale": 1.0}, _facts(d=1), "secagg-scale=1: each party's noise std"),
+        ({"secagg-scale": 2.0**30}, _facts(), "secagg-scale=1073741824.0: the aggregate could reach"),
+        ({"secagg-min-survivors": 12}, _facts(), "secagg-min-survivors=12: more than the 10 parties"),
+    ],
+)
+def test_resolution_refusals(extra, facts, start):
+    cfg = load_config({**SECAGG, "noise-multiplier": 1.0, **extra})
+    with pytest.raises(ConfigError) as err:
+        resolve_mechanism(cfg, facts)
+    assert str(err.value).startswith(start), str(err.value)

@@ -1,0 +1,52 @@
+"""End to end: ``fedfdp run`` with ``aggregation = "secagg"`` on Flower's simulation engine
+(slow: starts a SuperLink and Ray). Each virtual SuperNode is one SecAgg+ party.
+
+The printed ε is checked against the ledger's events, recomputed with route A
+(:func:`route_a_epsilon`) and route B (:func:`route_b_epsilon`) directly; the ledger's
+events must be the resolved distributed event (``n_h = n_min − t_c``).
+"""
+
+import subprocess
+import sys
+import tomllib
+
+import pandas as pd
+import pytest
+
+from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon, route_b_epsilon
+from fedfdp.ledger import read_ledger
+
+pytestmark = pytest.mark.slow
+
+
+def _run(out, *sets, supernodes=4):
+    cmd = [sys.executable, "-m", "simulations.cli", "run", "--out", str(out), "--supernodes", str(supernodes)]
+    for item in ("num-devices=4", "records-per-device=60", "num-rounds=3", "progress=false",
+                 "aggregation=secagg", "secagg-min-survivors=3", "public-batch-size=32", *sets):
+        cmd += ["--set", item]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+
+
+def test_fedfdp_run_with_secure_aggregation(tmp_path):
+    out = tmp_path / "run"
+    proc = _run(out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics["round"]) == [1, 2, 3]
+    assert (metrics["replies"] == 4).all()
+    ledger = read_ledger(out)
+    events = ledger.events()
+    assert len(events) == 3 and all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
+    assert events[0].honest_parties == 3 and events[0].local_sigma == resolved["secagg-local-sigma"]
+    delta = resolved["delta"]
+    want = min(route_a_epsilon(events, delta).upper, route_b_epsilon(events, delta))
+    assert metrics["epsilon"].iloc[-1] == pytest.approx(want, rel=1e-9)
+    assert want <= 2.0 + 1e-12  # the default target
+    assert "upper bound" in proc.stdout
+
+
+def test_fedfdp_run_secagg_with_too_few_supernodes_fails_naming_the_cause(tmp_path):
+    proc = _run(tmp_path / "run", "secagg-min-survivors=4", supernodes=3)
+    assert proc.returncode != 0
+    assert "secagg-min-survivors=4: only 3 SuperNodes" in proc.stdout + proc.stderr
