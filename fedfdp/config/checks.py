@@ -147,6 +147,11 @@ def _check_corrdp(p: PrivacyConfig) -> None:
             "tv-estimate=true: needs tv-min-prob in (0, 1], a declared lower bound on every bin's "
             "probability (the estimator's constants depend on it)"
         )
+    if p.estimated_tvs and not p.tv_estimate:
+        raise ConfigError(
+            f"estimated-tvs names {[n for n, _ in p.estimated_tvs]}: TVs released by tv-estimate=true; "
+            "declare them in insensitive-tv instead"
+        )
     if p.tv_delta is not None and p.delta is not None and p.tv_delta >= p.delta:
         raise ConfigError(f"tv-delta={p.tv_delta}: must be below delta={p.delta} (it is part of it)")
     if p.mode is not Mode.CORRDP:

@@ -175,8 +175,10 @@ class PrivacyConfig:
         Declared ``TV(j)`` in [0, 1] of insensitive features (``*``: every other one).
     tv_estimate : bool
         Estimate the TV of every insensitive feature without a declared TV, in-sample
-        (Def. 3.10, inflated; the run is then ``(ε, δ)``-CorrDP with δ including
-        ``tv_delta``, Theorem 3.11).
+        (Def. 3.10), released with Gaussian noise charged to the ledger
+        (``estimation-epsilon``; :mod:`fedfdp.corrdp.run`) and inflated by public
+        margins (the run is then ``(ε, δ)``-CorrDP with δ including ``tv_delta``,
+        Theorem 3.11).
     tv_bins : tuple of (column, cut points)
         Public cut points of every numeric model input the estimate bins (sensitive
         and estimated ones; one-hot features use their categories).
@@ -185,6 +187,10 @@ class PrivacyConfig:
         with ``tv_estimate``; None: not declared).
     tv_delta : float or None
         δ spent by the estimate (None: half of ``delta``).
+    estimated_tvs : tuple of (column, TV)
+        The noisy in-sample TVs a ``tv_estimate`` released (clipped to [0, 1]), written
+        into the run's configuration so that every process and a resume use the same
+        released values; each feature is charged once.
     corrdp_weight_bound : float
         ``D``: every column of the weight matrix is projected to norm ``≤ D``.
     corrdp_feature_bound : float or None
@@ -236,6 +242,7 @@ class PrivacyConfig:
     tv_bins: tuple[tuple[str, tuple[float, ...]], ...] = ()
     tv_min_prob: float | None = None
     tv_delta: float | None = None
+    estimated_tvs: tuple[tuple[str, float], ...] = ()
     corrdp_weight_bound: float = 1.0
     corrdp_feature_bound: float | None = None
     corrdp_tv_floor: float | TvFloor = TvFloor.PAPER
