@@ -38,6 +38,7 @@ from fedfdp.config import Config, ConfigError, load_config, parse_override, read
 from fedfdp.entropy import REPRODUCIBLE_WARNING
 
 if TYPE_CHECKING:
+    from fedfdp.checkpoint import Resume
     from fedfdp.data import FederatedData
     from fedfdp.mechanism import ResolvedMechanism
 
@@ -461,7 +462,7 @@ def _summarise(out: Path, cfg: Config) -> int:
     return 0
 
 
-def _check_run_dir(cfg: Config, data: FederatedData) -> None:
+def _check_run_dir(cfg: Config, data: FederatedData) -> Resume | None:
     """Refuse an occupied output directory, or a resume whose checkpoint or
     ledger does not match, before any work starts (errors inside Flower's
     ServerApp thread are only logged)."""
@@ -474,11 +475,24 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> None:
     check_model_memory(cfg, public_facts(cfg, data).num_params)
     mechanism = mechanism_for(cfg, data)
     try:
-        RunFiles(cfg.run.out_dir, cfg).verify(mechanism)
+        found = RunFiles(cfg.run.out_dir, cfg).verify(mechanism)
     except LedgerError as exc:
         raise ConfigError(str(exc)) from exc
     if not cfg.run.resume:
         _check_first_round_fits(cfg, data, mechanism)
+        return None
+    return found
+
+
+def _resuming_line(out: str, found: Resume, every: int) -> str:
+    """What a resume continues from (the Flower path: the ServerApp's own log is not shown)."""
+    charges = len(found.ledger.charges) if found.ledger is not None else 0
+    spent = f"the ledger's {charges} charges stay counted" + (
+        f" (and {found.unrecorded} unrecorded ones, pessimistically)" if found.unrecorded else "")
+    if found.checkpoint is None or found.checkpoint.round == 0:
+        return (f"resuming {out}: no checkpoint after a round (checkpoint-every={every}, or stopped before "
+                f"the first): the training restarts at round 1; {spent}")
+    return f"resuming {out} after round {found.checkpoint.round} (its checkpoint); {spent}"
 
 
 def _check_first_round_fits(cfg: Config, data: FederatedData, mechanism: ResolvedMechanism) -> None:
@@ -539,7 +553,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
-    _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
+    found = _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     out = prepare_output_dir(cfg.run.out_dir, "--out")
     if args.centralised:
         from fedfdp.algorithm import run_centralised
@@ -549,6 +563,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         if cfg.privacy.reproducible_noise:  # the ServerApp's log is not shown: say it here, once
             print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
+        if found is not None:
+            print(_resuming_line(cfg.run.out_dir, found, cfg.run.checkpoint_every), file=sys.stderr)
         try:
             run_simulation_for(cfg, verbose=args.verbose, supernodes=args.supernodes)
         except SimulationError as exc:
