@@ -58,6 +58,7 @@ import math
 import os
 import platform
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,31 +260,40 @@ def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, ex
         else:
             model = make_model(job.seed)
         _log(out, f"{job.tag} start {settings}")
-        result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s))
-        wall = result.wall_seconds
-        if job.method == "public":
-            public[job.seed] = (copy.deepcopy(model), wall)
-        total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
-        row = {
-            "seed": job.seed,
-            "method": job.method,
-            "alpha": job.alpha,
-            "target_epsilon": job.epsilon,
-            "epsilon": result.epsilon,
-            "delta": result.delta,
-            "noise_multiplier": result.noise_multiplier,
-            "steps": settings.steps,
-            "wall_seconds": wall,
-            "wall_seconds_with_pretraining": total,
-            **(result.history[-1] if result.history else {}),
-        }
-        start = time.perf_counter()
-        if extra_eval is not None:
-            row.update(extra_eval(model, job))
-        budget.measured(job.method, settings.steps, wall, time.perf_counter() - start)
+        try:
+            row = _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval)
+        except Exception:  # a measuring script: one failed job (e.g. a device error) must not lose the rest
+            _log(out, f"{job.tag} FAILED\n{traceback.format_exc()}")
+            continue
         _log(out, f"{job.tag} done {json.dumps(row)}")
         rows.append(row)
         _save(args, out, rows)
+
+
+def _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval) -> dict:
+    result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s))
+    wall = result.wall_seconds
+    if job.method == "public":
+        public[job.seed] = (copy.deepcopy(model), wall)
+    total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
+    row = {
+        "seed": job.seed,
+        "method": job.method,
+        "alpha": job.alpha,
+        "target_epsilon": job.epsilon,
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "noise_multiplier": result.noise_multiplier,
+        "steps": settings.steps,
+        "wall_seconds": wall,
+        "wall_seconds_with_pretraining": total,
+        **(result.history[-1] if result.history else {}),
+    }
+    start = time.perf_counter()
+    if extra_eval is not None:
+        row.update(extra_eval(model, job))
+    budget.measured(job.method, settings.steps, wall, time.perf_counter() - start)
+    return row
 
 
 def classify(args: argparse.Namespace, out: Path, budget: Budget) -> None:
