@@ -201,6 +201,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
             raise ConfigError(f"--weight={args.weight}: must be finite and >= 0")
         if args.weight is None and args.references == 1:
             raise ConfigError("--references=1: choosing the weight needs >= 2 references (or give --weight)")
+        for d in args.run:
+            _check_attack_run(d)
         rows = [attribute_attack_run(d, args.references, args.weight) for d in args.run]
         shown: Any = rows if len(rows) > 1 else rows[0]
         if args.pool:
@@ -262,6 +264,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write(args.out, json.dumps(rows, indent=1).encode())
     return 0
+
+
+def _check_attack_run(run_dir: str) -> None:
+    """Refuse, before any work, a ``--run`` that is not a run directory of the fleet
+    (the attack's grid is the fleet's private columns)."""
+    from fedfdp.config import load_config, read_toml
+
+    config = Path(run_dir) / "config.toml"
+    if not config.is_file():
+        raise ConfigError(f"--run={run_dir!r}: no config.toml there (not a fedfdp run directory)")
+    dataset = load_config(read_toml(config)).data.dataset
+    if dataset != "fleet":
+        raise ConfigError(
+            f"--run={run_dir!r}: dataset={dataset!r}; the attribute attack needs the fleet's private "
+            "columns (heart_rate, latitude, longitude): a run of dataset = 'fleet'"
+        )
 
 
 def _cmd_corrdp_audit(args: argparse.Namespace) -> int:
