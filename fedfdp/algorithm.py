@@ -24,6 +24,7 @@ from torch import nn
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import FederatedData, load_dataset
+from fedfdp.evaluation import check_run_inputs, require_config
 from fedfdp.losses import FeatureMap, build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.parts import client_parts_for, server_parts_for
@@ -69,6 +70,7 @@ def run_centralised(
     >>> [r["phase"] for r in rows], rows[-1]["epsilon"] <= 2.0
     (['fdp', 'fdp', 'fdp'], True)
     """
+    cfg = require_config(cfg)
     data = data if data is not None else load_dataset(cfg.data)
     model = model if model is not None else build_model_for(cfg, data)
     if evaluate_fn is None:
@@ -79,6 +81,7 @@ def run_centralised(
     server.resolve(data.sizes.tolist())
     client = client_parts if client_parts is not None else client_parts_for(cfg, data)
     decomposition = feature_map if feature_map is not None else build_decomposition(cfg, data)
+    check_run_inputs(model, data, decomposition)  # width, classes, labels, finite inputs, the view
     p = cfg.privacy
 
     def step(r: int) -> RoundOutcome:

@@ -14,16 +14,28 @@ metrics computed on training records are outside the guarantee).
     ties counted one half);
 ``loss``
     log loss: the mean cross-entropy of the predicted probabilities.
+
+Before a run, :func:`check_run_inputs` checks once that the model, the data and the
+feature map fit together (a run that would only fail, or train a model that cannot
+be right, is refused in one line naming what does not fit); :func:`require_config`
+refuses anything but a :class:`~fedfdp.config.Config` where one is expected.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedfdp.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from fedfdp.data import FederatedData
+    from fedfdp.losses import FeatureMap
 
 #: The metrics of :func:`held_out_metrics`, in column order.
 METRICS = ("accuracy", "balanced_accuracy", "auc", "loss")
@@ -71,3 +83,90 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     """Accuracy and mean cross-entropy on held-out records."""
     m = held_out_metrics(model, x, y)
     return m["accuracy"], m["loss"]
+
+
+def require_config(cfg: Any, name: str = "cfg") -> Config:
+    """``cfg`` itself if it is a :class:`~fedfdp.config.Config`; anything else (a dict, a
+    path) is refused in one line saying how to build one.
+
+    Examples
+    --------
+    >>> require_config({"num-rounds": 3})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfdp.config.values.ConfigError: cfg={'num-rounds': 3}: a dict, not a fedfdp.Config; build one with ...
+    """
+    if isinstance(cfg, Config):
+        return cfg
+    text = repr(cfg)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    raise ConfigError(f"{name}={text}: a {type(cfg).__name__}, not a fedfdp.Config; build one with "
+                      "load_config({...}) (keys) or read_toml(path)")
+
+
+def _first_bad(values: np.ndarray) -> tuple[int, ...]:
+    """Index of the first non-finite entry of ``values``."""
+    return tuple(int(i) for i in np.argwhere(~np.isfinite(values))[0])
+
+
+@torch.no_grad()
+def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: FeatureMap | None = None) -> None:
+    """Refuse, once before a run, a model, data and feature map that do not fit together.
+
+    Checked: every input of every device and of the held-out split is finite; every
+    label is a class index in ``[0, K)`` with ``K = data.num_classes``; the model
+    accepts a device's records and returns ``K`` outputs per record (so a model of
+    the wrong input width, or with more or fewer outputs than classes, is refused);
+    the feature map's view keeps the batch's shape and dtype and returns finite
+    values. Nothing is trained and the model's state is unchanged (it runs in
+    ``eval`` mode without gradients).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the device, record, label or shape that does not fit.
+    """
+    classes = data.num_classes
+    parts = [(f"device {i}", dev.x, dev.y) for i, dev in enumerate(data.devices)]
+    parts.append(("the held-out split", data.test_x, data.test_y))
+    for where, x, y in parts:
+        x_arr, y_arr = np.asarray(x), np.asarray(y)
+        if x_arr.size and np.issubdtype(x_arr.dtype, np.floating) and not np.isfinite(x_arr).all():
+            index = _first_bad(x_arr)
+            raise ConfigError(f"data: {where} has a non-finite input (NaN or inf) at record {index[0]}, "
+                              f"position {index[1:]}; clean or impute it before the run")
+        if y_arr.size and (y_arr.min() < 0 or y_arr.max() >= classes):
+            bad = y_arr[(y_arr < 0) | (y_arr >= classes)][0]
+            raise ConfigError(f"data: {where} has label {bad.item()!r}, outside the {classes} classes "
+                              f"(labels are class indices 0..{classes - 1})")
+    sample = next((np.asarray(dev.x[:2]) for dev in data.devices if len(dev.y)), None)
+    if sample is None:
+        return
+    x = torch.as_tensor(sample)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"model: does not accept the data's records (shape {tuple(x.shape[1:])} each): "
+                          f"{type(exc).__name__}: {first}") from exc
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != classes:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model: returns {got} for {len(x)} records, but the data has {classes} classes "
+                          f"(one output per class: shape ({len(x)}, {classes}))")
+    if feature_map is None or feature_map.view is None:
+        return
+    try:
+        feature_map.check(x)
+        view = feature_map.view(x, torch.Generator().manual_seed(0))
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from exc
+    except (RuntimeError, TypeError, IndexError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(f"feature map view: raised {type(exc).__name__}: {first} (a view is "
+                          "view(x, generator) -> a tensor of x's shape)") from exc
+    if not bool(torch.isfinite(view).all()):
+        raise ConfigError("feature map view: returned a non-finite value (NaN or inf) for finite records")

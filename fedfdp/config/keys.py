@@ -332,7 +332,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("hidden-sizes", T, "hidden_sizes", K.INTLIST, YES,
             "widths of the MLP's hidden layers (empty: two of `hidden-size`): the parameter count"),
     KeySpec("cnn-width", T, "cnn_width", K.INT_POS, YES,
-            "`cnn`: channels of the first convolution: the parameter count", applies=only(model=("cnn",))),
+            "`cnn`: channels of the first convolution: the parameter count"),
     KeySpec("dataset", D, "dataset", K.CHOICE_OR_PATH, YES,
             "the records, Ψ and the private columns (docs/datasets.md), or `package.module:load`",
             names=DATASETS),
