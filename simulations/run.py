@@ -495,6 +495,22 @@ def _resuming_line(out: str, found: Resume, every: int) -> str:
     return f"resuming {out} after round {found.checkpoint.round} (its checkpoint); {spent}"
 
 
+def _check_model_and_data(cfg: Config, data: FederatedData) -> None:
+    """The model the run builds, the data and Ψ fit together (:func:`fedfdp.evaluation.check_run_inputs`),
+    checked here, before the Flower processes start."""
+    from fedfdp.evaluation import check_run_inputs
+    from fedfdp.losses import build_decomposition
+    from fedfdp.models import build_model_for
+
+    try:
+        check_run_inputs(build_model_for(cfg, data), data, build_decomposition(cfg, data))
+    except ConfigError as exc:
+        text = str(exc)
+        if text.startswith("model:"):  # name the configured model
+            raise ConfigError(f"model={cfg.training.model!r}:{text[len('model:'):]}") from exc
+        raise
+
+
 def _check_first_round_fits(cfg: Config, data: FederatedData, mechanism: ResolvedMechanism) -> None:
     """Refuse a cap (``max-epsilon``) below the ε of the first private round: the run
     would stop before it, with nothing trained."""
@@ -554,6 +570,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
     found = _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
+    _check_model_and_data(cfg, data)  # a user's model or data that cannot train, on either path
     out = prepare_output_dir(cfg.run.out_dir, "--out")
     if args.centralised:
         from fedfdp.algorithm import run_centralised
