@@ -495,6 +495,18 @@ def _resuming_line(out: str, found: Resume, every: int) -> str:
     return f"resuming {out} after round {found.checkpoint.round} (its checkpoint); {spent}"
 
 
+def _check_data_path(cfg: Config) -> None:
+    """``data-path``: a file for the tables (a folder only for ``images``), named as given."""
+    for key, value in (("data-path", cfg.data.data_path), ("test-path", cfg.data.test_path)):
+        if not value:
+            continue
+        path = Path(value)
+        if path.is_dir() and not (key == "data-path" and cfg.data.dataset == "images"):
+            raise ConfigError(f"{key}={value!r}: is a directory; dataset={cfg.data.dataset!r} reads a file")
+        if not path.exists():
+            raise ConfigError(f"{key}={value!r}: no such file")
+
+
 def _check_model_and_data(cfg: Config, data: FederatedData) -> None:
     """The model the run builds, the data and Ψ fit together (:func:`fedfdp.evaluation.check_run_inputs`),
     checked here, before the Flower processes start."""
@@ -566,6 +578,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
+    _check_data_path(cfg)
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
