@@ -84,6 +84,10 @@ class Accounting:
         Extra values for the ``[resolved]`` table of ``config.toml``.
     text : str
         What the relation means, written beside the ε when the column is not ``epsilon``.
+    estimates : tuple of Estimate
+        Statistics of the data this accounting's mode released with accounted noise
+        before training (CorrDP's noisy TVs), charged like the data's own estimates
+        (:attr:`ResolvedMechanism.estimates`); the accountant must compose their events.
     """
 
     relation: Relation = Relation.ADD_REMOVE
@@ -92,6 +96,7 @@ class Accounting:
     new: Callable[[], Accountant[Any]] = _fdp_accountant
     resolved: Mapping[str, Any] = field(default_factory=dict)
     text: str = ""
+    estimates: tuple[Estimate, ...] = ()
 
     def columns(self, epsilon: float) -> dict[str, Any]:
         """The ε columns of an output row (``epsilon`` empty when another column holds
@@ -405,6 +410,7 @@ def resolve_mechanism(
             "accountant composes the estimates with training (not mode='corrdp' nor aggregation='secagg'); "
             "declare private-ranges"
         )
+    estimates = (*estimates, *accounting.estimates)
 
     def build(**specific: Any) -> ResolvedMechanism:
         return ResolvedMechanism(
@@ -542,7 +548,7 @@ class Budget:
     def __init__(self, mechanism: ResolvedMechanism, accountant: Accountant[Any]) -> None:
         self.mechanism = mechanism
         self.accountant = accountant
-        if mechanism.estimates and isinstance(accountant, FDPAccountant) and accountant.rounds == 0:
+        if mechanism.estimates and _fresh(accountant):
             # a fresh run: the ledger starts with the estimates' charges (Ledger.start), so
             # does the accountant; a resumed one replays them from the ledger
             for estimate in mechanism.estimates:
@@ -571,6 +577,11 @@ class Budget:
         """Compose ``count`` rounds of ``event``; return the new ε."""
         self.accountant.compose(event, count)
         return self.epsilon()
+
+
+def _fresh(accountant: Accountant[Any]) -> bool:
+    """Whether ``accountant`` has composed nothing yet (a new run, not a resume)."""
+    return getattr(accountant, "rounds", None) == 0 and not getattr(accountant, "estimates", ())
 
 
 def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant[Any]]) -> Accountant[Any]:

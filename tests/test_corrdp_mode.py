@@ -245,29 +245,101 @@ def test_resume_of_a_corrdp_run_equals_the_uninterrupted_run(tmp_path):
         again.start(InProcessGrid(again.cfg))
 
 
-def test_in_sample_tv_estimate_with_the_inflation_of_def_3_10():
+def _independent_tv(u: np.ndarray, s: np.ndarray) -> float:
+    """max over pairs of values a, a' of u of the TV between P(s | u = a) and P(s | u = a'),
+    from a per-record count (every value here is seen far more than nu*n times)."""
+    conditionals = []
+    for a in np.unique(u):
+        rows = s[u == a]
+        conditionals.append(np.array([np.mean(rows == c) for c in np.unique(s)]))
+    return max(0.5 * np.abs(p - q).sum() for p in conditionals for q in conditionals)
+
+
+def test_in_sample_tvs_are_released_with_gaussian_noise_and_public_margins():
+    """tv-estimate releases clip(TV_hat + N(0, (sigma_tv c3/n)^2), 0, 1) per feature and the design
+    uses min(1, released + e(beta) + noise_std z(1 - beta)), beta = tv-delta / (2 m_u); sigma_tv
+    makes the m_u releases cost estimation-epsilon at 1/(2N) (closed-form Gaussian reference)."""
+    from statistics import NormalDist
+
+    from fedfdp.accounting.events import SubsampledGaussian
+    from tests.references import gaussian_eps_ref
+
     cfg = load_config({
         **BASE, "insensitive-tv": "", "tv-estimate": True, "tv-bins": "*=0", "tv-min-prob": 0.45,
         "num-devices": 10, "records-per-device": 4000, "num-insensitive": 2, "correlation": 0.3,
     })
     data = load_dataset(cfg.data)
-    setup = corrdp_setup(cfg, data)
+    x = np.concatenate([d.x for d in data.devices])
     n, delta = data.num_records, 1 / (2 * data.num_records)
+    exact = corrdp_setup(cfg, data, normals=lambda k: np.zeros(k))  # noise injected: zero
+    setup = corrdp_setup(cfg, data)  # the OS CSPRNG
     assert setup.design.delta_estimation == pytest.approx(delta / 2)
+    sigma_tv = setup.charges[0].event.noise_multiplier
+    assert [c.event for c in setup.charges] == [SubsampledGaussian(sigma_tv, 1.0)] * 2
+    assert gaussian_eps_ref(np.sqrt(2) / sigma_tv, delta) == pytest.approx(0.5, abs=0.01)
+    noise_std = sigma_tv * (4 / 0.45) / n
+    beta = (delta / 2) / (2 * 2)
     nu = 0.45 / 2
-    c2 = math.sqrt(2 * (2 * math.log(2) + math.log(4) + 1) / nu)  # 2 sensitive cells, 2 values per column
-    inflation = 2 * c2 * math.sqrt(math.log(2 / (delta / 2))) / math.sqrt(n)
-    for name in ("u0", "u1"):
+    error = math.sqrt(2 * (2 * math.log(2) + math.log(2 * 2 / beta)) / (nu * n))  # 2 cells, 2 values
+    margin = error + noise_std * NormalDist().inv_cdf(1 - beta)
+    for i, name in enumerate(("u0", "u1")):
+        signs = np.sign(x[:, 0])
+        reference = _independent_tv(np.sign(x[:, 1 + i]), signs)
+        assert exact.estimates[name].noisy == pytest.approx(reference, abs=1e-9)
+        assert abs(reference - 0.3) < 0.04  # TV(j) = rho in closed form
         est = setup.estimates[name]
-        assert abs(est.tv_hat - 0.3) < 0.04  # TV(j) = rho in closed form
-        assert est.inflation == pytest.approx(inflation)
-        assert setup.design.roles.tv[name] == pytest.approx(min(1.0, est.tv_hat + inflation))
+        assert est.noise_std == pytest.approx(noise_std) and est.margin == pytest.approx(margin)
+        assert abs(est.noisy - reference) < 6 * noise_std
+        assert setup.design.roles.tv[name] == pytest.approx(min(1.0, est.noisy + margin))
     resolved = setup.resolved()
-    assert "data-dependent" in resolved["corrdp-tv-estimated-note"]
+    assert "released" in resolved["corrdp-tv-estimated"] and "hat" not in resolved["corrdp-tv-estimated"]
+    assert "charged in the ledger" in resolved["corrdp-tv-estimated-note"]
+    # released values read back (estimated-tvs): nothing drawn, the same design
+    again = corrdp_setup(load_config({**cfg.to_flat(), "estimated-tvs": ",".join(
+        f"{f}={e.noisy!r}" for f, e in setup.estimates.items())}), data, normals=lambda k: 1 / 0)
+    assert again.design.roles.tv == setup.design.roles.tv
     # a node's layout never estimates: same blocks and clip shares, placeholder TVs
     layout = corrdp_setup(cfg, data, estimate=False)
     assert layout.layout_only and not layout.estimates
     assert layout.design.clip_shares == setup.design.clip_shares
+
+
+def test_released_tvs_are_charged_and_in_the_corrdp_epsilon():
+    """The released TVs' events are the mechanism's estimates (ledger entries before round 1);
+    the CorrDP accountant adds their Gaussian epsilon at delta_g = (delta - delta_est)/2 to every
+    class: eps = max_c d_c (eps_c(delta_m) + eps_est(delta_g)), recomputed here from the accountant's
+    class breakdown without estimates and the closed-form Gaussian reference."""
+    from fedfdp.corrdp.accounting import CorrDPAccountant
+    from fedfdp.mechanism import resolve_mechanism
+    from fedfdp.parts import public_facts, server_parts_for
+    from tests.references import gaussian_eps_ref
+
+    cfg = load_config({
+        **BASE, "insensitive-tv": "", "tv-estimate": True, "tv-bins": "*=0", "tv-min-prob": 0.45,
+        "num-devices": 10, "records-per-device": 400, "num-insensitive": 2, "correlation": 0.3,
+        "noise-multiplier": 2.0, "num-rounds": 5,
+    })
+    data = load_dataset(cfg.data)
+    parts = server_parts_for(cfg, data)
+    m = resolve_mechanism(cfg, public_facts(cfg, data), accounting=parts.accounting)
+    assert [e.statistic for e in m.estimates] == ["TV of 'u0'", "TV of 'u1'"]
+    delta = m.delta
+    acc = parts.accounting.new()
+    plain = CorrDPAccountant(acc.delta_estimation)
+    for e in m.estimates:
+        acc.compose(e.event)
+    acc.compose(m.event, 5)
+    plain.compose(m.event, 5)
+    d_g = (delta - acc.delta_estimation) / 2
+    eps_est = gaussian_eps_ref(np.sqrt(2) / m.estimates[0].event.noise_multiplier, d_g)
+    breakdown = plain.epsilon_bound(delta - d_g).classes
+    expected = max(c.weight * (c.epsilon + eps_est) for c in breakdown)
+    assert acc.epsilon(delta) == pytest.approx(expected, abs=0.06)  # the accountant's eps_error
+    assert acc.epsilon(delta) > plain.epsilon(delta)
+    state = acc.state_dict()
+    restored = CorrDPAccountant(acc.delta_estimation)
+    restored.load_state_dict(state)
+    assert restored.epsilon(delta) == acc.epsilon(delta)
 
 
 REFUSED = [

@@ -375,8 +375,8 @@ KEYS: tuple[KeySpec, ...] = (
             "`csv`: an undeclared private column: `declared` refuses the run, `estimate` releases a noisy "
             "range charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
     KeySpec("estimation-epsilon", D, "estimation_epsilon", K.FLOAT_POS, YES,
-            "`private-statistics = \"estimate\"`: ε of all the estimates together at δ = 1/(2N); "
-            "training is calibrated on the composition"),
+            "ε at δ = 1/(2N) of all the estimates together (`private-statistics = \"estimate\"`'s ranges, "
+            "CorrDP's `tv-estimate`); training is calibrated on the composition"),
     KeySpec("estimated-ranges", D, "estimated_ranges", K.RANGES, YES,
             "the noisy ranges `private-statistics = \"estimate\"` released (written by the run, charged "
             "once per column in the ledger)"),

@@ -52,6 +52,22 @@ over ``‖a‖, ‖b‖ ≤ M``, ``‖a − b‖ ≤ μ_c`` lies between (i) and
 tight accountant for it (a 2-D privacy-loss distribution composed numerically) is
 open work (``docs/corrdp.md`` §8).
 
+Estimates released before training (noisy TVs)
+-----------------------------------------------
+With ``tv-estimate`` the insensitive TVs are released with Gaussian noise
+(:func:`fedfdp.corrdp.run.release_feature_tvs`) before round 1: each is a Gaussian
+mechanism whose sensitivity under the replacement of one record (which covers every
+CorrDP neighbour) is normalised to 1, charged as ``SubsampledGaussian(σ_tv, 1.0)``.
+The accountant composes these events apart from the rounds: their ``ε_est`` at
+``δ_g`` is the Gaussian mechanism's (the pair ``N(0, σ²)``, ``N(1, σ²)``, composed),
+and each class pays it on top of its own, by basic (adaptive) composition::
+
+    ε = max_c d_c · (ε_c(δ_m) + ε_est(δ_g)),   δ_m = δ − δ_est − δ_g,  δ_g = (δ − δ_est)/2
+
+(valid because a class's loss is at most the sum of the two losses; ``d_c ≤ 1``; loose
+by the split of δ and by adding instead of composing numerically). The designs that
+follow use only the released values, so their rounds are accounted as before.
+
 The ledger
 ----------
 :class:`CorrDPAccountant` keeps the rounds as
@@ -252,6 +268,12 @@ class CorrDPAccountant:
         self.delta_estimation = float(delta_estimation)
         self.eps_error = float(eps_error)
         self._rounds: Rounds = ()
+        self._estimates: tuple[tuple[SubsampledGaussian, int], ...] = ()
+
+    @property
+    def estimates(self) -> tuple[tuple[SubsampledGaussian, int], ...]:
+        """The Gaussian releases composed before the rounds (``(event, count)``)."""
+        return self._estimates
 
     @property
     def ledger(self) -> Rounds:
@@ -262,32 +284,47 @@ class CorrDPAccountant:
     def rounds(self) -> int:
         return sum(n for _, n in self._rounds)
 
-    def compose(self, event: CorrDPRound, count: int = 1) -> None:
-        """Record ``count`` rounds of ``event``."""
-        if not isinstance(event, CorrDPRound):
-            raise ValueError(f"event={event!r}: the CorrDP accountant composes CorrDPRound events")
+    def compose(self, event: CorrDPRound | SubsampledGaussian, count: int = 1) -> None:
+        """Record ``count`` rounds of ``event``, or ``count`` Gaussian releases (a
+        ``SubsampledGaussian`` with ``q = p = 1``: an estimate, module docstring)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count={count!r}: must be an integer >= 1")
+        if isinstance(event, SubsampledGaussian) and event.sampling_rate == event.participation == 1.0:
+            self._estimates = tuple(append_repeated(self._estimates, event, count))
+            return
+        if not isinstance(event, CorrDPRound):
+            raise ValueError(f"event={event!r}: the CorrDP accountant composes CorrDPRound events "
+                             "(and Gaussian releases with sampling_rate = participation = 1)")
         self._rounds = _appended(self._rounds, event, count)
+
+    def _estimate_epsilon(self, delta: float) -> float:
+        acc = FDPAccountant(eps_error=self.eps_error)
+        for event, count in self._estimates:
+            acc.compose(event, count)
+        return float(acc.epsilon(delta))
 
     def _compute(self, rounds: Rounds, delta: float) -> CorrDPEpsilon:
         mech_delta = delta - self.delta_estimation
+        extra = 0.0
+        if self._estimates:
+            mech_delta /= 2.0  # the other half, δ_g, for the estimates
+            extra = self._estimate_epsilon(mech_delta)
         events = _class_events(rounds)
         whole = _whole_record_epsilon(rounds, mech_delta, self.eps_error) if rounds else 0.0
         results = []
         for name in _undominated(events):
             weight, ev = events[name]
             revealed = _class_epsilon(ev, mech_delta, self.eps_error)
-            results.append(ClassEpsilon(name, weight, min(revealed, whole), revealed, whole))
+            results.append(ClassEpsilon(name, weight, min(revealed, whole) + extra, revealed, whole))
         if not results:
-            return CorrDPEpsilon(0.0, delta, Relation.CORRDP, "", ())
+            return CorrDPEpsilon(extra, delta, Relation.CORRDP, "estimates" if extra else "", ())
         best = max(results, key=lambda c: c.weighted)
         return CorrDPEpsilon(best.weighted, delta, Relation.CORRDP, best.name, tuple(results))
 
     def _bound(self, rounds: Rounds, delta: float) -> CorrDPEpsilon:
         if not (math.isfinite(delta) and self.delta_estimation < delta < 1.0):
             raise ValueError(f"delta={delta}: must be in (delta_estimation={self.delta_estimation}, 1)")
-        key = (self.delta_estimation, self.eps_error, rounds, delta)
+        key = (self.delta_estimation, self.eps_error, rounds, self._estimates, delta)
         found = _BOUNDS.get(key)
         if found is None:
             found = self._compute(rounds, delta)
@@ -317,6 +354,7 @@ class CorrDPAccountant:
             "delta_estimation": self.delta_estimation,
             "eps_error": self.eps_error,
             "ledger": [{"event": ev.to_dict(), "count": n} for ev, n in self._rounds],
+            "estimates": [{"event": ev.to_dict(), "count": n} for ev, n in self._estimates],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -340,7 +378,16 @@ class CorrDPAccountant:
                     or count < 1:
                 raise ValueError(f"state ledger[{i}]: not a CorrDP round with a count >= 1")
             rounds = _appended(rounds, event, count)
+        estimates: list[tuple[SubsampledGaussian, int]] = []
+        for i, item in enumerate(state.get("estimates", [])):
+            event = event_from_dict(item.get("event")) if isinstance(item, dict) else None
+            count = item.get("count") if isinstance(item, dict) else None
+            if not isinstance(event, SubsampledGaussian) or event.sampling_rate != 1.0 or \
+                    isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"state estimates[{i}]: not a Gaussian release with a count >= 1")
+            estimates = append_repeated(estimates, event, count)
         self._rounds = rounds
+        self._estimates = tuple(estimates)
 
 
 def corrdp_epsilon(

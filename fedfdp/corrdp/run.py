@@ -33,12 +33,30 @@ A *feature* is a model input column, or the one-hot inputs ``name=value`` of a t
 column ``name`` (they change together). ``sensitive-columns`` (default: the dataset's
 private columns) name the sensitive features; every other feature is insensitive,
 with a TV declared in ``insensitive-tv`` (``*`` for the rest) or, with
-``tv-estimate``, estimated in-sample on the training records (Def. 3.10,
-:func:`~fedfdp.corrdp.tv.estimate_tvs`): one-hot features are binned by their
+``tv-estimate``, estimated in-sample on the training records and **released with
+Gaussian noise** (:func:`release_feature_tvs`): one-hot features are binned by their
 categories, numeric inputs by the cut points of ``tv-bins`` (in the model-input
 scale: declared ranges encode to ``[−1, 1]``), ``tv-min-prob`` the declared ``π_min``.
-The estimate is data-dependent (``docs/corrdp.md`` §3): the noise level reveals it,
-so the TVs it writes to ``config.toml`` are labelled as such.
+
+The released TVs (issue 22: nothing data-dependent leaves a run outside the ledger)
+----------------------------------------------------------------------------------
+For each estimated feature ``j`` the in-sample ``T̂V(j)`` of :func:`~fedfdp.corrdp.tv.empirical_tv`
+changes by at most ``c3/n = 4/(π_min n)`` when one record is replaced
+(:mod:`fedfdp.corrdp.tv`, Assumption 3.9, proved there; ``n`` the training records,
+public). The run releases ``T̂V(j) + N(0, (σ_tv c3/n)²)`` clipped to ``[0, 1]`` (noise
+from the OS CSPRNG, :func:`fedfdp.data.private_statistics.secret_normals`): a Gaussian
+mechanism of noise multiplier ``σ_tv`` under record replacement, which covers every
+CorrDP neighbour; ``σ_tv`` is calibrated so that the ``m_u`` releases together cost
+``estimation-epsilon`` at ``δ = 1/(2N)``
+(:func:`fedfdp.data.private_statistics.estimation_noise_multiplier`). Each is charged
+as ``SubsampledGaussian(σ_tv, 1.0)`` (a ledger ``estimate`` entry before round 1) and
+the CorrDP accountant adds its ε to every class (:mod:`fedfdp.corrdp.accounting`).
+The TV the design uses is ``min(1, released + e(β) + σ_tv (c3/n) Φ⁻¹(1 − β))`` with
+``β = tv-delta / (2 m_u)``: an upper bound on ``TV(j)`` with probability ``≥ 1 − tv-delta``
+over all features (sampling error :func:`~fedfdp.corrdp.tv.estimation_error_bound`,
+one-sided noise), so Theorem 3.11's ``δ_est = tv-delta`` is unchanged; the margins
+are public. Only the released values and the public margins appear in
+``config.toml`` (``estimated-tvs``, ``[resolved] corrdp-tv-estimated``).
 """
 
 from __future__ import annotations
@@ -46,19 +64,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.accounting.events import PrivacyEvent
+from fedfdp.accounting.events import PrivacyEvent, SubsampledGaussian
 from fedfdp.config import ClipShares, Config, ConfigError, TvFloor
 from fedfdp.contribution import PrivateBatch, PrivateSum, RoundSettings
 from fedfdp.corrdp.accounting import RELATION_TEXT, CorrDPAccountant
 from fedfdp.corrdp.noise import CorrDPDesign, glm_clipped_sum
 from fedfdp.corrdp.roles import RELATION, FeatureRoles, InsensitiveFeature
-from fedfdp.corrdp.tv import Bins, TVEstimate, estimate_tvs
+from fedfdp.corrdp.tv import Bins, empirical_tv, estimation_error_bound, joint_codes
+from fedfdp.data.private_statistics import Estimate, Normals, estimation_noise_multiplier, secret_normals
 from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap
 from fedfdp.mechanism import Accounting, run_delta
@@ -115,7 +135,10 @@ class CorrDPSetup:
     declared : dict
         ``{feature: TV}`` declared in ``insensitive-tv``.
     estimates : dict
-        ``{feature: TVEstimate}`` estimated in-sample (empty without ``tv-estimate``).
+        ``{feature: ReleasedTV}`` released with noise (empty without ``tv-estimate``).
+    charges : tuple of Estimate
+        One ``SubsampledGaussian(σ_tv, 1.0)`` per released TV (the ledger's ``estimate``
+        entries, :attr:`fedfdp.mechanism.Accounting.estimates`).
     layout_only : bool
         True for a node's design: the TVs still to be estimated are placeholders (1);
         blocks and clip shares, which are all a node uses, do not depend on them.
@@ -124,8 +147,9 @@ class CorrDPSetup:
     design: CorrDPDesign
     clipping_norm: float
     declared: dict[str, float] = field(default_factory=dict)
-    estimates: dict[str, TVEstimate] = field(default_factory=dict)
+    estimates: dict[str, ReleasedTV] = field(default_factory=dict)
     layout_only: bool = False
+    charges: tuple[Estimate, ...] = ()
 
     def resolved(self) -> dict[str, Any]:
         """What ``config.toml``'s ``[resolved]`` table records of the design."""
@@ -141,14 +165,16 @@ class CorrDPSetup:
         }
         if self.estimates:
             out["corrdp-tv-estimated"] = ",".join(
-                f"{e.name}: hat {e.tv_hat:.4g} + inflation {e.inflation:.4g}"
-                + ("" if e.bound_valid else f" -> 1 ({e.note})")
+                f"{e.name}: released {e.noisy:.4g} + margin {e.margin:.4g}"
+                + (f" -> 1 ({e.note})" if e.note else "")
                 for e in self.estimates.values()
             )
             out["corrdp-tv-estimated-note"] = (
-                "in-sample estimates (Def. 3.10): data-dependent statistics, disclosed here outside the "
-                "CorrDP guarantee (docs/corrdp.md section 3)"
+                "in-sample TVs released with Gaussian noise (std sigma_tv*c3/n), charged in the ledger and "
+                "included in epsilon_corrdp; the margins are public (docs/corrdp.md section 3)"
             )
+            sigma_tv = self.charges[0].event.noise_multiplier if self.charges else 0.0
+            out["corrdp-tv-noise-multiplier"] = sigma_tv
             out["corrdp-delta-estimation"] = d.delta_estimation
         return out
 
@@ -191,35 +217,127 @@ def _bins(
     return values, bins
 
 
-def estimate_feature_tvs(
-    cfg: Config, data: FederatedData, sensitive: Sequence[str], estimated: Sequence[str], delta: float
-) -> dict[str, TVEstimate]:
-    """In-sample ``TṼ(j)`` (Def. 3.10) of the ``estimated`` features against the joint
-    ``sensitive`` features, on the training records of every device, failure
-    probability ``delta`` for all of them together."""
+@dataclass(frozen=True)
+class ReleasedTV:
+    """One insensitive feature's TV as released (module docstring).
+
+    Attributes
+    ----------
+    name : str
+    noisy : float
+        ``clip(T̂V(j) + N(0, noise_std²), 0, 1)``: the released value.
+    noise_std : float
+        ``σ_tv · c3/n`` (public).
+    margin : float
+        ``e(β) + noise_std · Φ⁻¹(1 − β)`` (public; ``inf`` when the sampling bound does
+        not apply, and then the TV used is 1).
+    note : str
+        Why the margin is infinite, when it is.
+    """
+
+    name: str
+    noisy: float
+    noise_std: float
+    margin: float
+    note: str = ""
+
+    @property
+    def tv(self) -> float:
+        """The TV the design uses: ``min(1, noisy + margin)``."""
+        return 1.0 if not math.isfinite(self.margin) else min(1.0, self.noisy + self.margin)
+
+
+def _codes(
+    cfg: Config, data: FederatedData, sensitive: Sequence[str], estimated: Sequence[str]
+) -> tuple[np.ndarray, int, dict[str, np.ndarray], dict[str, int]]:
+    """The joint sensitive cell of every training record and its number of cells; each
+    estimated feature's bin codes and number of bins (public: the declared bins)."""
     groups = feature_groups(_spec(data).columns)
     x = np.concatenate([d.x for d in data.devices]).astype(np.float64)
     values, bins = _bins(cfg, data, [*sensitive, *estimated], groups, x)
+    joint, cells = joint_codes([bins[f].codes(values[f], f) for f in sensitive],
+                               [bins[f].size for f in sensitive])
+    codes = {f: bins[f].codes(values[f], f) for f in estimated}
+    return joint, cells, codes, {f: bins[f].size for f in estimated}
+
+
+def tv_noise_multiplier(cfg: Config, count: int, num_records: int) -> float:
+    """``σ_tv``: ``count`` Gaussian releases cost ``estimation-epsilon`` at ``δ = 1/(2N)``."""
+    return estimation_noise_multiplier(cfg.data.estimation_epsilon, count, num_records)
+
+
+def tv_margin(n: int, num_values: int, num_cells: int, min_prob: float, noise_std: float,
+              beta: float) -> tuple[float, str]:
+    """``e(β) + noise_std · Φ⁻¹(1 − β)`` (module docstring), or ``inf`` with the reason."""
+    error = estimation_error_bound(n, num_values, num_cells, min_prob, beta)
+    if not math.isfinite(error):
+        return math.inf, f"n={n}: too few records for the sampling bound at beta={beta:.3g}"
+    return error + noise_std * NormalDist().inv_cdf(1.0 - beta), ""
+
+
+def release_feature_tvs(
+    cfg: Config,
+    data: FederatedData,
+    sensitive: Sequence[str],
+    estimated: Sequence[str],
+    delta: float,
+    *,
+    released: Mapping[str, float] | None = None,
+    normals: Normals | None = None,
+) -> dict[str, ReleasedTV]:
+    """The TVs of the ``estimated`` features against the joint ``sensitive`` features,
+    released with Gaussian noise (module docstring); ``delta`` is the probability that
+    some TV used is below the true one.
+
+    Parameters
+    ----------
+    released : mapping, optional
+        Values already released (``estimated-tvs``): used as they are, nothing drawn.
+    normals : callable, optional
+        The noise's source (default: the OS CSPRNG; tests inject their own).
+    """
     min_prob = cfg.privacy.tv_min_prob
     if not min_prob:
         raise ConfigError("tv-estimate: needs tv-min-prob (the declared lower bound of every bin's "
                           "probability)")
+    n = data.num_records
+    count = len(estimated)
+    sigma = tv_noise_multiplier(cfg, count, n)
+    beta = delta / (2 * count)
+    joint, cells, codes, sizes = _codes(cfg, data, sensitive, estimated)
+    before = dict(released or {})
+    todo = [f for f in estimated if f not in before]
+    draws = dict(zip(todo, np.asarray((normals or secret_normals)(len(todo)), dtype=np.float64)
+                     if todo else [], strict=True))
+    noise_std = sigma * (4.0 / min_prob) / n  # sigma_tv * c3 / n
+    out: dict[str, ReleasedTV] = {}
     try:
-        return estimate_tvs(
-            {f: values[f] for f in sensitive}, {f: values[f] for f in estimated}, bins, min_prob, delta,
-        )  # fmt: skip
+        for f in estimated:
+            margin, note = tv_margin(n, sizes[f], cells, min_prob, noise_std, beta)
+            if f in before:
+                noisy = float(before[f])
+            else:
+                tv_hat = empirical_tv(codes[f], joint, sizes[f], cells, min_prob)
+                noisy = float(np.clip(tv_hat + noise_std * draws[f], 0.0, 1.0))
+            out[f] = ReleasedTV(f, noisy, noise_std, margin, note)
     except ValueError as exc:
         raise ConfigError(f"tv-estimate (tv-min-prob={cfg.privacy.tv_min_prob}): {exc}") from exc
+    return out
 
 
-def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> CorrDPSetup:
+def corrdp_setup(
+    cfg: Config, data: FederatedData, *, estimate: bool = True, normals: Normals | None = None
+) -> CorrDPSetup:
     """The CorrDP design of ``cfg`` on ``data`` (module docstring).
 
     Parameters
     ----------
     estimate : bool
-        Estimate the TVs ``tv-estimate`` asks for (the server; the centralised engine).
+        Release the TVs ``tv-estimate`` asks for (the server; the centralised engine),
+        or read them from ``estimated-tvs`` when the run already released them.
         False: a node's design, whose blocks and clip shares do not depend on TVs.
+    normals : callable, optional
+        The noise source of a release (default: the OS CSPRNG).
 
     Raises
     ------
@@ -264,12 +382,16 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
             f"insensitive-tv: features {shown} are neither sensitive nor given a TV (declare them in "
             "insensitive-tv, '*=TV' for the rest, or set tv-estimate = true)"
         )
-    estimates: dict[str, TVEstimate] = {}
+    estimates: dict[str, ReleasedTV] = {}
+    charges: tuple[Estimate, ...] = ()
     delta_est = 0.0
     if missing and estimate:
         delta_est = p.tv_delta if p.tv_delta is not None else run_delta(cfg, data.num_records) / 2
-        estimates = estimate_feature_tvs(cfg, data, sensitive, missing, delta_est)
-        tv.update({f: e.tv_tilde for f, e in estimates.items()})
+        estimates = release_feature_tvs(cfg, data, sensitive, missing, delta_est,
+                                        released=dict(p.estimated_tvs), normals=normals)
+        tv.update({f: e.tv for f, e in estimates.items()})
+        sigma_tv = tv_noise_multiplier(cfg, len(missing), data.num_records)
+        charges = tuple(Estimate(f"TV of {f!r}", SubsampledGaussian(sigma_tv, 1.0)) for f in missing)
     elif missing:
         tv.update(dict.fromkeys(missing, 1.0))  # placeholders: a node's layout does not use TVs
     resolved_tv = {f: v for f, v in tv.items() if v is not None}
@@ -293,7 +415,7 @@ def corrdp_setup(cfg: Config, data: FederatedData, *, estimate: bool = True) -> 
     except ValueError as exc:
         raise ConfigError(f"mode='corrdp': {exc}") from exc
     return CorrDPSetup(design, p.clipping_norm, {f: v for f, v in declared.items() if f in tv},
-                       estimates, layout_only=bool(missing) and not estimate)
+                       estimates, layout_only=bool(missing) and not estimate, charges=charges)
 
 
 def corrdp_accounting(setup: CorrDPSetup, eps_error: float = 0.05) -> Accounting:
@@ -317,6 +439,7 @@ def corrdp_accounting(setup: CorrDPSetup, eps_error: float = 0.05) -> Accounting
         new=lambda: CorrDPAccountant(design.delta_estimation, eps_error),
         resolved=setup.resolved(),
         text=RELATION_TEXT,
+        estimates=setup.charges,
     )
 
 

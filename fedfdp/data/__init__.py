@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
 
-from fedfdp.config import DATASETS, Config, DataConfig, DataLocation
+from fedfdp.config import DATASETS, Config, DataConfig, DataLocation, Mode
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
 from fedfdp.data.private_statistics import estimated_columns
@@ -168,9 +168,11 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
 def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     """``cfg`` with ``num-devices = 0`` (one device per value of ``device-column``)
     replaced by the number of devices of the table (``data``, or the table
-    loaded now), and with the ranges ``private-statistics = "estimate"`` released
-    while loading it written into ``estimated-ranges`` (so every process and a
-    resume encode with the same released values, and none estimates again);
+    loaded now), with the ranges ``private-statistics = "estimate"`` released
+    while loading it written into ``estimated-ranges``, and with the noisy TVs a
+    ``mode = "corrdp"`` run with ``tv-estimate`` releases now written into
+    ``estimated-tvs`` (so every process and a resume use the same released values,
+    and none estimates again);
     any other configuration unchanged. Every part of a run that needs the count
     before it sees the data (SuperNodes, the strategy's registrations,
     ``config.toml``) uses the resolved configuration.
@@ -184,7 +186,9 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     """
     needs_devices = not cfg.data.num_devices
     needs_ranges = bool(estimated_columns(cfg.data)) and not cfg.data.estimated_ranges
-    if not (needs_devices or needs_ranges):
+    p = cfg.privacy
+    needs_tvs = p.mode is Mode.CORRDP and p.tv_estimate and not p.estimated_tvs
+    if not (needs_devices or needs_ranges or needs_tvs):
         return cfg
     data = data if data is not None else load_dataset(cfg.data)
     changes: dict[str, object] = {}
@@ -192,4 +196,13 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
         changes["num_devices"] = len(data.devices)
     if data.estimated_ranges != cfg.data.estimated_ranges:
         changes["estimated_ranges"] = data.estimated_ranges
-    return replace(cfg, data=replace(cfg.data, **changes)) if changes else cfg
+    if changes:
+        cfg = replace(cfg, data=replace(cfg.data, **changes))
+    if needs_tvs:
+        from fedfdp.corrdp.run import corrdp_setup
+
+        released = corrdp_setup(cfg, data).estimates  # drawn once, here, from the OS CSPRNG
+        if released:
+            values = tuple((f, r.noisy) for f, r in released.items())
+            cfg = replace(cfg, privacy=replace(p, estimated_tvs=values))
+    return cfg
