@@ -351,7 +351,8 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     if delta is None:
         _not_rolled_back(acc.epsilon(run_delta), run / METRICS_FILE, relation, label)
     gaussian = [(e.noise_multiplier, e.sampling_rate, e.participation, n) for e, n in replayed.events
-                if hasattr(e, "noise_multiplier")]
+                if hasattr(e, "noise_multiplier")
+                and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
     sigmas = {e[0] for e in gaussian}
     rates = {e.sampling_rate for e, _ in replayed.events}
     shares = {e.participation for e, _ in replayed.events}
