@@ -303,3 +303,44 @@ def test_an_edited_estimate_entry_is_refused(tmp_path):
     short.append_charge(1, 0, m.event)
     with pytest.raises(ValueError, match="estimate entries differ from the estimates its mechanism lists"):
         Ledger.from_dict(short.to_dict())
+
+
+# ----------------------------------------------------------------- CorrDP's released TVs
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_replacing_one_record_changes_the_released_tvs_only_through_the_noise(seed):
+    """D and D' differ in one record's sensitive sign. Without noise the in-sample TVs move by
+    at most c3/n = 4/(pi_min n) (the sensitivity the noise is calibrated to); with noise z for D
+    and z + (TV_D - TV_D')/noise_std for D', the released TVs, hence the design's TVs, are
+    identical: the data reach the design only through the noisy release."""
+    import dataclasses
+
+    from fedfdp.corrdp.run import corrdp_setup
+    from fedfdp.data import DeviceData, load_dataset
+
+    cfg = load_config({"mode": "corrdp", "dataset": "correlated", "num-sensitive": 1, "num-insensitive": 2,
+                       "num-devices": 4, "records-per-device": 300, "correlation": 0.3, "data-seed": seed,
+                       "clipping-quantile": 0.0, "tv-estimate": True, "tv-bins": "*=0", "tv-min-prob": 0.45})
+    data = load_dataset(cfg.data)
+    rng = np.random.default_rng(seed)
+    device = int(rng.integers(len(data.devices)))
+    row = int(rng.integers(len(data.devices[device])))
+    x = np.array(data.devices[device].x, copy=True)
+    x[row, 0] = -x[row, 0]  # the sensitive sign replaced
+    devices = list(data.devices)
+    devices[device] = DeviceData(x, data.devices[device].y)
+    other = dataclasses.replace(data, devices=tuple(devices))
+    n = data.num_records
+    zero = np.zeros
+    exact = corrdp_setup(cfg, data, normals=zero).estimates
+    exact_other = corrdp_setup(cfg, other, normals=zero).estimates
+    for f in exact:
+        assert abs(exact[f].noisy - exact_other[f].noisy) <= 4 / (0.45 * n) + 1e-12
+    z = rng.normal(size=len(exact))
+    shift = np.array([(exact[f].noisy - exact_other[f].noisy) / exact[f].noise_std for f in exact])
+    mine = corrdp_setup(cfg, data, normals=lambda k: z)
+    theirs = corrdp_setup(cfg, other, normals=lambda k: z + shift)
+    for f in exact:
+        assert mine.estimates[f].noisy == pytest.approx(theirs.estimates[f].noisy, abs=1e-12)
+    assert mine.design.roles.tv == pytest.approx(theirs.design.roles.tv, abs=1e-12)
