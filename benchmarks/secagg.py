@@ -19,6 +19,20 @@ Run::
 
     python benchmarks/secagg.py             # table
     python benchmarks/secagg.py --json      # machine-readable
+
+``--simulation``: the per-round overhead of ``aggregation = "secagg"`` over plain
+aggregation in ``fedfdp run`` on Flower's simulation engine (``--parties`` SuperNodes,
+default 10, on the default fleet): each aggregation is run for ``--rounds`` rounds and
+for 1 + ``--rounds`` rounds; the difference of the two wall times is ``--rounds``
+rounds without the start-up (SuperLink, Ray, data), so the overhead per round is
+``(Δ_secagg − Δ_plain) / rounds``.
+
+``--accuracy``: held-out accuracy of ``fdp`` at ε = 2 (the default target) with a
+trusted server (adaptive clipping, the default recipe; and a fixed C) and with secure
+aggregation (fixed C; ``secagg-min-survivors`` = all parties, and 80 %), over
+``--seeds`` seeds, on the default fleet with ``--parties`` nodes, run by the real
+strategy and the real ClientApp in process (``tests/flower_helpers.py``: the same code
+as a simulation, without Ray).
 """
 
 from __future__ import annotations
@@ -102,13 +116,94 @@ def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Gene
     }
 
 
+def _fedfdp_run(out: str, sets: list[str], parties: int) -> float:
+    """Wall seconds of one ``fedfdp run`` on the simulation engine."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "simulations.cli", "run", "--out", out, "--supernodes", str(parties)]
+    for item in ["progress=false", *sets]:
+        cmd += ["--set", item]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"fedfdp run failed: {proc.stderr[-2000:]}")
+    return elapsed
+
+
+def simulation_overhead(parties: int, rounds: int) -> dict[str, Any]:
+    """Per-round wall time of plain and secagg rounds in ``fedfdp run`` (module docstring)."""
+    import tempfile
+
+    secagg = ["aggregation=secagg", f"secagg-min-survivors={parties}"]
+    out: dict[str, Any] = {"parties": parties, "rounds": rounds}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in (("plain", ["clipping-quantile=0"]), ("secagg", secagg)):
+            times = []
+            for r in (1, 1 + rounds):
+                times.append(_fedfdp_run(f"{tmp}/{name}-{r}", [f"num-rounds={r}", *extra], parties))
+            out[f"{name}_per_round_s"] = (times[1] - times[0]) / rounds
+            out[f"{name}_wall_s"] = times
+    out["overhead_per_round_s"] = out["secagg_per_round_s"] - out["plain_per_round_s"]
+    return out
+
+
+def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
+    """Final held-out accuracy and ε of fdp at ε = 2, trusted vs secure aggregation."""
+    from flwr.app import ArrayRecord
+
+    from fedfdp.config import load_config
+    from fedfdp.data import load_dataset
+    from fedfdp.models import build_model_for
+    from fedfdp.server import held_out_evaluation
+    from strategies.fdp_strategy import FDPStrategy
+    from tests.test_secagg_flower import ClientAppGrid
+
+    variants = {
+        "trusted, adaptive C (default)": {},
+        "trusted, fixed C": {"clipping-quantile": 0},
+        "secagg, n_min = all": {"aggregation": "secagg", "secagg-min-survivors": parties},
+        "secagg, n_min = 80 %": {"aggregation": "secagg",
+                                 "secagg-min-survivors": max(3, round(0.8 * parties))},
+    }
+    rows = []
+    for name, extra in variants.items():
+        for seed in range(seeds):
+            cfg = load_config({"progress": False, "seed": seed, "eval-every": 150, **extra})
+            data = load_dataset(cfg.data)
+            model = build_model_for(cfg, data)
+            strat = FDPStrategy(model, cfg, num_devices=len(data.devices),
+                                evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+            grid = ClientAppGrid(cfg, partitions=parties)  # as fedfdp run --supernodes parties
+            start = time.perf_counter()
+            strat.start(grid, ArrayRecord(model.state_dict()))
+            row = strat.rows[-1]
+            rows.append({"variant": name, "seed": seed, "accuracy": row["accuracy"],
+                         "epsilon": row["epsilon"], "rounds": row["round"],
+                         "wall_s": time.perf_counter() - start, "sigma": strat.plan.noise_multiplier})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--repeats", type=int, default=3, help="rounds per configuration (median reported)")
+    parser.add_argument("--simulation", action="store_true", help="per-round overhead in fedfdp run")
+    parser.add_argument("--accuracy", action="store_true", help="fdp at ε = 2: trusted vs secagg")
+    parser.add_argument("--parties", type=int, default=10, help="SuperNodes (--simulation, --accuracy)")
+    parser.add_argument("--rounds", type=int, default=20, help="extra rounds timed (--simulation)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds (--accuracy)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats}: must be >= 1")
+    if args.simulation:
+        print(json.dumps(simulation_overhead(args.parties, args.rounds), indent=2))
+        return
+    if args.accuracy:
+        for row in accuracy(args.parties, args.seeds):
+            print(json.dumps(row))
+        return
     rng = np.random.default_rng(0)  # public inputs only; every secret comes from the OS CSPRNG
     rows = []
     for n, k in CONFIGS:

@@ -3,6 +3,7 @@ and the resolution (the distributed event at n_h = n_min − t_c, σ_eff = σ)."
 
 import math
 
+import numpy as np
 import pytest
 
 from fedfdp.accounting.distributed import DistributedAccountant, DistributedDiscreteGaussian
@@ -90,3 +91,32 @@ def test_resolution_refusals(extra, facts, start):
     with pytest.raises(ConfigError) as err:
         resolve_mechanism(cfg, facts)
     assert str(err.value).startswith(start), str(err.value)
+
+
+def test_the_distributed_accountant_composes_a_central_gaussian_event_too():
+    """A Gaussian-noised statistic released before the rounds (a SubsampledGaussian at rate 1)
+    composes with the distributed rounds: route A is the FDP accountant over both (the slack
+    is the rounds'), route B adds the Gaussian's RDP α/(2σ²) (independent formula here)."""
+    from fedfdp.accounting import FDPAccountant, SubsampledGaussian
+    from fedfdp.accounting.distributed import ROUTE_B_ORDERS, distributed_epsilon, route_b_epsilon
+
+    ev = DistributedDiscreteGaussian(local_sigma=5e4, honest_parties=8, scale=2**14, dimension=300,
+                                     sampling_rate=0.05)
+    est = SubsampledGaussian(4.0, 1.0)
+    delta = 1e-5
+    both = distributed_epsilon([(est, 1), (ev, 50)], delta)
+    acc = FDPAccountant()
+    acc.compose(est)
+    acc.compose(ev.gaussian_event(), 50)
+    assert both.route_a.upper == pytest.approx(acc.epsilon_bound(delta).upper, abs=1e-9)
+    assert both.route_a.upper <= both.route_b
+    alone = distributed_epsilon([(ev, 50)], delta)
+    assert both.epsilon > alone.epsilon
+    orders = np.asarray(ROUTE_B_ORDERS, dtype=float)
+    rdp = 3 * orders / (2 * 16.0)  # three Gaussian releases at σ = 4, sensitivity 1
+    ref = np.min(rdp + np.log1p(-1 / orders) - (math.log(delta) + np.log(orders)) / (orders - 1))
+    assert route_b_epsilon([(est, 3)], delta) == pytest.approx(max(0.0, ref), rel=1e-12)
+    acc2 = DistributedAccountant()
+    acc2.compose(est)
+    acc2.compose(ev, 50)
+    assert acc2.epsilon(delta) == pytest.approx(both.epsilon, rel=1e-12)

@@ -57,16 +57,20 @@ class ClientAppGrid(InProcessGrid):
     persistent ``Context`` per node, as a SuperNode keeps it; a raised handler becomes an
     error reply, as Flower sends it. ``seen`` keeps every reply the strategy receives."""
 
-    def __init__(self, cfg: Config, fail: Fail | None = None) -> None:
+    def __init__(self, cfg: Config, fail: Fail | None = None, partitions: int | None = None) -> None:
         super().__init__(cfg)
         self.app = make_client_app(cfg)
         self.fail = fail
+        self.partitions = partitions  # SuperNodes, each serving a partition (default: one per device)
         self.contexts: dict[int, Context] = {}
         self.seen: list[tuple[str, int, Message]] = []
 
+    def get_node_ids(self) -> list[int]:
+        return list(range(self.partitions or self.cfg.data.num_devices))
+
     def answer(self, msg: Message) -> Message:
         node = msg.metadata.dst_node_id
-        context = self.contexts.setdefault(node, node_context(self.cfg, node))
+        context = self.contexts.setdefault(node, node_context(self.cfg, node, self.partitions))
         try:
             if self.fail is not None and self.fail(node, msg.metadata.message_type):
                 raise RuntimeError(f"node {node} fails at {msg.metadata.message_type}")

@@ -365,31 +365,38 @@ class DistributedDiscreteGaussian(PrivacyEvent):
         }
 
 
-Rounds = Iterable[DistributedDiscreteGaussian | tuple[DistributedDiscreteGaussian, int]]
+#: An event these accounts compose: a distributed round, or a central subsampled
+#: Gaussian (e.g. a Gaussian-noised statistic released before the rounds) in the same run.
+Charged = DistributedDiscreteGaussian | SubsampledGaussian
+Rounds = Iterable[Charged | tuple[Charged, int]]
 
 
-def _as_counted(rounds: Rounds) -> list[tuple[DistributedDiscreteGaussian, int]]:
-    if isinstance(rounds, DistributedDiscreteGaussian):
+def _as_counted(rounds: Rounds | Charged) -> list[tuple[Charged, int]]:
+    if isinstance(rounds, DistributedDiscreteGaussian | SubsampledGaussian):
         rounds = [rounds]
-    out = []
+    out: list[tuple[Charged, int]] = []
     for item in rounds:
-        if isinstance(item, DistributedDiscreteGaussian):
+        if isinstance(item, DistributedDiscreteGaussian | SubsampledGaussian):
             out.append((item, 1))
         elif (
             isinstance(item, tuple)
             and len(item) == 2
-            and isinstance(item[0], DistributedDiscreteGaussian)
+            and isinstance(item[0], DistributedDiscreteGaussian | SubsampledGaussian)
         ):
             out.append((item[0], _count("count", item[1])))
         else:
-            raise ValueError(f"round {item!r}: expected a DistributedDiscreteGaussian or (event, count)")
+            raise ValueError(
+                f"round {item!r}: expected a DistributedDiscreteGaussian or SubsampledGaussian, or "
+                "(event, count)"
+            )
     if not out:
         raise ValueError("rounds: empty (nothing to account)")
     return out
 
 
-def _total_slack(counted: Sequence[tuple[DistributedDiscreteGaussian, int]]) -> float:
-    slack = math.fsum(ev.slack * n for ev, n in counted)
+def _total_slack(counted: Sequence[tuple[Charged, int]]) -> float:
+    """``Λ``: the distributed rounds' slack (a central Gaussian event has none)."""
+    slack = math.fsum(ev.slack * n for ev, n in counted if isinstance(ev, DistributedDiscreteGaussian))
     if not slack <= MAX_SLACK:
         raise ValueError(f"total slack Λ={slack!r}: must be <= {MAX_SLACK} (raise local_sigma)")
     return slack
@@ -430,8 +437,8 @@ def route_a_epsilon(
     delta = _delta(delta)
     slack = _total_slack(counted)
     acc = FDPAccountant(eps_error=eps_error)
-    for ev, n in counted:
-        acc.compose(ev.gaussian_event(), n)
+    for ev, n in counted:  # a central Gaussian event is composed as it is (Λ is the distributed rounds')
+        acc.compose(ev.gaussian_event() if isinstance(ev, DistributedDiscreteGaussian) else ev, n)
     b = acc.epsilon_bound(delta * math.exp(-slack), relation)
     return EpsilonBound(
         max(0.0, b.lower - 2.0 * slack), b.estimate + 2.0 * slack, b.upper + 2.0 * slack, delta, b.relation
@@ -540,7 +547,10 @@ def route_b_epsilon(rounds: Rounds, delta: float, orders: Sequence[int] = ROUTE_
     ls = np.arange(top + 1)
     total = np.zeros(len(orders_i))
     for ev, n in counted:
-        base = ddg_rdp(ls, ev.local_sigma, ev.honest_parties, ev.sensitivity, ev.dimension)
+        if isinstance(ev, DistributedDiscreteGaussian):
+            base = ddg_rdp(ls, ev.local_sigma, ev.honest_parties, ev.sensitivity, ev.dimension)
+        else:  # the Gaussian mechanism, α/(2σ²); its participation p ≤ 1 is not credited (an upper bound)
+            base = ls.astype(np.float64) / (2.0 * ev.noise_multiplier**2)
         total += n * poisson_subsampled_rdp(base, ev.sampling_rate, orders_i)
     return rdp_to_epsilon(orders_i, total, delta)
 
@@ -594,7 +604,11 @@ _STATE_VERSION = 1
 
 class DistributedAccountant:
     """The :class:`~fedfdp.accounting.protocol.Accountant` of
-    :class:`DistributedDiscreteGaussian` rounds (add/remove, FDP paper Definition 6).
+    :class:`DistributedDiscreteGaussian` rounds (add/remove, FDP paper Definition 6),
+    and of central :class:`~fedfdp.accounting.SubsampledGaussian` events charged in the
+    same run (route A composes them as they are, outside ``Λ``; route B takes their RDP
+    ``α/(2σ²)`` through the same Poisson-subsampling bound at rate ``q``, not crediting a
+    participation ``p < 1``, which only lowers the true ε).
 
     ``epsilon(δ)`` is the smaller of route A's certified upper bound (proved in
     ``docs/secagg_accounting.md``) and route B's; both are upper bounds, so is their
@@ -615,7 +629,7 @@ class DistributedAccountant:
 
     def __init__(self, eps_error: float = 0.05) -> None:
         self.eps_error = float(eps_error)
-        self._rounds: list[tuple[DistributedDiscreteGaussian, int]] = []
+        self._rounds: list[tuple[Charged, int]] = []
         self._memo: dict[tuple[Any, ...], DistributedEpsilon] = {}
 
     @property
@@ -624,20 +638,21 @@ class DistributedAccountant:
 
     @staticmethod
     def _appended(
-        rounds: Sequence[tuple[DistributedDiscreteGaussian, int]],
-        event: DistributedDiscreteGaussian,
+        rounds: Sequence[tuple[Charged, int]],
+        event: Charged,
         count: int,
-    ) -> list[tuple[DistributedDiscreteGaussian, int]]:
-        if not isinstance(event, DistributedDiscreteGaussian):
-            raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian events")
+    ) -> list[tuple[Charged, int]]:
+        if not isinstance(event, DistributedDiscreteGaussian | SubsampledGaussian):
+            raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian (and "
+                             "SubsampledGaussian) events")
         return append_repeated(rounds, event, _count("count", count))
 
-    def compose(self, event: DistributedDiscreteGaussian, count: int = 1) -> None:
+    def compose(self, event: Charged, count: int = 1) -> None:
         """Record ``count`` rounds of ``event``."""
         self._rounds = self._appended(self._rounds, event, count)
 
     def _bound(
-        self, rounds: Sequence[tuple[DistributedDiscreteGaussian, int]], delta: float
+        self, rounds: Sequence[tuple[Charged, int]], delta: float
     ) -> DistributedEpsilon:
         key = (tuple(rounds), float(delta))
         if key not in self._memo:
@@ -657,7 +672,7 @@ class DistributedAccountant:
         return self.epsilon_bound(delta).epsilon
 
     def would_exceed(
-        self, event: DistributedDiscreteGaussian, count: int = 1, *, max_epsilon: float, delta: float
+        self, event: Charged, count: int = 1, *, max_epsilon: float, delta: float
     ) -> bool:
         """Whether ``count`` more rounds of ``event`` would take ε above ``max_epsilon``
         (no mutation)."""
@@ -673,12 +688,13 @@ class DistributedAccountant:
 
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"state {state!r}: not a distributed accountant's state")
-        rounds: list[tuple[DistributedDiscreteGaussian, int]] = []
+        rounds: list[tuple[Charged, int]] = []
         for i, item in enumerate(state.get("ledger", [])):
             if not isinstance(item, dict) or set(item) != {"event", "count"}:
                 raise ValueError(f"state ledger[{i}]={item!r}: expected event and count")
             event = event_from_dict(item["event"])
-            if not isinstance(event, DistributedDiscreteGaussian):
-                raise ValueError(f"state ledger[{i}]: not a distributed-discrete-gaussian event")
+            if not isinstance(event, DistributedDiscreteGaussian | SubsampledGaussian):
+                raise ValueError(f"state ledger[{i}]: not a distributed-discrete-gaussian or "
+                                 "subsampled-gaussian event")
             rounds = self._appended(rounds, event, item["count"])
         self._rounds = rounds
