@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from fedfdp.config import ConfigError
 
@@ -53,6 +54,14 @@ def _declared_help(name: str, origin: str | None) -> str | None:
     return None
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (``error: fedfdp run: ...``,
+    status 2), like every other refusal of the command; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def make_parser(only: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
     """The argument parser of ``fedfdp``.
 
@@ -61,7 +70,7 @@ def make_parser(only: str | None = None, *, lazy: bool = False) -> argparse.Argu
     their declared help (enough for ``fedfdp --help`` and for choosing the
     subcommand), or are imported after all when their help is not a literal.
     """
-    parser = argparse.ArgumentParser(prog="fedfdp", description="Federated learning with feature-DP.")
+    parser = OneLineParser(prog="fedfdp", description="Federated learning with feature-DP.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         module_name = f"simulations.{name}"
