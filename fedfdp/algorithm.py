@@ -24,7 +24,7 @@ from torch import nn
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import FederatedData, load_dataset
-from fedfdp.evaluation import check_run_inputs, require_config
+from fedfdp.evaluation import check_run_inputs, require_inputs
 from fedfdp.losses import FeatureMap, build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.parts import client_parts_for, server_parts_for
@@ -70,7 +70,7 @@ def run_centralised(
     >>> [r["phase"] for r in rows], rows[-1]["epsilon"] <= 2.0
     (['fdp', 'fdp', 'fdp'], True)
     """
-    cfg = require_config(cfg)
+    cfg = require_inputs(cfg, data, model, feature_map)
     data = data if data is not None else load_dataset(cfg.data)
     model = model if model is not None else build_model_for(cfg, data)
     if evaluate_fn is None:

@@ -18,7 +18,8 @@ metrics computed on training records are outside the guarantee).
 Before a run, :func:`check_run_inputs` checks once that the model, the data and the
 feature map fit together (a run that would only fail, or train a model that cannot
 be right, is refused in one line naming what does not fit); :func:`require_config`
-refuses anything but a :class:`~fedfdp.config.Config` where one is expected.
+refuses anything but a :class:`~fedfdp.config.Config` where one is expected, and
+:func:`require_inputs` the other inputs of a run of the wrong kind.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ def require_config(cfg: Any, name: str = "cfg") -> Config:
     text = text if len(text) <= 80 else text[:77] + "..."
     raise ConfigError(f"{name}={text}: a {type(cfg).__name__}, not a fedfdp.Config; build one with "
                       "load_config({...}) (keys) or read_toml(path)")
+
+
+def require_inputs(cfg: Any, data: Any = None, model: Any = None, feature_map: Any = None) -> Config:
+    """:func:`require_config` of ``cfg``, and the optional inputs of a run of the right
+    kind (a ``FederatedData``, an ``nn.Module``, a ``FeatureMap``): anything else is
+    refused in one line naming the argument and what it got."""
+    from fedfdp.data import FederatedData
+    from fedfdp.losses import FeatureMap
+
+    cfg = require_config(cfg)
+    for name, value, kind in (("data", data, FederatedData), ("model", model, nn.Module),
+                              ("feature_map", feature_map, FeatureMap)):
+        if value is not None and not isinstance(value, kind):
+            text = repr(value)
+            text = text if len(text) <= 60 else text[:57] + "..."
+            raise ConfigError(f"{name}={text}: expected a {kind.__name__} (got {type(value).__name__})")
+    return cfg
 
 
 def _first_bad(values: np.ndarray) -> tuple[int, ...]:

@@ -577,6 +577,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
+    if args.supernodes is not None and not 1 <= args.supernodes <= max(1, cfg.data.num_devices):
+        raise ConfigError(f"--supernodes={args.supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
     _check_data_path(cfg)
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
