@@ -577,13 +577,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
-    if args.supernodes is not None and not 1 <= args.supernodes <= max(1, cfg.data.num_devices):
-        raise ConfigError(f"--supernodes={args.supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
     _check_data_path(cfg)
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
+    if args.supernodes is not None and not 1 <= args.supernodes <= cfg.data.num_devices:
+        raise ConfigError(f"--supernodes={args.supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
     found = _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     _check_model_and_data(cfg, data)  # a user's model or data that cannot train, on either path
     out = prepare_output_dir(cfg.run.out_dir, "--out")
