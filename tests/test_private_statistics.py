@@ -344,3 +344,30 @@ def test_replacing_one_record_changes_the_released_tvs_only_through_the_noise(se
     for f in exact:
         assert mine.estimates[f].noisy == pytest.approx(theirs.estimates[f].noisy, abs=1e-12)
     assert mine.design.roles.tv == pytest.approx(theirs.design.roles.tv, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_the_flower_path_estimates_once_and_every_process_encodes_with_the_released_ranges(tmp_path):
+    """fedfdp run on Flower's simulation engine: the CLI releases the range once and writes it to
+    the run's configuration; the ServerApp charges it (one estimate entry) and the printed epsilon
+    is the ledger's (fedfdp account --run recomputes it)."""
+    import json
+
+    from fedfdp.ledger import EntryKind, read_ledger
+
+    path = _table(tmp_path / "t.csv", n=400)
+    out = tmp_path / "run"
+    keys = _keys(path, private="age", **{"private-statistics": "estimate", "num-rounds": "3"})
+    proc = subprocess.run([*CLI, "run", "--out", str(out), *keys], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = float(proc.stdout.split("epsilon=")[1].split()[0])
+    ledger = read_ledger(out)
+    assert [e.kind for e in ledger.entries].count(EntryKind.ESTIMATE) == 1
+    assert 'estimated-ranges = "age=' in (out / "config.toml").read_text()
+    account = subprocess.run([*CLI, "account", "--run", str(out), "--json"], capture_output=True, text=True,
+                             timeout=300)
+    assert account.returncode == 0, account.stderr
+    report = json.loads(account.stdout)
+    assert report["estimates"] == ["range of 'age'"] and report["rounds"] == 3
+    assert report["epsilon"] == pytest.approx(printed, abs=1e-3)
