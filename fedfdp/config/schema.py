@@ -524,7 +524,7 @@ class Config:
     >>> flat["target-epsilon"], flat["noise-multiplier"], flat["mode"], flat["alpha"]
     (4.0, '', 'fdp', 2.0)
     >>> sorted(cfg.guarantee_inputs())[:3]
-    ['blur-kernel', 'blur-levels', 'blur-sigma']
+    ['aggregation', 'blur-kernel', 'blur-levels']
     """
 
     privacy: PrivacyConfig = PrivacyConfig()
