@@ -532,8 +532,8 @@ def run_sweep(
 
     if engine not in ENGINES:
         raise ConfigError(f"--engine={engine!r}: must be one of {', '.join(ENGINES)}")
+    runs = plan_runs(sweep, out.resolve())  # every configuration valid before the folder is made
     out = prepare_output_dir(out.resolve(), "--out")
-    runs = plan_runs(sweep, out)
     frame = read_results(out)  # malformed: error before any work
     done = done_runs(frame, runs)
     sigmas = validate_runs(runs)  # bad data / unreachable ε: error before any run

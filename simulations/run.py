@@ -477,11 +477,29 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> Resume | None:
     try:
         found = RunFiles(cfg.run.out_dir, cfg).verify(mechanism)
     except LedgerError as exc:
-        raise ConfigError(str(exc)) from exc
+        changed = _changed_guarantee_keys(cfg) if cfg.run.resume else ""
+        raise ConfigError(f"{changed}{exc}") from exc
     if not cfg.run.resume:
         _check_first_round_fits(cfg, data, mechanism)
         return None
     return found
+
+
+def _changed_guarantee_keys(cfg: Config) -> str:
+    """``key=new (the run has old); ...: `` for every key that defines the guarantee and
+    differs from the run directory's config.toml (empty when none or unreadable)."""
+    from fedfdp.config import GUARANTEE_KEYS
+
+    try:
+        saved = load_config(read_toml(Path(cfg.run.out_dir) / "config.toml")).to_flat()
+    except (ConfigError, OSError):
+        return ""
+    now = cfg.to_flat()
+    diffs = [f"{k}={now[k]!r} (the run has {saved[k]!r})" for k in now
+             if k in GUARANTEE_KEYS and k in saved and now[k] != saved[k]]
+    if not diffs:
+        return ""
+    return "; ".join(diffs) + ": a resume keeps every setting that defines the guarantee; "
 
 
 def _resuming_line(out: str, found: Resume, every: int) -> str:
