@@ -17,6 +17,8 @@ count of vectors within ``C``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -25,6 +27,9 @@ from fedfdp import protocol as P
 from fedfdp.secagg import ClientSession, CollectRequest, KeysRequest, SetupRequest, UnmaskRequest
 from fedfdp.secagg.party import noisy_contribution
 from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
+
+if TYPE_CHECKING:
+    from clients.client_app import NodeRuntime
 
 #: Where a node keeps its session in ``Context.state``.
 STATE = "fedfdp.secagg"
@@ -86,11 +91,9 @@ def flat_private(model: torch.nn.Module, private: dict[str, torch.Tensor] | None
     return np.concatenate([private[n].detach().double().reshape(-1).numpy() for n, _ in params])
 
 
-def sa_collect(msg: Message, context: Context, runtime: object) -> Message:
-    """Stage 2: the round's device contribution; the private sum encoded, noised, masked.
-
-    ``runtime`` is the node's :class:`clients.client_app.NodeRuntime`.
-    """
+def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
+    """Stage 2: the round's device contribution; the private sum encoded, noised, masked
+    (``runtime``: the node's records, model and parts)."""
     session = _load(context)
     try:
         rec = _record(msg)
@@ -99,14 +102,14 @@ def sa_collect(msg: Message, context: Context, runtime: object) -> Message:
         config = msg.content.config_records[P.CONFIG]
         order = P.TrainInstruction.from_config(config)
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
-        private, public, metrics = runtime.train(state, config)  # type: ignore[attr-defined]
-        x = flat_private(runtime.model, private)  # type: ignore[attr-defined]
+        private, public, metrics = runtime.train(state, config)
+        x = flat_private(runtime.model, private)
         values = noisy_contribution(x, clip=order.clipping_norm, scale=scale, local_sigma=local_sigma)
         del x, private
         reply = session.collect(request, values)
     finally:
         _save(context, session)
-    out = {MASKED: ArrayRecord({MASKED: Array(reply.masked)}),
+    out: dict[str, ArrayRecord | MetricRecord] = {MASKED: ArrayRecord({MASKED: Array(reply.masked)}),
            P.METRICS: MetricRecord({P.PUBLIC_COUNT: metrics[P.PUBLIC_COUNT],
                                     P.PUBLIC_LOSS_SUM: metrics[P.PUBLIC_LOSS_SUM]})}
     if public is not None:
