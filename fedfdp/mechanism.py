@@ -46,6 +46,7 @@ from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import Accountant, calibrate
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.data.private_statistics import Estimate, estimation_events
+from fedfdp.data.split import refuse_label_split
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
@@ -399,6 +400,7 @@ def resolve_mechanism(
             "(and only it) is accounted by the CorrDP accountant of its data "
             "(fedfdp.parts.server_parts_for(cfg, data))"
         )
+    refuse_label_split(cfg)  # a private label: no split or hold-out may have read it
     settings = sampling_settings(cfg)
     sub = subsampling if subsampling is not None else settings.subsampling
     delta = run_delta(cfg, facts.num_records)

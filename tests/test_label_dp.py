@@ -99,3 +99,82 @@ def test_label_dp_run_ends_at_target():
     _, records = run_centralised(cfg)
     assert len(records) == 4 and all(r["phase"] == "fdp" for r in records)
     assert 0.9 < records[-1]["epsilon"] <= 1.0
+
+
+# --------------------------------------------------------------------------------------
+# a private label never reaches the device split or the hold-out (issue 22, item 1)
+# --------------------------------------------------------------------------------------
+
+
+def _label_free_table(tmp_path, labels, name, alpha=0.0):
+    """A csv table whose only difference between calls is its labels; the label-DP config."""
+    import pandas as pd
+
+    rng = np.random.default_rng(5)
+    n = len(labels)
+    path = tmp_path / f"{name}.csv"
+    pd.DataFrame({"a": rng.normal(size=n), "b": rng.normal(size=n), "y": labels}).to_csv(path, index=False)
+    keys = {"dataset": "csv", "data-path": str(path), "public-columns": "a", "private-columns": "b",
+            "private-ranges": "b=-10:10",
+            "label-column": "y", "label-classes": "0|1|2", "public-loss": "label-free", "mode": "fdp",
+            "model": "logistic", "num-devices": 5, "test-fraction": 0.2, "data-seed": 3}
+    if alpha:
+        keys["dirichlet-alpha"] = alpha
+    return load_config(keys)
+
+
+def _layout(cfg):
+    """Device sizes, N, and each device's / the hold-out's rows (column a identifies a row)."""
+    data = load_dataset(cfg.data)
+    return ([len(d.y) for d in data.devices], data.num_records,
+            [tuple(d.x[:, 0].tolist()) for d in data.devices], tuple(data.test_x[:, 0].tolist()))
+
+
+def test_two_tables_differing_only_in_labels_split_identically_under_label_dp(tmp_path):
+    from fedfdp.mechanism import PublicFacts, resolve_mechanism
+
+    n = 300
+    rng = np.random.default_rng(11)
+    first = rng.integers(0, 3, size=n)
+    second = np.where(rng.random(n) < 0.5, (first + 1) % 3, first)  # about half the labels changed
+    second[:100] = 0  # and a skewed class mix
+    assert (first != second).sum() > 100
+    a = _layout(_label_free_table(tmp_path, first, "first"))
+    b = _layout(_label_free_table(tmp_path, second, "second"))
+    assert a == b  # device sizes, N, which rows on which device, which rows held out
+    sizes, num_records = a[0], a[1]
+    assert sum(sizes) == num_records and len(set(sizes)) <= 2  # IID: sizes differ by at most one
+    cfg = _label_free_table(tmp_path, first, "first")
+    resolve_mechanism(cfg, PublicFacts(tuple(sizes), num_params=12))  # accepted: nothing read the labels
+
+
+def test_a_label_based_split_is_refused_when_the_label_is_private(tmp_path):
+    from fedfdp.data import resolve_devices
+    from fedfdp.mechanism import PublicFacts, resolve_mechanism
+
+    rng = np.random.default_rng(11)
+    first = rng.integers(0, 3, size=300)
+    second = first.copy()
+    second[:150] = 0
+    # the Dirichlet split does read the labels (so the test above could fail): sizes differ
+    a = _layout(_label_free_table(tmp_path, first, "first", alpha=0.5))
+    b = _layout(_label_free_table(tmp_path, second, "second", alpha=0.5))
+    assert a[0] != b[0]
+    cfg = _label_free_table(tmp_path, first, "first", alpha=0.5)
+    expected = r"dirichlet-alpha=0.5: .*label-free.*set dirichlet-alpha = 0"
+    with pytest.raises(ConfigError, match=expected):
+        resolve_mechanism(cfg, PublicFacts(tuple(a[0]), num_params=12))
+    with pytest.raises(ConfigError, match=expected):
+        resolve_devices(cfg)
+    # the same split with the label public (fdp's own Ψ) is accepted
+    public = load_config({**cfg.to_flat(), "public-loss": "auto"})
+    resolve_mechanism(public, PublicFacts(tuple(a[0]), num_params=12))
+
+
+def test_watch_under_label_dp_is_refused_naming_its_label_stratified_hold_out():
+    from fedfdp.mechanism import PublicFacts, resolve_mechanism
+
+    cfg = load_config({"dataset": "watch", "public-loss": "label-free", "model": "logistic",
+                       "num-devices": 10})
+    with pytest.raises(ConfigError, match=r"dataset='watch' with public-loss='label-free': its hold-out"):
+        resolve_mechanism(cfg, PublicFacts((100,) * 10, num_params=12))

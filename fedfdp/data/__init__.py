@@ -29,7 +29,7 @@ from fedfdp.config import DATASETS, Config, DataConfig, DataLocation, Mode
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
 from fedfdp.data.private_statistics import estimated_columns
-from fedfdp.data.split import DataError, MissingExtraError
+from fedfdp.data.split import DataError, MissingExtraError, refuse_label_split
 
 __all__ = [
     "DataError",
@@ -173,7 +173,8 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     ``mode = "corrdp"`` run with ``tv-estimate`` releases now written into
     ``estimated-tvs`` (so every process and a resume use the same released values,
     and none estimates again);
-    any other configuration unchanged. Every part of a run that needs the count
+    any other configuration unchanged. A split that read a private label is refused
+    (:func:`fedfdp.data.split.refuse_label_split`). Every part of a run that needs the count
     before it sees the data (SuperNodes, the strategy's registrations,
     ``config.toml``) uses the resolved configuration.
 
@@ -184,6 +185,7 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     >>> resolve_devices(load_config({"num-devices": 7})).data.num_devices
     7
     """
+    refuse_label_split(cfg)
     needs_devices = not cfg.data.num_devices
     needs_ranges = bool(estimated_columns(cfg.data)) and not cfg.data.estimated_ranges
     p = cfg.privacy

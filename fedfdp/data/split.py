@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.config import ConfigError
+from fedfdp.config import Config, ConfigError, Mode, PublicLoss
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec, PublicStatistics
 
@@ -136,6 +136,50 @@ def split_records(
             "records; use fewer devices or a larger dirichlet-alpha"
         )
     return device
+
+
+#: Datasets whose held-out split is stratified by the label (whole recordings per exercise).
+LABEL_STRATIFIED_HOLDOUT = ("watch",)
+
+
+def labels_private(cfg: Config) -> bool:
+    """Whether ``cfg`` protects the label: ``public-loss = "label-free"`` (label-DP,
+    ``Ψ(x, y) = x``) in any mode that claims an ε (every mode but ``nonprivate``)."""
+    return cfg.privacy.public_loss is PublicLoss.LABEL_FREE and cfg.privacy.mode is not Mode.NONPRIVATE
+
+
+def refuse_label_split(cfg: Config) -> None:
+    """Refuse a device split or hold-out that reads the labels when the labels are private.
+
+    The device sizes and ``N`` are public (``shared/DESIGN.md`` §2), so every split
+    that runs under a private label must be a function of public quantities and the
+    data seed only. The built-in splits are: the IID split (``dirichlet-alpha = 0``:
+    a permutation from the data seed), ``device-column`` grouping (unit sizes), and
+    the hold-out of ``test-fraction`` of every device (device sizes) — all free of
+    the labels. Two are not, and are refused here with the key to change:
+    ``dirichlet-alpha > 0`` (per-class Dirichlet shares, :func:`split_records`) and
+    ``dataset = "watch"`` (its hold-out takes whole recordings of every exercise).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, its value and the way out.
+    """
+    if not labels_private(cfg):
+        return
+    d = cfg.data
+    if d.dirichlet_alpha:
+        raise ConfigError(
+            f"dirichlet-alpha={d.dirichlet_alpha:g}: the Dirichlet split draws each class's share per "
+            "device from the labels, which public-loss='label-free' makes private (device sizes and N "
+            "are public); set dirichlet-alpha = 0 (IID split from data-seed)"
+        )
+    if d.dataset in LABEL_STRATIFIED_HOLDOUT:
+        raise ConfigError(
+            f"dataset={d.dataset!r} with public-loss='label-free': its hold-out is stratified by the "
+            "label, which label-DP makes private (N would depend on it); use its own Ψ (public-loss = "
+            "\"auto\") or a table whose split reads no label"
+        )
 
 
 def holdout_records(groups: np.ndarray, test_fraction: float, rng: np.random.Generator) -> np.ndarray:
