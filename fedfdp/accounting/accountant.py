@@ -11,6 +11,11 @@ Public work depends on ``Psi(S)`` only and is not recorded (Remark 2).  By
 An event's ``participation`` ``p`` is the probability that a round touches the record
 at all (Poisson device sampling, the draw known to the adversary): the round is
 then the mixture of that pair (probability ``p``) and ``(P, P)``.
+A :class:`~fedfdp.accounting.events.ThresholdedHistogram` (released private
+categories) is composed through its Gaussian part ``N(0, σ²)`` vs ``N(1, σ²)``, and
+its ``δ_t`` is taken off the ``δ`` the epsilon is reported at: ``ε(δ)`` is the
+Gaussian parts' ``ε(δ − Σ −ln(1 − δ_t))`` (twice the sum under replacement; the
+event's docstring has the argument).
 
 Neighbouring relations
 ----------------------
@@ -36,6 +41,7 @@ from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
 from fedfdp.accounting.events import (
     Relation,
     SubsampledGaussian,
+    ThresholdedHistogram,
     check_noise_multiplier,
     check_probability,
     check_real,
@@ -155,12 +161,13 @@ class Repeated:
         Number of identical rounds, ``>= 1``.
     """
 
-    event: SubsampledGaussian
+    event: SubsampledGaussian | ThresholdedHistogram
     count: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.event, SubsampledGaussian):
-            raise ValueError(f"event={self.event!r}: the FDP accountant composes SubsampledGaussian events")
+        if not isinstance(self.event, SubsampledGaussian | ThresholdedHistogram):
+            raise ValueError(f"event={self.event!r}: the FDP accountant composes SubsampledGaussian "
+                             "and ThresholdedHistogram events")
         object.__setattr__(self, "count", check_count(self.count))
 
     @property
@@ -210,7 +217,7 @@ def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
         return ledger_or_accountant.ledger
     if isinstance(ledger_or_accountant, Repeated):
         return (ledger_or_accountant,)
-    if isinstance(ledger_or_accountant, SubsampledGaussian):
+    if isinstance(ledger_or_accountant, SubsampledGaussian | ThresholdedHistogram):
         return (Repeated(ledger_or_accountant),)
     if isinstance(ledger_or_accountant, (str, bytes, dict)):
         raise ValueError(
@@ -226,12 +233,19 @@ def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
         ) from None
     out = []
     for ev in events:
-        if isinstance(ev, SubsampledGaussian):
+        if isinstance(ev, SubsampledGaussian | ThresholdedHistogram):
             ev = Repeated(ev)
         if not isinstance(ev, Repeated):
             raise ValueError(f"ledger entry {ev!r}: expected a Repeated or SubsampledGaussian event")
         out.append(ev)
     return tuple(out)
+
+
+def threshold_delta_cost(events: Sequence[Repeated]) -> float:
+    """``Σ count · (−ln(1 − δ_t))`` over the thresholded histograms of ``events``: the
+    δ they take off an add/remove composition of the Gaussian parts (0 without any)."""
+    return float(sum(r.count * r.event.delta_cost for r in events
+                     if isinstance(r.event, ThresholdedHistogram)))
 
 
 def appended(ledger: Sequence[Repeated], entry: Repeated) -> list[Repeated]:
@@ -330,7 +344,7 @@ class FDPAccountant:
         """Total number of composed rounds."""
         return sum(ev.count for ev in self._ledger)
 
-    def compose(self, event: SubsampledGaussian, count: int = 1) -> None:
+    def compose(self, event: SubsampledGaussian | ThresholdedHistogram, count: int = 1) -> None:
         """Record ``count`` rounds of ``event`` (a
         :class:`~fedfdp.accounting.events.SubsampledGaussian`: ``σ``, ``q``,
         participation ``p``)."""
@@ -354,6 +368,17 @@ class FDPAccountant:
         return self._memo[key]
 
     def _compute_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
+        cost = threshold_delta_cost(events) * (2.0 if relation == "replacement" else 1.0)
+        if cost > 0.0:  # thresholded histograms: their Gaussian parts at delta - cost
+            plain = self._gaussian_bound(events, delta, relation)  # a lower bound stays one
+            if delta - cost <= 0.0:
+                return EpsilonBound(plain.lower, np.inf, np.inf, delta, relation)
+            shifted = self._gaussian_bound(events, delta - cost, relation)
+            return EpsilonBound(plain.lower, shifted.estimate, shifted.upper, delta, relation)
+        return self._gaussian_bound(events, delta, relation)
+
+    def _gaussian_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
+        """The bound of the events' Gaussian parts (every event's dominating pair)."""
         if relation == "replacement":
             return self._replacement(events, delta)
         prof = self._profile_for(events, self._delta_error * delta)
@@ -385,7 +410,7 @@ class FDPAccountant:
         return self.epsilon_bound(delta, relation).upper
 
     def _prospect(
-        self, max_epsilon: float, event: SubsampledGaussian, count: int
+        self, max_epsilon: float, event: SubsampledGaussian | ThresholdedHistogram, count: int
     ) -> tuple[float, list[Repeated]]:
         """The validated cap and the ledger as it would be after ``count`` more rounds."""
         max_epsilon = check_real("max_epsilon", max_epsilon)
@@ -395,7 +420,7 @@ class FDPAccountant:
 
     def would_exceed(
         self,
-        event: SubsampledGaussian,
+        event: SubsampledGaussian | ThresholdedHistogram,
         count: int = 1,
         *,
         max_epsilon: float,
@@ -409,7 +434,7 @@ class FDPAccountant:
 
     def spend(
         self,
-        event: SubsampledGaussian,
+        event: SubsampledGaussian | ThresholdedHistogram,
         count: int = 1,
         *,
         max_epsilon: float,
@@ -483,7 +508,7 @@ class FDPAccountant:
                     if not isinstance(item, dict) or set(item) != {"event", "count"}:
                         raise ValueError(f"{item!r}: expected a dict with keys event, count")
                     event = event_from_dict(item["event"])
-                    if not isinstance(event, SubsampledGaussian):
+                    if not isinstance(event, SubsampledGaussian | ThresholdedHistogram):
                         raise ValueError(f"event kind {event.kind}: not an FDP event")
                     entry = Repeated(event, item["count"])
                 else:

@@ -19,6 +19,12 @@ event                        mechanism of one round (dominating pair, in units o
                              Eq. (3)): per class of neighbour a Gaussian pair of
                              noise multiplier ``1/μ_c`` with weight ``d_c``, and the
                              whole-record shift ``M`` (``fedfdp.corrdp.accounting``)
+``ThresholdedHistogram``     a Gaussian histogram over the values the data holds,
+                             released only where the noisy count clears ``τ``: the
+                             Gaussian pair ``N(0, σ²)`` vs ``N(1, σ²)`` except, with
+                             probability ``δ_t``, a value held by one record only
+                             (:class:`ThresholdedHistogram`; composed by the FDP
+                             accountant, which takes ``δ_t`` off the ``δ`` it reports at)
 ``DistributedDiscrete...``   one round of secure aggregation where each of ``n_h``
                              honest parties adds ``N_Z(0, σ_loc²)``
                              (:class:`fedfdp.accounting.distributed.\
@@ -58,6 +64,7 @@ class EventKind(StrEnum):
         return repr(self.value)
 
     SUBSAMPLED_GAUSSIAN = "subsampled-gaussian"
+    THRESHOLDED_HISTOGRAM = "thresholded-histogram"
     CORRDP_ROUND = "corrdp-round"
     DISTRIBUTED_DISCRETE_GAUSSIAN = "distributed-discrete-gaussian"
 
@@ -194,6 +201,86 @@ class SubsampledGaussian(PrivacyEvent):
 
 
 @dataclass(frozen=True)
+class ThresholdedHistogram(PrivacyEvent):
+    """A Gaussian histogram over the values present in the data, released where the
+    noisy count clears a threshold (private categories: ``private-statistics =
+    "estimate"`` on a text column, :mod:`fedfdp.data.private_statistics`).
+
+    Mechanism: count the records of every value the data holds, add ``N(0, σ²)`` to
+    each count, release the values whose noisy count exceeds
+    ``τ = 1 + σ Φ⁻¹(1 − δ_t)`` (:meth:`threshold`), so that a value held by one record
+    only is released with probability exactly ``δ_t``.
+
+    Sensitivity and relation. Add/remove (FDP paper Definition 6): one record changes
+    one count by 1. If its value is held by other records too, the key set is the same
+    on both sides and the release is a post-processing of the Gaussian mechanism of L2
+    sensitivity 1: dominating pair ``P = N(0, σ²)``, ``Q = N(1, σ²)`` (this event's
+    Gaussian part, :meth:`gaussian`, i.e. ``SubsampledGaussian(σ, 1)``). If it is the
+    only record of its value, one side is ``M(D)`` and the other
+    ``(1 − δ_t) M(D) + δ_t R``: identical to the Gaussian case except with
+    probability ``δ_t``. Composed with any other events, a pair of the second kind
+    costs at most ``−ln(1 − δ_t)`` (≥ ``δ_t``) of additive δ over the composition of
+    the Gaussian parts (:attr:`delta_cost`; one side is a mixture, costing ``δ_t``,
+    the other is bounded below by ``(1 − δ_t)`` times its Gaussian counterpart,
+    costing ``ln(1/(1 − δ_t))`` since ``∫ Q(L > ln t) dt/t`` over
+    ``[γ(1 − δ_t), γ]`` is at most that). So the FDP accountant reports
+    ``ε`` at ``δ`` as the Gaussian parts' ``ε`` at ``δ − Σ delta_cost``. Replacement
+    (Definition 5): one record changes two counts by 1 (L2 sensitivity √2, covered by
+    Proposition 1's composition of the Gaussian parts), and two values may each be held
+    by that record only: ``2 Σ delta_cost``.
+
+    Attributes
+    ----------
+    noise_multiplier : float
+        ``σ``: the noise std of every count (sensitivity 1); finite, > 0.
+    threshold_delta : float
+        ``δ_t`` in ``(0, 0.5)``: the probability that a value held by one record only
+        is released.
+
+    Examples
+    --------
+    >>> ev = ThresholdedHistogram(noise_multiplier=4.0, threshold_delta=1e-6)
+    >>> round(ev.threshold(), 3), event_from_dict(ev.to_dict()) == ev
+    (20.014, True)
+    """
+
+    kind: ClassVar[EventKind] = EventKind.THRESHOLDED_HISTOGRAM
+    noise_multiplier: float
+    threshold_delta: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
+        d = check_real("threshold_delta", self.threshold_delta)
+        if not 0.0 < d < 0.5:
+            raise ValueError(f"threshold_delta={self.threshold_delta!r}: must be in (0, 0.5)")
+        object.__setattr__(self, "threshold_delta", d)
+
+    #: The Gaussian part is not subsampled: a rate and a participation of 1.
+    sampling_rate: ClassVar[float] = 1.0
+    participation: ClassVar[float] = 1.0
+
+    def threshold(self) -> float:
+        """``τ = 1 + σ Φ⁻¹(1 − δ_t)`` (computed as ``1 − σ Φ⁻¹(δ_t)``, exact in the tail)."""
+        from statistics import NormalDist
+
+        return 1.0 - self.noise_multiplier * NormalDist().inv_cdf(self.threshold_delta)
+
+    @property
+    def delta_cost(self) -> float:
+        """``−ln(1 − δ_t)``: what one such event adds to the δ of an add/remove
+        composition (class docstring)."""
+        return -math.log1p(-self.threshold_delta)
+
+    def gaussian(self) -> SubsampledGaussian:
+        """The Gaussian part: ``SubsampledGaussian(σ, sampling_rate=1)``."""
+        return SubsampledGaussian(self.noise_multiplier, 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": str(self.kind), "noise_multiplier": self.noise_multiplier,
+                "threshold_delta": self.threshold_delta}
+
+
+@dataclass(frozen=True)
 class CorrDPClass:
     """One class of CorrDP neighbour in a round: its name, its weight ``d_c`` (1 for
     the sensitive class, ``TV(j)`` for insensitive feature ``j``) and the noise
@@ -287,6 +374,8 @@ def event_from_dict(doc: Any) -> PrivacyEvent:
     if kind is EventKind.SUBSAMPLED_GAUSSIAN:
         names = {"noise_multiplier", "sampling_rate", "participation"}
         return SubsampledGaussian(**_fields(doc, kind, names))
+    if kind is EventKind.THRESHOLDED_HISTOGRAM:
+        return ThresholdedHistogram(**_fields(doc, kind, {"noise_multiplier", "threshold_delta"}))
     if kind is EventKind.CORRDP_ROUND:
         f = _fields(doc, kind, {"classes", "record_noise_multiplier", "sampling_rate", "participation"})
         if not isinstance(f["classes"], list):

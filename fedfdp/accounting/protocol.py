@@ -115,6 +115,9 @@ def calibrate(
     ``new_accountant()`` and its ``epsilon(delta)`` (the certified upper end) is
     compared with the target; ε must decrease in ``σ`` (true of every event family
     here: each is a post-processing of a Gaussian whose noise grows with ``σ``). The
+    accountant's ε already takes off the δ of thresholded histograms
+    (:class:`~fedfdp.accounting.events.ThresholdedHistogram`, composed before the
+    family or in it), so the σ found meets the target at ``δ`` with them included. The
     result satisfies ``ε(σ) ≤ target`` and ``ε(σ/(1 + rtol)) > target`` (up to the
     bracketing); the search stays in ``[MIN_NOISE_MULTIPLIER, max_noise_multiplier]``.
 
@@ -140,6 +143,12 @@ def calibrate(
         return float(acc.epsilon(delta))
 
     hi = 1.0
+    if math.isinf(eps(hi)) and math.isinf(eps(max_noise_multiplier)):
+        # no σ helps: a δ not spent by the Gaussian parts (thresholded histograms' δ_t) is >= delta
+        raise ValueError(
+            f"target-epsilon={target:g}: unreachable at delta={delta:g}: epsilon is infinite at every "
+            "noise multiplier (the thresholds' delta of the released categories leaves no delta; raise delta)"
+        )
     while eps(hi) > target:
         hi *= 2.0
         if hi > max_noise_multiplier:
