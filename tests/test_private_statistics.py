@@ -5,6 +5,8 @@ estimator is checked statistically (noise scale, coverage) and by a property:
 the released range depends on the data only through the noisy histogram.
 """
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -158,9 +160,13 @@ def test_the_range_covers_the_data_buckets_and_no_empty_bucket_with_the_stated_p
     assert failures <= 30
 
 
-def test_too_few_records_for_the_budget_are_refused_in_one_line(tmp_path):
+def test_too_few_records_for_the_budget_are_refused_in_one_line(tmp_path, monkeypatch):
+    import fedfdp.data.private_statistics as ps
     from fedfdp.data import DataError, load_dataset
 
+    # noise-free draws: the refusal is the threshold's (counts of about 10 and 20 below τ ≈ 43),
+    # not a matter of chance (with the secret draws some bucket clears τ in about 3 % of runs)
+    monkeypatch.setattr(ps, "secret_normals", lambda n: np.zeros(n))
     path = _table(tmp_path / "t.csv", n=40)
     cfg = load_config({"dataset": "csv", "data-path": str(path), "public-columns": "speed,heading",
                        "private-columns": "age", "label-column": "label", "num-devices": 2,
@@ -371,3 +377,202 @@ def test_the_flower_path_estimates_once_and_every_process_encodes_with_the_relea
     report = json.loads(account.stdout)
     assert report["estimates"] == ["range of 'age'"] and report["rounds"] == 3
     assert report["epsilon"] == pytest.approx(printed, abs=1e-3)
+
+
+# ----------------------------------------------------------------- private categories (thresholded)
+
+
+def _ref_threshold_delta(event) -> float:
+    """δ_t from scipy's normal tail directly: P(1 + σZ > τ) for the event's own τ."""
+    from scipy import stats
+
+    return float(stats.norm.sf((event.threshold() - 1.0) / event.noise_multiplier))
+
+
+def test_a_thresholded_histogram_round_trips_and_its_threshold_releases_a_singleton_with_prob_delta_t():
+    from fedfdp.accounting.events import ThresholdedHistogram, event_from_dict
+
+    for sigma, delta_t in ((0.5, 1e-9), (4.0, 1e-6), (30.0, 0.01)):
+        ev = ThresholdedHistogram(sigma, delta_t)
+        assert event_from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
+        assert _ref_threshold_delta(ev) == pytest.approx(delta_t, rel=1e-6)
+        assert ev.gaussian() != ev and ev.gaussian().sampling_rate == 1.0
+    for bad in (0.0, 0.5, -1e-3, float("nan")):
+        with pytest.raises(ValueError, match="threshold_delta="):
+            ThresholdedHistogram(1.0, bad)
+
+
+@pytest.mark.parametrize("relation", ["add-remove", "replacement"])
+def test_the_accountant_reports_the_gaussian_parts_at_delta_minus_the_thresholds_delta(relation):
+    """Independent reference (add/remove): the composed Gaussians in closed form,
+    mu = sqrt(sum 1/sigma^2), at delta - sum -ln(1 - delta_t) with delta_t from scipy's
+    tail; replacement: the accountant's own Gaussian-only replacement at delta - 2 sum
+    (the rule), and strictly more than with no threshold."""
+    from fedfdp.accounting import FDPAccountant
+    from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
+    from tests.references import gaussian_eps_ref
+
+    delta = 1e-5
+    thresholded = [ThresholdedHistogram(3.0, 1e-6), ThresholdedHistogram(3.0, 1e-6),
+                   ThresholdedHistogram(6.0, 5e-7)]
+    gaussians = [SubsampledGaussian(2.0, 1.0)]
+    acc, plain = FDPAccountant(), FDPAccountant()
+    for ev in thresholded:
+        acc.compose(ev)
+        plain.compose(ev.gaussian())
+    for ev in gaussians:
+        acc.compose(ev)
+        plain.compose(ev)
+    cost = sum(-np.log1p(-_ref_threshold_delta(ev)) for ev in thresholded)
+    assert cost > sum(ev.threshold_delta for ev in thresholded)  # −ln(1 − δ_t) ≥ δ_t
+    got = acc.epsilon_bound(delta, relation)
+    if relation == "add-remove":
+        mu = np.sqrt(sum(1 / e.noise_multiplier**2 for e in thresholded + gaussians))
+        ref = gaussian_eps_ref(mu, delta - cost)
+        assert ref <= got.upper <= ref + 2e-9 * (1 + ref)
+        assert got.upper > gaussian_eps_ref(mu, delta) + 0.01  # the thresholds' δ is not free
+        assert got.lower <= gaussian_eps_ref(mu, delta) + 1e-9  # the lower end stays a lower bound
+    else:
+        assert got.upper == pytest.approx(plain.epsilon(delta - 2 * cost, relation), abs=1e-12)
+        assert got.upper > plain.epsilon(delta, relation)
+    # what the thresholds leave no delta for is infinite, not a number
+    assert math.isinf(acc.epsilon(cost * 0.999))
+    # the state round-trips through JSON with its events, and the replay gives the same epsilon
+    again = FDPAccountant()
+    again.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    assert again.ledger == acc.ledger and again.epsilon(delta, relation) == got.upper
+
+
+def test_calibration_meets_the_target_with_the_thresholds_delta_included_and_refuses_when_none_is_left():
+    from fedfdp.accounting import FDPAccountant
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.accounting.protocol import calibrate
+    from tests.references import gaussian_eps_ref
+
+    delta, delta_t, k = 1e-5, 1e-7, 3
+    sigma = calibrate(FDPAccountant, lambda s: ThresholdedHistogram(s, delta_t), target_epsilon=1.0,
+                      rounds=k, delta=delta)
+    cost = k * -np.log1p(-delta_t)
+    assert gaussian_eps_ref(np.sqrt(k) / sigma, delta - cost) <= 1.0 + 1e-6
+    assert gaussian_eps_ref(np.sqrt(k) / (sigma / 1.002), delta - cost) > 1.0  # the smallest, to rtol
+    refused = r"target-epsilon=1: unreachable at delta=2e-07: epsilon is infinite"
+    with pytest.raises(ValueError, match=refused):
+        calibrate(FDPAccountant, lambda s: ThresholdedHistogram(s, 1e-7), target_epsilon=1.0, rounds=3,
+                  delta=2e-7)
+
+
+def test_released_categories_keep_each_value_with_the_stated_probability_from_the_secret_source():
+    """Statistics (OS CSPRNG, the default source): a value held by c records is released
+    with probability P(c + σZ > τ) = Φ̄((τ − c)/σ) (scipy), for c = 1 (that is δ_t), near τ,
+    and far above; absent values never; 3000 trials, tolerance 5 binomial sd."""
+    from scipy import stats
+
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.data.private_statistics import category_counts, released_categories
+
+    ev = ThresholdedHistogram(2.0, 0.1)  # τ ≈ 3.56
+    tau = ev.threshold()
+    values = ["one"] + ["four"] * 4 + ["five"] * 5 + ["many"] * 12 + [None, float("nan")]
+    assert category_counts(values) == {"one": 1, "four": 4, "five": 5, "many": 12}
+    trials = 3000
+    hits = {k: 0 for k in ("one", "four", "five", "many")}
+    for _ in range(trials):
+        released = released_categories(values, ev)
+        assert set(released) <= set(hits) and list(released) == sorted(released)
+        for k in released:
+            hits[k] += 1
+    for key, c in (("one", 1), ("four", 4), ("five", 5), ("many", 12)):
+        p = float(stats.norm.sf((tau - c) / 2.0))
+        sd = np.sqrt(p * (1 - p) / trials)
+        assert abs(hits[key] / trials - p) <= 5 * sd + 1e-3, (key, hits[key] / trials, p)
+    assert float(stats.norm.sf((tau - 1) / 2.0)) == pytest.approx(0.1, rel=1e-9)
+
+
+def test_released_categories_add_sigma_times_the_source_and_keep_what_clears_tau():
+    """The noisy count is exactly count + σ·z for the injected draws (sorted values)."""
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.data.private_statistics import released_categories
+
+    ev = ThresholdedHistogram(3.0, 1e-3)
+    tau = ev.threshold()
+    values = ["b"] * 10 + ["a"] * 20 + ["c"]
+    z = np.array([(tau - 20) / 3 + 1e-6, (tau - 10) / 3 - 1e-6, 10.0])  # a just clears, b just misses
+    assert released_categories(values, ev, lambda n: z[:n]) == ("a", "c")
+    with pytest.raises(ValueError, match="noise source gave shape"):
+        released_categories(values, ev, lambda n: np.zeros(n + 1))
+
+
+def test_estimation_events_charge_text_columns_a_thresholded_histogram_within_the_estimation_epsilon():
+    """Mixed estimates: one sigma for all, the text columns thresholded with δ_t = δ_e/(10k);
+    their composition (closed form, independent) meets estimation-epsilon at δ_e = 1/(2N)."""
+    from fedfdp.accounting import FDPAccountant
+    from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
+    from fedfdp.data.private_statistics import estimation_events
+    from tests.references import gaussian_eps_ref
+
+    cfg = load_config({"dataset": "csv", "data-path": "unused.csv", "public-columns": "speed",
+                       "private-columns": "age,city,job", "label-column": "label",
+                       "private-statistics": "estimate", "estimation-epsilon": 0.5}).data
+    n = 2000
+    events = estimation_events(cfg, n, text_columns=("city", "job"))
+    assert [e.statistic for e in events] == ["range of 'age'", "categories of 'city'", "categories of 'job'"]
+    assert isinstance(events[0].event, SubsampledGaussian)
+    assert all(isinstance(e.event, ThresholdedHistogram) for e in events[1:])
+    sigma = events[0].event.noise_multiplier
+    assert {e.event.noise_multiplier for e in events} == {sigma}
+    delta_e = 1 / (2 * n)
+    assert events[1].event.threshold_delta == pytest.approx(delta_e / 20)
+    cost = sum(-np.log1p(-_ref_threshold_delta(e.event)) for e in events[1:])
+    ref = gaussian_eps_ref(np.sqrt(3) / sigma, delta_e - cost)
+    assert 0.49 <= ref <= 0.5 + 1e-6
+    acc = FDPAccountant()
+    for e in events:
+        acc.compose(e.event)
+    assert acc.epsilon(delta_e) <= 0.5 + 1e-6
+    # numeric-only estimates are unchanged: plain Gaussians at the full δ_e
+    plain = estimation_events(cfg, n)
+    assert all(isinstance(e.event, SubsampledGaussian) for e in plain)
+    assert plain[0].event.noise_multiplier < sigma
+    with pytest.raises(ValueError, match=r"text_columns=\['zip'\]"):
+        estimation_events(cfg, n, text_columns=("zip",))
+
+
+def test_a_run_charged_a_thresholded_estimate_is_replayed_by_fedfdp_account(tmp_path, monkeypatch, capsys):
+    """A real centralised run whose estimate is charged as a ThresholdedHistogram (the
+    estimate's sigma calibrated for it, so the charge covers the range release): the ledger
+    holds the event, and `fedfdp account --run` in a fresh process replays it to the ε the
+    run printed, which is above that of the same ledger with the plain Gaussian."""
+    import functools
+
+    import fedfdp.data.private_statistics as ps
+    import fedfdp.mechanism as mech
+    from fedfdp.accounting import FDPAccountant
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.ledger import read_ledger
+    from simulations.cli import main
+
+    charged = functools.partial(ps.estimation_events, text_columns=("income",))
+    monkeypatch.setattr(ps, "estimation_events", charged)
+    monkeypatch.setattr(mech, "estimation_events", charged)
+    path = _table(tmp_path / "t.csv", n=600)
+    out = tmp_path / "run"
+    argv = ["run", "--centralised", "--out", str(out),
+            *_keys(path, private="age,income", **{"private-statistics": "estimate", "noise-multiplier": "1.0",
+                                                   "private-ranges": "age=0:120", "clipping-quantile": "0",
+                                                   "num-rounds": "3", "estimation-epsilon": "0.4"})]
+    assert main(argv) == 0
+    printed = float(capsys.readouterr().out.split("epsilon=")[1].split()[0])
+    ledger = read_ledger(out)
+    estimate = ledger.entries[1]
+    assert estimate.body["statistic"] == "categories of 'income'"
+    assert isinstance(estimate.event, ThresholdedHistogram)
+    proc = subprocess.run([*CLI, "account", "--run", str(out), "--json"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    replayed = json.loads(proc.stdout)["epsilon"]
+    assert replayed == pytest.approx(printed, abs=1e-4)
+    delta = float(ledger.mechanism["delta"])
+    plain = FDPAccountant()
+    for e in ledger.events():
+        plain.compose(e.gaussian() if isinstance(e, ThresholdedHistogram) else e)
+    assert replayed > plain.epsilon(delta)

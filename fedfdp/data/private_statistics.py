@@ -54,9 +54,24 @@ then met by calibrating training on the accountant's composition of the
 estimates and the rounds (:func:`fedfdp.mechanism.resolve_mechanism`), not by
 subtracting ε's.
 
-Text columns are not estimated here: releasing category names from the data
-needs a thresholded histogram with a δ term of its own, which the event
-vocabulary does not carry; they must be declared (``private-categories``).
+The categories estimate (one text column)
+-----------------------------------------
+:func:`released_categories`: the count of every value the column's training rows
+hold, plus ``N(0, σ_e²)`` each (OS CSPRNG), and the values whose noisy count
+exceeds ``τ = 1 + σ_e Φ⁻¹(1 − δ_t)`` are released (sorted). A value held by one
+record only is released with probability exactly ``δ_t`` (:func:`category_threshold_delta`:
+``δ_e / (10 k)`` for ``k`` text columns, so all of them take a tenth of ``δ_e``).
+Sensitivity: add/remove changes one count by 1 (L2 1), replacement two (L2 √2).
+Except with probability ``δ_t`` this is the Gaussian mechanism on the counts; the
+event is :class:`~fedfdp.accounting.events.ThresholdedHistogram` (its docstring has
+the dominating pair and the δ argument): the accountant composes its Gaussian part
+and reports ε at ``δ − Σ −ln(1 − δ_t)``, so ``estimation-epsilon`` holds at
+``δ_e`` with the thresholds' δ included (:func:`estimation_noise_multiplier`).
+
+The run's configuration has no key yet for released categories (a numeric range
+travels as ``estimated-ranges``), so the csv path still refuses a text column under
+``estimate`` (:func:`refuse_undeclared`); the mechanism, its event and its
+accounting are here for when it has one.
 """
 
 from __future__ import annotations
@@ -70,7 +85,7 @@ import numpy as np
 import pandas as pd
 
 from fedfdp.accounting import FDPAccountant
-from fedfdp.accounting.events import SubsampledGaussian
+from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
 from fedfdp.accounting.protocol import calibrate
 from fedfdp.config import DataConfig, PrivateStatistics
 from fedfdp.data.split import DataError
@@ -83,6 +98,8 @@ __all__ = [
     "GRID_MIN_EXPONENT",
     "NUM_BUCKETS",
     "Estimate",
+    "category_counts",
+    "category_threshold_delta",
     "estimate_private_ranges",
     "estimated_columns",
     "estimation_delta",
@@ -93,6 +110,7 @@ __all__ = [
     "range_from_histogram",
     "range_grid",
     "refuse_undeclared",
+    "released_categories",
     "released_range",
     "secret_normals",
     "threshold",
@@ -184,6 +202,45 @@ def released_range(
     return range_from_histogram(noisy_histogram(values, noise_multiplier, normals), noise_multiplier)
 
 
+def category_counts(values: Sequence[object] | np.ndarray | pd.Series) -> dict[str, int]:
+    """The number of records of every value ``values`` hold, as text (a missing value
+    counts nowhere): the histogram a categories estimate adds noise to."""
+    counts: dict[str, int] = {}
+    for v in values:
+        if v is None or (not isinstance(v, str) and pd.isna(v)):
+            continue
+        key = str(v)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def released_categories(
+    values: Sequence[object] | np.ndarray | pd.Series,
+    event: ThresholdedHistogram,
+    normals: Normals | None = None,
+) -> tuple[str, ...]:
+    """The categories estimate of one text column (module docstring): every value whose
+    count plus ``σ_e`` times a standard normal (``normals``, default
+    :func:`secret_normals`, the OS CSPRNG) exceeds ``event.threshold()``, sorted.
+
+    Only values present in the data get a noisy count (a value absent from the data is
+    never released); a value held by one record is released with probability
+    ``event.threshold_delta``, which the accountant charges (:class:`ThresholdedHistogram`).
+    """
+    if not isinstance(event, ThresholdedHistogram):
+        raise ValueError(f"event={event!r}: expected a ThresholdedHistogram")
+    counts = category_counts(values)
+    keys = sorted(counts)
+    if not keys:
+        return ()
+    draws = np.asarray((normals or secret_normals)(len(keys)), dtype=np.float64)
+    if draws.shape != (len(keys),):
+        raise ValueError(f"noise source gave shape {draws.shape}, expected ({len(keys)},)")
+    noisy = np.array([counts[k] for k in keys], dtype=np.float64) + event.noise_multiplier * draws
+    tau = event.threshold()
+    return tuple(k for k, c in zip(keys, noisy, strict=True) if c > tau)
+
+
 def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
     """The private columns charged an estimate: under ``private-statistics = "estimate"``,
     every private column without ``private-ranges`` or ``private-categories`` (estimated
@@ -201,40 +258,78 @@ def estimation_delta(num_records: int) -> float:
     return 1.0 / (2 * num_records)
 
 
-def estimation_noise_multiplier(epsilon: float, count: int, num_records: int) -> float:
-    """``σ_e``: the smallest noise multiplier whose ``count`` Gaussian histograms
-    (sensitivity 1 each) have upper ε at most ``epsilon`` at ``δ_e = 1/(2N)``
-    (the accountant's calibrator, :func:`fedfdp.accounting.protocol.calibrate`)."""
+#: The share of ``δ_e`` that all the thresholds of released categories take together.
+CATEGORY_DELTA_SHARE = 0.1
+
+
+def category_threshold_delta(num_records: int, text_columns: int) -> float:
+    """``δ_t = δ_e · CATEGORY_DELTA_SHARE / k`` for ``k = text_columns`` estimated text
+    columns: the probability that a category held by one record only is released."""
+    if isinstance(text_columns, bool) or not isinstance(text_columns, int) or text_columns < 1:
+        raise ValueError(f"text_columns={text_columns!r}: must be an integer >= 1")
+    return estimation_delta(num_records) * CATEGORY_DELTA_SHARE / text_columns
+
+
+def estimation_noise_multiplier(epsilon: float, count: int, num_records: int, text_columns: int = 0) -> float:
+    """``σ_e``: the smallest noise multiplier whose ``count`` histograms (sensitivity 1
+    each; ``text_columns`` of them thresholded, :class:`ThresholdedHistogram` with
+    :func:`category_threshold_delta`) have upper ε at most ``epsilon`` at
+    ``δ_e = 1/(2N)``. The accountant's calibrator
+    (:func:`fedfdp.accounting.protocol.calibrate`) on the Gaussian parts at
+    ``δ_e − k·(−ln(1 − δ_t))``: exactly the δ at which the FDP accountant reports the
+    ε of those events at ``δ_e``."""
+    if isinstance(text_columns, bool) or not isinstance(text_columns, int) or not 0 <= text_columns <= count:
+        raise ValueError(f"text_columns={text_columns!r}: must be an integer in [0, {count}]")
+    delta = estimation_delta(num_records)
+    if text_columns:
+        delta_t = category_threshold_delta(num_records, text_columns)
+        delta -= text_columns * ThresholdedHistogram(1.0, delta_t).delta_cost
     try:
         return calibrate(FDPAccountant, lambda s: SubsampledGaussian(s, 1.0), target_epsilon=epsilon,
-                         rounds=count, delta=estimation_delta(num_records))
+                         rounds=count, delta=delta)
     except ValueError as exc:
         raise DataError(f"estimation-epsilon={epsilon}: {exc}") from None
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """One charged estimate: what it released and its event (a Gaussian histogram)."""
+    """One charged estimate: what it released and its event (a Gaussian histogram, or
+    a thresholded one for a text column's categories)."""
 
     statistic: str
-    event: SubsampledGaussian
+    event: SubsampledGaussian | ThresholdedHistogram
 
 
-def estimation_events(cfg: DataConfig, num_records: int) -> tuple[Estimate, ...]:
+def estimation_events(
+    cfg: DataConfig, num_records: int, text_columns: Sequence[str] = ()
+) -> tuple[Estimate, ...]:
     """The charges of the estimates of ``cfg`` over ``N = num_records`` training records:
-    one ``SubsampledGaussian(σ_e, 1)`` per :func:`estimated_columns` (module docstring).
-    A function of the configuration and ``N`` only: every engine derives the same."""
+    per :func:`estimated_columns`, a ``SubsampledGaussian(σ_e, 1)`` (a numeric range) or,
+    for the columns named in ``text_columns`` (their type is the schema's, public), a
+    ``ThresholdedHistogram(σ_e, δ_t)`` (its categories; module docstring). A function
+    of the configuration, ``N`` and the schema only: every engine derives the same."""
     columns = estimated_columns(cfg)
     if not columns:
         return ()
-    sigma = estimation_noise_multiplier(cfg.estimation_epsilon, len(columns), num_records)
-    return tuple(Estimate(f"range of {c!r}", SubsampledGaussian(sigma, 1.0)) for c in columns)
+    stray = sorted(set(text_columns) - set(columns))
+    if stray:
+        raise ValueError(f"text_columns={stray}: not among the estimated columns {list(columns)}")
+    text = [c for c in columns if c in set(text_columns)]
+    sigma = estimation_noise_multiplier(cfg.estimation_epsilon, len(columns), num_records, len(text))
+    out = []
+    for c in columns:
+        if c in text:
+            event = ThresholdedHistogram(sigma, category_threshold_delta(num_records, len(text)))
+            out.append(Estimate(f"categories of {c!r}", event))
+        else:
+            out.append(Estimate(f"range of {c!r}", SubsampledGaussian(sigma, 1.0)))
+    return tuple(out)
 
 
 def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
     """The one-line refusal of private columns that are neither declared nor estimated."""
     estimate = cfg.private_statistics is PrivateStatistics.ESTIMATE
-    why = ("they are text, and only numeric ranges are estimated" if estimate
+    why = ("they are text, and the run's configuration carries only released numeric ranges" if estimate
            else "private-statistics='declared'")
     return DataError(
         f"private-columns: {list(columns)} have no declared encoding ({why}); declare them "
