@@ -884,3 +884,27 @@ def test_pathological_inputs_bounded_memory() -> None:
     lo, est, up = r["big_window"]
     ref = dp_ref_eps([(0.1, 1e-3, 1000)], 1e-5, vdi=1e-2)
     assert lo <= ref + 1e-3 and up >= ref - 0.02 and abs(est - ref) <= 0.05
+
+
+def test_thresholded_histograms_compose_with_subsampled_rounds_at_delta_minus_their_delta() -> None:
+    """Released categories (ThresholdedHistogram) composed with training rounds: the upper
+    epsilon at delta is dp-accounting's PLD of the Gaussian parts at delta - sum -ln(1 - d_t),
+    d_t from the normal tail at the event's own threshold (scipy), within the usual tolerances;
+    and strictly more than the same ledger with the thresholds' delta ignored."""
+    from fedfdp.accounting.events import ThresholdedHistogram
+
+    delta = 1e-5
+    histogram = ThresholdedHistogram(4.0, 1e-6)
+    rounds = SubsampledGaussian(1.0, 0.05)
+    acc, plain = FDPAccountant(eps_error=EPS_ERROR), FDPAccountant(eps_error=EPS_ERROR)
+    acc.compose(histogram, 2)
+    acc.compose(rounds, 100)
+    plain.compose(histogram.gaussian(), 2)
+    plain.compose(rounds, 100)
+    d_t = float(special.ndtr(-(histogram.threshold() - 1.0) / histogram.noise_multiplier))
+    assert d_t == pytest.approx(1e-6, rel=1e-6)
+    ref = dp_ref_eps([(4.0, 1.0, 2), (1.0, 0.05, 100)], delta - 2 * -math.log1p(-d_t))
+    b = acc.epsilon_bound(delta)
+    assert ref - 1e-3 <= b.upper <= ref + EPS_ERROR + 5e-3
+    assert b.upper > plain.epsilon(delta)
+    assert b.lower <= dp_ref_eps([(4.0, 1.0, 2), (1.0, 0.05, 100)], delta) + 1e-3
