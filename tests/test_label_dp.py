@@ -178,3 +178,24 @@ def test_watch_under_label_dp_is_refused_naming_its_label_stratified_hold_out():
                        "num-devices": 10})
     with pytest.raises(ConfigError, match=r"dataset='watch' with public-loss='label-free': its hold-out"):
         resolve_mechanism(cfg, PublicFacts((100,) * 10, num_params=12))
+
+
+def test_fedfdp_run_refuses_the_dirichlet_split_of_a_private_label_in_one_line_before_writing(tmp_path):
+    """The real CLI in a subprocess: exit 2, one line naming the key, no run directory."""
+    import subprocess
+    import sys
+
+    labels = np.random.default_rng(1).integers(0, 3, size=120)
+    cfg = _label_free_table(tmp_path, labels, "t", alpha=0.5)
+    out = tmp_path / "run"
+    keys = {"dataset": "csv", "data-path": cfg.data.data_path, "public-columns": "a", "private-columns": "b",
+            "private-ranges": "b=-10:10", "label-column": "y", "label-classes": "0|1|2",
+            "public-loss": "label-free", "mode": "fdp", "model": "logistic", "num-devices": 5,
+            "dirichlet-alpha": 0.5, "num-rounds": 2}
+    argv = [sys.executable, "-m", "simulations.cli", "run", "--centralised", "--out", str(out),
+            *[a for k, v in keys.items() for a in ("--set", f"{k}={v}")]]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: dirichlet-alpha=0.5: ")
+    assert not out.exists()
