@@ -404,17 +404,18 @@ def test_a_thresholded_histogram_round_trips_and_its_threshold_releases_a_single
 
 @pytest.mark.parametrize("relation", ["add-remove", "replacement"])
 def test_the_accountant_reports_the_gaussian_parts_at_delta_minus_the_thresholds_delta(relation):
-    """Independent reference (add/remove): the composed Gaussians in closed form,
-    mu = sqrt(sum 1/sigma^2), at delta - sum -ln(1 - delta_t) with delta_t from scipy's
-    tail; replacement: the accountant's own Gaussian-only replacement at delta - 2 sum
-    (the rule), and strictly more than with no threshold."""
+    """Independent reference: the composed Gaussians in closed form, mu = sqrt(sum 1/sigma^2),
+    with delta_t from scipy's tail: add/remove at delta - sum -ln(1 - delta_t); replacement by
+    Proposition 1 from that statement (a grid search over the add/remove delta); strictly
+    more than with no threshold."""
     from fedfdp.accounting import FDPAccountant
     from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
     from tests.references import gaussian_eps_ref
 
     delta = 1e-5
-    thresholded = [ThresholdedHistogram(3.0, 1e-6), ThresholdedHistogram(3.0, 1e-6),
-                   ThresholdedHistogram(6.0, 5e-7)]
+    scale = 1.0 if relation == "add-remove" else 0.02  # replacement pays (1 + e^ε) times the δ_t
+    thresholded = [ThresholdedHistogram(3.0, 1e-6 * scale), ThresholdedHistogram(3.0, 1e-6 * scale),
+                   ThresholdedHistogram(6.0, 5e-7 * scale)]
     gaussians = [SubsampledGaussian(2.0, 1.0)]
     acc, plain = FDPAccountant(), FDPAccountant()
     for ev in thresholded:
@@ -432,9 +433,18 @@ def test_the_accountant_reports_the_gaussian_parts_at_delta_minus_the_thresholds
         assert ref <= got.upper <= ref + 2e-9 * (1 + ref)
         assert got.upper > gaussian_eps_ref(mu, delta) + 0.01  # the thresholds' δ is not free
         assert got.lower <= gaussian_eps_ref(mu, delta) + 1e-9  # the lower end stays a lower bound
-    else:
-        assert got.upper == pytest.approx(plain.epsilon(delta - 2 * cost, relation), abs=1e-12)
-        assert got.upper > plain.epsilon(delta, relation)
+    else:  # Proposition 1 from (ε_G(d), d + cost): min 2 ε_G(d) over (d + cost)(1 + e^ε_G(d)) <= delta
+        mu = np.sqrt(sum(1 / e.noise_multiplier**2 for e in thresholded + gaussians))
+        from scipy import optimize
+
+        def excess(d: float) -> float:
+            return (d + cost) * (1 + np.exp(gaussian_eps_ref(mu, d))) - delta
+
+        grid = np.geomspace(1e-12, delta, 400)  # ε_G falls in d: the optimum is the largest feasible d
+        last = int(np.flatnonzero([excess(d) <= 0 for d in grid])[-1])
+        ref = 2 * gaussian_eps_ref(mu, optimize.brentq(excess, grid[last], grid[last + 1], xtol=1e-18))
+        assert ref - 1e-6 <= got.upper <= ref + 0.02
+        assert got.upper > plain.epsilon(delta, relation) + 0.01
     # what the thresholds leave no delta for is infinite, not a number
     assert math.isinf(acc.epsilon(cost * 0.999))
     # the state round-trips through JSON with its events, and the replay gives the same epsilon

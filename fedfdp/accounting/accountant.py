@@ -14,8 +14,9 @@ then the mixture of that pair (probability ``p``) and ``(P, P)``.
 A :class:`~fedfdp.accounting.events.ThresholdedHistogram` (released private
 categories) is composed through its Gaussian part ``N(0, σ²)`` vs ``N(1, σ²)``, and
 its ``δ_t`` is taken off the ``δ`` the epsilon is reported at: ``ε(δ)`` is the
-Gaussian parts' ``ε(δ − Σ −ln(1 − δ_t))`` (twice the sum under replacement; the
-event's docstring has the argument).
+Gaussian parts' ``ε(δ − Σ −ln(1 − δ_t))``; under replacement, Proposition 1 from
+that statement (``δ`` then pays ``(1 + e^{ε/2})`` times the sum; the event's
+docstring has the argument).
 
 Neighbouring relations
 ----------------------
@@ -31,6 +32,7 @@ spent; bad input raises ``ValueError`` naming the parameter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -368,14 +370,36 @@ class FDPAccountant:
         return self._memo[key]
 
     def _compute_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
-        cost = threshold_delta_cost(events) * (2.0 if relation == "replacement" else 1.0)
-        if cost > 0.0:  # thresholded histograms: their Gaussian parts at delta - cost
+        cost = threshold_delta_cost(events)
+        if cost > 0.0:  # thresholded histograms: their Gaussian parts with the thresholds' δ set aside
             plain = self._gaussian_bound(events, delta, relation)  # a lower bound stays one
+            if relation == "replacement":
+                return self._replacement_with_cost(events, delta, cost, plain.lower)
             if delta - cost <= 0.0:
                 return EpsilonBound(plain.lower, np.inf, np.inf, delta, relation)
             shifted = self._gaussian_bound(events, delta - cost, relation)
             return EpsilonBound(plain.lower, shifted.estimate, shifted.upper, delta, relation)
         return self._gaussian_bound(events, delta, relation)
+
+    def _replacement_with_cost(
+        self, events: Sequence[Repeated], delta_r: float, cost: float, lower: float
+    ) -> EpsilonBound:
+        """Proposition 1 from the add/remove statement ``(ε_G(d), d + cost)`` of a ledger
+        with thresholded histograms: the Gaussian parts' replacement ``2 ε_G(d)`` at
+        ``δ_x`` (:func:`replacement_epsilon`: ``d (1 + e^{ε_G(d)}) ≤ δ_x``) holds at
+        ``δ_x + cost (1 + e^{ε_G(d)})``. So ``δ_x = δ_r − cost (1 + e^{g/2})`` for a guess
+        ``g`` of the answer, accepted once the answer is ``≤ g`` (a fixed point from
+        ``δ_r − 2 cost``); infinite when no ``δ_x > 0`` is left."""
+        guess = 0.0
+        for _ in range(60):
+            delta_x = delta_r - cost * (1.0 + math.exp(min(guess / 2.0, 700.0)))
+            if delta_x <= 0.0:
+                break
+            b = self._gaussian_bound(events, delta_x, "replacement")
+            if b.upper <= guess:
+                return EpsilonBound(min(lower, b.estimate), b.estimate, b.upper, delta_r, "replacement")
+            guess = b.upper * 1.001 + 1e-9
+        return EpsilonBound(lower, np.inf, np.inf, delta_r, "replacement")
 
     def _gaussian_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
         """The bound of the events' Gaussian parts (every event's dominating pair)."""

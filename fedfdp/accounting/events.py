@@ -225,9 +225,10 @@ class ThresholdedHistogram(PrivacyEvent):
     costing ``ln(1/(1 − δ_t))`` since ``∫ Q(L > ln t) dt/t`` over
     ``[γ(1 − δ_t), γ]`` is at most that). So the FDP accountant reports
     ``ε`` at ``δ`` as the Gaussian parts' ``ε`` at ``δ − Σ delta_cost``. Replacement
-    (Definition 5): one record changes two counts by 1 (L2 sensitivity √2, covered by
-    Proposition 1's composition of the Gaussian parts), and two values may each be held
-    by that record only: ``2 Σ delta_cost``.
+    (Definition 5: two counts change, L2 √2) follows from that add/remove statement by
+    Proposition 1: ``(ε, d + Σ delta_cost)`` add/remove gives
+    ``(2ε, (d + Σ delta_cost)(1 + e^ε))`` replacement, so the thresholds cost
+    ``(1 + e^ε) Σ delta_cost`` of the replacement δ.
 
     Attributes
     ----------
