@@ -56,28 +56,11 @@ def check_privacy(p: PrivacyConfig) -> None:
     _check_secagg(p)
 
 
-#: The ``secagg-*`` keys of the privacy section and their "not set" values: with
-#: ``aggregation = "plain"`` they have no effect, so a set one is refused.
-SECAGG_KEYS: dict[str, tuple[str, object]] = {
-    "secagg-min-survivors": ("secagg_min_survivors", None),
-    "secagg-colluders": ("secagg_colluders", 0),
-    "secagg-neighbours": ("secagg_neighbours", None),
-    "secagg-threshold": ("secagg_threshold", None),
-    "secagg-scale": ("secagg_scale", None),
-}
-
-
 def _check_secagg(p: PrivacyConfig) -> None:
     """Secure aggregation (``docs/secagg_accounting.md``): what the protocol and its
     accounting need; each refusal in one line naming the value."""
     if p.aggregation is not Aggregation.SECAGG:
-        for key, (attr, unset) in SECAGG_KEYS.items():
-            if getattr(p, attr) != unset:
-                raise ConfigError(
-                    f"{key}={getattr(p, attr)!r}: has no effect with aggregation='plain' "
-                    "(set aggregation = 'secagg', or leave it unset)"
-                )
-        return
+        return  # a secagg-* key set here has no effect: check_applicability refuses it (KeySpec.applies)
     if p.mode not in SECAGG_MODES:
         raise ConfigError(
             f"mode={p.mode!r} with aggregation='secagg': secure aggregation serves the modes with one "

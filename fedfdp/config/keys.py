@@ -212,6 +212,8 @@ NOISY = only(mode=tuple(m for m in Mode if m.is_private))
 WITH_PRIVATE_PART = only(mode=tuple(m for m in Mode if m is not Mode.PUBLIC))
 CORRDP = only(mode=(Mode.CORRDP,))
 IMAGES = only(dataset=IMAGE_DATASETS)
+#: The ``secagg-*`` keys act only under secure aggregation.
+SECAGG = only(aggregation=(Aggregation.SECAGG,))
 
 #: The ε a private mode calibrates σ to when neither ``noise-multiplier`` nor
 #: ``target-epsilon`` is set (:attr:`fedfdp.config.PrivacyConfig.calibration_target`).
@@ -306,18 +308,20 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("secagg-min-survivors", P, "secagg_min_survivors", K.INT_POS, YES,
             "`secagg`: n_min, a count of SuperNodes (>= 3); the noise is calibrated for n_min - colluders "
             "honest survivors and a round with fewer survivors aborts (no unmask, no step, no charge)",
-            unset="needed by secagg (refused unset); no effect with plain aggregation"),
+            unset="needed by secagg (refused unset)", applies=SECAGG),
     KeySpec("secagg-colluders", P, "secagg_colluders", K.INT0, YES,
-            "`secagg`: t_c, SuperNodes that may collude with the server; their noise is not counted"),
+            "`secagg`: t_c, SuperNodes that may collude with the server; their noise is not counted",
+            applies=SECAGG),
     KeySpec("secagg-neighbours", P, "secagg_neighbours", K.ODD_POS, YES,
             "`secagg`: k, each SuperNode's neighbourhood (odd, 3..n) in the SecAgg+ graph",
-            unset="min(n, 2⌈log₂ n⌉ + 1), lowered to odd, n the round's SuperNodes"),
+            unset="min(n, 2⌈log₂ n⌉ + 1), lowered to odd, n the round's SuperNodes", applies=SECAGG),
     KeySpec("secagg-threshold", P, "secagg_threshold", K.INT_POS, YES,
             "`secagg`: t, Shamir threshold in [⌊k/2⌋+1, k], at most secagg-min-survivors",
-            unset="⌊k/2⌋ + 1"),
+            unset="⌊k/2⌋ + 1", applies=SECAGG),
     KeySpec("secagg-scale", P, "secagg_scale", K.FLOAT_POS, YES,
             "`secagg`: s, integer units per clipping norm C of the fixed-point encoding",
-            unset="the largest power of two <= 2^⌈log₂(1000·√d)⌉ that passes the mod 2³² headroom check"),
+            unset="the largest power of two <= 2^⌈log₂(1000·√d)⌉ that passes the mod 2³² headroom check",
+            applies=SECAGG),
     KeySpec("alpha", T, "alpha", K.FLOAT_POS, NO,
             "α: g = g_pub + α·g̃_priv (post-processing of the noisy sum)"),
     KeySpec("learning-rate", T, "learning_rate", K.FLOAT_POS, NO, "the server optimiser's step size"),
@@ -419,7 +423,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("progress", R, "progress", K.BOOL, NO, "show a progress bar"),
     KeySpec("secagg-timeout", R, "secagg_timeout", K.FLOAT_POS, NO,
             "`secagg`: seconds to wait for each of a round's four stages (keep it generous: a dropout "
-            "by timeout could depend on a secret batch size)"),
+            "by timeout could depend on a secret batch size)", applies=SECAGG),
 )
 
 #: key -> its spec (read-only).
