@@ -88,6 +88,7 @@ from fedfdp.config import (
     Config,
     ConfigError,
     Mode,
+    keys_for_mode,
     load_config,
     load_toml_file,
     parse_override,
@@ -240,13 +241,12 @@ def shared_keys_for(base: Mapping[str, Any], mode: str) -> dict[str, Any]:
 
     The one rule of a sweep's shared keys: they are given to every mode in which
     they have an effect (the key table's scope, :attr:`fedfdp.config.KeySpec.applies`:
-    ``clipping-norm`` reaches ``dp`` and ``fdp``, not ``nonprivate`` or ``public``);
-    a shared key that acts in none of the sweep's modes is refused by
-    :func:`plan_runs`, and a key of a ``[mode.NAME]`` table must act in that mode.
+    ``clipping-norm`` reaches ``dp`` and ``fdp``, not ``nonprivate`` or ``public``;
+    :func:`fedfdp.config.keys_for_mode`); a shared key that acts in none of the
+    sweep's modes is refused by :func:`plan_runs`, and a key of a ``[mode.NAME]``
+    table must act in that mode.
     """
-    specs = {k: KEY_TABLE.get(k) for k in base}
-    return {k: v for k, v in base.items()
-            if specs[k] is None or specs[k].applies is None or specs[k].applies.admits("mode", mode)}
+    return keys_for_mode(base, mode)
 
 
 def plan_runs(sweep: Sweep, out: Path) -> list[RunSpec]:

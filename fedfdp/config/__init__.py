@@ -125,6 +125,7 @@ __all__ = [
     "guarantee_keys_of",
     "is_import_path",
     "key_reference",
+    "keys_for_mode",
     "load_config",
     "load_toml_file",
     "parse_override",
@@ -195,6 +196,23 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         data=DataConfig(**sections[Section.DATA]),
         run=RunConfig(**sections[Section.RUN]),
     )
+
+
+def keys_for_mode(mapping: Mapping[str, Any], mode: str) -> dict[str, Any]:
+    """The keys of ``mapping`` that act in ``mode`` (:attr:`KeySpec.applies`), for one
+    set of keys shared by runs of several modes (``fedfdp compare``'s rule): a key
+    that has no effect in ``mode`` is left out instead of being refused.
+
+    Examples
+    --------
+    >>> keys_for_mode({"noise-multiplier": 1.0, "learning-rate": 0.5}, "public")
+    {'learning-rate': 0.5}
+    """
+    def acts(key: str) -> bool:
+        spec = KEY_TABLE.get(key)
+        return spec is None or spec.applies is None or spec.applies.admits("mode", str(mode))
+
+    return {k: v for k, v in mapping.items() if acts(k)}
 
 
 def parse_override(text: str) -> tuple[str, Any]:
