@@ -183,6 +183,10 @@ class LocalSimulation:
         from strategies.launcher import LAUNCHER_ENV, launcher_token
 
         env = dict(os.environ)
+        # Flower's processes start its other executables by name (flower-superexec...): find
+        # them next to this interpreter even when its environment is not activated
+        here = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([here, *env.get("PATH", "").split(os.pathsep)])
         env["FLWR_HOME"] = str(self.home)
         env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -344,11 +348,26 @@ class _Tail:
         return self.buf.replace("\r", "\n")
 
 
+#: Where Flower's report of a failed run begins: from there on nothing more is echoed
+#: (without ``--verbose``); ``fedfdp run`` then says in one line what failed.
+_FAILURE_STARTS = re.compile(r"^(\x1b\[[0-9;]*m)?ERROR\b|^Traceback \(most recent call last\)")
+
+
 def _echo(stream: Any, tail: _Tail, verbose: bool) -> None:
     """Copy ``flwr run --stream`` output to stderr as it arrives, without Flower's
-    own log lines unless ``verbose``; a progress bar (``\r`` updates) passes at once."""
+    own log lines unless ``verbose``; a progress bar (``\r`` updates) passes at once.
+    From the first line of a failure report (an ``ERROR`` line, a traceback) nothing
+    more is shown unless ``verbose``: the tail keeps it for the one-line error."""
     pending = ""
+    failed = False
     fd = stream.fileno()
+
+    def shown(line: str) -> bool:
+        nonlocal failed
+        last = line.rsplit("\r", 1)[-1]
+        failed = failed or bool(_FAILURE_STARTS.search(last))
+        return verbose or not (failed or _FLOWER_NOISE.search(last))
+
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -357,15 +376,15 @@ def _echo(stream: Any, tail: _Tail, verbose: bool) -> None:
         tail.add(text)
         pending += text
         *lines, pending = pending.split("\n")
-        out = [ln + "\n" for ln in lines if verbose or not _FLOWER_NOISE.search(ln.rsplit("\r", 1)[-1])]
-        if "\r" in pending:  # a progress bar: show it now, keep only its last update
+        out = [ln + "\n" for ln in lines if shown(ln)]
+        if "\r" in pending and not failed:  # a progress bar: show it now, keep only its last update
             cut = pending.rindex("\r")
             out.append(pending[:cut])
             pending = pending[cut:]
         if out:
             sys.stderr.write("".join(out))
             sys.stderr.flush()
-    if pending and (verbose or not _FLOWER_NOISE.search(pending)):
+    if pending and shown(pending):
         sys.stderr.write(pending + "\n")
 
 
@@ -433,6 +452,31 @@ def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | 
     with LocalSimulation(verbose=verbose) as sim:
         app = stage_simulation_app(sim.root / "app", cfg)
         sim.run(app, count)
+
+
+#: The refusals a ServerApp may raise for a user's setting (status 2, like the centralised engine).
+_USER_ERROR = re.compile(r"(?:^|\.)(?:RunDiverged|ConfigError|LedgerError|CheckpointMismatch|"
+                         r"PrivacyBudgetExhausted): (.*)$")
+
+
+def _simulation_failed(exc: SimulationError) -> int:
+    """One line for a simulated run that did not complete: the error the ServerApp raised
+    for a user's setting (status 2), or the cause with Flower's output written to a file
+    (status 1)."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [m.group(1) for line in lines if (m := _USER_ERROR.search(line))]
+    if raised:
+        print(f"error: {raised[-1]}", file=sys.stderr)
+        return 2
+    fd, path = tempfile.mkstemp(prefix="fedfdp-flower-", suffix=".txt")
+    with open(fd, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    first = lines[0] if lines else "no output"
+    cause = next((line for line in reversed(lines) if re.match(r"^[\w.]+(Error|Exception): ", line)), "")
+    print(f"error: {first.rstrip(':')}{(' ' + cause) if cause else ''} (Flower's output in {path})",
+          file=sys.stderr)
+    return 1
 
 
 def _summarise(out: Path, cfg: Config) -> int:
@@ -618,8 +662,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run_simulation_for(cfg, verbose=args.verbose, supernodes=args.supernodes)
         except SimulationError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+            return _simulation_failed(exc)
     return _summarise(out, cfg)
 
 
