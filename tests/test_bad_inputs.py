@@ -150,6 +150,21 @@ def test_a_blown_up_run_exits_2_in_one_line_keeping_the_ledger(tmp_path, capsys,
     assert ledger is not None and len(ledger.charges) >= 1 and not (out / "model.pt").exists()
 
 
+@pytest.mark.slow
+def test_a_blown_up_flower_run_exits_2_in_one_line(tmp_path):
+    """The same through Flower's simulation (the default engine): the ServerApp's
+    refusal reaches the user as the one line, not as Flower's traceback."""
+    out = tmp_path / "run"
+    done = subprocess.run([*CLI, "run", "--out", str(out),
+                           *sets({**TINY, "clipping-quantile": 0, "noise-multiplier": 1e300})],
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert lines[-1].startswith("error: round 1: the aggregated gradient is not finite")
+    assert "Traceback" not in done.stderr
+    assert len(read_ledger(out).charges) >= 1 and not (out / "model.pt").exists()
+
+
 # ------------------------------------------------------------------- other commands
 
 def test_compare_threads_below_one_is_refused(tmp_path, capsys):
