@@ -386,7 +386,8 @@ def test_parts_that_do_not_fit_the_mode_are_refused():
     data = load_dataset(cfg.data)
     with pytest.raises(ConfigError, match="mode='corrdp' with the 'add-remove' accounting"):
         FDPServer(cfg, build_model_for(cfg, data), parts=ServerParts()).resolve(data.sizes.tolist())
-    fdp = load_config({**BASE, "mode": "fdp"})
+    corrdp_only = ("insensitive-tv", "corrdp-weight-bound")  # refused outside corrdp (no setting ignored)
+    fdp = load_config({**{k: v for k, v in BASE.items() if k not in corrdp_only}, "mode": "fdp"})
     with pytest.raises(ConfigError, match="mode='fdp' with the 'corrdp' accounting"):
         FDPServer(fdp, build_model_for(fdp, data), parts=server_parts_for(cfg, data)).resolve([40] * 4)
     batch = PrivateBatch(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.Generator(), 2)

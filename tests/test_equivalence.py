@@ -36,22 +36,24 @@ from tests.mechanism_helpers import ledger_doc
 
 @pytest.mark.parametrize("mode", ["fdp", "dp", "public", "nonprivate"])
 def test_federated_round_equals_hand_built_step(mode):
-    cfg = load_config(
-        {
-            "mode": mode,
-            "num-devices": 4,
-            "records-per-device": 60,
-            "noise-multiplier": 1.5,
-            "sampling-rate": 0.2,
-            "public-batch-size": 40,
-            "public-loss": "gaussian",
-            "clipping-norm": 0.5,
-            "alpha": 2.0,
-            "seed": 3,
-            "reproducible-noise": True,
-            "progress": False,
-        }
-    )
+    # a key with no effect in the mode is refused (issue 23): give each mode only its own keys
+    unused = {"fdp": (), "dp": (), "nonprivate": ("noise-multiplier", "clipping-norm"),
+              "public": ("noise-multiplier", "clipping-norm", "sampling-rate")}[mode]
+    keys = {
+        "mode": mode,
+        "num-devices": 4,
+        "records-per-device": 60,
+        "noise-multiplier": 1.5,
+        "sampling-rate": 0.2,
+        "public-batch-size": 40,
+        "public-loss": "gaussian",
+        "clipping-norm": 0.5,
+        "alpha": 2.0,
+        "seed": 3,
+        "reproducible-noise": True,
+        "progress": False,
+    }
+    cfg = load_config({k: v for k, v in keys.items() if k not in unused})
     strat = registered_strategy(cfg)
     before = [p.detach().clone() for p in strat.params]
     replies = [client_reply(cfg, m) for m in train_messages(strat, 1)]
