@@ -463,6 +463,8 @@ class FDPServer:
             "mechanism-digest": m.digest(),
             "noise-source": noise_source(self.cfg),
         }
+        if m.estimates:  # the budget split: what the released statistics cost, alone and with training
+            values.update(self.budget_split(m))
         if m.secagg is not None:
             values.update({"secagg-local-sigma": m.secagg.local_sigma, "secagg-scale": m.secagg.scale,
                            "secagg-honest-parties": m.secagg.honest_parties})
@@ -474,6 +476,21 @@ class FDPServer:
         if self.cfg.privacy.reproducible_noise:
             values["warning"] = REPRODUCIBLE_WARNING
         return {**{k: v for k, v in values.items() if v is not None}, **(extra or {})}
+
+    def budget_split(self, m: ResolvedMechanism) -> dict[str, Any]:
+        """The ε of the statistics released before training (``m.estimates``) composed
+        alone, and with every planned private round: upper bounds at ``m.delta`` for
+        ``m.relation`` from a fresh accountant of the run's accounting, so the split
+        shown is the accountant's composition, not a sum of ε's."""
+        estimates = replay([e.event for e in m.estimates], self.accounting.new)
+        split: dict[str, Any] = {
+            "estimates": [e.statistic for e in m.estimates],
+            "estimates-epsilon": float(estimates.epsilon(m.delta)),
+        }
+        if m.event is not None and m.private_rounds:
+            estimates.compose(m.event, m.private_rounds)
+            split["planned-epsilon"] = float(estimates.epsilon(m.delta))
+        return split
 
     # ---------------------------------------------------------------- a whole run
     def resume(self) -> int:

@@ -256,6 +256,14 @@ def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path)
     sigma_e = estimates[0].noise_multiplier
     own = gaussian_eps_ref(np.sqrt(2) / sigma_e, 1 / (2 * num_records))  # two Gaussians: mu = sqrt(2)/sigma
     assert 0.35 <= own <= 0.4 + 1e-9
+    # the budget split in config.toml [resolved]: the estimates alone, and with every planned round
+    import tomllib
+
+    resolved = tomllib.loads(config)["resolved"]
+    assert resolved["estimates"] == ["range of 'age'", "range of 'income'"]
+    alone_ref = gaussian_eps_ref(np.sqrt(2) / sigma_e, delta)
+    assert alone_ref - 0.01 <= resolved["estimates-epsilon"] <= alone_ref + 0.1
+    assert resolved["planned-epsilon"] == pytest.approx(printed, abs=1e-3)  # all 4 rounds ran
 
 
 def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_path):
