@@ -16,7 +16,10 @@
     (``--delta`` overrides δ). It equals the ε of the run's last ``metrics.csv``
     row when the run ended normally. A CorrDP run (relation ``corrdp``) is
     refused: its accountant needs the run's CorrDP design, which the ledger does
-    not record (read ``epsilon_corrdp`` in its ``metrics.csv``).
+    not record (read ``epsilon_corrdp`` in its ``metrics.csv``). A run with
+    ``aggregation = "secagg"`` is replayed by the distributed accountant: ε is the
+    smaller of route A and route B (both reported), as the run printed; ``--ball``
+    and ``--tradeoff`` are refused for it.
     :func:`run_ledger` is the one function that knows the ledger's layout.
 
 With any of them:
@@ -204,6 +207,13 @@ class RunLedger:
     mechanism: dict[str, Any]
 
 
+def is_secagg(mechanism: dict[str, Any]) -> bool:
+    """Whether a ledger's resolved mechanism (its first entry) is one of secure aggregation
+    (``aggregation = "secagg"``: it holds the ``secagg`` plan, and its rounds are
+    distributed discrete Gaussian events)."""
+    return isinstance(mechanism.get("secagg"), dict)
+
+
 class _NoLedger(ConfigError):
     """A run directory without a privacy ledger (nothing was charged)."""
 
@@ -219,7 +229,13 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
     first entry (the resolved mechanism) names: add/remove — every charge a
     Poisson-subsampled Gaussian round (Theorem 5; with participation ``p < 1`` the
     exact mixture of Poisson device sampling), composed by
-    :class:`~fedfdp.accounting.FDPAccountant` as every DP and FDP run does; or
+    :class:`~fedfdp.accounting.FDPAccountant` as every DP and FDP run does; add/remove
+    with secure aggregation (the mechanism holds a ``secagg`` plan,
+    :func:`is_secagg`) — every charge a distributed discrete Gaussian round
+    (sensitivity ``Δ = s + √d`` in integer units, ``n_min − t_c`` honest parties), composed
+    by :class:`~fedfdp.accounting.distributed.DistributedAccountant` (ε the smaller of
+    route A, the PRV bound of the smoothed Gaussian rounds plus ``2Λ``, and route B,
+    Rényi DP; ``docs/secagg_accounting.md``), as the run itself does; or
     ``corrdp`` — CorrDP-SGD rounds, by :class:`~fedfdp.corrdp.accounting.CorrDPAccountant`
     with ``delta_estimation`` (the δ a run's in-sample TV estimate set aside).
 
@@ -231,6 +247,7 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
         accountant refuses.
     """
     from fedfdp.accounting import FDPAccountant, Relation
+    from fedfdp.accounting.distributed import DistributedAccountant
     from fedfdp.checkpoint import load_checkpoint
     from fedfdp.corrdp.accounting import CorrDPAccountant
     from fedfdp.ledger import LEDGER_FILE, EntryKind, LedgerError, read_ledger
@@ -257,7 +274,10 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
     mechanism = ledger.mechanism
     relation = mechanism.get("relation")
     settings = {} if eps_error is None else {"eps_error": eps_error}
-    if relation == Relation.ADD_REMOVE:
+    if relation == Relation.ADD_REMOVE and is_secagg(mechanism):
+        def new() -> Any:
+            return DistributedAccountant(**settings)
+    elif relation == Relation.ADD_REMOVE:
         def new() -> Any:
             return FDPAccountant(**settings)
     elif relation == Relation.CORRDP:
@@ -350,12 +370,16 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     acc = replayed.accountant
     if delta is None:
         _not_rolled_back(acc.epsilon(run_delta), run / METRICS_FILE, relation, label)
-    gaussian = [(e.noise_multiplier, e.sampling_rate, e.participation, n) for e, n in replayed.events
+    secagg = is_secagg(mine)
+    # σ of every Gaussian-like charge (a distributed round: its σ_eff), its rate and the share
+    # of rounds that touch a record (a distributed round: 1, secagg draws no devices)
+    gaussian = [(e.noise_multiplier, e.sampling_rate, getattr(e, "participation", 1.0), n)
+                for e, n in replayed.events
                 if hasattr(e, "noise_multiplier")
                 and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
     sigmas = {e[0] for e in gaussian}
     rates = {e.sampling_rate for e, _ in replayed.events}
-    shares = {e.participation for e, _ in replayed.events}
+    shares = {getattr(e, "participation", 1.0) for e, _ in replayed.events}
     info: dict[str, Any] = {
         "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
         "sampling_rate": rates.pop() if len(rates) == 1 else None,
@@ -371,8 +395,11 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
         "unbounded": bool(mine.get("unbounded", False)),
         "ledger": [{"noise_multiplier": s, "sampling_rate": q, "count": n, "participation": p}
                    for s, q, p, n in gaussian]
-        if relation == ADD_REMOVE else [{**e.to_dict(), "count": n} for e, n in replayed.events],
+        if relation == ADD_REMOVE and not secagg
+        else [{**e.to_dict(), "count": n} for e, n in replayed.events],
     }
+    if secagg:
+        info["aggregation"] = "secagg"
     return acc, info
 
 
@@ -452,6 +479,8 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
     relation = info.pop("relation", ADD_REMOVE)
     if relation == CORRDP:
         return _corrdp_report(args, acc, info)
+    if info.get("aggregation") == "secagg":
+        return _secagg_report(args, acc, info)
     if info.get("unbounded"):  # nonprivate: private data without noise
         for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
             if value is not None:
@@ -517,6 +546,60 @@ def _corrdp_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     return out
 
 
+def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """The report of a run with secure aggregation: its rounds are distributed discrete
+    Gaussian events (:class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian`:
+    sensitivity ``Δ = s + √d`` in integer units, add/remove, ``n_min − t_c`` honest
+    parties' noise), replayed into
+    :class:`~fedfdp.accounting.distributed.DistributedAccountant`. ``epsilon`` is what the
+    run prints, the smaller of two upper bounds: route A (``epsilon_route_a``, the PRV bound
+    of the smoothed Gaussian rounds at ``δe^{−Λ}`` plus ``2Λ``, ``docs/secagg_accounting.md``;
+    its ``epsilon_estimate`` and ``epsilon_lower`` are route A's too) and route B
+    (``epsilon_route_b``, Rényi DP of the discrete Gaussian sums). ``epsilon_replacement``
+    is route A for the replacement relation (the density-ratio transfer holds for either
+    relation). ``noise_multiplier`` is the rounds' ``σ_eff``. Theorem 4's bound and the
+    trade-off curve need the rounds' trade-off function, which route A only bounds in ε:
+    ``--ball`` and ``--tradeoff`` are refused."""
+    from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon
+    from fedfdp.accounting.events import event_from_dict
+
+    for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
+        if value is not None:
+            raise ConfigError(f"{flag}={value!r}: not for a run with aggregation='secagg' (its ε is a "
+                              "bound by routes A and B, not a trade-off curve)")
+    delta = info.pop("delta")
+    both = acc.epsilon_bound(delta)
+    charged = [(event_from_dict(item["event"]), item["count"]) for item in acc.state_dict()["ledger"]]
+    replacement = route_a_epsilon(charged, delta, "replacement", eps_error=acc.eps_error)
+    distributed = [e for e, _ in charged if isinstance(e, DistributedDiscreteGaussian)]
+    out: dict[str, Any] = {
+        "epsilon": _finite_or_none(both.epsilon),
+        "epsilon_estimate": _finite_or_none(both.route_a.estimate),
+        "epsilon_lower": _finite_or_none(both.route_a.lower),
+        "epsilon_replacement": _finite_or_none(replacement.upper),
+        "epsilon_route_a": _finite_or_none(both.route_a.upper),
+        "epsilon_route_b": _finite_or_none(both.route_b),
+        "slack": both.slack,
+        "delta": delta,
+        "noise_multiplier": info.pop("noise_multiplier"),
+        "sampling_rate": info.pop("sampling_rate"),
+        "device_sampling_rate": info.pop("device_sampling_rate"),
+        "local_sigma": _one({e.local_sigma for e in distributed}),
+        "honest_parties": _one({e.honest_parties for e in distributed}),
+        "scale": _one({e.scale for e in distributed}),
+        "rounds": acc.rounds,
+        "relation": ADD_REMOVE,
+        "eps_error": acc.eps_error,
+    }
+    out.update(info)
+    return out
+
+
+def _one(values: set[Any]) -> Any:
+    """The one value of ``values``, else None (none, or several)."""
+    return values.pop() if len(values) == 1 else None
+
+
 def _fmt(x: float | None, digits: int = 4) -> str:
     return "∞" if x is None else f"{x:.{digits}f}"
 
@@ -534,17 +617,29 @@ def format_report(r: dict[str, Any]) -> str:
         if r.get("estimates"):
             rows.append(("estimates", f"{', '.join(r['estimates'])} (charged before round 1, in the ε)"))
         mixed = None in (r["noise_multiplier"], r["sampling_rate"], r["device_sampling_rate"])
-        if mixed and r["relation"] != CORRDP:
+        if mixed and r.get("aggregation") == "secagg":
+            for ev in r["ledger"]:
+                fields = ", ".join(f"{k} = {v:.6g}" if isinstance(v, float) else f"{k} = {v}"
+                                   for k, v in ev.items() if k not in ("kind", "count"))
+                rows.append(("  events", f"{ev['count']} × {ev['kind']} ({fields})"))
+        elif mixed and r["relation"] != CORRDP:
             for ev in r["ledger"]:
                 share = f", p = {ev['participation']:.6g}" if ev["participation"] != 1.0 else ""
                 rows.append(("  events", f"{ev['count']} × (σ = {ev['noise_multiplier']:.6g}, "
                                          f"q = {ev['sampling_rate']:.6g}{share})"))
     else:
         rows.append(("rounds T", str(r["rounds"])))
+    if r.get("aggregation") == "secagg":
+        rows.append(("aggregation", "secagg (distributed discrete Gaussian noise, secure aggregation)"))
+        if r["local_sigma"] is not None:
+            rows.append(("local noise σ_loc", f"{r['local_sigma']:.6g}  (integer units, scale s = "
+                                              f"{r['scale']:.6g}, n_h = {r['honest_parties']} "
+                                              "honest parties)"))
     if r["noise_multiplier"] is not None:
         calibrated = (f"  (calibrated for target ε = {r['target_epsilon']:g})"
                       if "target_epsilon" in r else "")
-        rows.append(("noise multiplier σ", f"{r['noise_multiplier']:.6g}{calibrated}"))
+        effective = "  (σ_eff of the distributed rounds)" if r.get("aggregation") == "secagg" else ""
+        rows.append(("noise multiplier σ", f"{r['noise_multiplier']:.6g}{calibrated}{effective}"))
     if r["sampling_rate"] is not None:
         rows.append(("sampling rate q", f"{r['sampling_rate']:.6g}"))
     if r["device_sampling_rate"] is not None and r["device_sampling_rate"] != 1.0:
@@ -556,11 +651,19 @@ def format_report(r: dict[str, Any]) -> str:
                                  "not a DP or FDP ε)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    route = "the smaller of routes A and B; route A's " if r.get("aggregation") == "secagg" else ""
     rows.append(("ε add/remove", f"{_fmt(r['epsilon'])}  (upper bound, add/remove, {d}; "
-                                 f"estimate {_fmt(r['epsilon_estimate'])}, "
+                                 f"{route}estimate {_fmt(r['epsilon_estimate'])}, "
                                  f"lower {_fmt(r['epsilon_lower'])})"))
-    rows.append(("ε replacement", f"{_fmt(r['epsilon_replacement'])}  (upper bound, replacement "
-                                  f"via Prop. 1, {d})"))
+    if r.get("aggregation") == "secagg":
+        rows.append(("  route A", f"{_fmt(r['epsilon_route_a'])}  (PRV of the smoothed Gaussian rounds "
+                                  f"+ 2Λ, Λ = {r['slack']:.3g})"))
+        rows.append(("  route B", f"{_fmt(r['epsilon_route_b'])}  (Rényi DP of the discrete Gaussian sums)"))
+        rows.append(("ε replacement", f"{_fmt(r['epsilon_replacement'])}  (upper bound, replacement, "
+                                      f"route A, {d})"))
+    else:
+        rows.append(("ε replacement", f"{_fmt(r['epsilon_replacement'])}  (upper bound, replacement "
+                                      f"via Prop. 1, {d})"))
     if "ball" in r:
         rows.append(("attribute inference", f"{r['attribute_inference_bound']:.4f}  (upper bound on "
                                             f"success, Theorem 4, Ball = {r['ball']:g}; add/remove)"))

@@ -606,6 +606,85 @@ def test_corrdp_run_prints_its_corrdp_epsilon(corrdp_run: Path, capsys: pytest.C
         assert rc == 2 and out == "" and "not for a CorrDP run" in err
 
 
+# ------------------------------------------------------------------ secure aggregation
+@pytest.fixture(scope="module")
+def secagg_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run with ``aggregation = "secagg"`` (4 SuperNodes, ``n_min = 3``, 3 rounds) driven by
+    the real strategy and the real ClientApp in process (``tests/test_secagg_flower.py``'s
+    grid: every reply is the ClientApp's), writing a run directory as ``fedfdp run`` does."""
+    from tests.test_secagg_flower import run_strategy, secagg_config
+
+    run = tmp_path_factory.mktemp("account") / "secagg"
+    strat, _, _ = run_strategy(secagg_config(**{"out-dir": str(run)}))
+    assert strat.stop_reason is None
+    return run
+
+
+def sigma_eff_ref(res: dict) -> float:
+    """σ_eff of a distributed round from the run's [resolved] numbers (docs/secagg_accounting.md:
+    ``√(n_h σ_loc² − t²) / (s + √d)``, ``t = 2``)."""
+    event = res["event"]
+    var = event["honest_parties"] * event["local_sigma"] ** 2 - event["smoothing"] ** 2
+    return math.sqrt(var) / (event["scale"] + math.sqrt(event["dimension"]))
+
+
+def check_secagg_account(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``account --run`` of a secagg run: the run's own last ε exactly, replayed by the
+    distributed accountant (the smaller of routes A and B); route A against dp-accounting's
+    PLD of the smoothed Gaussian rounds at σ_eff (the slack Λ < 1e-20 here)."""
+    res = resolved(run)
+    rows = metrics(run)
+    assert res["aggregation"] == "secagg"
+    r = cli_json(["--run", str(run)], capsys)
+    assert set(r) >= KEYS and r["aggregation"] == "secagg"
+    assert r["epsilon"] == float(rows[-1]["epsilon"])
+    assert r["epsilon"] == min(r["epsilon_route_a"], r["epsilon_route_b"])
+    assert r["rounds"] == r["charges"] == r["charged_rounds"] == len(rows) == res["private-rounds"]
+    assert r["honest_parties"] == res["secagg-honest-parties"] == 3
+    assert r["local_sigma"] == res["secagg-local-sigma"] and r["device_sampling_rate"] == 1.0
+    sigma = sigma_eff_ref(res)
+    assert r["noise_multiplier"] == pytest.approx(sigma, rel=1e-12) and r["slack"] < 1e-20
+    assert_within_reference(r["epsilon_route_a"], dp_ref_eps([(sigma, 0.05, len(rows))], res["delta"]))
+    assert r["ledger"] == [{**res["event"], "count": len(rows)}]
+    rc, out, err = cli(["--run", str(run)], capsys)
+    assert rc == 0 and err == ""
+    line = next(ln for ln in out.splitlines() if ln.startswith("ε add/remove"))
+    assert line.split()[2] == f"{float(rows[-1]['epsilon']):.4f}" and "routes A and B" in line
+    assert any(ln.startswith("aggregation") and "secagg" in ln for ln in out.splitlines())
+
+
+def test_secagg_run_replays_its_distributed_events(secagg_run: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    check_secagg_account(secagg_run, capsys)
+
+
+def test_secagg_run_refusals(secagg_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Theorem 4 and the trade-off curve are refused (route A bounds ε, not the curve); a
+    ledger whose charges were edited (fewer honest parties in every event's hash-chained
+    entry) is refused by the library."""
+    for flag in (["--ball", "0.1"], ["--tradeoff", str(tmp_path / "f")]):
+        rc, out, err = cli(["--run", str(secagg_run), *flag], capsys)
+        assert rc == 2 and out == "" and "aggregation='secagg'" in err and len(err.splitlines()) == 1
+    edited = _copy(secagg_run, tmp_path / "edited")
+    ledger = edited / "ledger.jsonl"
+    ledger.write_text(ledger.read_text().replace('"honest_parties":3', '"honest_parties":2'))
+    rc, out, err = cli(["--run", str(edited)], capsys)
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.slow
+def test_secagg_fedfdp_run_on_the_simulation_engine(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The same through ``fedfdp run`` on Flower's simulation engine (4 SuperNodes, each a
+    SecAgg+ party)."""
+    run = tmp_path / "run"
+    sets = ["num-devices=4", "records-per-device=60", "num-rounds=3", "progress=false", "aggregation=secagg",
+            "secagg-min-survivors=3", "public-batch-size=32"]
+    fedfdp("run", "--out", str(run), "--supernodes", "4",
+           *itertools.chain.from_iterable(("--set", x) for x in sets))
+    check_secagg_account(run, capsys)
+
+
 def test_run_excludes_direct_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = cli(["--run", str(tmp_path), "--rounds", "5"], capsys)
     assert rc == 2 and "--rounds=5: not with --run" in err
