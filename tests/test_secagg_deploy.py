@@ -1,0 +1,177 @@
+"""Secure aggregation on a real deployment: ``flower-superlink`` with TLS and SuperNode
+authentication, five authenticated ``flower-supernode`` processes on loopback, ``flwr run``
+(slow: real processes).
+
+One run of ``aggregation = "secagg"`` with ``secagg-min-survivors = 3`` (below the five
+SuperNodes) and a test-only ClientApp (``tests/secagg_deploy_app.py``: the real ClientApp,
+with one SuperNode that stops inside the collect stage and one inside the unmask stage of
+round 1 and write a marker file there). When a marker appears the test kills that SuperNode
+with SIGKILL, by pid (the SuperNode and the ClientApp process it started), so:
+
+* round 1 loses node A in the collect stage (``|U3| = 4 ≥ n_min``: charged, unmasked with
+  A's pairwise masks removed) and node B in the unmask stage (after the charge: the three
+  live nodes' shares reconstruct what is needed);
+* round 2 runs on the three live nodes (``= n_min``).
+
+Checked: the run completes; the ledger holds exactly one charge per completed round, each
+the planned event of ``[resolved] event`` (``n_h = n_min − t_c = 3``); the ε the run
+printed and wrote equals the ledger's replay (``fedfdp account --run``, and routes A and B
+recomputed directly from the ledger's events); the model is finite; the killed processes
+are gone (by pid) and no process of the deployment is left.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon, route_b_epsilon
+from fedfdp.ledger import read_ledger
+from tests.deploy_helpers import REPO, Deployment, make_node_key, make_tls, stage_app, wait_until
+
+pytestmark = pytest.mark.slow
+
+SUPERNODES = 5
+COLLECT_VICTIM = 3  # partition-id of the SuperNode killed in the collect stage
+UNMASK_VICTIM = 4  # ... and of the one killed in the unmask stage
+STAGE_TIMEOUT = 20.0  # secagg-timeout: seconds the server waits for one stage's replies
+RUN_TIMEOUT = 240.0
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    """``make(**kwargs) -> Deployment``; every deployment made is closed, and the test fails
+    if a process of it is left."""
+    made: list[Deployment] = []
+
+    def make(**kwargs) -> Deployment:
+        d = Deployment(tmp_path / f"deploy{len(made)}", **kwargs)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for d in made:
+            try:
+                d.close()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+        assert not errors, errors
+        assert all(not d.leftover() for d in made)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _kill_at_marker(d: Deployment, run, victim, marker: Path) -> list[int]:
+    """Wait for ``marker``, SIGKILL ``victim`` (its SuperNode and the ClientApp it started,
+    by pid), check that every one of those pids is gone; return them."""
+
+    def reached() -> bool:
+        if not run.alive():
+            raise RuntimeError(f"run ended early:\n{run.text()[-3000:]}")
+        return marker.is_file()
+
+    wait_until(reached, RUN_TIMEOUT, what=f"{marker.name} written")
+    handler = int(marker.read_text())
+    pids = [pid for pid, _ in d.processes_of(victim)]
+    assert victim.popen.pid in pids and handler in pids, (pids, handler)  # the hung ClientApp is its child
+    d.kill(victim, signal.SIGKILL)
+    wait_until(lambda: not any(_alive(p) for p in pids), 15, what=f"{victim.name}'s processes gone")
+    return pids
+
+
+def test_secagg_on_tls_with_supernode_auth_and_killed_supernodes(deployment, tmp_path):
+    tls = make_tls(tmp_path / "certs")
+    d = deployment(tls=tls, supernode_auth=True)
+    d.start_superlink()
+    keys = [make_node_key(tmp_path / "keys", f"node{k}") for k in range(SUPERNODES)]
+    for _, public in keys:
+        r = d.cli(["supernode", "register", str(public), d.connection, "--format", "json"])
+        assert r.returncode == 0, r.stdout
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    hang = {COLLECT_VICTIM: "sa_collect", UNMASK_VICTIM: "sa_unmask"}
+    nodes = [
+        d.start_supernode(k, SUPERNODES, private_key=keys[k][0],
+                          node_config={"hang-at": hang[k], "marker-dir": str(markers)} if k in hang else None)
+        for k in range(SUPERNODES)
+    ]
+    app = stage_app(tmp_path / "app", clientapp="secagg_deploy_app:app",
+                    extra_files=[REPO / "tests" / "secagg_deploy_app.py"])
+    out = tmp_path / "out"
+    cfg = {
+        "num-devices": SUPERNODES, "records-per-device": 60, "public-batch-size": 32, "num-rounds": 2,
+        "aggregation": "secagg", "secagg-min-survivors": 3, "secagg-timeout": STAGE_TIMEOUT,
+        "progress": True, "node-wait-timeout": 90.0, "out-dir": str(out),
+    }
+    t0 = time.monotonic()
+    run = d.start_run(app, cfg)
+    collect_pids = _kill_at_marker(d, run, nodes[COLLECT_VICTIM], markers / f"sa_collect-p{COLLECT_VICTIM}")
+    unmask_pids = _kill_at_marker(d, run, nodes[UNMASK_VICTIM], markers / f"sa_unmask-p{UNMASK_VICTIM}")
+    assert run.popen.wait(timeout=RUN_TIMEOUT) == 0, run.text()[-3000:] + d.logs()
+    elapsed = time.monotonic() - t0
+    stream = run.text()
+
+    # the run completed both rounds: 4 masked vectors in round 1 (A lost at collect), 3 in round 2
+    m = pd.read_csv(out / "metrics.csv")
+    assert list(m["round"]) == [1, 2], stream[-3000:] + d.logs()
+    assert m["asked"].tolist() == [5, 5] and m["replies"].tolist() == [4, 3], m.to_string()
+    # one charge per completed round, each the planned event (n_h = n_min - t_c = 3)
+    resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
+    ledger = read_ledger(out)
+    assert [c.round for c in ledger.charges] == [1, 2]
+    events = ledger.events()
+    assert all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    assert [e.to_dict() for e in events] == [resolved["event"]] * 2 and events[0].honest_parties == 3
+    # the printed ε is the ledger's replay: routes A and B from the events, and fedfdp account
+    delta = resolved["delta"]
+    replayed = min(route_a_epsilon(events, delta).upper, route_b_epsilon(events, delta))
+    assert m["epsilon"].iloc[-1] == pytest.approx(replayed, rel=1e-9)
+    account = subprocess.run(
+        [sys.executable, "-m", "simulations.cli", "account", "--run", str(out), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert account.returncode == 0, account.stderr
+    assert json.loads(account.stdout)["epsilon"] == m["epsilon"].iloc[-1]
+    printed = re.findall(r"eps=([0-9.]+)", stream)
+    assert printed and float(printed[-1]) == pytest.approx(replayed, rel=5e-3), stream[-3000:]
+    # the model is finite
+    model = torch.load(out / "model.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in model.values())
+    # the killed SuperNodes' processes stay gone; the others served the whole run
+    assert not any(_alive(p) for p in collect_pids + unmask_pids)
+    assert all(n.alive() for k, n in enumerate(nodes) if k not in hang)
+    r = d.cli(["ls", d.connection, "--format", "json"])
+    runs = json.loads(r.stdout[r.stdout.index("{"):])["runs"]
+    assert [x["status"] for x in runs] == ["finished:completed"], runs
+
+    # what the deployment printed (kept in the test log: pytest -s)
+    wanted = ("secagg", "secure aggregation", "round", "dropped", "eps=", "epsilon", "charged", "Success")
+    lines = [ln for ln in stream.splitlines() if any(w in ln for w in wanted)]
+    print(f"\n--- deployment stream ({elapsed:.1f}s, pids killed: collect {collect_pids}, "
+          f"unmask {unmask_pids}) ---")
+    print("\n".join(lines[-40:]))
+    print(m[["round", "asked", "replies", "epsilon", "accuracy"]].to_string(index=False))
+    assert math.isfinite(m["loss"].iloc[-1])
+    assert os.path.isfile(out / "ledger.jsonl")
