@@ -59,15 +59,24 @@ def test_undeclared_private_columns_are_refused_by_the_cli_in_one_line_and_nothi
     assert not out.exists()  # no run files left
 
 
-def test_a_text_column_is_refused_under_estimate_too(tmp_path):
-    from fedfdp.data import DataError, load_dataset
+def test_a_text_column_is_estimated_under_estimate_and_the_release_is_written_once(tmp_path):
+    """A text column under estimate: its categories are released (both cities, 300 records each
+    on average, far above τ), written into the configuration by resolve_devices and encoded
+    one-hot; a resolved configuration is not estimated again."""
+    from fedfdp.data import load_dataset, resolve_devices
 
     path = _table(tmp_path / "t.csv")
     cfg = load_config({"dataset": "csv", "data-path": str(path), "public-columns": "speed,heading",
                        "private-columns": "age,city", "label-column": "label", "num-devices": 4,
                        "private-statistics": "estimate"})
-    with pytest.raises(DataError, match=r"\['city'\] have no declared encoding \(they are text"):
-        load_dataset(cfg.data)
+    data = load_dataset(cfg.data)
+    assert data.estimated_categories == (("city", ("Lyon", "Paris")),)
+    assert [c for c, _, _ in data.estimated_ranges] == ["age"]
+    assert data.spec.private == ("age", "city=Lyon", "city=Paris")
+    resolved = resolve_devices(cfg, data)
+    assert resolved.data.estimated_categories == data.estimated_categories
+    assert load_config(resolved.to_flat()).data.estimated_categories == data.estimated_categories
+    assert resolve_devices(resolved) is resolved  # nothing left to estimate
 
 
 def test_a_private_label_needs_declared_classes(tmp_path):
@@ -239,7 +248,7 @@ def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path)
     ledger = read_ledger(out)
     kinds = [e.kind for e in ledger.entries]
     assert kinds[:3] == [EntryKind.MECHANISM, EntryKind.ESTIMATE, EntryKind.ESTIMATE]
-    assert [e.body["statistic"] for e in ledger.entries[1:3]] == ["range of 'age'", "range of 'income'"]
+    assert [e.body["statistic"] for e in ledger.entries[1:3]] == ["encoding of 'age'", "encoding of 'income'"]
     estimates = [e.event for e in ledger.entries[1:3]]
     rounds = [e.event for e in ledger.entries[3:]]
     assert len(rounds) == 4 and all(e.sampling_rate == 1.0 for e in estimates)
@@ -260,8 +269,9 @@ def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path)
     import tomllib
 
     resolved = tomllib.loads(config)["resolved"]
-    assert resolved["estimates"] == ["range of 'age'", "range of 'income'"]
-    alone_ref = gaussian_eps_ref(np.sqrt(2) / sigma_e, delta)
+    assert resolved["estimates"] == ["encoding of 'age'", "encoding of 'income'"]
+    thresholds = sum(-np.log1p(-e.threshold_delta) for e in estimates)  # their delta, set aside
+    alone_ref = gaussian_eps_ref(np.sqrt(2) / sigma_e, delta - thresholds)
     assert alone_ref - 0.01 <= resolved["estimates-epsilon"] <= alone_ref + 0.1
     assert resolved["planned-epsilon"] == pytest.approx(printed, abs=1e-3)  # all 4 rounds ran
 
@@ -283,7 +293,7 @@ def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_
     declared = resolve_mechanism(load_config({**base, "private-ranges": "age=0:120,income=0:1e4"}), facts)
     estimated = resolve_mechanism(load_config({**base, "private-statistics": "estimate"}), facts)
     assert declared.estimates == () and "estimates" not in declared.to_dict()
-    assert [e.statistic for e in estimated.estimates] == ["range of 'income'"]  # age is declared
+    assert [e.statistic for e in estimated.estimates] == ["encoding of 'income'"]  # age is declared
     assert estimated.noise_multiplier > declared.noise_multiplier
     budget = Budget(estimated, FDPAccountant())
     assert budget.accountant.rounds == 1  # a fresh run starts with its estimate
@@ -383,7 +393,7 @@ def test_the_flower_path_estimates_once_and_every_process_encodes_with_the_relea
                              timeout=300)
     assert account.returncode == 0, account.stderr
     report = json.loads(account.stdout)
-    assert report["estimates"] == ["range of 'age'"] and report["rounds"] == 3
+    assert report["estimates"] == ["encoding of 'age'"] and report["rounds"] == 3
     assert report["epsilon"] == pytest.approx(printed, abs=1e-3)
 
 
@@ -520,11 +530,12 @@ def test_released_categories_add_sigma_times_the_source_and_keep_what_clears_tau
         released_categories(values, ev, lambda n: np.zeros(n + 1))
 
 
-def test_estimation_events_charge_text_columns_a_thresholded_histogram_within_the_estimation_epsilon():
-    """Mixed estimates: one sigma for all, the text columns thresholded with δ_t = δ_e/(10k);
-    their composition (closed form, independent) meets estimation-epsilon at δ_e = 1/(2N)."""
+def test_estimation_events_charge_every_estimated_column_one_thresholded_histogram_within_its_epsilon():
+    """One ThresholdedHistogram(σ_e, δ_e/(10k)) per estimated column, whatever its type (a
+    function of the configuration and N); their composition (closed form, independent) meets
+    estimation-epsilon at δ_e = 1/(2N) with the thresholds' δ taken off."""
     from fedfdp.accounting import FDPAccountant
-    from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
+    from fedfdp.accounting.events import ThresholdedHistogram
     from fedfdp.data.private_statistics import estimation_events
     from tests.references import gaussian_eps_ref
 
@@ -532,62 +543,49 @@ def test_estimation_events_charge_text_columns_a_thresholded_histogram_within_th
                        "private-columns": "age,city,job", "label-column": "label",
                        "private-statistics": "estimate", "estimation-epsilon": 0.5}).data
     n = 2000
-    events = estimation_events(cfg, n, text_columns=("city", "job"))
-    assert [e.statistic for e in events] == ["range of 'age'", "categories of 'city'", "categories of 'job'"]
-    assert isinstance(events[0].event, SubsampledGaussian)
-    assert all(isinstance(e.event, ThresholdedHistogram) for e in events[1:])
+    events = estimation_events(cfg, n)
+    assert [e.statistic for e in events] == ["encoding of 'age'", "encoding of 'city'", "encoding of 'job'"]
+    assert all(isinstance(e.event, ThresholdedHistogram) for e in events)
+    assert len({e.event for e in events}) == 1
     sigma = events[0].event.noise_multiplier
-    assert {e.event.noise_multiplier for e in events} == {sigma}
     delta_e = 1 / (2 * n)
-    assert events[1].event.threshold_delta == pytest.approx(delta_e / 20)
-    cost = sum(-np.log1p(-_ref_threshold_delta(e.event)) for e in events[1:])
+    assert events[0].event.threshold_delta == pytest.approx(delta_e / 30)
+    cost = sum(-np.log1p(-_ref_threshold_delta(e.event)) for e in events)
     ref = gaussian_eps_ref(np.sqrt(3) / sigma, delta_e - cost)
     assert 0.49 <= ref <= 0.5 + 1e-6
     acc = FDPAccountant()
     for e in events:
         acc.compose(e.event)
     assert acc.epsilon(delta_e) <= 0.5 + 1e-6
-    # numeric-only estimates are unchanged: plain Gaussians at the full δ_e
-    plain = estimation_events(cfg, n)
-    assert all(isinstance(e.event, SubsampledGaussian) for e in plain)
-    assert plain[0].event.noise_multiplier < sigma
-    with pytest.raises(ValueError, match=r"text_columns=\['zip'\]"):
-        estimation_events(cfg, n, text_columns=("zip",))
 
 
-def test_a_run_charged_a_thresholded_estimate_is_replayed_by_fedfdp_account(tmp_path, monkeypatch, capsys):
-    """A real centralised run whose estimate is charged as a ThresholdedHistogram (the
-    estimate's sigma calibrated for it, so the charge covers the range release): the ledger
-    holds the event, and `fedfdp account --run` in a fresh process replays it to the ε the
-    run printed, which is above that of the same ledger with the plain Gaussian."""
-    import functools
-
-    import fedfdp.data.private_statistics as ps
-    import fedfdp.mechanism as mech
+def test_a_text_column_run_is_charged_its_categories_and_replayed_by_fedfdp_account(tmp_path):
+    """The real CLI with a text column under estimate: config.toml holds the released
+    categories, the ledger a ThresholdedHistogram estimate, and `fedfdp account --run` in a
+    fresh process replays it to the ε the run printed, which is above that of the same ledger
+    with the plain Gaussian (the thresholds' δ is charged)."""
     from fedfdp.accounting import FDPAccountant
     from fedfdp.accounting.events import ThresholdedHistogram
     from fedfdp.ledger import read_ledger
-    from simulations.cli import main
 
-    charged = functools.partial(ps.estimation_events, text_columns=("income",))
-    monkeypatch.setattr(ps, "estimation_events", charged)
-    monkeypatch.setattr(mech, "estimation_events", charged)
     path = _table(tmp_path / "t.csv", n=600)
     out = tmp_path / "run"
-    argv = ["run", "--centralised", "--out", str(out),
-            *_keys(path, private="age,income", **{"private-statistics": "estimate", "noise-multiplier": "1.0",
-                                                   "private-ranges": "age=0:120", "clipping-quantile": "0",
-                                                   "num-rounds": "3", "estimation-epsilon": "0.4"})]
-    assert main(argv) == 0
-    printed = float(capsys.readouterr().out.split("epsilon=")[1].split()[0])
+    argv = [*CLI, "run", "--centralised", "--out", str(out),
+            *_keys(path, private="age,city", **{"private-statistics": "estimate", "noise-multiplier": "1.0",
+                                                 "private-ranges": "age=0:120", "clipping-quantile": "0",
+                                                 "num-rounds": "3", "estimation-epsilon": "0.4"})]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = float(proc.stdout.split("epsilon=")[1].split()[0])
+    assert 'estimated-categories = "city=Lyon|Paris"' in (out / "config.toml").read_text()
     ledger = read_ledger(out)
     estimate = ledger.entries[1]
-    assert estimate.body["statistic"] == "categories of 'income'"
+    assert estimate.body["statistic"] == "encoding of 'city'"
     assert isinstance(estimate.event, ThresholdedHistogram)
-    proc = subprocess.run([*CLI, "account", "--run", str(out), "--json"], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    replayed = json.loads(proc.stdout)["epsilon"]
+    account = subprocess.run([*CLI, "account", "--run", str(out), "--json"], capture_output=True, text=True,
+                             timeout=600)
+    assert account.returncode == 0, account.stderr[-2000:]
+    replayed = json.loads(account.stdout)["epsilon"]
     assert replayed == pytest.approx(printed, abs=1e-4)
     delta = float(ledger.mechanism["delta"])
     plain = FDPAccountant()

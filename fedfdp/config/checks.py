@@ -270,6 +270,7 @@ def check_data(d: DataConfig) -> None:
         "public-categories": d.public_categories,
         "label-classes": d.label_classes,
         "estimated-ranges": d.estimated_ranges,
+        "estimated-categories": d.estimated_categories,
     }
     _check_location(d)
     if d.num_devices == 0 and not (
@@ -338,21 +339,30 @@ def check_data(d: DataConfig) -> None:
 
 
 def _check_estimates(d: DataConfig) -> None:
-    """``estimated-ranges``: what ``private-statistics = "estimate"`` released, for
-    undeclared private columns only, and only through the central table."""
-    estimated = [n for n, _, _ in d.estimated_ranges]
-    if estimated and d.private_statistics is not PrivateStatistics.ESTIMATE:
-        raise ConfigError(
-            f"estimated-ranges names {estimated}: ranges released by private-statistics='estimate' "
-            f"(got {str(d.private_statistics)!r}); declare them in private-ranges instead"
-        )
+    """``estimated-ranges`` and ``estimated-categories``: what ``private-statistics =
+    "estimate"`` released, for undeclared private columns only, each column once, and
+    only through the central table."""
     declared = {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}
-    wrong = sorted((set(estimated) - set(d.private_columns)) | (set(estimated) & declared))
-    if wrong:
+    both = {n for n, _, _ in d.estimated_ranges} & {n for n, _ in d.estimated_categories}
+    if both:
         raise ConfigError(
-            f"estimated-ranges names {wrong}: only private columns without a declared encoding "
-            f"are estimated (private-columns={list(d.private_columns)})"
+            f"estimated-ranges and estimated-categories both name {sorted(both)}: one release per column"
         )
+    for key, estimated, what in (
+        ("estimated-ranges", [n for n, _, _ in d.estimated_ranges], "ranges"),
+        ("estimated-categories", [n for n, _ in d.estimated_categories], "categories"),
+    ):
+        if estimated and d.private_statistics is not PrivateStatistics.ESTIMATE:
+            raise ConfigError(
+                f"{key} names {estimated}: {what} released by private-statistics='estimate' "
+                f"(got {str(d.private_statistics)!r}); declare them in private-{what} instead"
+            )
+        wrong = sorted((set(estimated) - set(d.private_columns)) | (set(estimated) & declared))
+        if wrong:
+            raise ConfigError(
+                f"{key} names {wrong}: only private columns without a declared encoding "
+                f"are estimated (private-columns={list(d.private_columns)})"
+            )
     if d.private_statistics is PrivateStatistics.ESTIMATE and d.data_location is not DataLocation.CENTRAL:
         raise ConfigError(
             "private-statistics='estimate': needs data-location='central' (one estimate over the "

@@ -377,13 +377,16 @@ KEYS: tuple[KeySpec, ...] = (
             "`csv`: the label values in class order (empty: the file's sorted distinct values)"),
     KeySpec("private-statistics", D, "private_statistics", K.CHOICE, YES,
             "`csv`: an undeclared private column: `declared` refuses the run, `estimate` releases a noisy "
-            "range charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
+            "range or set of categories charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
     KeySpec("estimation-epsilon", D, "estimation_epsilon", K.FLOAT_POS, YES,
             "ε at δ = 1/(2N) of all the estimates together (`private-statistics = \"estimate\"`'s ranges, "
             "CorrDP's `tv-estimate`); training is calibrated on the composition"),
     KeySpec("estimated-ranges", D, "estimated_ranges", K.RANGES, YES,
             "the noisy ranges `private-statistics = \"estimate\"` released (written by the run, charged "
             "once per column in the ledger)"),
+    KeySpec("estimated-categories", D, "estimated_categories", K.CATEGORIES, YES,
+            "the categories `private-statistics = \"estimate\"` released for text columns (a noisy "
+            "thresholded histogram; written by the run, charged once per column in the ledger)"),
     KeySpec("data-location", D, "data_location", K.CHOICE, YES,
             "`central`, or `node`: each SuperNode reads its own file and is one device (docs/deploy.md)",
             choice_type=DataLocation),

@@ -424,6 +424,9 @@ class DataConfig:
         The noisy ranges an ``estimate`` released, written into the run's
         configuration so that every process and a resume encode alike (each column
         is charged once, whether estimated now or read back).
+    estimated_categories : tuple of (column, categories)
+        The same for text columns: the categories a noisy thresholded histogram
+        released.
     data_location : DataLocation
         ``central`` (default) or ``node``: every SuperNode reads its own
         ``csv`` file, named by ``data-path`` in its **node config**, and serves
@@ -471,6 +474,7 @@ class DataConfig:
     private_statistics: PrivateStatistics = PrivateStatistics.DECLARED
     estimation_epsilon: float = 0.5
     estimated_ranges: tuple[tuple[str, float, float], ...] = ()
+    estimated_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     data_location: DataLocation = DataLocation.CENTRAL
     test_path: str = ""
     window_size: int = 100

@@ -168,8 +168,9 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
 def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     """``cfg`` with ``num-devices = 0`` (one device per value of ``device-column``)
     replaced by the number of devices of the table (``data``, or the table
-    loaded now), with the ranges ``private-statistics = "estimate"`` released
-    while loading it written into ``estimated-ranges``, and with the noisy TVs a
+    loaded now), with the ranges and categories ``private-statistics = "estimate"``
+    released while loading it written into ``estimated-ranges`` and
+    ``estimated-categories``, and with the noisy TVs a
     ``mode = "corrdp"`` run with ``tv-estimate`` releases now written into
     ``estimated-tvs`` (so every process and a resume use the same released values,
     and none estimates again);
@@ -187,7 +188,8 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     """
     refuse_label_split(cfg)
     needs_devices = not cfg.data.num_devices
-    needs_ranges = bool(estimated_columns(cfg.data)) and not cfg.data.estimated_ranges
+    released = {n for n, _, _ in cfg.data.estimated_ranges} | {n for n, _ in cfg.data.estimated_categories}
+    needs_ranges = bool(set(estimated_columns(cfg.data)) - released)
     p = cfg.privacy
     needs_tvs = p.mode is Mode.CORRDP and p.tv_estimate and not p.estimated_tvs
     if not (needs_devices or needs_ranges or needs_tvs):
@@ -198,6 +200,8 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
         changes["num_devices"] = len(data.devices)
     if data.estimated_ranges != cfg.data.estimated_ranges:
         changes["estimated_ranges"] = data.estimated_ranges
+    if data.estimated_categories != cfg.data.estimated_categories:
+        changes["estimated_categories"] = data.estimated_categories
     if changes:
         cfg = replace(cfg, data=replace(cfg.data, **changes))
     if needs_tvs:

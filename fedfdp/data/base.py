@@ -78,6 +78,8 @@ class FederatedData:
         (Gaussian-noised, charged to the ledger; :mod:`fedfdp.data.private_statistics`),
         which :func:`fedfdp.data.resolve_devices` writes into the run's configuration
         (``estimated-ranges``) so that every process encodes alike.
+    estimated_categories : tuple of (column, categories)
+        The same for text columns (a noisy thresholded histogram; ``estimated-categories``).
 
     Your own data plugs in as one of these (no change to ``fedfdp/data``): in
     Python, pass it to :func:`fedfdp.run_centralised`; in a configuration, name
@@ -109,6 +111,7 @@ class FederatedData:
     input_bound: float | None = None
     image_shape: tuple[int, int, int] | None = None
     estimated_ranges: tuple[tuple[str, float, float], ...] = ()
+    estimated_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if (self.spec is None) == (self.image_shape is None):

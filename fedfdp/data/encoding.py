@@ -17,7 +17,10 @@ numeric private            ``[low, high] → [−1, 1]``, clipped          refus
                                                                        ``private-statistics =
                                                                        "estimate"`` a noisy range
                                                                        charged to the ε, clipped
-text private               one-hot over the declared categories        refused
+text private               one-hot over the declared categories        refused, or with
+                                                                       ``estimate`` the categories
+                                                                       of a noisy thresholded
+                                                                       histogram, charged
 label                      index in ``label-classes``                  sorted distinct values (the
                                                                        label is public; refused when
                                                                        it is private, label-free)
@@ -294,7 +297,7 @@ def table_encoding(
 
     private: list[ColumnEncoding] = []
     ranges = {n: (lo, hi) for n, lo, hi in (*cfg.private_ranges, *cfg.estimated_ranges)}
-    cats = dict(cfg.private_categories)
+    cats = dict((*cfg.private_categories, *cfg.estimated_categories))
     missing = [c for c in cfg.private_columns if c not in ranges and c not in cats]
     if missing:
         if frame is None:  # strict

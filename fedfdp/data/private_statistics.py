@@ -7,9 +7,9 @@ extreme values; nothing of that kind may leave a run outside the ledger
 
 * **declared** (``private-ranges``, ``private-categories``; a private label's
   ``label-classes``): a public fact about the schema, no ε; or
-* **estimated** (``private-statistics = "estimate"``, numeric columns): a range
-  released by the mechanism below and charged to the run's ledger before
-  training, one event per column (:func:`estimation_events`);
+* **estimated** (``private-statistics = "estimate"``): a numeric column's range
+  or a text column's categories released by the mechanisms below and charged to
+  the run's ledger before training, one event per column (:func:`estimation_events`);
 * otherwise the run is **refused** (:func:`refuse_undeclared`), naming the columns
   and both ways out.
 
@@ -31,9 +31,9 @@ The range estimate (one numeric column)
 Sensitivity and relation. One record is in at most one bucket. Under the FDP
 paper's add/remove relation (Definition 6: one record added, only its Ψ known)
 the histogram changes by 1 in one bucket: L2 sensitivity 1, so step 2 is the
-Gaussian mechanism of noise multiplier ``σ_e``, charged as
-``SubsampledGaussian(σ_e, sampling_rate=1)`` (its dominating pair ``N(0, σ_e²)``
-vs ``N(1, σ_e²)``; Theorem 5 with ``q = 1``). Under replacement (Definition 5:
+Gaussian mechanism of noise multiplier ``σ_e`` (its dominating pair ``N(0, σ_e²)``
+vs ``N(1, σ_e²)``; Theorem 5 with ``q = 1``), charged as the Gaussian part of the
+one estimate event (below; its ``δ_t`` is then slack). Under replacement (Definition 5:
 one record's private value replaced) two buckets change by 1: sensitivity √2,
 covered by Proposition 1 from the add/remove statement, as for every other
 event. Several columns are several events; the accountant composes them with
@@ -47,12 +47,13 @@ Values outside the released range are clipped to its ends, as with a declared
 range.
 
 The budget. ``σ_e`` is the smallest noise multiplier whose estimates alone (one
-event per estimated column) have ε at most ``estimation-epsilon`` at
-``δ_e = 1/(2N)`` (:func:`estimation_noise_multiplier`, the accountant's own
-calibrator; ``N`` the training records, public). A run's ``target-epsilon`` is
-then met by calibrating training on the accountant's composition of the
-estimates and the rounds (:func:`fedfdp.mechanism.resolve_mechanism`), not by
-subtracting ε's.
+``ThresholdedHistogram(σ_e, δ_t)`` per estimated column, numeric or text: the
+charges depend on the configuration and ``N`` only, not on the columns' types)
+have ε at most ``estimation-epsilon`` at ``δ_e = 1/(2N)``
+(:func:`estimation_noise_multiplier`, the accountant's own calibrator; ``N`` the
+training records, public). A run's ``target-epsilon`` is then met by calibrating
+training on the accountant's composition of the estimates and the rounds
+(:func:`fedfdp.mechanism.resolve_mechanism`), not by subtracting ε's.
 
 The categories estimate (one text column)
 -----------------------------------------
@@ -68,10 +69,8 @@ the dominating pair and the δ argument): the accountant composes its Gaussian p
 and reports ε at ``δ − Σ −ln(1 − δ_t)``, so ``estimation-epsilon`` holds at
 ``δ_e`` with the thresholds' δ included (:func:`estimation_noise_multiplier`).
 
-The run's configuration has no key yet for released categories (a numeric range
-travels as ``estimated-ranges``), so the csv path still refuses a text column under
-``estimate`` (:func:`refuse_undeclared`); the mechanism, its event and its
-accounting are here for when it has one.
+The released categories travel as ``estimated-categories`` (the ranges as
+``estimated-ranges``), written into the run's configuration once.
 """
 
 from __future__ import annotations
@@ -300,43 +299,30 @@ class Estimate:
     event: SubsampledGaussian | ThresholdedHistogram
 
 
-def estimation_events(
-    cfg: DataConfig, num_records: int, text_columns: Sequence[str] = ()
-) -> tuple[Estimate, ...]:
+def estimation_events(cfg: DataConfig, num_records: int) -> tuple[Estimate, ...]:
     """The charges of the estimates of ``cfg`` over ``N = num_records`` training records:
-    per :func:`estimated_columns`, a ``SubsampledGaussian(σ_e, 1)`` (a numeric range) or,
-    for the columns named in ``text_columns`` (their type is the schema's, public), a
-    ``ThresholdedHistogram(σ_e, δ_t)`` (its categories; module docstring). A function
-    of the configuration, ``N`` and the schema only: every engine derives the same."""
+    one ``ThresholdedHistogram(σ_e, δ_t)`` per :func:`estimated_columns`, ``δ_t =``
+    :func:`category_threshold_delta` over all of them. A text column's categories are
+    that mechanism; a numeric column's range is its Gaussian part alone (the charge is
+    then an upper bound by ``δ_t``). One event for both kinds keeps the charges a
+    function of the configuration and ``N`` only, whatever the columns' types: every
+    engine derives the same before or after the data is read."""
     columns = estimated_columns(cfg)
     if not columns:
         return ()
-    stray = sorted(set(text_columns) - set(columns))
-    if stray:
-        raise ValueError(f"text_columns={stray}: not among the estimated columns {list(columns)}")
-    text = [c for c in columns if c in set(text_columns)]
-    sigma = estimation_noise_multiplier(cfg.estimation_epsilon, len(columns), num_records, len(text))
-    out = []
-    for c in columns:
-        if c in text:
-            event = ThresholdedHistogram(sigma, category_threshold_delta(num_records, len(text)))
-            out.append(Estimate(f"categories of {c!r}", event))
-        else:
-            out.append(Estimate(f"range of {c!r}", SubsampledGaussian(sigma, 1.0)))
-    return tuple(out)
+    k = len(columns)
+    sigma = estimation_noise_multiplier(cfg.estimation_epsilon, k, num_records, k)
+    event = ThresholdedHistogram(sigma, category_threshold_delta(num_records, k))
+    return tuple(Estimate(f"encoding of {c!r}", event) for c in columns)
 
 
 def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
     """The one-line refusal of private columns that are neither declared nor estimated."""
-    estimate = cfg.private_statistics is PrivateStatistics.ESTIMATE
-    why = ("they are text, and the run's configuration carries only released numeric ranges" if estimate
-           else "private-statistics='declared'")
     return DataError(
-        f"private-columns: {list(columns)} have no declared encoding ({why}); declare them "
-        "(private-ranges = \"col=low:high\", private-categories = \"col=a|b\")"
-        + ("" if estimate else
-           ", or set private-statistics = \"estimate\" to release noisy ranges charged to the run's ε "
-           "(estimation-epsilon)")
+        f"private-columns: {list(columns)} have no declared encoding (private-statistics="
+        f"{str(cfg.private_statistics)!r}); declare them (private-ranges = \"col=low:high\", "
+        "private-categories = \"col=a|b\"), or set private-statistics = \"estimate\" to release noisy "
+        "ranges and categories charged to the run's ε (estimation-epsilon)"
     )
 
 
@@ -347,8 +333,9 @@ def estimate_private_ranges(
     normals: Normals | None = None,
 ) -> DataConfig:
     """``cfg`` with every private column it neither declares nor has an estimate of
-    released now (``estimated-ranges``); refused (:func:`refuse_undeclared`) under
-    ``private-statistics = "declared"`` or for a text column.
+    released now: a numeric column's range (``estimated-ranges``, :func:`released_range`),
+    a text column's categories (``estimated-categories``, :func:`released_categories`);
+    refused (:func:`refuse_undeclared`) under ``private-statistics = "declared"``.
 
     Parameters
     ----------
@@ -363,7 +350,7 @@ def estimate_private_ranges(
     from fedfdp.data.encoding import check_numeric_cells, is_numeric
 
     declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
-    done = {n for n, _, _ in cfg.estimated_ranges}
+    done = {n for n, _, _ in cfg.estimated_ranges} | {n for n, _ in cfg.estimated_categories}
     todo = [c for c in cfg.private_columns if c not in declared and c not in done]
     if not todo:
         return cfg
@@ -371,13 +358,21 @@ def estimate_private_ranges(
         raise refuse_undeclared(todo, cfg)
     for col in todo:
         check_numeric_cells(frame[col], col)
-    text = [c for c in todo if not is_numeric(frame[c])]
-    if text:
-        raise refuse_undeclared(text, cfg)
     num_records = int(np.count_nonzero(train))
-    sigma = estimation_events(cfg, num_records)[0].event.noise_multiplier
-    released = list(cfg.estimated_ranges)
+    event = estimation_events(cfg, num_records)[0].event
+    sigma = event.noise_multiplier
+    ranges, categories = list(cfg.estimated_ranges), list(cfg.estimated_categories)
     for col in todo:
+        if not is_numeric(frame[col]):
+            found_categories = released_categories(frame[col][train], event, normals)
+            if not found_categories:
+                raise DataError(
+                    f"private-statistics='estimate': column {col!r}: no category's noisy count clears the "
+                    f"threshold {event.threshold():.3g} (noise multiplier {sigma:.3g}: too few records for "
+                    f"estimation-epsilon={cfg.estimation_epsilon}); declare them in private-categories"
+                )
+            categories.append((col, found_categories))
+            continue
         values = pd.to_numeric(frame[col], errors="coerce").astype("float64").to_numpy()[train]
         found = released_range(values, sigma, normals)
         if found is None:
@@ -386,5 +381,5 @@ def estimate_private_ranges(
                 f"the threshold {threshold(sigma):.3g} (noise multiplier {sigma:.3g}: too few records for "
                 f"estimation-epsilon={cfg.estimation_epsilon}); declare its range in private-ranges"
             )
-        released.append((col, *found))
-    return replace(cfg, estimated_ranges=tuple(released))
+        ranges.append((col, *found))
+    return replace(cfg, estimated_ranges=tuple(ranges), estimated_categories=tuple(categories))

@@ -174,12 +174,14 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
         public_loss="zero",
         public_statistics=enc.public_statistics,
     )
-    if cfg.estimated_ranges and data.num_records != int(np.count_nonzero(~test)):  # pragma: no cover
+    estimated = cfg.estimated_ranges or cfg.estimated_categories
+    if estimated and data.num_records != int(np.count_nonzero(~test)):  # pragma: no cover
         # the estimates' noise was calibrated on N = the training rows; the ledger's charge uses
         # the devices' sizes: they must be the same N
         raise RuntimeError(f"{where}: {data.num_records} training records in the devices, "
                            f"{int(np.count_nonzero(~test))} in the estimate")
-    return dataclasses.replace(data, estimated_ranges=cfg.estimated_ranges)
+    return dataclasses.replace(data, estimated_ranges=cfg.estimated_ranges,
+                               estimated_categories=cfg.estimated_categories)
 
 
 def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData, np.ndarray, np.ndarray]:
