@@ -908,3 +908,28 @@ def test_thresholded_histograms_compose_with_subsampled_rounds_at_delta_minus_th
     assert ref - 1e-3 <= b.upper <= ref + EPS_ERROR + 5e-3
     assert b.upper > plain.epsilon(delta)
     assert b.lower <= dp_ref_eps([(4.0, 1.0, 2), (1.0, 0.05, 100)], delta) + 1e-3
+
+
+@pytest.mark.parametrize("ball", [0.05, 0.3, 0.6])
+def test_attack_bound_with_a_thresholded_histogram_moves_up_by_the_thresholds_delta(ball):
+    """Theorem 4's bound for one thresholded histogram (sigma 2, delta_t 1e-3; q = 1) is
+    1 - (G_mu(Ball) - (-ln(1 - delta_t))) with mu = 1/sigma, the Gaussian trade-off from
+    scipy directly: the thresholds lower every hockey-stick line of f by their delta."""
+    from scipy.stats import norm
+
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.accounting.tradeoff import attribute_inference_bound
+
+    acc = FDPAccountant()
+    acc.compose(ThresholdedHistogram(2.0, 1e-3))
+    reference = 1.0 - max(0.0, norm.cdf(norm.ppf(1.0 - ball) - 0.5) + np.log1p(-1e-3))
+    assert attribute_inference_bound(acc, ball) == pytest.approx(min(1.0, reference), abs=1e-9)
+    # with subsampled rounds too (numerical curve): exactly the thresholds' delta above the
+    # same ledger with the histogram's Gaussian part alone, never below it
+    with_t, plain = FDPAccountant(), FDPAccountant()
+    with_t.compose(ThresholdedHistogram(2.0, 1e-3))
+    plain.compose(SubsampledGaussian(2.0, 1.0))
+    for a in (with_t, plain):
+        a.compose(SubsampledGaussian(1.0, 0.1), 50)
+    gap = attribute_inference_bound(with_t, ball) - attribute_inference_bound(plain, ball)
+    assert gap == pytest.approx(-np.log1p(-1e-3), abs=1e-9)

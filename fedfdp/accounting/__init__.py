@@ -100,6 +100,7 @@ from fedfdp.accounting.events import (
     PrivacyEvent,
     Relation,
     SubsampledGaussian,
+    ThresholdedHistogram,
     event_from_dict,
 )
 from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, calibrate
@@ -126,6 +127,7 @@ __all__ = [
     "Relation",
     "Repeated",
     "SubsampledGaussian",
+    "ThresholdedHistogram",
     "attribute_inference_bound",
     "calibrate",
     "calibrate_noise_multiplier",

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from fedfdp.accounting.accountant import FDPAccountant, as_events, check_eps_error, check_real
+from fedfdp.accounting.accountant import (
+    FDPAccountant,
+    as_events,
+    check_eps_error,
+    check_real,
+    threshold_delta_cost,
+)
 from fedfdp.accounting.composition import DELTA_ERROR_FLOOR, DISC_SHARE, compose_bounds
 
 __all__ = ["attribute_inference_bound", "plot_tradeoff", "save_tradeoff_csv", "tradeoff_curve"]
@@ -100,10 +106,14 @@ def tradeoff_curve(
     if not events:
         return a, 1.0 - a
     prof = compose_bounds(events, DISC_SHARE * eps_error, delta_error, 2**24).upper
+    # Thresholded histograms: their Gaussian parts are in ``prof``; the thresholds add at
+    # most ``cost`` to the hockey-stick curve at every eps (accountant module docstring),
+    # so every line 1 - delta(eps) - e^eps alpha, and with them f, moves down by ``cost``.
+    cost = threshold_delta_cost(events)
     if prof.gaussian_mu is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             beta = special.ndtr(special.ndtri(1.0 - a) - prof.gaussian_mu)
-        beta = np.nan_to_num(beta, nan=0.0)
+        beta = np.nan_to_num(beta, nan=0.0) - cost
         return a, np.clip(beta, 0.0, 1.0 - a)
     if prof.curves:
         t_lo = min(c.t_first for c in prof.curves) + prof.eps_disc
@@ -118,7 +128,7 @@ def tradeoff_curve(
     for s in range(0, len(a), 256):
         lines = 1.0 - dup[None, :] - np.exp(eps)[None, :] * a[s : s + 256, None]
         beta[s : s + 256] = np.max(lines, axis=1, initial=0.0)
-    return a, np.clip(beta, 0.0, 1.0 - a)
+    return a, np.clip(beta - cost, 0.0, 1.0 - a)
 
 
 def attribute_inference_bound(ledger_or_accountant: Any, ball: float, **kwargs: Any) -> float:

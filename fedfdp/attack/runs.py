@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.accounting import FDPAccountant, SubsampledGaussian
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian, ThresholdedHistogram
 from fedfdp.attack.inference import (
     AttributeGrid,
     attribute_attack,
@@ -192,8 +192,9 @@ def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FD
     if ledger is not None:  # every charge ever written
         acc = FDPAccountant()
         for event in ledger.events():
-            if not isinstance(event, SubsampledGaussian):
-                raise ValueError(f"{run_dir}: the attack re-accounts subsampled Gaussian runs only")
+            if not isinstance(event, SubsampledGaussian | ThresholdedHistogram):
+                raise ValueError(f"{run_dir}: the attack re-accounts subsampled Gaussian runs (with their "
+                                 "released statistics) only")
             acc.compose(event)
         return acc
     plan = mechanism_for(cfg, load_dataset(cfg.data))  # the mechanism the run's server resolved
