@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -479,6 +480,37 @@ def _simulation_failed(exc: SimulationError) -> int:
     return 1
 
 
+def _epsilon_text(last: Any) -> str:
+    """The final ε of a ``metrics.csv`` row in the column its accounting wrote (``epsilon``,
+    or ``epsilon_corrdp`` with the relation spelled out in ``relation_text``)."""
+    delta = f"delta={last['delta']:.3g}, upper bound"
+    corrdp = last.get("epsilon_corrdp", float("nan"))
+    if isinstance(corrdp, float | int) and not math.isnan(corrdp):
+        text = last.get("relation_text", "")
+        relation = text if isinstance(text, str) and text else str(last["relation"])
+        return f"epsilon_corrdp={corrdp:.4g} ({relation}; {delta})"
+    return f"epsilon={last['epsilon']:.4g} ({last['relation']}, {delta})"
+
+
+def _budget_split_line(out: Path) -> str:
+    """What the statistics released before training cost, from ``config.toml``'s
+    ``[resolved]`` (``estimates-epsilon`` alone, ``planned-epsilon`` with every planned
+    round); empty when the run released none."""
+    from fedfdp.config import load_toml_file
+    from fedfdp.outputs import CONFIG_FILE
+
+    try:
+        resolved = load_toml_file(out / CONFIG_FILE).get("resolved", {})
+    except ConfigError:
+        return ""
+    alone = resolved.get("estimates-epsilon")
+    if alone is None:
+        return ""
+    planned = resolved.get("planned-epsilon")
+    total = f" (planned total {float(planned):.4g})" if planned is not None else ""
+    return f"of which released statistics: epsilon={float(alone):.4g} alone{total}"
+
+
 def _summarise(out: Path, cfg: Config) -> int:
     import pandas as pd
 
@@ -490,10 +522,10 @@ def _summarise(out: Path, cfg: Config) -> int:
     last = frame.iloc[-1]
     done = frame["accuracy"].dropna()
     acc = done.iloc[-1] if len(done) else float("nan")
-    print(
-        f"rounds={int(last['round'])} accuracy={acc:.4f} "
-        f"epsilon={last['epsilon']:.4g} ({last['relation']}, delta={last['delta']:.3g}, upper bound)"
-    )
+    print(f"rounds={int(last['round'])} accuracy={acc:.4f} {_epsilon_text(last)}")
+    split = _budget_split_line(out)
+    if split:
+        print(split)
     if cfg.privacy.reproducible_noise:  # every output says so (stderr said it at the start)
         print(f"warning: {REPRODUCIBLE_WARNING}")
     if "auc" in frame and frame["auc"].isna().all():

@@ -78,3 +78,35 @@ def test_keys_lists_every_key_from_the_configuration_table(capsys):
     assert "progress" not in {r["key"] for r in json.loads(capsys.readouterr().out)}
     done = subprocess.run([*CLI, "run", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "fedfdp keys" in done.stdout
+
+
+def test_a_corrdp_run_prints_its_corrdp_epsilon_and_the_released_tvs_share(tmp_path):
+    """``fedfdp run`` on a CorrDP run with estimated TVs: the summary prints the ε of the
+    ``epsilon_corrdp`` column (the ``epsilon`` column is empty: never ``epsilon=nan``) with
+    the relation of ``relation_text``, and the next line the budget split of config.toml's
+    ``[resolved]`` (the released TVs alone, the planned total)."""
+    import math
+    import tomllib
+
+    import pandas as pd
+
+    out = tmp_path / "run"
+    keys = {"mode": "corrdp", "dataset": "correlated", "num-sensitive": "1", "num-insensitive": "2",
+            "num-devices": "4", "records-per-device": "100", "insensitive-tv": "", "tv-estimate": "true",
+            "tv-bins": "*=0", "tv-min-prob": "0.45", "noise-multiplier": "2.0", "num-rounds": "2",
+            "clipping-norm": "0.5", "progress": "false"}
+    argv = [*CLI, "run", "--centralised", "--out", str(out),
+            *[a for k, v in keys.items() for a in ("--set", f"{k}={v}")]]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "nan" not in lines[0] and " epsilon=" not in lines[0]
+    printed = float(lines[0].split("epsilon_corrdp=")[1].split()[0])
+    last = pd.read_csv(out / "metrics.csv").iloc[-1]
+    assert math.isnan(last["epsilon"]) and printed == float(f"{last['epsilon_corrdp']:.4g}") > 0
+    assert f"({last['relation_text']}; delta=" in lines[0]
+    resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
+    alone, planned = resolved["estimates-epsilon"], resolved["planned-epsilon"]
+    assert 0 < alone < planned
+    assert lines[1] == (f"of which released statistics: epsilon={alone:.4g} alone "
+                        f"(planned total {planned:.4g})")
