@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedfdp.config import Config, ConfigError, load_config, parse_override, read_toml
+from fedfdp.config import Aggregation, Config, ConfigError, load_config, parse_override, read_toml
 from fedfdp.entropy import REPRODUCIBLE_WARNING
 
 if TYPE_CHECKING:
@@ -438,17 +438,45 @@ def _process_table() -> dict[int, tuple[int, int]]:
     return table
 
 
+def supernodes_for(cfg: Config, requested: int | None = None) -> int:
+    """The count of virtual SuperNodes of ``cfg``'s simulated run: ``requested``
+    (``--supernodes``), or :func:`default_supernodes`; under ``aggregation = "secagg"``
+    the default is raised to ``secagg-min-survivors`` (each SuperNode is one SecAgg+
+    party, and a round with fewer than ``n_min`` parties cannot unmask).
+
+    Raises
+    ------
+    ConfigError
+        ``requested`` outside ``1..num-devices``, or fewer SuperNodes than
+        ``secagg-min-survivors`` under secure aggregation (one line, naming the value).
+    """
+    devices = cfg.data.num_devices
+    if requested is not None and not 1 <= requested <= devices:
+        raise ConfigError(f"--supernodes={requested}: must be in 1..num-devices={devices}")
+    count = default_supernodes(devices) if requested is None else int(requested)
+    n_min = cfg.privacy.secagg_min_survivors
+    if cfg.privacy.aggregation is not Aggregation.SECAGG or n_min is None:
+        return count
+    if requested is None:
+        count = max(count, min(n_min, devices))
+    if count < n_min:
+        given = f"--supernodes={requested}" if requested is not None else f"num-devices={devices}"
+        raise ConfigError(
+            f"secagg-min-survivors={n_min}: only {count} SuperNodes ({given}), so no round could unmask; "
+            f"aggregation='secagg' needs at least {n_min} SuperNodes (one per party, at most one per device)"
+        )
+    return count
+
+
 def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | None = None) -> None:
     """Run ``cfg`` on Flower's Simulation Runtime (Ray backend) through Flower's
     supported path: ``flwr run`` against a SuperLink in simulation mode, started
     for this run and always stopped (:class:`LocalSimulation`). The run uses
-    ``supernodes`` virtual SuperNodes (default :func:`default_supernodes`), each
+    ``supernodes`` virtual SuperNodes (default and checks: :func:`supernodes_for`), each
     serving its partition of the devices; the sampling plan and the accounting
     are the same as with one SuperNode per device (tests/test_many_devices.py).
     Raises :class:`SimulationError` if the run did not complete."""
-    count = default_supernodes(cfg.data.num_devices) if supernodes is None else int(supernodes)
-    if not 1 <= count <= cfg.data.num_devices:
-        raise ConfigError(f"--supernodes={supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
+    count = supernodes_for(cfg, supernodes)
     quiet_flower(verbose)
     with LocalSimulation(verbose=verbose) as sim:
         app = stage_simulation_app(sim.root / "app", cfg)
@@ -676,8 +704,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
     data = load_dataset(cfg.data)  # fail on bad data before any work
     cfg = resolve_devices(cfg, data)  # num-devices = 0: one device per unit of device-column
-    if args.supernodes is not None and not 1 <= args.supernodes <= cfg.data.num_devices:
-        raise ConfigError(f"--supernodes={args.supernodes}: must be in 1..num-devices={cfg.data.num_devices}")
+    if args.centralised:  # --supernodes is only range-checked (no SuperNodes here)
+        if args.supernodes is not None and not 1 <= args.supernodes <= cfg.data.num_devices:
+            raise ConfigError(f"--supernodes={args.supernodes}: must be in "
+                              f"1..num-devices={cfg.data.num_devices}")
+        supernodes = args.supernodes
+    else:  # secagg: the default raised to n_min, fewer refused before the run directory exists
+        supernodes = supernodes_for(cfg, args.supernodes)
     found = _check_run_dir(cfg, data)  # and on an unreachable target ε, an occupied or mismatched out-dir
     _check_model_and_data(cfg, data)  # a user's model or data that cannot train, on either path
     out = prepare_output_dir(cfg.run.out_dir, "--out")
@@ -692,7 +725,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if found is not None:
             print(_resuming_line(cfg.run.out_dir, found, cfg.run.checkpoint_every), file=sys.stderr)
         try:
-            run_simulation_for(cfg, verbose=args.verbose, supernodes=args.supernodes)
+            run_simulation_for(cfg, verbose=args.verbose, supernodes=supernodes)
         except SimulationError as exc:
             return _simulation_failed(exc)
     return _summarise(out, cfg)

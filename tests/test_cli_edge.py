@@ -110,3 +110,31 @@ def test_a_corrdp_run_prints_its_corrdp_epsilon_and_the_released_tvs_share(tmp_p
     assert 0 < alone < planned
     assert lines[1] == (f"of which released statistics: epsilon={alone:.4g} alone "
                         f"(planned total {planned:.4g})")
+
+
+def test_secagg_supernodes_default_to_n_min_and_fewer_are_refused_before_the_run_dir(tmp_path, monkeypatch):
+    """Under aggregation = "secagg" each SuperNode is one party: the default count (one per
+    core above 8 devices) is raised to secagg-min-survivors, and ``--supernodes`` below it is
+    refused by the real CLI in one line, status 2, before the output directory exists."""
+    import simulations.run as run
+    from fedfdp.config import load_config
+
+    secagg = {"num-devices": 12, "records-per-device": 20, "aggregation": "secagg", "secagg-min-survivors": 5}
+    monkeypatch.setattr(run.os, "cpu_count", lambda: 2)
+    assert run.default_supernodes(12) == 2  # the default below n_min that Flower's ServerApp refused
+    assert run.supernodes_for(load_config(secagg)) == 5
+    assert run.supernodes_for(load_config({**secagg, "secagg-min-survivors": 3}), 7) == 7
+    assert run.supernodes_for(load_config({"num-devices": 12})) == 2  # plain aggregation: unchanged
+
+    out = tmp_path / "run"
+    sets = [a for k, v in secagg.items() for a in ("--set", f"{k}={v}")]
+    done = subprocess.run([*CLI, "run", "--out", str(out), "--supernodes", "4", *sets],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: secagg-min-survivors=5: only 4 SuperNodes "
+                                                   "(--supernodes=4)"), lines
+    assert not out.exists() and done.stdout == ""
+    few = subprocess.run([*CLI, "run", "--out", str(out), *sets, "--set", "num-devices=4"],
+                         capture_output=True, text=True, timeout=300)
+    assert few.returncode == 2 and "only 4 SuperNodes (num-devices=4)" in few.stderr and not out.exists()
