@@ -464,7 +464,7 @@ def resolve_mechanism(
         except ValueError as exc:
             spent = (f" (the estimates of private-statistics='estimate' alone: estimation-epsilon="
                      f"{cfg.data.estimation_epsilon} at δ = 1/(2N))" if estimates else "")
-            raise ConfigError(f"target-epsilon={target}: {exc}{spent}") from None
+            raise ConfigError(f"{_naming_target(target, exc)}{spent}") from None
     clipping = Clipping(p.clipping_norm)
     sigma = accounted
     if adaptive:
@@ -487,6 +487,13 @@ def resolve_mechanism(
     )
 
 
+def _naming_target(target: float, exc: ValueError) -> str:
+    """A calibration failure naming ``target-epsilon`` once (the calibration's own
+    message may already start with it)."""
+    text = str(exc)
+    return text if text.startswith("target-epsilon=") else f"target-epsilon={target}: {text}"
+
+
 def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., ResolvedMechanism],
                     sub: Subsampling, delta: float, rounds: int) -> ResolvedMechanism:
     """``aggregation = "secagg"``: σ (given, or the central calibration at the target), a fixed
@@ -507,7 +514,7 @@ def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., Resolv
             sigma = calibrate(_fdp_accountant, lambda s: _gaussian_family(s, sub.rate, 1.0),
                               target_epsilon=target, rounds=rounds, delta=delta)
         except ValueError as exc:
-            raise ConfigError(f"target-epsilon={target}: {exc}") from None
+            raise ConfigError(_naming_target(target, exc)) from None
 
     def plan_event(sig: float) -> tuple[SecAggPlan, PrivacyEvent]:
         try:

@@ -105,6 +105,19 @@ def test_a_run_is_refused_before_any_work(tmp_path, capsys, extra, needles):
     assert not out.exists()  # nothing created, nothing lost
 
 
+@pytest.mark.parametrize("aggregation", [{}, {"aggregation": '"secagg"', "secagg-min-survivors": 3}],
+                         ids=["plain", "secagg"])
+def test_an_unreachable_target_names_the_key_once(tmp_path, capsys, aggregation):
+    """The calibration's refusal names ``target-epsilon`` once (not ``target-epsilon=2.0:
+    target-epsilon=2: ...``), on the central and the secure-aggregation calibration."""
+    out = tmp_path / "run"
+    line = refused(capsys, ["run", "--centralised", "--out", str(out),
+                            *sets({**TINY, "delta": 1e-300, "target-epsilon": 2.0, **aggregation})],
+                   "target-epsilon=2", "unreachable", "delta=1e-300")
+    assert line.count("target-epsilon") == 1, line
+    assert not out.exists()
+
+
 def test_a_toml_file_with_top_level_keys_and_a_flower_table_is_refused(tmp_path, capsys):
     path = tmp_path / "exp.toml"
     path.write_text('mode = "public"\n\n[tool.flwr.app.config]\nnum-rounds = 3\n')
