@@ -215,8 +215,9 @@ class NodeRuntime:
     def build(cls, cfg: Config, records: NodeRecords, parts: ClientParts | None = None) -> NodeRuntime:
         """Build the model, the feature map and the parts for ``records``."""
         parts = parts if parts is not None else client_parts_for(cfg, records.data)
-        return cls(cfg, records, build_model_for(cfg, records.data), build_decomposition(cfg, records.data),
-                   parts)
+        model = build_model_for(cfg, records.data)
+        check_node_inputs(model, records.devices, records.data.num_classes)  # once per runtime
+        return cls(cfg, records, model, build_decomposition(cfg, records.data), parts)
 
     def train(
         self, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]
@@ -230,6 +231,81 @@ class NodeRuntime:
         total = client_update(self.model, self.feature_map, self.records.devices, order,
                               public_seed=self.cfg.training.seed, parts=self.parts)
         return contribution_arrays(self.model, total)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+@torch.no_grad()
+def check_node_inputs(
+    model: nn.Module, devices: Mapping[int, DeviceData], num_classes: int | None = None
+) -> None:
+    """Refuse a model that does not accept this node's records: the node-side part of
+    :func:`fedfdp.evaluation.check_run_inputs` (a node holds only its own devices).
+
+    The model is run once, in ``eval`` mode without gradients (its state unchanged), on
+    two records of the first non-empty device; it must accept them and, when
+    ``num_classes`` is given, return one output per class.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the records' input width (and the model's first layer's width
+        when it is a ``Linear``).
+    """
+    sample = next((dev.x[:2] for dev in devices.values() if len(dev.y)), None)
+    if sample is None:
+        return
+    x = torch.as_tensor(sample)
+    shape = tuple(x.shape[1:])
+    width = f"{shape[0]} input features each" if len(shape) == 1 else f"records of shape {shape}"
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    expects = (f"; its first Linear layer takes in_features={first.in_features}"
+               if first is not None and not isinstance(first, nn.LazyLinear) else "")
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        raise ConfigError(f"model {type(model).__name__}: does not accept this node's records "
+                          f"({width}{expects}): {type(exc).__name__}: {_first_line(exc)}") from exc
+    finally:
+        model.train(was_training)
+    if num_classes is not None and (not isinstance(out, torch.Tensor) or out.ndim != 2
+                                    or out.shape[1] != num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model {type(model).__name__}: returns {got} for {len(x)} records ({width}), but "
+                          f"the data has {num_classes} classes")
+
+
+def _input_key(model: nn.Module, devices: Mapping[int, DeviceData]) -> Hashable:
+    """What :func:`check_node_inputs` depends on: the model's class and parameter shapes,
+    and the shape and dtype of the node's records."""
+    sample = next((dev.x[:1] for dev in devices.values() if len(dev.y)), None)
+    shapes = tuple((name, tuple(t.shape)) for name, t in model.state_dict().items())
+    records = (tuple(sample.shape[1:]), str(sample.dtype)) if sample is not None else None
+    return type(model).__module__, type(model).__qualname__, shapes, records
+
+
+#: Input checks a process has passed (:func:`fdp_train`): a ClientApp that builds its
+#: model afresh each round checks it in its first round only.
+_checked_inputs: OrderedDict[Hashable, None] = OrderedDict()
+_checked_lock = threading.Lock()
+
+
+def _check_once(model: nn.Module, devices: Mapping[int, DeviceData]) -> None:
+    key = _input_key(model, devices)
+    with _checked_lock:
+        if key in _checked_inputs:
+            _checked_inputs.move_to_end(key)
+            return
+    check_node_inputs(model, devices)
+    with _checked_lock:
+        _checked_inputs[key] = None
+        while len(_checked_inputs) > RUNTIME_CACHE_SIZE:
+            _checked_inputs.popitem(last=False)
 
 
 #: Node runtimes (and parsed run configurations) a process keeps: a Ray actor may
@@ -350,9 +426,14 @@ def fdp_train(
     (:func:`fedfdp.client_update`), and replies with both sums and the public
     count — never the private batch size. ``public_seed`` must be the seed the
     server uses for public randomness (the run config's ``seed``).
+
+    The first call of a process (per model architecture and record shape) checks that
+    ``model`` accepts the records (:func:`check_node_inputs`): a model of the wrong input
+    width is refused in one line naming the width (:class:`fedfdp.ConfigError`).
     """
     torch.set_num_threads(1)
     order = P.TrainInstruction.from_config(msg.content.config_records[P.CONFIG])
+    _check_once(model, devices)  # the model's input width against the records: first round only
     model.load_state_dict(msg.content.array_records[P.ARRAYS].to_torch_state_dict())
     total = client_update(model, feature_map, devices, order, public_seed=public_seed, parts=parts)
     return reply_message(msg, *contribution_arrays(model, total))

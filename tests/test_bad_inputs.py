@@ -364,3 +364,58 @@ def test_kill_9_without_checkpoints_then_resume_says_it_restarts(tmp_path):
     assert said and "after round 0" in said[0]  # the restart is announced
     assert "Traceback" not in done.stderr
     assert len(read_ledger(out).charges) >= charges  # the ledger never shrinks
+
+
+# ------------------------------------------------ a user's own ClientApp (clients.fdp_train)
+
+
+def test_fdp_train_refuses_a_model_of_the_wrong_width_once_per_architecture(tmp_path):
+    """A user's own ClientApp (:func:`clients.fdp_train`, the examples/fdp-app path) with a
+    model whose first layer is 7 features too wide: one line naming the records' width and
+    the layer's; a model of the right width is checked in its first round only (a fresh
+    model of the same architecture, as the example builds each round, is not run again in
+    eval mode: the check's forward pass is the only one in eval mode)."""
+    from clients import fdp_train
+    from fedfdp.losses import build_decomposition
+    from fedfdp.models import build_model_for
+    from tests.flower_helpers import registered_strategy, train_messages
+
+    cfg = load_config({**TINY, "noise-multiplier": 1.0, "out-dir": str(tmp_path / "unused")})
+    data = load_dataset(cfg.data)
+    features = data.devices[0].x.shape[1]
+    strat = registered_strategy(cfg, data)
+    msg = next(m for m in train_messages(strat, 1) if m.metadata.dst_node_id == 0)
+    devices = {0: data.devices[0]}
+    feature_map = build_decomposition(cfg, data)
+
+    class Wide(nn.Module):  # an architecture of its own: the check's cache never saw it
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(features + 7, data.num_classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    for _ in range(2):  # refused every time (a failed check is not cached)
+        with pytest.raises(ConfigError) as caught:
+            fdp_train(msg, Wide(), feature_map, devices, public_seed=cfg.training.seed)
+        line = str(caught.value)
+        assert "\n" not in line
+        assert f"({features} input features each; its first Linear layer takes in_features={features + 7})" \
+            in line, line
+
+    evals: list[int] = []
+
+    def seen(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if not module.training:
+            evals.append(len(args[0]))
+
+    def right() -> nn.Module:
+        model = build_model_for(cfg, data)
+        model.register_forward_hook(seen)
+        return model
+
+    fdp_train(msg, right(), feature_map, devices, public_seed=cfg.training.seed)
+    first = list(evals)
+    fdp_train(msg, right(), feature_map, devices, public_seed=cfg.training.seed)
+    assert first == [2] and evals == [2], evals  # the check ran once, on 2 records
