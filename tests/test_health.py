@@ -68,3 +68,34 @@ def test_an_expected_private_batch_below_one_is_refused_before_any_work():
     cfg = load_config({**BASE, "noise-multiplier": 1.0, "sampling-rate": 1e-12})
     with pytest.raises(ConfigError, match=r"sampling-rate=1e-12: the expected private batch is .* records"):
         run_centralised(cfg)
+
+
+@pytest.mark.parametrize(
+    ("values", "verdict"),
+    [
+        ([1.0, -2.0], None),
+        ([1e15, -1e15], None),  # the limit itself is healthy
+        ([0.0, 1.0001e15], "diverged"),
+        ([-3e20, 1.0], "diverged"),
+        ([1.0, math.nan], "is not finite"),
+        ([5e30, math.nan], "is not finite"),  # NaN beside a diverged value: NaN is named
+        ([math.inf, 1.0], "is not finite"),
+        ([-math.inf, math.nan], "is not finite"),
+        ([], None),
+    ],
+)
+def test_finite_or_raise_tells_nan_and_inf_from_divergence(values, verdict):
+    """Each tensor is judged by its largest magnitude: NaN or ±inf is "not finite", a finite
+    magnitude above DIVERGENCE_LIMIT = 1e15 "diverged", anything else passes (references by
+    hand, in float64 and float32)."""
+    from fedfdp.health import finite_or_raise
+
+    for dtype in (torch.float64, torch.float32):
+        tensors = [torch.zeros(3, dtype=dtype), torch.tensor(values, dtype=dtype)]
+        if dtype is torch.float32 and any(abs(v) > 3.4e38 for v in values if math.isfinite(v)):
+            continue
+        if verdict is None:
+            finite_or_raise(7, "the model", tensors, "learning-rate")
+            continue
+        with pytest.raises(RunDiverged, match=rf"^round 7: the model {verdict}.*likely learning-rate$"):
+            finite_or_raise(7, "the model", tensors, "learning-rate")
