@@ -25,7 +25,9 @@ aggregation in ``fedfdp run`` on Flower's simulation engine (``--parties`` Super
 default 10, on the default fleet): each aggregation is run for ``--rounds`` rounds and
 for 1 + ``--rounds`` rounds; the difference of the two wall times is ``--rounds``
 rounds without the start-up (SuperLink, Ray, data), so the overhead per round is
-``(Δ_secagg − Δ_plain) / rounds``.
+``(Δ_secagg − Δ_plain) / rounds``. ``--devices`` / ``--records-per-device`` set the fleet
+(100 parties need at least 100 devices: ``--parties 100 --devices 100 --records-per-device
+40``, ``k = 15`` neighbours by default).
 
 ``--accuracy``: held-out accuracy of ``fdp`` at ε = 2 (the default target) with a
 trusted server (adaptive clipping, the default recipe; and a fixed C) and with secure
@@ -132,17 +134,25 @@ def _fedfdp_run(out: str, sets: list[str], parties: int) -> float:
     return elapsed
 
 
-def simulation_overhead(parties: int, rounds: int) -> dict[str, Any]:
-    """Per-round wall time of plain and secagg rounds in ``fedfdp run`` (module docstring)."""
+def simulation_overhead(parties: int, rounds: int, devices: int | None = None,
+                        records_per_device: int | None = None) -> dict[str, Any]:
+    """Per-round wall time of plain and secagg rounds in ``fedfdp run`` (module docstring).
+
+    ``devices`` / ``records_per_device``: ``num-devices`` / ``records-per-device`` (default:
+    the fleet's, 20 devices; more parties than devices need more devices, e.g. 100 devices of
+    40 records for 100 parties)."""
     import tempfile
 
+    fleet = [f"num-devices={devices}"] if devices is not None else []
+    fleet += [f"records-per-device={records_per_device}"] if records_per_device is not None else []
     secagg = ["aggregation=secagg", f"secagg-min-survivors={parties}"]
-    out: dict[str, Any] = {"parties": parties, "rounds": rounds}
+    out: dict[str, Any] = {"parties": parties, "rounds": rounds, "devices": devices,
+                           "records_per_device": records_per_device}
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in (("plain", ["clipping-quantile=0"]), ("secagg", secagg)):
             times = []
             for r in (1, 1 + rounds):
-                times.append(_fedfdp_run(f"{tmp}/{name}-{r}", [f"num-rounds={r}", *extra], parties))
+                times.append(_fedfdp_run(f"{tmp}/{name}-{r}", [f"num-rounds={r}", *fleet, *extra], parties))
             out[f"{name}_per_round_s"] = (times[1] - times[0]) / rounds
             out[f"{name}_wall_s"] = times
     out["overhead_per_round_s"] = out["secagg_per_round_s"] - out["plain_per_round_s"]
@@ -194,11 +204,16 @@ def main() -> None:
     parser.add_argument("--parties", type=int, default=10, help="SuperNodes (--simulation, --accuracy)")
     parser.add_argument("--rounds", type=int, default=20, help="extra rounds timed (--simulation)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds (--accuracy)")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="num-devices (--simulation; default the fleet's 20, at least --parties)")
+    parser.add_argument("--records-per-device", type=int, default=None,
+                        help="records-per-device (--simulation; default the fleet's)")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats}: must be >= 1")
     if args.simulation:
-        print(json.dumps(simulation_overhead(args.parties, args.rounds), indent=2))
+        report = simulation_overhead(args.parties, args.rounds, args.devices, args.records_per_device)
+        print(json.dumps(report, indent=2))
         return
     if args.accuracy:
         for row in accuracy(args.parties, args.seeds):
