@@ -273,7 +273,7 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
             )
     mechanism = ledger.mechanism
     relation = mechanism.get("relation")
-    settings = {} if eps_error is None else {"eps_error": eps_error}
+    settings: dict[str, Any] = {} if eps_error is None else {"eps_error": eps_error}
     if relation == Relation.ADD_REMOVE and is_secagg(mechanism):
         def new() -> Any:
             return DistributedAccountant(**settings)
@@ -569,7 +569,8 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
                               "bound by routes A and B, not a trade-off curve)")
     delta = info.pop("delta")
     both = acc.epsilon_bound(delta)
-    charged = [(event_from_dict(item["event"]), item["count"]) for item in acc.state_dict()["ledger"]]
+    charged: list[tuple[Any, int]] = [(event_from_dict(item["event"]), int(item["count"]))
+                                      for item in acc.state_dict()["ledger"]]
     replacement = route_a_epsilon(charged, delta, "replacement", eps_error=acc.eps_error)
     distributed = [e for e, _ in charged if isinstance(e, DistributedDiscreteGaussian)]
     out: dict[str, Any] = {
