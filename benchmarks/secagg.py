@@ -170,7 +170,7 @@ def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
     from strategies.fdp_strategy import FDPStrategy
     from tests.test_secagg_flower import ClientAppGrid
 
-    variants = {
+    variants: dict[str, dict[str, Any]] = {
         "trusted, adaptive C (default)": {},
         "trusted, fixed C": {"clipping-quantile": 0},
         "secagg, n_min = all": {"aggregation": "secagg", "secagg-min-survivors": parties},
@@ -188,10 +188,13 @@ def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
             grid = ClientAppGrid(cfg, partitions=parties)  # as fedfdp run --supernodes parties
             start = time.perf_counter()
             strat.start(grid, ArrayRecord(model.state_dict()))
-            row = strat.rows[-1]
-            rows.append({"variant": name, "seed": seed, "accuracy": row["accuracy"],
-                         "epsilon": row["epsilon"], "rounds": row["round"],
-                         "wall_s": time.perf_counter() - start, "sigma": strat.plan.noise_multiplier})
+            last = strat.rows[-1]
+            plan = strat.plan
+            if plan is None:
+                raise RuntimeError(f"{name}, seed {seed}: the strategy resolved no mechanism")
+            rows.append({"variant": name, "seed": seed, "accuracy": last["accuracy"],
+                         "epsilon": last["epsilon"], "rounds": last["round"],
+                         "wall_s": time.perf_counter() - start, "sigma": plan.noise_multiplier})
     return rows
 
 
@@ -216,8 +219,8 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     if args.accuracy:
-        for row in accuracy(args.parties, args.seeds):
-            print(json.dumps(row))
+        for result in accuracy(args.parties, args.seeds):
+            print(json.dumps(result))
         return
     rng = np.random.default_rng(0)  # public inputs only; every secret comes from the OS CSPRNG
     rows = []
