@@ -140,9 +140,9 @@ def test_secagg_on_tls_with_supernode_auth_and_killed_supernodes(deployment, tmp
     # one charge per completed round, each the planned event (n_h = n_min - t_c = 3)
     resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
     ledger = read_ledger(out)
-    assert [c.round for c in ledger.charges] == [1, 2]
-    events = ledger.events()
-    assert all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    assert ledger is not None and [c.round for c in ledger.charges] == [1, 2]
+    events = [e for e in ledger.events() if isinstance(e, DistributedDiscreteGaussian)]
+    assert len(events) == len(ledger.events())
     assert [e.to_dict() for e in events] == [resolved["event"]] * 2 and events[0].honest_parties == 3
     # the printed ε is the ledger's replay: routes A and B from the events, and fedfdp account
     delta = resolved["delta"]
