@@ -94,6 +94,15 @@ RUN_REFUSALS = [
     ("data-path-a-directory", {"dataset": '"purchase100"', "data-path": '"/"'},
      ["data-path='/'", "is a directory"]),
     ("sampling-rate-1e-12", {"sampling-rate": 1e-12}, ["sampling-rate"]),
+    # a model key set for a model it does not shape (fedfdp.models)
+    ("hidden-size-on-logistic", {"hidden-size": 8},
+     ["hidden-size=8", "model='logistic'", "applies with model in mlp, cnn"]),
+    ("hidden-sizes-on-logistic", {"hidden-sizes": "[8]"},
+     ["hidden-sizes='8'", "model='logistic'", "applies with model in mlp)"]),
+    ("cnn-width-on-mlp", {"model": '"mlp"', "cnn-width": 4},
+     ["cnn-width=4", "model='mlp'", "applies with model in cnn)"]),
+    ("cnn-width-on-an-image-mlp", {"dataset": '"digits"', "model": '"mlp"', "cnn-width": 4},
+     ["cnn-width=4", "model='mlp'"]),
 ]
 
 

@@ -66,7 +66,7 @@ def test_new_keys_round_trip_through_flat_form():
     cfg = load_config(
         {"dataset": "csv", "data-path": "t.csv", "label-column": "y", "public-columns": ["a", "b"],
          "private-columns": "c, d", "private-ranges": {"c": [-1.5, 2]},
-         "private-categories": {"d": ["x", "y"]}, "hidden-sizes": [300]}
+         "private-categories": {"d": ["x", "y"]}, "model": "mlp", "hidden-sizes": [300]}
     )
     assert cfg.data.private_ranges == (("c", -1.5, 2.0),)
     assert cfg.data.private_categories == (("d", ("x", "y")),)

@@ -20,7 +20,7 @@ from tests.flower_helpers import InProcessGrid, registered_strategy, train_messa
 from tests.mechanism_helpers import resolve
 
 BASE = {"num-devices": 40, "records-per-device": 12, "noise-multiplier": 1.0,
-        "sampling-rate": 0.5, "public-batch-size": 30, "progress": False, "hidden-size": 8}
+        "sampling-rate": 0.5, "public-batch-size": 30, "progress": False}
 
 
 def _flags(cfg, rounds):

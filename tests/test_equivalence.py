@@ -123,7 +123,7 @@ def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_pa
         "mode": mode, "num-devices": 5, "records-per-device": 30, "noise-multiplier": 1.2,
         "sampling-rate": 0.3, "public-batch-size": 12, "num-rounds": 4,
         "public-pretrain-rounds": 1 if mode == "fdp-dpsgd" else 0, "seed": 7, "reproducible-noise": True,
-        "progress": False, "hidden-size": 8, **MODES[name],
+        "progress": False, **MODES[name],
     }
     flower_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "flower")})
     strat = registered_strategy(flower_cfg)

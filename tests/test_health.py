@@ -15,7 +15,7 @@ from fedfdp.config import load_config
 from fedfdp.health import RunDiverged
 from fedfdp.ledger import read_ledger
 
-BASE = {"num-devices": 3, "records-per-device": 40, "num-rounds": 4, "progress": False, "hidden-size": 8,
+BASE = {"num-devices": 3, "records-per-device": 40, "num-rounds": 4, "progress": False,
         "clipping-quantile": 0}
 
 

@@ -88,7 +88,9 @@ def test_the_configuration_selects_blur_and_cnn():
     view = build_decomposition(load_config(DIGITS), data).public_inputs(x, None)[0]
     torch.testing.assert_close(view * 255, torch.round(view * 255))
     # linear models read the flattened image
-    logistic = build_model_for(load_config({**DIGITS, "model": "logistic"}), data)
+    cnn_keys = ("cnn-width", "hidden-size")  # they shape only the CNN: refused with logistic
+    linear = {k: v for k, v in DIGITS.items() if k not in cnn_keys}
+    logistic = build_model_for(load_config({**linear, "model": "logistic"}), data)
     assert logistic(x).shape == (6, 10)
     assert server_parts_for(cfg, data).accounting.relation == "add-remove"
 

@@ -26,7 +26,7 @@ from tests.mechanism_helpers import resolve
 from tests.references import dp_ref_eps, gaussian_eps_ref
 
 BASE = {
-    "num-devices": 6, "records-per-device": 80, "num-rounds": 4, "hidden-size": 8,
+    "num-devices": 6, "records-per-device": 80, "num-rounds": 4,
     "clipping-quantile": 0.5, "progress": False, "seed": 4, "reproducible-noise": True,
 }
 

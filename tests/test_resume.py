@@ -35,7 +35,6 @@ BASE = {
     "num-rounds": 6,
     "seed": 5,
     "progress": False,
-    "hidden-size": 8,
     # comparisons with an uninterrupted run need the same secret streams: the explicit opt-in
     "reproducible-noise": True,
 }
@@ -266,7 +265,7 @@ def test_cli_refusal_is_one_line_with_status_2(tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["run", "--centralised", "--out", str(run), *_sets({
         "num-devices": 3, "records-per-device": 40, "num-rounds": 3, "noise-multiplier": 1.0,
-        "progress": "false", "hidden-size": 8, "clipping-quantile": 0})]
+        "progress": "false", "clipping-quantile": 0})]
     assert main(argv) == 0
     (run / LEDGER_FILE).unlink()
     capsys.readouterr()
@@ -301,7 +300,7 @@ def test_kill_9_then_ledger_rollback_then_resume_never_prints_less_than_was_spen
     the ε it prints at the end is at least the ε of every charge ever written."""
     run = tmp_path / "run"
     sets = {"num-devices": 4, "records-per-device": 60, "num-rounds": 60, "checkpoint-every": 10,
-            "progress": "false", "hidden-size": 8, "max-epsilon": 2.0}
+            "progress": "false", "max-epsilon": 2.0}
     argv = [sys.executable, "-m", "simulations.cli", "run", "--centralised", "--out", str(run),
             *_sets(sets)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
