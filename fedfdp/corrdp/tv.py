@@ -272,7 +272,7 @@ class TVConstants:
     --------
     >>> k = TVConstants.of(num_values=2, num_cells=4, min_value_prob=0.4)
     >>> round(k.c2, 3), k.gamma, k.c3
-    (7.212, 0.5, 10.0)
+    (7.183, 0.5, 10.0)
     """
 
     c2: float

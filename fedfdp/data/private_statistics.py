@@ -139,7 +139,7 @@ def range_grid() -> np.ndarray:
     Examples
     --------
     >>> edges = range_grid()
-    >>> len(edges) - 1 == NUM_BUCKETS, edges[0] == -edges[-1], float(edges[-1]) == 2.0 ** 41
+    >>> len(edges) - 1 == NUM_BUCKETS, bool(edges[0] == -edges[-1]), float(edges[-1]) == 2.0 ** 41
     (True, True, True)
     """
     powers = 2.0 ** np.arange(GRID_MIN_EXPONENT, GRID_MAX_EXPONENT + 2, dtype=np.float64)
