@@ -23,6 +23,10 @@ SECAGG = {"aggregation": "secagg", "secagg-min-survivors": 4}
         ({"secagg-min-survivors": None}, "secagg-min-survivors is unset"),
         ({"secagg-min-survivors": 2}, "secagg-min-survivors=2: secure aggregation needs at least 3 parties"),
         ({"secagg-colluders": 4}, "secagg-colluders=4: must be below secagg-min-survivors=4"),
+        # n_min = 4: k = min(4, 2*2+1) lowered to odd = 3, t = 2 (Bell et al.'s default)
+        ({"secagg-colluders": 2}, "secagg-colluders=2: must be below the Shamir threshold t=2"),
+        ({"secagg-min-survivors": 9, "secagg-threshold": 5, "secagg-colluders": 5},
+         "secagg-colluders=5: must be below the Shamir threshold t=5"),
         ({"secagg-threshold": 5}, "secagg-threshold=5: above secagg-min-survivors=4"),
         ({"secagg-neighbours": 7, "secagg-threshold": 3}, "secagg-threshold=3: must be in"),
         ({"secagg-neighbours": 9}, "secagg-neighbours=9: its default threshold 5 is above"),

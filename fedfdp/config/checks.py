@@ -95,6 +95,18 @@ def _check_secagg(p: PrivacyConfig) -> None:
             f"secagg-neighbours={k}: its default threshold {k // 2 + 1} is above "
             f"secagg-min-survivors={n_min}, so the minimum survivors could not meet it"
         )
+    # t_c colluders at or above a neighbourhood's Shamir threshold hand the server both of a
+    # node's secrets (its self-mask seed and its pairwise key): its vector is unmasked alone
+    # and only its own σ_loc protects it, not the n_min − t_c parties the accounting counts.
+    # The smallest threshold any round can use is the one of n_min parties.
+    from fedfdp.secagg.session import default_neighbours, default_threshold
+
+    t_min = t if t is not None else default_threshold(k if k is not None else default_neighbours(n_min))
+    if p.secagg_colluders >= t_min:
+        raise ConfigError(
+            f"secagg-colluders={p.secagg_colluders}: must be below the Shamir threshold t={t_min} "
+            f"(of n_min={n_min} parties); t colluding neighbours hand the server a node's unmasked vector"
+        )
     if p.device_sampling_rate is not None and p.device_sampling_rate < 1:
         raise ConfigError(
             f"device-sampling-rate={p.device_sampling_rate}: with aggregation='secagg' the server draws "
