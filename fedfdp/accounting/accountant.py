@@ -266,7 +266,8 @@ class FDPAccountant:
     (Theorem 3).  :meth:`epsilon` reports the certified upper end of the numerical
     error interval, for add/remove (Definition 6, both orderings of the pair) or
     replacement (Definition 5 via Proposition 1).  See the module docstring for the
-    method and its guarantees.
+    method and its guarantees.  Memory and time are bounded for every input: see
+    :mod:`fedfdp.accounting.composition`.
 
     Parameters
     ----------
@@ -283,8 +284,6 @@ class FDPAccountant:
         composed on a coarser mesh (a wider, still certified interval); when even
         that fails (astronomical epsilon), only the Renyi-DP bound, a valid but
         looser upper bound, is reported.
-
-    Memory and time are bounded for every input: see :mod:`fedfdp.accounting.composition`.
 
     Examples
     --------
