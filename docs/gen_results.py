@@ -125,6 +125,7 @@ def ddpm_body(s: ResultSet) -> str:
     ref = data[data["method"].str.startswith("reference:")].drop_duplicates("method")
     runs = data[~data["method"].str.startswith("reference:")].copy()
     runs["alpha"] = runs["alpha"].fillna(1.0)
+    check_against_summaries(s, runs)
     keys = ["file", "method", "alpha", "target_epsilon"]
     rows = []
     for key, group in runs.groupby(keys, sort=False, dropna=False):
@@ -168,6 +169,30 @@ def ddpm_body(s: ResultSet) -> str:
             )
         )
     return "\n\n".join(parts)
+
+
+def check_against_summaries(s: ResultSet, runs: pd.DataFrame) -> None:
+    """The run's own summaries (``also``, written by the benchmark) agree with the CSVs.
+
+    Each summary row ``| method | ε | σ | seeds | fid | ...`` gives ``mean ± sd`` at three
+    decimals; the same statistic recomputed here from the CSV rows must print identically.
+    """
+    computed = set()
+    for (_, method, alpha, _), group in runs.groupby(
+        ["file", "method", "alpha", "target_epsilon"], dropna=False
+    ):
+        label = method if float(alpha) == 1.0 else f"{method} (α = {float(alpha):g})"
+        fid = group["fid"].astype(float)
+        computed.add((label, f"{fid.mean():.3f} ± {fid.std(ddof=1):.3f}"))
+    for name in s.also:
+        if not name.endswith(".md"):
+            continue
+        for line in (RESULTS / name).read_text(encoding="utf-8").splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) < 5 or cells[0] in ("method", "") or set(cells[0]) <= {"-"}:
+                continue
+            if "±" in cells[4] and (cells[0], cells[4]) not in computed:
+                raise ResultsError(f"{name}: row {cells[0]!r} FD {cells[4]!r} disagrees with the CSV files")
 
 
 def read_jsonl(path: Path) -> tuple[pd.DataFrame, int]:
