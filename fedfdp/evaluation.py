@@ -160,26 +160,27 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     sample = next((np.asarray(dev.x[:2]) for dev in data.devices if len(dev.y)), None)
     if sample is None:
         return
-    x = torch.as_tensor(sample)
+    batch = torch.as_tensor(sample)
     was_training = model.training
     model.eval()
     try:
-        out = model(x)
+        out = model(batch)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ConfigError(f"model: does not accept the data's records (shape {tuple(x.shape[1:])} each): "
+        raise ConfigError(f"model: does not accept the data's records (shape {tuple(batch.shape[1:])} each): "
                           f"{type(exc).__name__}: {first}") from exc
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != classes:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ConfigError(f"model: returns {got} for {len(x)} records, but the data has {classes} classes "
-                          f"(one output per class: shape ({len(x)}, {classes}))")
+        n = len(batch)
+        raise ConfigError(f"model: returns {got} for {n} records, but the data has {classes} classes "
+                          f"(one output per class: shape ({n}, {classes}))")
     if feature_map is None or feature_map.view is None:
         return
     try:
-        feature_map.check(x)
-        view = feature_map.view(x, torch.Generator().manual_seed(0))
+        feature_map.check(batch)
+        view = feature_map.view(batch, torch.Generator().manual_seed(0))
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()[0]) from exc
     except (RuntimeError, TypeError, IndexError) as exc:

@@ -380,12 +380,12 @@ class CorrDPAccountant:
             rounds = _appended(rounds, event, count)
         estimates: list[tuple[SubsampledGaussian, int]] = []
         for i, item in enumerate(state.get("estimates", [])):
-            event = event_from_dict(item.get("event")) if isinstance(item, dict) else None
+            release = event_from_dict(item.get("event")) if isinstance(item, dict) else None
             count = item.get("count") if isinstance(item, dict) else None
-            if not isinstance(event, SubsampledGaussian) or event.sampling_rate != 1.0 or \
+            if not isinstance(release, SubsampledGaussian) or release.sampling_rate != 1.0 or \
                     isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"state estimates[{i}]: not a Gaussian release with a count >= 1")
-            estimates = append_repeated(estimates, event, count)
+            estimates = append_repeated(estimates, release, count)
         self._rounds = rounds
         self._estimates = tuple(estimates)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
 
 from fedfdp.config import DATASETS, Config, DataConfig, DataLocation, Mode
 from fedfdp.data.base import DeviceData, FederatedData
@@ -195,7 +196,7 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     if not (needs_devices or needs_ranges or needs_tvs):
         return cfg
     data = data if data is not None else load_dataset(cfg.data)
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if needs_devices:
         changes["num_devices"] = len(data.devices)
     if data.estimated_ranges != cfg.data.estimated_ranges:
@@ -207,8 +208,8 @@ def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
     if needs_tvs:
         from fedfdp.corrdp.run import corrdp_setup
 
-        released = corrdp_setup(cfg, data).estimates  # drawn once, here, from the OS CSPRNG
-        if released:
-            values = tuple((f, r.noisy) for f, r in released.items())
+        tvs = corrdp_setup(cfg, data).estimates  # drawn once, here, from the OS CSPRNG
+        if tvs:
+            values = tuple((f, r.noisy) for f, r in tvs.items())
             cfg = replace(cfg, privacy=replace(p, estimated_tvs=values))
     return cfg

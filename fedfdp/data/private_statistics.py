@@ -360,6 +360,8 @@ def estimate_private_ranges(
         check_numeric_cells(frame[col], col)
     num_records = int(np.count_nonzero(train))
     event = estimation_events(cfg, num_records)[0].event
+    if not isinstance(event, ThresholdedHistogram):  # every estimate is charged one (estimation_events)
+        raise TypeError(f"estimation event {event!r}: expected a ThresholdedHistogram")
     sigma = event.noise_multiplier
     ranges, categories = list(cfg.estimated_ranges), list(cfg.estimated_categories)
     for col in todo:
