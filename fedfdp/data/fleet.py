@@ -243,6 +243,6 @@ def make_fleet(
         class_names=CLASSES,
         public_statistics=stats,
         # Zero masking: measured +8 accuracy points over Gaussian padding for
-        # fdp at ε = 2 on this fleet (README, Results).
+        # fdp at ε = 2 on this fleet (docs/results_tables.md).
         public_loss="zero",
     )
