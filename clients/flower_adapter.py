@@ -107,13 +107,15 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 # --------------------------------------------------------------------- grids and identities
 def is_simulation_grid(grid: Grid) -> bool:
     """Whether ``grid`` is the Simulation Runtime's in-memory grid (``flwr run``
-    against a ``--simulation`` SuperLink), not a deployment's."""
+    against a ``--simulation`` SuperLink), not a deployment's.
+    """
     return isinstance(grid, InMemoryGrid)
 
 
 def set_task_identity(*, run_id: int, node_id: int, task_id: int) -> None:
     """Stamp the identity Flower gives messages created in this process (a
-    ClientApp task's run, node and task), for messages built outside a task."""
+    ClientApp task's run, node and task), for messages built outside a task.
+    """
     TaskIdentity.run_id = run_id
     TaskIdentity.node_id = node_id
     TaskIdentity.task_id = task_id
@@ -141,7 +143,8 @@ class RuntimeEndpoint:
 
     def client(self, component: str, *, token: str | None = None) -> tuple[Any, Any]:
         """A Runtime API client speaking as ``component`` (with a task ``token``
-        when it acts for one task) and its retry policy: ``(client, retry)``."""
+        when it acts for one task) and its retry policy: ``(client, retry)``.
+        """
         retry = make_simple_http_retry_invoker()
         interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name=component)]
         if token is not None:
@@ -178,7 +181,8 @@ class RuntimePoller:
 class TaskInput:
     """What a ClientApp task brings: the message and context (Flower's public
     types), the FAB's hash, and Flower's run and FAB records (pass them back to
-    :func:`install_fab` and :func:`load_client_app`)."""
+    :func:`install_fab` and :func:`load_client_app`).
+    """
 
     message: Message
     context: Context
@@ -189,7 +193,8 @@ class TaskInput:
 
 class TaskConnection:
     """One ClientApp task on the Runtime API, as ``flwr-clientapp`` handles it:
-    heartbeats while it runs, the input pulled, the reply and the outcome pushed."""
+    heartbeats while it runs, the input pulled, the reply and the outcome pushed.
+    """
 
     def __init__(self, endpoint: RuntimeEndpoint, token: str) -> None:
         self.client, self._retry = endpoint.client("flwr-clientapp", token=token)
@@ -201,7 +206,8 @@ class TaskConnection:
     def pull_input(self, *, initial_backoff: float, backoff_cap: float) -> TaskInput:
         """The task's message, context, run and FAB (Flower's ``pull_task_input``),
         retrying objects the SuperNode has not downloaded yet after
-        ``initial_backoff`` s, doubling up to ``backoff_cap`` s."""
+        ``initial_backoff`` s, doubling up to ``backoff_cap`` s.
+        """
         res = self.client.PullTaskInput(PullTaskInputRequest())
         set_task_identity(run_id=res.run.run_id, node_id=res.context.node_id, task_id=res.task_id)
         context = context_from_proto(res.context)
@@ -241,7 +247,8 @@ class TaskConnection:
 
 def error_reply(message: Message | None, exc: BaseException) -> tuple[Message | None, str]:
     """The error reply ``flwr-clientapp`` sends for a task that raised ``exc``
-    (None without a message to reply to) and the task's failure details."""
+    (None without a message to reply to) and the task's failure details.
+    """
     code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
     reason = f"{type(exc)}:<'{exc}'>"
     if isinstance(exc, LoadClientAppError):
@@ -268,7 +275,8 @@ def shorten_supernode_waits(seconds: float, *, initial_backoff: float, backoff_c
     """Measurement only: make this process's SuperNode loop sleep ``seconds``
     where Flower sleeps its fixed 3 s (nothing pulled) and 0.5 s (reply check),
     and retry a message's objects from ``initial_backoff`` s. Call before
-    :func:`run_flower_supernode`."""
+    :func:`run_flower_supernode`.
+    """
     import functools
     import time
     import types
@@ -283,7 +291,8 @@ def shorten_supernode_waits(seconds: float, *, initial_backoff: float, backoff_c
 
 def shorten_grid_object_pulls(*, initial_backoff: float, backoff_cap: float) -> None:
     """Measurement only: a deployment ServerApp's Grid in this process retries a
-    reply's not-yet-uploaded objects after ``initial_backoff`` s (Flower: 1 s, doubling)."""
+    reply's not-yet-uploaded objects after ``initial_backoff`` s (Flower: 1 s, doubling).
+    """
     import functools
 
     import flwr.superlink.grid.http_grid as http_grid

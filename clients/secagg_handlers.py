@@ -84,7 +84,8 @@ def sa_keys(msg: Message, context: Context) -> Message:
 
 def flat_private(model: torch.nn.Module, private: dict[str, torch.Tensor] | None) -> np.ndarray:
     """The private sum as one float64 vector in the model's parameter order (zeros when
-    the node has none this round: its noise share is still added)."""
+    the node has none this round: its noise share is still added).
+    """
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if private is None:
         return np.zeros(sum(int(p.numel()) for _, p in params), dtype=np.float64)
@@ -93,7 +94,8 @@ def flat_private(model: torch.nn.Module, private: dict[str, torch.Tensor] | None
 
 def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
     """Stage 2: the round's device contribution; the private sum encoded, noised, masked
-    (``runtime``: the node's records, model and parts)."""
+    (``runtime``: the node's records, model and parts).
+    """
     session = _load(context)
     try:
         rec = _record(msg)

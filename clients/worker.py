@@ -136,7 +136,8 @@ class Worker:
 
     def client_app(self, task: TaskInput) -> Any:
         """The ClientApp of the task's FAB: installed and imported on first use,
-        kept until a task brings another FAB."""
+        kept until a task brings another FAB.
+        """
         if task.fab_hash == self._fab_hash and self._app is not None:
             return self._app
         app_dir = install_fab(task)

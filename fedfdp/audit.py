@@ -124,7 +124,8 @@ def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
 def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
     """One-sided Clopper–Pearson lower confidence bound on a binomial rate:
     the ``alpha`` quantile of ``Beta(k, n − k + 1)`` (``0`` when ``k = 0``,
-    ``alpha^(1/n)`` when ``k = n``)."""
+    ``alpha^(1/n)`` when ``k = n``).
+    """
     k, n = _check_counts(k, n)
     a = _check_alpha(alpha)
     if k == 0:
@@ -359,7 +360,8 @@ class AuditResult:
     @property
     def violated(self) -> bool:
         """Whether the lower bound exceeds the claimed ε (the implementation is
-        not the accounted mechanism, with 95% confidence)."""
+        not the accounted mechanism, with 95% confidence).
+        """
         return self.epsilon_lower > self.epsilon_claimed
 
 

@@ -87,7 +87,8 @@ def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint) -> None:
 
 def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     """Load ``run_dir/checkpoint.pt`` (None if absent) without executing code; refuse,
-    naming the file, one that cannot be read safely or lacks a field."""
+    naming the file, one that cannot be read safely or lacks a field.
+    """
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -123,7 +124,8 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse to resume under a configuration that differs in any key other
-    than :data:`RESUMABLE_KEYS`; the message lists the differing keys."""
+    than :data:`RESUMABLE_KEYS`; the message lists the differing keys.
+    """
     keys = (set(saved) | set(current)) - RESUMABLE_KEYS
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:
@@ -135,7 +137,8 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> No
 class Resume:
     """What :func:`verify_resume` found: the checkpoint (None: start at round 1), the
     verified ledger (None: a new run) and how many charges must be added
-    pessimistically before the session starts."""
+    pessimistically before the session starts.
+    """
 
     checkpoint: Checkpoint | None
     ledger: Ledger | None
@@ -145,7 +148,8 @@ class Resume:
 def session_bound(ckpt_round: int, every: int, num_rounds: int, private_round: Any) -> int:
     """The most charges one session can write after a checkpoint at ``ckpt_round``
     before its next checkpoint: the private rounds up to the next multiple of
-    ``every`` (or the last round; ``every = 0``: the last round)."""
+    ``every`` (or the last round; ``every = 0``: the last round).
+    """
     last = num_rounds if every <= 0 else min(num_rounds, (ckpt_round // every + 1) * every)
     return sum(1 for r in range(ckpt_round + 1, last + 1) if private_round(r))
 

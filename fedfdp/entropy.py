@@ -195,7 +195,8 @@ def secret_source(reproducible_seed: int | None) -> SecretSource:
 
 def run_secrets(cfg: Config) -> SecretSource:
     """The secret entropy ``cfg`` asks for: the OS CSPRNG, or the run seed when
-    ``reproducible-noise = true``."""
+    ``reproducible-noise = true``.
+    """
     return secret_source(cfg.training.seed if cfg.privacy.reproducible_noise else None)
 
 

@@ -108,7 +108,8 @@ def require_config(cfg: Any, name: str = "cfg") -> Config:
 def require_inputs(cfg: Any, data: Any = None, model: Any = None, feature_map: Any = None) -> Config:
     """:func:`require_config` of ``cfg``, and the optional inputs of a run of the right
     kind (a ``FederatedData``, an ``nn.Module``, a ``FeatureMap``): anything else is
-    refused in one line naming the argument and what it got."""
+    refused in one line naming the argument and what it got.
+    """
     from fedfdp.data import FederatedData
     from fedfdp.losses import FeatureMap
 

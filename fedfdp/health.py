@@ -1,7 +1,8 @@
 """Numerical health of a run: the round engine stops a run whose aggregate, model or
 losses leave the finite range (:class:`RunDiverged`, one line naming the round and the
 likely setting; the CLI exits with status 2). The round's charge stays in the ledger
-(its noise was drawn) and the last good checkpoint stays on disk."""
+(its noise was drawn) and the last good checkpoint stays on disk.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class RunDiverged(ConfigError):
     """The model, the aggregate or a loss left the finite range in a round: the run
     stops (the round's charge stays in the ledger, its noise was drawn; the last good
     checkpoint and no final model are on disk). The message names the round and the
-    settings that most likely caused it."""
+    settings that most likely caused it.
+    """
 
 
 def finite_or_raise(round_: int, what: str, tensors: Sequence[torch.Tensor], likely: str) -> None:
@@ -30,7 +32,8 @@ def finite_or_raise(round_: int, what: str, tensors: Sequence[torch.Tensor], lik
 
     One reduction per tensor: ``max |t|`` (NaN propagates through it, so ``not (m <=
     limit)`` catches NaN, infinities and divergence alike); only then is NaN or inf told
-    from a finite divergence."""
+    from a finite divergence.
+    """
     for t in tensors:
         if not t.numel():
             continue

@@ -102,7 +102,8 @@ def _entry(kind: EntryKind, body: dict[str, Any], prev: str) -> Entry:
 @dataclass(frozen=True)
 class Head:
     """What a checkpoint records of the ledger: how many entries it had, the hash of
-    the last one, and how many of them were charges (of either kind)."""
+    the last one, and how many of them were charges (of either kind).
+    """
 
     entries: int
     hash: str
@@ -147,7 +148,8 @@ class Ledger:
     @classmethod
     def start(cls, mechanism: dict[str, Any], digest: str) -> Ledger:
         """A ledger whose first entry is the resolved mechanism, followed by one
-        ``estimate`` charge per statistic the mechanism lists under ``estimates``."""
+        ``estimate`` charge per statistic the mechanism lists under ``estimates``.
+        """
         ledger = cls([_entry(EntryKind.MECHANISM, {"mechanism": mechanism, "digest": digest}, GENESIS)])
         for item in mechanism.get("estimates", ()):
             ledger._append(EntryKind.ESTIMATE,
@@ -196,7 +198,8 @@ class Ledger:
     @classmethod
     def from_dict(cls, doc: Any) -> Ledger:
         """Parse and verify a ledger (every hash, every link, every event); ``ValueError``
-        naming the first entry that does not hold."""
+        naming the first entry that does not hold.
+        """
         if not isinstance(doc, dict) or doc.get("version") != LEDGER_VERSION:
             version = doc.get("version") if isinstance(doc, dict) else None
             raise ValueError(f"version {version!r}, expected {LEDGER_VERSION}")
@@ -258,7 +261,8 @@ def _line(doc: Any) -> bytes:
 
 def write_ledger(run_dir: str | Path, ledger: Ledger) -> None:
     """Durably write ``run_dir/ledger.jsonl``: append the entries not yet on disk
-    (write, flush, fsync), or create the file whole (:func:`fedfdp.outputs.atomic_write`)."""
+    (write, flush, fsync), or create the file whole (:func:`fedfdp.outputs.atomic_write`).
+    """
     path = Path(run_dir) / LEDGER_FILE
     new = ledger.entries[ledger.persisted:]
     if ledger.persisted == 0 or not path.exists():
@@ -274,7 +278,8 @@ def write_ledger(run_dir: str | Path, ledger: Ledger) -> None:
 def parse_ledger(raw: bytes) -> Ledger:
     """The verified ledger a ``ledger.jsonl`` file holds (:meth:`Ledger.from_dict`); a
     torn final line is ignored (module docstring). ``ValueError`` naming the first
-    line or entry that does not hold."""
+    line or entry that does not hold.
+    """
     text = raw.decode("utf-8")
     lines = text.split("\n")
     torn = lines[-1] != ""  # the last write did not complete
@@ -295,7 +300,8 @@ def parse_ledger(raw: bytes) -> Ledger:
 
 def read_ledger(run_dir: str | Path) -> Ledger | None:
     """Read and verify ``run_dir/ledger.jsonl`` (None if absent); :class:`LedgerError`
-    naming the file for one that is malformed, edited or broken."""
+    naming the file for one that is malformed, edited or broken.
+    """
     path = Path(run_dir) / LEDGER_FILE
     if not path.exists():
         return None

@@ -46,7 +46,8 @@ SUMMANDS = 4
 
 def standard_normals(stream: BitStream, n: int) -> np.ndarray:
     """``n`` independent ``N(0, 1)`` draws (float64) from ``stream``, each the
-    normalised sum of :data:`SUMMANDS` Box–Muller normals (module docstring)."""
+    normalised sum of :data:`SUMMANDS` Box–Muller normals (module docstring).
+    """
     if n < 0:
         raise ValueError(f"n={n}: must be >= 0")
     pairs = (SUMMANDS * n + 1) // 2
@@ -70,7 +71,8 @@ class SumMechanism(Protocol):
     """What the server's noise step needs of a mechanism: ``privatize(clipped_sum,
     stream)`` returns the noisy sum, its noise drawn from the secret ``stream``
     (:class:`GaussianSumMechanism`; CorrDP's per-block
-    :class:`~fedfdp.corrdp.noise.CorrDPGaussianMechanism`)."""
+    :class:`~fedfdp.corrdp.noise.CorrDPGaussianMechanism`).
+    """
 
     def privatize(self, clipped_sum: Sequence[torch.Tensor], stream: BitStream) -> list[torch.Tensor]: ...
 
@@ -105,6 +107,7 @@ class GaussianSumMechanism:
 
     def privatize(self, clipped_sum: Sequence[torch.Tensor], stream: BitStream) -> list[torch.Tensor]:
         """Return ``clipped_sum + N(0, σ²C²·I)``, the noise drawn once from ``stream``
-        (float64 addition, one rounding to each tensor's dtype)."""
+        (float64 addition, one rounding to each tensor's dtype).
+        """
         noise = gaussian_noise([t.shape for t in clipped_sum], self.std, stream)
         return [(s.double() + z).to(dtype=s.dtype) for s, z in zip(clipped_sum, noise, strict=True)]

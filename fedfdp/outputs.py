@@ -44,7 +44,8 @@ METRIC_COLUMNS = (
 
 def atomic_write(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically and durably: temporary file, fsync,
-    rename, fsync of the directory."""
+    rename, fsync of the directory.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -68,7 +69,8 @@ def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False, crea
     """Create the output directory ``path`` (and its parents) or refuse it with a
     one-line :class:`~fedfdp.config.ConfigError` naming ``flag`` and the value:
     a path that is a file, too long, not writable, or (``empty``) not empty.
-    ``create=False`` checks without creating anything (before other validation)."""
+    ``create=False`` checks without creating anything (before other validation).
+    """
     from fedfdp.config import ConfigError
 
     path = Path(path)
@@ -101,7 +103,8 @@ def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False, crea
 def prepare_output_file(path: str | Path, flag: str) -> Path:
     """Check, before any work, that ``path`` can be written as a file; refuse it
     with a one-line :class:`~fedfdp.config.ConfigError` naming ``flag``: a
-    directory, a parent that is a file, too long, or not writable."""
+    directory, a parent that is a file, too long, or not writable.
+    """
     from fedfdp.config import ConfigError
 
     path = Path(path)
@@ -128,7 +131,8 @@ def write_config(
     out_dir: str | Path, flat: Mapping[str, Any], resolved: Mapping[str, Any] | None = None
 ) -> Path:
     """Write the configuration (flat kebab keys) and the values resolved at run
-    start (σ, δ, N...) under ``[resolved]`` to ``out_dir/config.toml``."""
+    start (σ, δ, N...) under ``[resolved]`` to ``out_dir/config.toml``.
+    """
     doc: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
     if resolved:
         doc["resolved"] = {k: v for k, v in resolved.items() if v is not None}

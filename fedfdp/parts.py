@@ -95,7 +95,8 @@ def server_parts_for(cfg: Config, data: FederatedData) -> ServerParts:
 def public_facts(cfg: Config, data: FederatedData) -> PublicFacts:
     """The public facts of ``cfg`` on ``data``: the device sizes and the trainable
     parameter count of the configured model (built on the ``meta`` device: no memory
-    for its weights)."""
+    for its weights).
+    """
     import torch
 
     from fedfdp.contribution import trainable

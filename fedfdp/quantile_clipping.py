@@ -38,7 +38,8 @@ from fedfdp.mechanisms import standard_normals
 
 def split_noise(accounted: float, budget_share: float) -> tuple[float, float]:
     """``(σ, σ_b)`` for an accounted ``σ_eff`` of which the count takes the
-    share ``r`` (of ``1/σ_eff²``): ``σ = σ_eff/√(1 − r)``, ``σ_b = σ_eff/√r``."""
+    share ``r`` (of ``1/σ_eff²``): ``σ = σ_eff/√(1 − r)``, ``σ_b = σ_eff/√r``.
+    """
     if not (accounted > 0 and 0 < budget_share < 1):
         raise ValueError(f"σ_eff={accounted}, share={budget_share}: need σ_eff > 0 and share in (0, 1)")
     return accounted / math.sqrt(1 - budget_share), accounted / math.sqrt(budget_share)
@@ -84,7 +85,8 @@ def next_clipping_norm(
     """``C · exp(−η (b̃ − γ))`` with ``b̃ = noisy_count / E[batch]``: the geometric step
     of :func:`adapt_clipping_norm` from an already released noisy count (the server
     draws the count's noise through :attr:`fedfdp.server.ServerParts.count_mechanism`).
-    Post-processing of the noisy count: no privacy cost of its own."""
+    Post-processing of the noisy count: no privacy cost of its own.
+    """
     share = noisy_count / expected_batch
     return float(clipping_norm * math.exp(-learning_rate * (share - quantile)))
 

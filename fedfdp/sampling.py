@@ -93,7 +93,8 @@ class PublicStreams:
 
 def server_public_rng(seed: int, round_: int) -> np.random.Generator:
     """The server's public stream of a round: public-batch allocation, node
-    choice, the device unit's public device sample."""
+    choice, the device unit's public device sample.
+    """
     return np.random.default_rng(_sequence(seed, _SERVER, round_, _SERVER_SAMPLING))
 
 
@@ -113,7 +114,8 @@ def poisson_coins(n: int, rate: float, coins: BitStream) -> np.ndarray:
 def poisson_sample(n: int, rate: float, coins: BitStream) -> np.ndarray:
     """Indices of a Poisson sample: each of ``n`` records joins independently
     with probability ``rate`` (:func:`poisson_coins`). The realised size varies
-    and may be 0."""
+    and may be 0.
+    """
     return np.flatnonzero(poisson_coins(n, rate, coins))
 
 

@@ -70,7 +70,8 @@ class Subsampling:
     """The sampling part of the event a private round is charged: the Poisson rate
     ``rate`` of the privacy unit, given that the round touches it, and the probability
     ``participation`` that it does (known to the adversary). The event itself is the
-    resolved mechanism's (:mod:`fedfdp.mechanism`)."""
+    resolved mechanism's (:mod:`fedfdp.mechanism`).
+    """
 
     rate: float
     participation: float = 1.0
@@ -237,7 +238,8 @@ class SamplingPlan:
     def record_bound(self, plan: RoundPlan, devices: Sequence[int]) -> int:
         """How many clipped vectors (records, or devices for the device unit) the
         private sum of ``devices`` (positions) can hold in round ``plan``: an honest
-        node's private sum has norm at most ``C`` times this."""
+        node's private sum has norm at most ``C`` times this.
+        """
         idx = np.asarray(devices, dtype=np.int64)
         chosen = idx[plan.private[idx]]
         if self.settings.unit is PrivacyUnit.DEVICE:

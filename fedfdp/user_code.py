@@ -20,7 +20,8 @@ from fedfdp.config import ConfigError, is_import_path
 
 def resolve(key: str, path: str) -> Callable[..., Any]:
     """The callable at ``path`` (``package.module:name``); refuse, naming the key
-    and the value, a malformed path, a missing module or name, or a non-callable."""
+    and the value, a malformed path, a missing module or name, or a non-callable.
+    """
     if not is_import_path(path):
         raise ConfigError(f"{key}={path!r}: not an import path 'package.module:name'")
     module_name, attr = path.split(":")
@@ -37,7 +38,8 @@ def resolve(key: str, path: str) -> Callable[..., Any]:
 def call(key: str, path: str, *args: Any) -> Any:
     """Call the function at ``path`` with ``args``; an exception it raises
     becomes a one-line :class:`ConfigError` naming the key and the value (the
-    original is chained for debugging)."""
+    original is chained for debugging).
+    """
     fn = resolve(key, path)
     try:
         return fn(*args)

@@ -210,7 +210,8 @@ class RunLedger:
 def is_secagg(mechanism: dict[str, Any]) -> bool:
     """Whether a ledger's resolved mechanism (its first entry) is one of secure aggregation
     (``aggregation = "secagg"``: it holds the ``secagg`` plan, and its rounds are
-    distributed discrete Gaussian events)."""
+    distributed discrete Gaussian events).
+    """
     return isinstance(mechanism.get("secagg"), dict)
 
 
@@ -406,7 +407,8 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
 def _not_rolled_back(epsilon: float, metrics: Path, relation: str, label: str) -> None:
     """Refuse a ledger whose ε is below the last ε the run reported in ``metrics``
     (a rolled-back or truncated ledger: every reported ε was computed from charges
-    the ledger held at the time)."""
+    the ledger held at the time).
+    """
     import csv
 
     column = EPSILON_COLUMNS[relation]
@@ -428,7 +430,8 @@ def _not_rolled_back(epsilon: float, metrics: Path, relation: str, label: str) -
 @dataclass(frozen=True)
 class SpentBudget:
     """What a run's ledger says it spent: the upper bound of ε at the run's δ, under
-    the relation the run names (``corrdp``: a CorrDP ε), over ``charges`` charges."""
+    the relation the run names (``corrdp``: a CorrDP ε), over ``charges`` charges.
+    """
 
     epsilon: float
     delta: float
@@ -440,7 +443,8 @@ def spent_budget(run: str | Path) -> SpentBudget | None:
     """The budget a run directory's ledger records (:func:`read_run`), None when it has
     no ledger (a run writes one before its first private round: nothing was charged);
     raises a one-line :class:`~fedfdp.config.ConfigError` naming why a ledger cannot be
-    accounted (malformed, edited, rolled back, no ``config.toml``)."""
+    accounted (malformed, edited, rolled back, no ``config.toml``).
+    """
     path = Path(run)
     try:
         acc, info = read_run(path, label=str(path))
@@ -525,7 +529,8 @@ def _corrdp_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     """The report of a CorrDP run: its CorrDP ε (``epsilon_corrdp``; ``epsilon``, the
     DP/FDP column, stays empty: a different guarantee). Theorem 4 and the trade-off
     curve are statements about an add/remove ε, so ``--ball`` and ``--tradeoff`` are
-    refused."""
+    refused.
+    """
     for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
         if value is not None:
             raise ConfigError(f"{flag}={value!r}: not for a CorrDP run (relation {CORRDP!r}: its ε is a "
@@ -559,7 +564,8 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     is route A for the replacement relation (the density-ratio transfer holds for either
     relation). ``noise_multiplier`` is the rounds' ``σ_eff``. Theorem 4's bound and the
     trade-off curve need the rounds' trade-off function, which route A only bounds in ε:
-    ``--ball`` and ``--tradeoff`` are refused."""
+    ``--ball`` and ``--tradeoff`` are refused.
+    """
     from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon
     from fedfdp.accounting.events import event_from_dict
 

@@ -268,7 +268,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _check_attack_run(run_dir: str) -> None:
     """Refuse, before any work, a ``--run`` that is not a run directory of the fleet
-    (the attack's grid is the fleet's private columns)."""
+    (the attack's grid is the fleet's private columns).
+    """
     from fedfdp.config import load_config, read_toml
 
     config = Path(run_dir) / "config.toml"

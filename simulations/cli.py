@@ -56,7 +56,8 @@ def _declared_help(name: str, origin: str | None) -> str | None:
 
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line (``error: fedfdp run: ...``,
-    status 2), like every other refusal of the command; ``--help`` shows the usage."""
+    status 2), like every other refusal of the command; ``--help`` shows the usage.
+    """
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
@@ -142,7 +143,8 @@ def names_a_key(exc: BaseException) -> bool:
     """Whether ``exc`` refuses a user's setting: its message starts ``key=value`` with a
     configuration key (``records-per-device=1: must be >= 4``, raised by a data
     loader as a plain ``ValueError``) or a command-line option (``--threads=0``).
-    Such an error is the user's (status 2); any other ``ValueError`` is internal."""
+    Such an error is the user's (status 2); any other ``ValueError`` is internal.
+    """
     from fedfdp.config import KEY_TABLE
 
     match = _NAMED_SETTING.match(str(exc))

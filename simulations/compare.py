@@ -354,7 +354,8 @@ def recover_interrupted(
 def _resume_point(cfg: Config) -> tuple[int | None, str]:
     """The round a run directory can be resumed after (None: it cannot), and why not:
     the checks ``fedfdp run --resume`` makes (:meth:`fedfdp.server.RunFiles.verify`
-    against the mechanism the run's server resolves)."""
+    against the mechanism the run's server resolves).
+    """
     from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.ledger import LedgerError
     from fedfdp.parts import mechanism_for
@@ -377,7 +378,8 @@ def _one_line(exc: BaseException) -> str:
 
 def keep_aside(run_dir: Path) -> Path:
     """Rename ``run_dir`` to ``<run_dir>.interrupted-<n>`` (the first free ``n``), in the
-    same directory: nothing is copied or removed. Returns the new path."""
+    same directory: nothing is copied or removed. Returns the new path.
+    """
     n = 1
     while (dest := run_dir.with_name(f"{run_dir.name}{KEPT_ASIDE}{n}")).exists():
         n += 1
@@ -397,7 +399,8 @@ def record_kept_aside(out: Path, reasons: Mapping[str, str] | None = None) -> No
     lacks, with the budget its ledger records (:func:`simulations.account.spent_budget`:
     the ledger read by the library, replayed into the run's accountant, at the run's δ).
     ``reasons`` (directory name → why it was not resumed) — a directory found without
-    one (kept aside by a compare that stopped before recording it) says so."""
+    one (kept aside by a compare that stopped before recording it) says so.
+    """
     from simulations.account import spent_budget
 
     runs_dir = out / "runs"
@@ -430,7 +433,8 @@ def record_kept_aside(out: Path, reasons: Mapping[str, str] | None = None) -> No
 
 def _last_reported(run_dir: Path) -> str:
     """``; its metrics.csv reported ε X after round R``, from the run's last row with
-    an ε (a lower bound of what it spent: a round charged after that row is not in it)."""
+    an ε (a lower bound of what it spent: a round charged after that row is not in it).
+    """
     import csv
 
     try:
@@ -451,7 +455,8 @@ def _last_reported(run_dir: Path) -> str:
 
 def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     """Execute one run (resumed when its configuration says ``resume``: see
-    :func:`recover_interrupted`); return its results row."""
+    :func:`recover_interrupted`); return its results row.
+    """
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset, resolve_devices
     from fedfdp.entropy import noise_source

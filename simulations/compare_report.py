@@ -85,7 +85,8 @@ def summarise(frame):  # -> pd.DataFrame
 
 def best_private(part, metric: str, target: float) -> str | None:
     """The private mode with the best mean ``metric`` at ``target`` ε (None if none),
-    among the modes whose ε is an add/remove ε (not ``corrdp``'s)."""
+    among the modes whose ε is an add/remove ε (not ``corrdp``'s).
+    """
     modes = [m for m in PRIVATE_MODES if m not in OTHER_RELATION]
     rows = part[part["mode"].isin(modes) & (part["target_epsilon"] == target)]
     rows = rows[rows[f"{metric}_mean"].notna()]
@@ -98,7 +99,8 @@ def best_private(part, metric: str, target: float) -> str | None:
 
 def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
     """One metric's table: mean ± sd per mode and ε, the best private mode in bold,
-    and fdp's differences to the baselines."""
+    and fdp's differences to the baselines.
+    """
     title, scale, _ = METRIC_TITLES[metric]
     digits = 1 if scale == 100.0 else 3
     lines = [f"**{title}** (best private mode per ε in bold)", ""]
@@ -156,7 +158,8 @@ TARGET_POINTS = 0.3
 def _target_table(part, targets: Sequence[float]) -> list[str]:
     """"Default fdp vs the best baseline": per ε, fdp's accuracy and log loss beside
     the best of :data:`BASELINES` in each (named), the differences, and whether fdp
-    is within :data:`TARGET_POINTS` points in accuracy and no worse in log loss."""
+    is within :data:`TARGET_POINTS` points in accuracy and no worse in log loss.
+    """
     modes = set(part["mode"])
     baselines = [m for m in BASELINES if m in modes]
     if "fdp" not in modes or not baselines or part["loss_mean"].isna().all():
@@ -206,7 +209,8 @@ def _title(dataset: str, rows, titles: Mapping[str, str] | None) -> str:
 
 def spent_text(row: Mapping[str, Any]) -> str:
     """The budget an ``interrupted.csv`` row records, in words: ``≤ ε (upper bound,
-    relation, δ; charges)``, or why it is unknown."""
+    relation, δ; charges)``, or why it is unknown.
+    """
     eps = float(row.get("epsilon", math.nan))
     if math.isnan(eps):
         return f"unknown ({row.get('note') or 'not accounted'})"
@@ -220,7 +224,8 @@ def spent_text(row: Mapping[str, Any]) -> str:
 
 def _interrupted_lines(frame, interrupted: Sequence[Mapping[str, Any]]) -> list[str]:
     """The section on interrupted runs: those resumed (results' ``resumed_after_round``)
-    and those kept aside with the budget their ledgers record."""
+    and those kept aside with the budget their ledgers record.
+    """
     resumed = (frame[frame["resumed_after_round"].notna()] if "resumed_after_round" in frame
                else frame.iloc[0:0])
     if resumed.empty and not interrupted:
@@ -259,7 +264,8 @@ def write_summary(
     the best private mode per ε in bold; ``per_mode`` (the sweep's ``[mode.NAME]``
     tables) is listed with :data:`SELECTION_NOTE`; resumed runs and the
     ``interrupted`` runs kept aside (``interrupted.csv`` rows) with the budget their
-    ledgers record."""
+    ledgers record.
+    """
     from fedfdp.outputs import atomic_write
 
     table = summarise(frame)
@@ -352,7 +358,8 @@ def plot_privacy_utility(
     frame, path: Path, *, titles: Mapping[str, str] | None = None, metric: str = "accuracy"
 ) -> None:
     """``privacy_utility.png``: ``metric`` vs ε per mode (mean ± sd over seeds);
-    ``nonprivate`` and ``public`` as horizontal reference lines."""
+    ``nonprivate`` and ``public`` as horizontal reference lines.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -411,7 +418,8 @@ def plot_privacy_utility(
 def write_report(out: Path, *, command: str = "", title: str = "", metric: str = "accuracy") -> None:
     """Write ``summary.md`` and ``privacy_utility.png`` (of ``metric``) from
     ``results.csv`` (``title`` replaces the dataset heading when the results
-    hold one dataset)."""
+    hold one dataset).
+    """
     frame = read_results(out)
     if frame.empty:
         return

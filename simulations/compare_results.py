@@ -91,7 +91,8 @@ def _key_of_row(row: Mapping[str, Any]) -> tuple[str, float | None, int]:
 
 def done_runs(frame, runs: Sequence[RunSpec]) -> set[tuple[str, float | None, int]]:
     """Keys of ``runs`` already in ``frame``; a row for a run under another
-    configuration is an error (the results would mix two experiments)."""
+    configuration is an error (the results would mix two experiments).
+    """
     wanted = {r.key: r for r in runs}
     done = set()
     for row in frame.to_dict("records"):
@@ -127,7 +128,8 @@ INTERRUPTED_COLUMNS = ("run", "kept_at", "reason", "charges", "epsilon", "delta"
 
 def read_interrupted(out: Path) -> list[dict[str, Any]]:
     """The rows of ``out/interrupted.csv`` (none if absent), numbers parsed; a
-    malformed file is an error (never overwritten)."""
+    malformed file is an error (never overwritten).
+    """
     import csv
 
     path = out / INTERRUPTED_FILE

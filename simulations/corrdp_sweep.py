@@ -87,7 +87,8 @@ def column_names(point: dict[str, Any]) -> list[str]:
 def point_docs(doc: dict[str, Any], point: dict[str, Any], all_sensitive: bool) -> dict[str, dict[str, Any]]:
     """``{directory name: compare document}`` of a point: the modes of ``doc`` with
     ``corrdp`` declaring TV = ρ, and (``all_sensitive``) ``corrdp`` alone with every
-    column sensitive."""
+    column sensitive.
+    """
     base = {**doc, **point}
     per_mode = dict(base.pop("mode", {}))
     corr = dict(per_mode.get(Mode.CORRDP, {}))
@@ -126,7 +127,8 @@ def training_loss(run_dir: Path) -> float:
 
 def insensitive_std_factor(run_dir: Path, rho: float) -> float:
     """``√max(ρ, floor)``: Eq. (3)'s noise std on an insensitive block over the sensitive
-    block's, for a ``corrdp`` run declaring TV = ρ (floor: ``[resolved]`` of its ``config.toml``)."""
+    block's, for a ``corrdp`` run declaring TV = ρ (floor: ``[resolved]`` of its ``config.toml``).
+    """
     import tomllib
 
     resolved = tomllib.loads((run_dir / "config.toml").read_text()).get("resolved", {})

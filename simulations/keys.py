@@ -1,6 +1,7 @@
 """``fedfdp keys``: every configuration key, its type, default, whether it defines the
 privacy guarantee, and what it means — printed from the configuration's own key table
-(:func:`fedfdp.config.key_reference`, the source of ``docs/configuration.md``)."""
+(:func:`fedfdp.config.key_reference`, the source of ``docs/configuration.md``).
+"""
 
 from __future__ import annotations
 

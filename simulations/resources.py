@@ -62,7 +62,8 @@ def _gb(n: float) -> str:
 
 def refuse_unless_fits(need: float, setting: str, what: str) -> None:
     """Raise :class:`ConfigError` (``setting: what needs about X GB, Y GB available``)
-    when ``need`` bytes exceed the available memory."""
+    when ``need`` bytes exceed the available memory.
+    """
     have = available_memory()
     if have is not None and need > have:
         raise ConfigError(f"{setting}: {what} needs at least {_gb(need)} of memory, more than the "
@@ -79,7 +80,8 @@ def generated_records(cfg: Config) -> int | None:
 
 def check_data_memory(cfg: Config) -> None:
     """Refuse a generated dataset whose arrays cannot fit, before generating it: the
-    width of a record is measured on a small draw of the same generator."""
+    width of a record is measured on a small draw of the same generator.
+    """
     from fedfdp.data import load_dataset
 
     n = generated_records(cfg)
@@ -109,7 +111,8 @@ def check_model_memory(cfg: Config, num_params: int) -> None:
 
 def check_audit_memory(rounds: int, canaries: int, arrays: int = 14) -> None:
     """Refuse a canary audit whose observations cannot fit: ``arrays`` numbers of 8
-    bytes per canary and round (seven observed per trial, and their flattened copies)."""
+    bytes per canary and round (seven observed per trial, and their flattened copies).
+    """
     refuse_unless_fits(8 * arrays * rounds * max(1, canaries), f"--rounds={rounds}",
                        f"the audit's observations ({canaries} canaries, {arrays} numbers per canary "
                        "and round)")

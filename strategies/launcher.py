@@ -52,7 +52,8 @@ def watch_launcher(
     token: str | None, on_gone: Callable[[], None], period: float = 0.5
 ) -> threading.Thread | None:
     """A daemon thread that calls ``on_gone`` once the launcher named by ``token``
-    has died (nothing if ``token`` is None: a run not launched by ``fedfdp run``)."""
+    has died (nothing if ``token`` is None: a run not launched by ``fedfdp run``).
+    """
     if not token:
         return None
 

@@ -222,7 +222,8 @@ class SecAggRound:
         check: Callable[[int, Message], None] | None = None,
     ) -> dict[int, Any]:
         """Send one stage's requests; the parsed replies by node (an error reply, a malformed
-        or unexpected one is a dropout, logged)."""
+        or unexpected one is a dropout, logged).
+        """
         messages = []
         for node, request in requests.items():
             body = RecordDict(dict(content[node]) if content is not None else {})
@@ -256,7 +257,8 @@ class SecAggRound:
     @staticmethod
     def _receive(receive: Callable[[list[Any]], Any], replies: dict[int, Any]) -> Any:
         """``receive(replies)``, dropping a reply the session refuses as malformed
-        (:class:`MessageError` naming its node); survivor and threshold failures abort."""
+        (:class:`MessageError` naming its node); survivor and threshold failures abort.
+        """
         replies = dict(replies)
         while True:
             try:

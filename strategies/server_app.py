@@ -34,7 +34,8 @@ def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> F
     """Run all rounds of ``cfg`` on ``grid`` through the public API (the
     configured model, :class:`FDPStrategy`, Flower's ``start`` contract,
     server-side evaluation on the held-out split); return the finished strategy.
-    ``node_choice``: see :class:`FDPStrategy`."""
+    ``node_choice``: see :class:`FDPStrategy`.
+    """
     data = load_server_data(cfg.data)
     model = build_model_for(cfg, data)
     strategy = FDPStrategy(model, cfg, node_choice=node_choice, parts=server_parts_for(cfg, data),
@@ -50,7 +51,8 @@ def make_server_app(
     read from Flower's run config. ``node_choice="devices"``: the SuperNodes
     are a simulation's transport (see :class:`FDPStrategy`). ``simulation``:
     the ServerApp of ``fedfdp run`` (module docstring): it refuses any grid but
-    the Simulation Runtime's and accepts the reproducible opt-in."""
+    the Simulation Runtime's and accepts the reproducible opt-in.
+    """
     app = ServerApp()
     if simulation:
         node_choice = "devices"

@@ -457,7 +457,8 @@ class _Profile:
 
 def ledger_groups(events: Iterable[Repeated]) -> tuple[Group, ...]:
     """Aggregate counts per distinct ``(sigma, q, participation)`` (composition is
-    commutative)."""
+    commutative).
+    """
     acc: dict[tuple[float, float, float], int] = {}
     for ev in events:
         key = (ev.noise_multiplier, ev.sampling_rate, ev.participation)
@@ -468,7 +469,8 @@ def ledger_groups(events: Iterable[Repeated]) -> tuple[Group, ...]:
 def _merge_gaussians(groups: Sequence[Group]) -> tuple[Group, ...]:
     """Replace all ``q = 1``, ``p = 1`` groups by one Gaussian round with
     ``1/s^2 = sum n_i/s_i^2`` (a group with participation ``p < 1`` is a mixture, not a
-    Gaussian mechanism, and stays as it is)."""
+    Gaussian mechanism, and stays as it is).
+    """
     gauss = [g for g in groups if g.q == 1.0 and g.p == 1.0]
     out = [g for g in groups if not (g.q == 1.0 and g.p == 1.0)]
     inv = sum(group_precision(g) for g in gauss)

@@ -29,7 +29,8 @@ MAX_NOISE_MULTIPLIER = 1e4
 
 class Bound(Protocol):
     """An ε with its interval: ``upper`` is the number to print and to compare with
-    budgets (the accountant's certified upper bound)."""
+    budgets (the accountant's certified upper bound).
+    """
 
     @property
     def upper(self) -> float: ...

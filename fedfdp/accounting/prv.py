@@ -61,7 +61,8 @@ _MOMENT_GRID_MAX = 2**19
 
 class Group(NamedTuple):
     """``rounds`` rounds with noise multiplier ``sigma``, sampling rate ``q`` and
-    participation ``p`` (probability that the round touches the record at all)."""
+    participation ``p`` (probability that the round touches the record at all).
+    """
 
     sigma: float
     q: float
@@ -320,7 +321,8 @@ def rdp_epsilon_log(groups: Sequence[GroupLike], log_delta: float) -> float:
 
 def rdp_delta(groups: Sequence[GroupLike], eps: np.ndarray) -> np.ndarray:
     """Renyi-DP upper bound on either ordering's ``delta(eps)``: the inverse of the
-    conversion in :func:`rdp_epsilon`, minimised over the orders (capped at 1)."""
+    conversion in :func:`rdp_epsilon`, minimised over the orders (capped at 1).
+    """
     eps = np.asarray(eps, dtype=float)
     a = RDP_ORDERS[:, None]
     total = _total_moments(groups)[:, None]
@@ -384,7 +386,8 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 
 class DiscretisationError(RuntimeError):
     """The discretised PRV failed its own sanity check (mass or mean); the caller
-    falls back to the Renyi-DP bound."""
+    falls back to the Renyi-DP bound.
+    """
 
 
 def support_length(sigma: float, q: float, direction: str, h: float, eta: float) -> float:

@@ -1,6 +1,7 @@
 """The attack's mechanics: candidate cells, priors and ``Ball``, the model's view of
 each candidate, the loss / prior / calibrated guesses and their statistics
-against ``Ball`` (see :mod:`fedfdp.attack` for the threat model)."""
+against ``Ball`` (see :mod:`fedfdp.attack` for the threat model).
+"""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def cell_priors(
     grid: AttributeGrid, values: np.ndarray, labels: np.ndarray, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Empirical cell distribution of a reference population: the marginal
-    ``P(cell)`` ``(K,)`` and the label-conditional ``P(cell | y)`` ``(C, K)``."""
+    ``P(cell)`` ``(K,)`` and the label-conditional ``P(cell | y)`` ``(C, K)``.
+    """
     cells = grid.cell(values)
     labels = np.asarray(labels, dtype=np.int64)
     marginal = np.bincount(cells, minlength=grid.size) / max(len(cells), 1)
@@ -98,7 +100,8 @@ def _per_candidate(
     batch_rows: int = 65536,
 ) -> np.ndarray:
     """``statistic(logits, labels)`` of the model on each record with each
-    candidate written into its private columns: ``(n, K)``."""
+    candidate written into its private columns: ``(n, K)``.
+    """
     x = np.asarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.int64)
     cand = torch.as_tensor(np.asarray(candidates, dtype=np.float32))
@@ -142,7 +145,8 @@ def candidate_losses(
 ) -> np.ndarray:
     """Cross-entropy of the model on each record with each candidate written
     into its private columns: ``(n, K)``. The public columns (``Ψ(x)``) and the
-    label are the record's own: what the attacker of Theorem 4 knows."""
+    label are the record's own: what the attacker of Theorem 4 knows.
+    """
     return _per_candidate(model, x, y, private_index, candidates, _cross_entropy, batch_rows)
 
 
@@ -160,7 +164,8 @@ def candidate_margins(
 
     The statistic LiRA uses: unlike the cross-entropy (``−log p_y``), it does not
     saturate at 0 when the model fits a record perfectly, so memorisation
-    stays visible."""
+    stays visible.
+    """
     return _per_candidate(model, x, y, private_index, candidates, _logit_margin, batch_rows)
 
 

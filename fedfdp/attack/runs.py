@@ -1,7 +1,8 @@
 """Attribute inference on a run directory's model: the fleet's candidate grid and
 priors, the attacker's reference models and its choice of ``λ`` (never on the
 targets), the run's accountant for Theorem 4's bound, and pooling of runs per
-mode (see :mod:`fedfdp.attack` for the threat model)."""
+mode (see :mod:`fedfdp.attack` for the threat model).
+"""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def fleet_grid() -> AttributeGrid:
     """Candidate cells of the fleet's private features: heart rate in five
     bins (edges 80, 100, 120, 140 bpm; candidates 70, 90, 110, 130, 155 bpm)
     × latitude × longitude in a 6 × 6 grid of 4 km cells over [−1.2, 1.2]²
-    (1 unit ≈ 10 km; values outside fall in the edge cells): 180 cells."""
+    (1 unit ≈ 10 km; values outside fall in the edge cells): 180 cells.
+    """
     from fedfdp.data import fleet
 
     heart = fleet.column_scaling("heart_rate")  # declared (public): (bpm − shift) / scale
@@ -63,7 +65,8 @@ def reference_priors(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``P(cell)`` and ``P(cell | y)`` from records the attacker may know
     without the model: for the fleet, a fresh draw of the same generative
-    model (another data seed, 40,000 records), never the training records."""
+    model (another data seed, 40,000 records), never the training records.
+    """
     from fedfdp.data import make_fleet
 
     if cfg.data.dataset != "fleet":
@@ -92,7 +95,8 @@ def train_references(cfg: Config, count: int) -> list[Reference]:
     record. They depend on the configuration but not on the run's data seed or
     seed, so runs that differ only in those share them; they are trained once
     per process (a data seed equal to a reference's would make that fleet a
-    reference's: avoid seeds from ``REFERENCE_SEED_OFFSET`` on)."""
+    reference's: avoid seeds from ``REFERENCE_SEED_OFFSET`` on).
+    """
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
 
@@ -168,7 +172,8 @@ def choose_weight(
 
 def read_run(run_dir: Path) -> Config:
     """The configuration of a run directory (``config.toml``; the ``[resolved]``
-    table it also holds is dropped, it is recomputed from the configuration)."""
+    table it also holds is dropped, it is recomputed from the configuration).
+    """
     from fedfdp.config import read_toml
     from fedfdp.outputs import CONFIG_FILE
 

@@ -182,7 +182,8 @@ def grad_or_zeros(
 def tensor_sum(terms: Iterable[torch.Tensor], start: torch.Tensor | None = None) -> torch.Tensor:
     """``start + t_1 + t_2 + ...`` left to right, like the builtin ``sum`` but typed as a
     tensor: without ``start`` the first term starts the sum (``0 + t_1`` would equal
-    ``t_1``); no term and no ``start`` is an error."""
+    ``t_1``); no term and no ``start`` is an error.
+    """
     total = start
     for t in terms:
         total = t if total is None else total + t

@@ -135,7 +135,8 @@ __all__ = [
 
 def is_import_path(value: str) -> bool:
     """Whether ``value`` has the form ``package.module:name`` (a user's model
-    builder or dataset loader, :mod:`fedfdp.user_code`)."""
+    builder or dataset loader, :mod:`fedfdp.user_code`).
+    """
     return bool(IMPORT_PATH.match(value))
 
 
@@ -217,7 +218,8 @@ def keys_for_mode(mapping: Mapping[str, Any], mode: str) -> dict[str, Any]:
 
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``key=value`` from the command line; the value is read as a TOML
-    literal (``1e-5``, ``true``, ``"fdp"``), falling back to a bare string."""
+    literal (``1e-5``, ``true``, ``"fdp"``), falling back to a bare string.
+    """
     if "=" not in text:
         raise ConfigError(f"{text!r}: expected key=value")
     key, raw = text.split("=", 1)
@@ -231,7 +233,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def load_toml_file(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a :class:`ConfigError`
-    naming it (``config='...'``)."""
+    naming it (``config='...'``).
+    """
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config={str(path)!r}: is a directory, not a TOML file")
@@ -255,7 +258,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """Read an experiment TOML file: flat keys at the top level, or under
     ``[tool.flwr.app.config]`` (so ``pyproject.toml`` works too) — not both: a
     file with configuration keys at the top level beside that table is refused,
-    naming them (neither place silently wins)."""
+    naming them (neither place silently wins).
+    """
     data = load_toml_file(path)
     app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
     if app is not None:

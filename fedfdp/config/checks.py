@@ -58,7 +58,8 @@ def check_privacy(p: PrivacyConfig) -> None:
 
 def _check_secagg(p: PrivacyConfig) -> None:
     """Secure aggregation (``docs/secagg_accounting.md``): what the protocol and its
-    accounting need; each refusal in one line naming the value."""
+    accounting need; each refusal in one line naming the value.
+    """
     if p.aggregation is not Aggregation.SECAGG:
         return  # a secagg-* key set here has no effect: check_applicability refuses it (KeySpec.applies)
     if p.mode not in SECAGG_MODES:
@@ -201,7 +202,8 @@ def check_applicability(cfg: Config) -> None:
 
 def check_config(cfg: Config) -> None:
     """Settings of different sections that only make sense together; last, a key set
-    where it has no effect (:func:`check_applicability`)."""
+    where it has no effect (:func:`check_applicability`).
+    """
     p, t = cfg.privacy, cfg.training
     if p.reproducible_noise and cfg.data.data_location is DataLocation.NODE:
         raise ConfigError(
@@ -353,7 +355,8 @@ def check_data(d: DataConfig) -> None:
 def _check_estimates(d: DataConfig) -> None:
     """``estimated-ranges`` and ``estimated-categories``: what ``private-statistics =
     "estimate"`` released, for undeclared private columns only, each column once, and
-    only through the central table."""
+    only through the central table.
+    """
     declared = {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}
     both = {n for n, _, _ in d.estimated_ranges} & {n for n, _ in d.estimated_categories}
     if both:

@@ -78,7 +78,8 @@ class Optimizer(Choice):
 class DataLocation(Choice):
     """``data-location``: ``central`` (every node loads the dataset the run names
     and serves its partition) or ``node`` (each SuperNode reads its own file,
-    named in its node config)."""
+    named in its node config).
+    """
 
     CENTRAL = "central"
     NODE = "node"
@@ -119,7 +120,8 @@ class PrivateStatistics(Choice):
 
 class TvFloor(Choice):
     """``corrdp-tv-floor`` as a word: ``paper``, the floor ``(m_s/m)²`` of Eq. (3)
-    (otherwise the key is a number in [0, 1])."""
+    (otherwise the key is a number in [0, 1]).
+    """
 
     PAPER = "paper"
 

@@ -267,7 +267,8 @@ class PrivacyConfig:
     def calibration_target(self) -> float | None:
         """The ε σ is calibrated to: ``target_epsilon``, or
         :data:`~fedfdp.config.keys.DEFAULT_TARGET_EPSILON` (2.0) when neither it nor
-        σ is set; ``None`` when σ is given or the mode adds no noise."""
+        σ is set; ``None`` when σ is given or the mode adds no noise.
+        """
         if not self.is_private or self.noise_multiplier is not None:
             return None
         return self.target_epsilon if self.target_epsilon is not None else DEFAULT_TARGET_EPSILON
@@ -276,7 +277,8 @@ class PrivacyConfig:
     def epsilon_cap(self) -> float | None:
         """The budget no round may exceed: ``max_epsilon``, else the calibration
         target when σ is calibrated; ``None`` (no cap) when σ is given without
-        ``max_epsilon`` or the mode adds no noise."""
+        ``max_epsilon`` or the mode adds no noise.
+        """
         if not self.is_private:
             return None
         return self.max_epsilon if self.max_epsilon is not None else self.calibration_target
@@ -292,7 +294,8 @@ class PrivacyConfig:
         public-view model; DP-SGD clips the whole gradient of every record,
         which rescales it without that pull (docs/algorithm.md), and keeps a
         fixed ``C`` under ``"auto"``. With ``aggregation = "secagg"`` ``C`` is fixed
-        (the count of vectors within ``C`` is not aggregated securely)."""
+        (the count of vectors within ``C`` is not aggregated securely).
+        """
         if self.aggregation is Aggregation.SECAGG:
             return False
         if self.clipping_quantile is not None:
@@ -543,7 +546,8 @@ class Config:
         """Flat kebab-case mapping, the inverse of :func:`~fedfdp.config.load_config`:
         plain TOML scalars (enum members as their strings, lists as strings), a key
         left unset as ``""`` (``clipping-quantile``: ``"auto"``); suitable for TOML
-        and Flower's run config."""
+        and Flower's run config.
+        """
         return {
             spec.key: flat_value(spec, getattr(getattr(self, spec.section), spec.attr)) for spec in KEYS
         }
@@ -551,6 +555,7 @@ class Config:
     def guarantee_inputs(self) -> dict[str, Any]:
         """The flat values of the keys that define this run's guarantee (the inputs of
         the resolved mechanism): :data:`~fedfdp.config.keys.GUARANTEE_KEYS`, with
-        ``seed`` only under ``reproducible-noise``."""
+        ``seed`` only under ``reproducible-noise``.
+        """
         keys = guarantee_keys_of(self.privacy.reproducible_noise)
         return {k: v for k, v in self.to_flat().items() if k in keys}

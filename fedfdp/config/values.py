@@ -89,7 +89,8 @@ def _names(key: str, value: Any) -> list[str]:
 
 def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
     """``{col = [...]}`` tables or ``"col=...,col=..."`` strings, as (col, raw) pairs;
-    a column named twice is refused."""
+    a column named twice is refused.
+    """
     if isinstance(value, Mapping):
         out = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, str):
@@ -151,7 +152,8 @@ def _parse_categories(key: str, value: Any) -> tuple[tuple[str, tuple[str, ...]]
 
 def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
     """Label values: a TOML array, or one string separated by ``|`` (labels may
-    contain commas)."""
+    contain commas).
+    """
     if isinstance(value, str):
         items = [v.strip() for v in value.split("|")] if value.strip() else []
     elif isinstance(value, list | tuple) and all(isinstance(v, str | int) for v in value):
@@ -167,7 +169,8 @@ def _parse_classes(key: str, value: Any) -> tuple[str, ...]:
 
 def _parse_tvs(key: str, value: Any) -> tuple[tuple[str, float], ...]:
     """``insensitive-tv``: ``"speed=0.3,hour=0.1,*=0.5"`` (``*``: every other
-    insensitive column) or a table ``{speed = 0.3}``; each TV a number in [0, 1]."""
+    insensitive column) or a table ``{speed = 0.3}``; each TV a number in [0, 1].
+    """
     out = []
     for name, raw in _entries(key, value):
         if not name:
@@ -184,7 +187,8 @@ def _parse_tvs(key: str, value: Any) -> tuple[tuple[str, float], ...]:
 
 def _parse_bins(key: str, value: Any) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """``tv-bins``: ``"speed=-0.5:0:0.5,hour=0"`` (interior cut points of each
-    numeric model input, strictly increasing) or a table ``{speed = [-0.5, 0, 0.5]}``."""
+    numeric model input, strictly increasing) or a table ``{speed = [-0.5, 0, 0.5]}``.
+    """
     out = []
     for name, raw in _entries(key, value):
         try:
@@ -439,7 +443,8 @@ def flat_value(spec: KeySpec, value: Any) -> Any:
 
 def validated_value(section: str, attr: str, value: Any) -> Any:
     """A typed field value checked as its key's parser would check it (the same
-    message as the TOML path), normalised; ``None`` stays unset for optional keys."""
+    message as the TOML path), normalised; ``None`` stays unset for optional keys.
+    """
     spec = SPEC_OF_FIELD[(section, attr)]
     if value is None and spec.optional:
         return None

@@ -106,7 +106,8 @@ _STATE_VERSION = 2
 @dataclass(frozen=True)
 class ClassEpsilon:
     """One class: its weight ``d_c``, the two bounds on its ``ε_c`` (upper ends of the
-    accountant's intervals), ``ε_c`` = the smaller, and ``d_c·ε_c``."""
+    accountant's intervals), ``ε_c`` = the smaller, and ``d_c·ε_c``.
+    """
 
     name: str
     weight: float
@@ -286,7 +287,8 @@ class CorrDPAccountant:
 
     def compose(self, event: CorrDPRound | SubsampledGaussian, count: int = 1) -> None:
         """Record ``count`` rounds of ``event``, or ``count`` Gaussian releases (a
-        ``SubsampledGaussian`` with ``q = p = 1``: an estimate, module docstring)."""
+        ``SubsampledGaussian`` with ``q = p = 1``: an estimate, module docstring).
+        """
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"count={count!r}: must be an integer >= 1")
         if isinstance(event, SubsampledGaussian) and event.sampling_rate == event.participation == 1.0:
@@ -344,7 +346,8 @@ class CorrDPAccountant:
 
     def would_exceed(self, event: CorrDPRound, count: int = 1, *, max_epsilon: float, delta: float) -> bool:
         """Whether ``count`` more rounds of ``event`` would take ε above ``max_epsilon``
-        (no mutation)."""
+        (no mutation).
+        """
         return self._bound(_appended(self._rounds, event, count), delta).epsilon > max_epsilon
 
     def state_dict(self) -> dict[str, Any]:

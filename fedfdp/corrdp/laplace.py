@@ -96,7 +96,8 @@ def _uniform_below(stream: BitStream, m: np.ndarray) -> np.ndarray:
 
 def _bernoulli_exp_neg(stream: BitStream, num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """Exact Bernoulli(exp(−num/den)) for ``0 ≤ num ≤ den`` (CKS 2020, Algorithm 1:
-    ``K = 1``; while Bernoulli(γ/K): ``K += 1``; return ``K`` odd)."""
+    ``K = 1``; while Bernoulli(γ/K): ``K += 1``; return ``K`` odd).
+    """
     num = np.asarray(num, dtype=np.int64)
     den = np.asarray(den, dtype=np.int64)
     k = np.ones(num.shape, dtype=np.int64)

@@ -386,7 +386,8 @@ class CorrDPDesign:
     ) -> CorrDPRound:
         """The :class:`~fedfdp.accounting.events.CorrDPRound` of one round with base
         noise multiplier ``σ`` and clipping norm ``C`` at rate ``q``, participation ``p``:
-        every class with its weight and ``1/μ_c``, and the whole record's ``1/M``."""
+        every class with its weight and ``1/μ_c``, and the whole record's ``1/M``.
+        """
         return CorrDPRound(self.classes(noise_multiplier, clipping_norm),
                            1.0 / self.record_visibility(noise_multiplier, clipping_norm),
                            sampling_rate, participation)
@@ -395,7 +396,8 @@ class CorrDPDesign:
         """``M = √(Σ_B C̄_B²/σ_B²)``: the largest whitened norm of one record's clipped
         gradient, the shift of adding or removing the record (bound (ii) of
         :mod:`fedfdp.corrdp.accounting`). Large ``M`` means a record's presence in a batch
-        is visible through the weakly noised blocks."""
+        is visible through the weakly noised blocks.
+        """
         clips = np.minimum(self.block_clips(clipping_norm), [RESIDUAL_BOUND * b.bound for b in self.blocks])
         return float(np.sqrt(np.sum((clips / self.block_stds(noise_multiplier, clipping_norm)) ** 2)))
 

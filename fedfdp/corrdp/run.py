@@ -251,7 +251,8 @@ def _codes(
     cfg: Config, data: FederatedData, sensitive: Sequence[str], estimated: Sequence[str]
 ) -> tuple[np.ndarray, int, dict[str, np.ndarray], dict[str, int]]:
     """The joint sensitive cell of every training record and its number of cells; each
-    estimated feature's bin codes and number of bins (public: the declared bins)."""
+    estimated feature's bin codes and number of bins (public: the declared bins).
+    """
     groups = feature_groups(_spec(data).columns)
     x = np.concatenate([d.x for d in data.devices]).astype(np.float64)
     values, bins = _bins(cfg, data, [*sensitive, *estimated], groups, x)
@@ -423,7 +424,8 @@ def corrdp_accounting(setup: CorrDPSetup, eps_error: float = 0.05) -> Accounting
     family ``σ ↦`` :meth:`CorrDPDesign.round_event` at the run's ``C``, the per-class
     :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` (relation ``"corrdp"``, δ
     of the TV estimate set aside), the ε in ``epsilon_corrdp`` with the relation named
-    (:data:`RELATION_TEXT`)."""
+    (:data:`RELATION_TEXT`).
+    """
     if setup.layout_only:
         raise ValueError("corrdp_accounting: a node's layout-only design has placeholder TVs")
     design, clip = setup.design, setup.clipping_norm

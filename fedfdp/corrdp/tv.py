@@ -292,7 +292,8 @@ def estimation_error_bound(
 ) -> float:
     """``e(β) = √(2 (s_cells ln 2 + ln(2v/β)) / (ν n))``: with probability ``≥ 1 − β``,
     ``|T̂V(j) − TV(j)| ≤ e(β)`` (module docstring), provided
-    ``n ≥ ln(2v/β) / (2ν²)`` (:func:`min_records`); ``inf`` otherwise."""
+    ``n ≥ ln(2v/β) / (2ν²)`` (:func:`min_records`); ``inf`` otherwise.
+    """
     nu = _check_table(num_values, num_cells, min_value_prob)
     if not 0.0 < beta < 1.0:
         raise ValueError(f"beta={beta}: must be in (0, 1)")
@@ -303,7 +304,8 @@ def estimation_error_bound(
 
 def min_records(num_values: int, min_value_prob: float, beta: float) -> int:
     """Smallest ``n`` with ``v·exp(−2nν²) ≤ β/2`` (every value seen ``≥ νn`` times
-    except with probability ``β/2``)."""
+    except with probability ``β/2``).
+    """
     nu = min_value_prob / 2.0
     return math.ceil(math.log(2.0 * num_values / beta) / (2.0 * nu * nu))
 

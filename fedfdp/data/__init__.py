@@ -131,7 +131,8 @@ def load_server_data(cfg: DataConfig) -> FederatedData:
 
 def load_site(cfg: DataConfig, path: str) -> FederatedData:
     """One SuperNode's own file (``data-location = "node"``): one device,
-    ``devices[0]``, holding every row of ``path``."""
+    ``devices[0]``, holding every row of ``path``.
+    """
     from fedfdp.data.tabular import load_site as _load_site
 
     return _load_site(cfg, path)

@@ -66,7 +66,8 @@ NUMERIC_SHARE = 0.9
 
 def check_numeric_cells(series: pd.Series, column: str) -> None:
     """Refuse a column read as text although (nearly) all its values are numbers:
-    name the column, the first bad cell's row and its value."""
+    name the column, the first bad cell's row and its value.
+    """
     if is_numeric(series):
         return
     present = series.notna().to_numpy()
@@ -155,7 +156,8 @@ class ColumnEncoding:
     @property
     def centre(self) -> list[float]:
         """Public-mean imputation constants of the block (``mean`` public loss):
-        the range centre 0, or ``1/K`` per category."""
+        the range centre 0, or ``1/K`` per category.
+        """
         if self.kind == "onehot":
             return [1.0 / len(self.categories)] * len(self.categories)
         return [0.0]
@@ -204,7 +206,8 @@ MAX_UNDECLARED_CLASSES = 100
 
 def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...]:
     """``label-classes`` if declared, else the sorted distinct labels of ``frame``
-    (at least two); ``frame = None`` (strict) requires the declaration."""
+    (at least two); ``frame = None`` (strict) requires the declaration.
+    """
     if cfg.label_classes:
         return cfg.label_classes
     if frame is None:
@@ -226,7 +229,8 @@ def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...
 
 def encode_label_values(series: pd.Series, classes: Sequence[str], where: str) -> np.ndarray:
     """Class index of every label; a value outside ``classes`` is refused,
-    naming the values and ``where`` they come from."""
+    naming the values and ``where`` they come from.
+    """
     text = [_label_text(v) for v in series.to_numpy()]
     index = {c: i for i, c in enumerate(classes)}
     unknown = sorted({v for v in text if v not in index})

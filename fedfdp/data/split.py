@@ -28,7 +28,8 @@ EXTRA = "datasets"
 class DataError(ConfigError):
     """Bad data input (file, columns, labels, devices); the message names the key
     and the value. A :class:`~fedfdp.config.ConfigError`, so the CLI reports it
-    the same way, before any run starts."""
+    the same way, before any run starts.
+    """
 
 
 class MissingExtraError(DataError):
@@ -144,7 +145,8 @@ LABEL_STRATIFIED_HOLDOUT = ("watch",)
 
 def labels_private(cfg: Config) -> bool:
     """Whether ``cfg`` protects the label: ``public-loss = "label-free"`` (label-DP,
-    ``Ψ(x, y) = x``) in any mode that claims an ε (every mode but ``nonprivate``)."""
+    ``Ψ(x, y) = x``) in any mode that claims an ε (every mode but ``nonprivate``).
+    """
     return cfg.privacy.public_loss is PublicLoss.LABEL_FREE and cfg.privacy.mode is not Mode.NONPRIVATE
 
 

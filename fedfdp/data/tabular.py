@@ -139,7 +139,8 @@ def load_csv(cfg: DataConfig) -> FederatedData:
 def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> FederatedData:
     """A table already in memory (a file's rows, or a packaged dataset's), split
     over devices and encoded exactly as :func:`load_csv` does (``cfg``'s column
-    lists and declarations)."""
+    lists and declarations).
+    """
     check_columns(frame, cfg, where, [cfg.device_column] if cfg.device_column else [])
     frame = _labelled(frame, cfg, where)
     classes = label_classes(cfg, frame)
@@ -186,7 +187,8 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
 
 def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData, np.ndarray, np.ndarray]:
     """A file encoded with the strict (fully declared) encoding: an empty
-    FederatedData carrying the schema, and the file's inputs and labels."""
+    FederatedData carrying the schema, and the file's inputs and labels.
+    """
     where = f"{key}={path!r}"
     frame = read_table(path, cfg.max_records, key=key)
     check_columns(frame, cfg, where)
@@ -213,7 +215,8 @@ def _declared_table(cfg: DataConfig, path: str, key: str) -> tuple[FederatedData
 def load_site(cfg: DataConfig, path: str) -> FederatedData:
     """One SuperNode's own file (``data-location = "node"``): all its rows are the
     training records of one device, ``devices[0]``; no held-out part. The node
-    config's ``data-path`` names the file. Cached per process."""
+    config's ``data-path`` names the file. Cached per process.
+    """
     schema, x, y = _declared_table(cfg, path, "data-path")
     return dataclasses.replace(schema, devices=(DeviceData(x, y),))
 
@@ -221,6 +224,7 @@ def load_site(cfg: DataConfig, path: str) -> FederatedData:
 def load_heldout(cfg: DataConfig) -> FederatedData:
     """The server's view with ``data-location = "node"``: the schema and the
     held-out records of ``test-path``; no training devices (they stay on the
-    SuperNodes, which report only their record counts)."""
+    SuperNodes, which report only their record counts).
+    """
     schema, x, y = _declared_table(cfg, cfg.test_path, "test-path")
     return dataclasses.replace(schema, test_x=x, test_y=y)

@@ -69,7 +69,8 @@ def watch_file() -> str:
 
 def window_features(signal: np.ndarray, window: int) -> np.ndarray:
     """Per-window features of one recording ``(T, 6)`` → ``(T // window, 30)``,
-    ordered channel by channel as ``mean, std, min, max, absdiff``."""
+    ordered channel by channel as ``mean, std, min, max, absdiff``.
+    """
     k = len(signal) // window
     w = signal[: k * window].reshape(k, window, signal.shape[1])
     feats = [
@@ -90,7 +91,8 @@ KNOWN_WATCH_DIGESTS = frozenset({"eb122f23cdf06ef6bd6c6c5312958ec5cf9d038e2e6d45
 
 def unpickle_known(path: Path | str) -> dict:
     """The dataset dict of ``path``, unpickled only if its SHA-256 is a known one
-    (:data:`KNOWN_WATCH_DIGESTS`); a replaced or unknown file is refused, naming it."""
+    (:data:`KNOWN_WATCH_DIGESTS`); a replaced or unknown file is refused, naming it.
+    """
     import hashlib
 
     raw = Path(path).read_bytes()

@@ -97,7 +97,8 @@ _STREAM_TEST, _STREAM_DEVICES = 0, 1
 
 class ImageDataError(DataError):
     """Bad image data (file, shape, channels, values, labels, split); the message
-    names the file or key and the value."""
+    names the file or key and the value.
+    """
 
 
 def _missing(package: str, what: str) -> MissingExtraError:

@@ -234,7 +234,8 @@ class ImageTask(Protocol):
     """What the trainer needs from a task: the inputs, targets and per-record
     loss of one part (``full`` ℓ, ``private`` ℓ_priv, ``public`` ℓ_pub) on a
     batch, every record's random draws from its own public generator
-    (:meth:`PublicDraws.record_generators`)."""
+    (:meth:`PublicDraws.record_generators`).
+    """
 
     def parts(
         self, part: LossPart, x: torch.Tensor, y: torch.Tensor, generators: Sequence[torch.Generator]
@@ -244,7 +245,8 @@ class ImageTask(Protocol):
 @dataclass(frozen=True)
 class ClassificationTask:
     """Cross-entropy with Ψ as the public view: ``ℓ_pub = CE(model(Ψ(x)), y)``,
-    ``ℓ_priv = CE(model(x), y) − CE(model(Ψ(x)), y)`` (:mod:`fedfdp.losses`)."""
+    ``ℓ_priv = CE(model(x), y) − CE(model(Ψ(x)), y)`` (:mod:`fedfdp.losses`).
+    """
 
     psi: PublicMap
 
@@ -264,7 +266,8 @@ class ClassificationTask:
 class DiffusionTask:
     """The DDPM loss and its split (:class:`~fedfdp.images.diffusion.DiffusionLoss`);
     one fresh draw ``(t, ε)`` per record, part and step from the record's own
-    public generator (then Ψ's draws, if any, from the same generator)."""
+    public generator (then Ψ's draws, if any, from the same generator).
+    """
 
     loss: DiffusionLoss
 
@@ -451,7 +454,8 @@ def _sum_grads(
     params: list[nn.Parameter],
 ) -> list[torch.Tensor]:
     """``Σ_{i ∈ index}`` of the (clipped, when ``max_norm``) per-record gradients of
-    ``part``, record ``i``'s draws from its own stream ``(stage, step, part, i)``."""
+    ``part``, record ``i``'s draws from its own stream ``(stage, step, part, i)``.
+    """
     total = [torch.zeros_like(p) for p in params]
     for s in range(0, len(index), settings.chunk_size):
         chunk = index[s : s + settings.chunk_size]

@@ -268,7 +268,8 @@ class ClientSession:
     def export_state(self) -> bytes:
         """The session's whole state (its secrets included) as bytes, for the party's own
         storage between stages (a Flower node keeps it in its ``Context.state``, which
-        never leaves the node). :meth:`restore` is the inverse."""
+        never leaves the node). :meth:`restore` is the inverse.
+        """
 
         def hexmap(m: dict[int, bytes]) -> dict[str, str]:
             return {str(k): v.hex() for k, v in m.items()}

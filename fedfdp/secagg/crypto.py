@@ -114,7 +114,8 @@ class KeyPair:
     @staticmethod
     def generate() -> KeyPair:
         """A fresh key pair whose private key is 32 bytes of :func:`os.urandom`
-        (X25519 clamps them, RFC 7748 §5)."""
+        (X25519 clamps them, RFC 7748 §5).
+        """
         return KeyPair.from_private_bytes(os.urandom(KEY_BYTES))
 
     @staticmethod

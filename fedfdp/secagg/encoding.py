@@ -228,7 +228,8 @@ def to_ring(z: np.ndarray) -> np.ndarray:
 
 def encode(x: np.ndarray, *, clip: float, scale: float, stream: BitStream) -> np.ndarray:
     """:func:`quantize` then :func:`to_ring`, without noise (for noise, add it to the
-    ``int64`` output of :func:`quantize` before :func:`to_ring`)."""
+    ``int64`` output of :func:`quantize` before :func:`to_ring`).
+    """
     return to_ring(quantize(x, clip=clip, scale=scale, stream=stream))
 
 

@@ -44,13 +44,15 @@ class MessageError(SecAggError, ValueError):
 
 class AuthenticationError(MessageError):
     """An authenticated ciphertext failed to open: tampered bytes, wrong key or wrong
-    associated data (source, destination, round)."""
+    associated data (source, destination, round).
+    """
 
 
 class RequestRefused(SecAggError):
     """A client refuses a request that would break the protocol's guarantee (both
     shares of one node, a second unmask, a request out of order); the client's
-    session is over and its secrets are wiped."""
+    session is over and its secrets are wiped.
+    """
 
 
 class ThresholdError(SecAggError):
@@ -103,4 +105,5 @@ class ReconstructionError(SecAggError):
 
 class SessionStateError(SecAggError, RuntimeError):
     """A server session method was called out of order, or after the round ended or
-    failed."""
+    failed.
+    """

@@ -441,7 +441,8 @@ def sample_discrete_gaussian_reference(
     exact rational arithmetic only (CKS Algorithms 1-3 on Python integers and
     :class:`~fractions.Fraction`, no floats): the slow reference, and the code path the
     vectorised sampler falls back to when a float comparison is undecided.
-    About 50-80 µs per draw."""
+    About 50-80 µs per draw.
+    """
     s2 = as_variance(variance)
     size = _check_size(size)
     words = _Words(stream if stream is not None else OSBits())
@@ -479,7 +480,8 @@ def _scalar_laplace(t: int, words: _Words) -> int:
 def discrete_gaussian_variance(variance: Any) -> float:
     """``Var N_Z(0, σ²)`` by direct normalised summation over ``|x| <= 40σ + 10``
     (the omitted mass is below ``e^-800``). ``N_Z(0, 1/4)`` has variance ``≈ 0.2153``,
-    not ``0.25``; from ``σ ≈ 1`` on the two agree to ``10⁻⁷``."""
+    not ``0.25``; from ``σ ≈ 1`` on the two agree to ``10⁻⁷``.
+    """
     s2 = float(as_variance(variance))
     half = math.ceil(40.0 * math.sqrt(s2)) + 10
     x = np.arange(-half, half + 1, dtype=np.float64)

@@ -212,7 +212,8 @@ class ServerSession:
 
     def receive_keys(self, replies: Iterable[KeysReply]) -> dict[int, CollectRequest]:
         """Stage 1 → 2: record U2; forward to each node in U2 the ciphertexts addressed to
-        it by its neighbours in U2 (ciphertexts to nodes that dropped are discarded)."""
+        it by its neighbours in U2 (ciphertexts to nodes that dropped are discarded).
+        """
         self._expect(_ServerPhase.KEYS, "receive_keys")
         got = self._by_sender(replies, KeysReply, self.u1, "share_keys")
         for u, r in got.items():

@@ -49,7 +49,8 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
 
 def to_wire(msg: Any) -> dict[str, str | bytes]:
     """``msg``'s fields as strings and bytes (module docstring); a ``CollectReply``'s
-    ``masked`` array is left out."""
+    ``masked`` array is left out.
+    """
     out: dict[str, str | bytes] = {"type": type(msg).__name__}
     for f in fields(msg):
         value = getattr(msg, f.name)
@@ -75,7 +76,8 @@ def to_wire(msg: Any) -> dict[str, str | bytes]:
 
 def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _M:
     """The ``cls`` message a :func:`to_wire` record describes (``masked``: a
-    ``CollectReply``'s array). Raises :class:`MessageError` naming the field."""
+    ``CollectReply``'s array). Raises :class:`MessageError` naming the field.
+    """
     if record.get("type") != cls.__name__:
         raise MessageError(f"{cls.__name__}: the record is a {record.get('type')!r}", field="type")
     kwargs: dict[str, Any] = {}

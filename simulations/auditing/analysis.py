@@ -38,7 +38,8 @@ from simulations.auditing.canaries import (
 
 def claimed_epsilon(plan: ResolvedMechanism, relation: str) -> float:
     """ε the run's accountant claims for one round of its plan at ``plan.delta``
-    (add/remove: Theorem 5, with the plan's participation; replacement: Prop. 1)."""
+    (add/remove: Theorem 5, with the plan's participation; replacement: Prop. 1).
+    """
     if not isinstance(plan.event, SubsampledGaussian):
         raise RuntimeError("the audited plan charges no subsampled Gaussian")
     acc = FDPAccountant()
@@ -54,7 +55,8 @@ def group_statistics(
     ``shifts = (ρ/σ, 1/σ_b)``: the counted canary's mean shift, when sampled, on its
     coordinate (units of ``σC``) and on the count (units of ``σ_b``); their
     Neyman–Pearson combination has unit variance and shift ``√(ρ²/σ² + 1/σ_b²)``
-    (``1/σ_eff`` at ``ρ = 1``)."""
+    (``1/σ_eff`` at ``ρ = 1``).
+    """
     m = mask & (obs.group == group)
     t = obs.projection[m]
     out = {"projection": t, "projection-minus-seeded-noise": t - obs.predicted[m]}
@@ -154,7 +156,8 @@ def result_dict(
     plan: ResolvedMechanism | None = None,
 ) -> dict[str, Any]:
     """The JSON record of one audit. ``violated``: the lower bound exceeds the
-    claim, or the server rejected replies (an honest node never sends one)."""
+    claim, or the server rejected replies (an honest node never sends one).
+    """
     b = res.bound
     violated = res.violated or rejected > 0
     if res.violated:

@@ -92,7 +92,8 @@ def shared_batch_sampler(
     n: int, rate: float, public_count: int, secrets: DeviceSecrets, public: PublicStreams
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bug: the public batch (of the asked size) takes the private sample first,
-    then other records in public-stream order."""
+    then other records in public-stream order.
+    """
     private = poisson_sample(n, rate, secrets.coins)
     rest = public.sample.permutation(np.setdiff1d(np.arange(n), private))
     return private, np.sort(np.concatenate([private, rest])[:public_count])
@@ -116,7 +117,8 @@ def realised_normalisation_sum(
     batches: Sequence[PrivateBatch],
 ) -> PrivateSum:
     """Bug: each device's clipped sum scaled by ``q·n/|B|`` (the server then
-    divides by ``q·n``: the mean over the realised batch)."""
+    divides by ``q·n``: the mean over the realised batch).
+    """
     total = clipped_private_sum(model, decomposition, settings, [])
     for batch in batches:
         part = clipped_private_sum(model, decomposition, settings, [batch])
@@ -136,7 +138,8 @@ class HalfNoise(GaussianSumMechanism):
 
 class TwentiethNoise(GaussianSumMechanism):
     """Bug (for the count): noise with ``σ_b/20`` while the accountant is charged for
-    ``σ_b`` — ``σ_eff·√r`` in place of ``σ_eff/√r`` at the default share ``r = 0.05``."""
+    ``σ_b`` — ``σ_eff·√r`` in place of ``σ_eff/√r`` at the default share ``r = 0.05``.
+    """
 
     @property
     def std(self) -> float:
@@ -147,7 +150,8 @@ class TwentiethNoise(GaussianSumMechanism):
 class PublicStreamNoise(GaussianSumMechanism):
     """Bug (for the count): the noise of round ``round_`` drawn from the server's public
     stream of that round (:func:`fedfdp.sampling.server_public_rng` of the run seed),
-    not from the secret stream it is handed."""
+    not from the secret stream it is handed.
+    """
 
     seed: int = 0
     round_: int = 1
@@ -161,7 +165,8 @@ class PublicStreamNoise(GaussianSumMechanism):
 def public_count_server(seed: int) -> ServerParts:
     """The server of the ``count-public-stream`` bug: its ``k``-th noisy count (round
     ``k`` of a run whose rounds are all private) draws from the public stream of round
-    ``k`` of ``seed``."""
+    ``k`` of ``seed``.
+    """
     calls = itertools.count(1)
 
     def count_mechanism(std: float, sensitivity: float) -> PublicStreamNoise:
@@ -242,7 +247,8 @@ def planted(name: str | None) -> PlantedBug:
 class CorrDPBug:
     """A CorrDP server whose mechanism scales every insensitive block's noise by the
     TV ``tv(estimate)`` while its accounting (the claim) keeps the honest design's.
-    ``tv = None``: the honest server."""
+    ``tv = None``: the honest server.
+    """
 
     name: str
     component: str

@@ -258,7 +258,8 @@ RECOMMENDED: dict[str | None, dict[str, Any]] = {
 def recommended_setup(bug: str | None, **overrides: Any) -> AuditSetup:
     """The audit configuration for ``bug`` (:data:`RECOMMENDED`) with ``overrides``; the
     correct mechanism under adaptive clipping (``clipping_quantile`` auto or ``γ > 0``)
-    runs on the :data:`ADAPTIVE` canaries."""
+    runs on the :data:`ADAPTIVE` canaries.
+    """
     if bug not in RECOMMENDED:
         planted(bug)  # raises naming the known bugs
     base = RECOMMENDED[bug]
@@ -304,7 +305,8 @@ class CanaryDesign:
         """The devices of one trial. ``view="private"``: an add/remove world-2
         canary is absent, a replacement world-2 canary has private value ``−a``.
         ``view="public"``: every canary as in world 1 (the public part only
-        reads Ψ). Crowd canaries come first on their device, the others last."""
+        reads Ψ). Crowd canaries come first on their device, the others last.
+        """
         s = self.setup
         d = self.canary_x.shape[1]
         filler = np.zeros(d, dtype=np.float32)
@@ -491,7 +493,8 @@ def one_round(
 ) -> Trial:
     """One round of the real strategy and client with the canaries in ``worlds``
     and the components of ``bug`` (None: the honest ones); ``seed`` is the
-    round's public run seed, ``trial`` names the round for ``secret_seed``."""
+    round's public run seed, ``trial`` names the round for ``secret_seed``.
+    """
     bug = bug if bug is not None else planted(None)
     cfg = dataclasses.replace(des.cfg, training=dataclasses.replace(des.cfg.training, seed=seed))
     public_view = des.devices(worlds, "public")
@@ -576,7 +579,8 @@ def one_round(
 @dataclass
 class Observations:
     """Per-canary trials: ``world``, ``group``, ``round`` index and the
-    :class:`Trial` fields, flattened; ``rejected`` counts rejected replies."""
+    :class:`Trial` fields, flattened; ``rejected`` counts rejected replies.
+    """
 
     world: np.ndarray
     group: np.ndarray
@@ -592,7 +596,8 @@ class Observations:
 
 def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None) -> Observations:
     """Run ``setup.rounds`` rounds; each canary draws its world uniformly from
-    world 1 and the world 2 of each relation, independently per round."""
+    world 1 and the world 2 of each relation, independently per round.
+    """
     setup = des.setup
     component = planted(bug)
     rng = np.random.default_rng(np.random.SeedSequence(setup.seed, spawn_key=(0xA0D17,)))
@@ -626,7 +631,8 @@ def collect(des: CanaryDesign, relations: Sequence[str], bug: str | None = None)
 
 def audited_plan(des: CanaryDesign, bug: str | None) -> ResolvedMechanism:
     """The privacy plan the (possibly broken) server resolves for the canaries:
-    its event is what the run claims."""
+    its event is what the run claims.
+    """
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
     strat = FDPStrategy(build_model_for(des.cfg, data), des.cfg, parts=planted(bug).server(des.setup.seed))
     strat.registry = {0: (list(range(des.num_devices)), [len(d) for d in data.devices])}

@@ -123,7 +123,8 @@ class CorrDPAuditSetup:
 def claimed_tv(setup: CorrDPAuditSetup) -> TVEstimate:
     """The in-sample estimate (Def. 3.10) whose inflated ``TṼ`` every canary feature
     is declared with: one sensitive and one insensitive column of
-    :func:`~fedfdp.corrdp.correlated_features` at ``correlation``, binned at 0."""
+    :func:`~fedfdp.corrdp.correlated_features` at ``correlation``, binned at 0.
+    """
     data = correlated_features(setup.estimate_records, 1, 1, setup.correlation, seed=setup.seed)
     (est,) = estimate_tvs(
         {"s0": data.x[:, 0]}, {"u0": data.x[:, 1]}, data.bins(), setup.min_value_prob, setup.delta / 2
@@ -176,7 +177,8 @@ def one_round(
 ) -> np.ndarray:
     """One round of the real strategy and client with the server and node ``parts``
     (built once per audit: they depend on the canaries' schema, not on their values);
-    the statistic ``T`` of every canary."""
+    the statistic ``T`` of every canary.
+    """
     setup = can.setup
     cfg = dataclasses.replace(can.cfg, training=dataclasses.replace(can.cfg.training, seed=seed))
     data = can.devices(worlds)
@@ -220,7 +222,8 @@ def claimed_std(can: CorrDPCanaries) -> float:
 @dataclass(frozen=True)
 class CorrDPClaim:
     """What the accountant claims for one round: ``ε_c`` of the canaries' class, the
-    run's CorrDP ε and ``ε/TV`` (the relation's allowance for a feature change)."""
+    run's CorrDP ε and ``ε/TV`` (the relation's allowance for a feature change).
+    """
 
     class_epsilon: float
     corrdp_epsilon: float

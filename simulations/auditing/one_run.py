@@ -181,7 +181,8 @@ class OneRunSetup:
 @dataclass(frozen=True)
 class CanaryFleet:
     """The fleet with the canaries added (every canary present: world "out" is made by
-    :class:`WithoutAbsent`, not by removing records)."""
+    :class:`WithoutAbsent`, not by removing records).
+    """
 
     data: FederatedData
     columns: np.ndarray  # the canaries' private columns (model input indices)
@@ -191,7 +192,8 @@ class CanaryFleet:
 
 def with_canaries(data: FederatedData, canaries: int, amplitude: float) -> CanaryFleet:
     """``data`` plus ``canaries`` records (module docstring): canary ``j`` on device
-    ``j mod devices``, after that device's own records."""
+    ``j mod devices``, after that device's own records.
+    """
     if data.spec is None or data.is_image:
         raise ConfigError(f"dataset {data.name!r}: the one-run audit adds canary columns to a table")
     names = tuple(f"canary_{j:04d}" for j in range(canaries))
@@ -256,7 +258,8 @@ def _coins(m: int, seed: int | None) -> np.ndarray:
 class Recorder:
     """The auditor's view of the run: every round's model (an ``evaluate_fn``, called
     after each round with the model every client receives next), and held-out metrics
-    after the last round."""
+    after the last round.
+    """
 
     total: int
     test_x: np.ndarray
@@ -327,7 +330,8 @@ def canary_scores(
 
 def run_one_run_audit(setup: OneRunSetup | None = None, bug: str | None = None) -> dict[str, Any]:
     """Train once with ``m`` canaries (module docstring) and bound ε; the result record
-    (:func:`one_run_result`)."""
+    (:func:`one_run_result`).
+    """
     setup = setup or OneRunSetup()
     component = planted(bug)
     start = time.perf_counter()
@@ -368,7 +372,8 @@ def one_run_result(
     seconds: float, scores: np.ndarray, included: np.ndarray,
 ) -> dict[str, Any]:
     """The JSON record of a one-run audit. ``violated``: the lower bound exceeds the
-    run's printed ε."""
+    run's printed ε.
+    """
     claimed = float(last["epsilon"])
     violated = bound.epsilon > claimed
     clip = mechanism.clipping
