@@ -282,7 +282,8 @@ def check_node_inputs(
 
 def _input_key(model: nn.Module, devices: Mapping[int, DeviceData]) -> Hashable:
     """What :func:`check_node_inputs` depends on: the model's class and parameter shapes,
-    and the shape and dtype of the node's records."""
+    and the shape and dtype of the node's records.
+    """
     sample = next((dev.x[:1] for dev in devices.values() if len(dev.y)), None)
     shapes = tuple((name, tuple(t.shape)) for name, t in model.state_dict().items())
     records = (tuple(sample.shape[1:]), str(sample.dtype)) if sample is not None else None
@@ -357,7 +358,7 @@ class NodeCache:
         return cfg
 
     def runtime(self, cfg: Config, context: Context) -> NodeRuntime:
-        """This node's :class:`NodeRuntime` for ``cfg``, built on first use."""
+        """The node's :class:`NodeRuntime` for ``cfg``, built on first use."""
         key = cfg, tuple(sorted((str(k), v) for k, v in context.node_config.items()))
         runtime: NodeRuntime | None = self._get(self._runtimes, key)
         if runtime is None:
@@ -373,8 +374,9 @@ _process_cache = NodeCache()
 
 
 def node_runtime(cfg: Config, context: Context) -> NodeRuntime:
-    """This node's :class:`NodeRuntime`, built on first use and kept in the
-    process (:class:`NodeCache`, at most :data:`RUNTIME_CACHE_SIZE`)."""
+    """The node's :class:`NodeRuntime`, built on first use and kept in the
+    process (:class:`NodeCache`, at most :data:`RUNTIME_CACHE_SIZE`).
+    """
     return _process_cache.runtime(cfg, context)
 
 
@@ -389,7 +391,8 @@ def handle_train(
     public view, built afresh; returns (private sums, public sums, metrics).
     ``parts`` defaults to the secret entropy ``cfg`` asks for
     (:func:`fedfdp.entropy.run_secrets`) and the honest components. The
-    ClientApp itself reuses one :class:`NodeRuntime` per run (:func:`node_runtime`)."""
+    ClientApp itself reuses one :class:`NodeRuntime` per run (:func:`node_runtime`).
+    """
     return NodeRuntime.build(cfg, records, parts).train(state, config)
 
 
@@ -458,7 +461,8 @@ def make_client_app(cfg: Config | None = None, *, simulation: bool = False) -> C
     """Build the ClientApp; ``cfg`` fixes the configuration, otherwise it is
     read from Flower's run config. ``simulation``: the ClientApp of ``fedfdp
     run`` (Flower's Simulation Runtime, whose ServerApp refuses every other
-    grid), which accepts the reproducible opt-in from the run config."""
+    grid), which accepts the reproducible opt-in from the run config.
+    """
     app = ClientApp()
 
     @app.query()

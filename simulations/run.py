@@ -73,7 +73,8 @@ def default_supernodes(num_devices: int) -> int:
     SuperNodes than cores only add messages; each SuperNode computes its
     devices' contribution in one call per round. A small fleet (at most
     :data:`SMALL_FLEET` devices) keeps one SuperNode per device: a handful of
-    messages cost nothing and ``metrics.csv`` then counts replies per device."""
+    messages cost nothing and ``metrics.csv`` then counts replies per device.
+    """
     if num_devices <= SMALL_FLEET:
         return max(1, int(num_devices))
     return max(1, min(int(num_devices), os.cpu_count() or 1))
@@ -111,7 +112,8 @@ def stage_simulation_app(dest: Path, cfg: Config) -> Path:
     ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is ``cfg`` itself (so the
     run needs no overrides) and whose components are the simulation apps
     (:data:`strategies.server_app.simulation_app`,
-    :data:`clients.client_app.simulation_app`)."""
+    :data:`clients.client_app.simulation_app`).
+    """
     import importlib
 
     import tomli_w
@@ -145,7 +147,8 @@ def die_with_parent() -> None:
     """Run in a child between fork and exec: ask the kernel for SIGTERM when the
     thread that started it dies (Linux ``PR_SET_PDEATHSIG``; a no-op elsewhere), so
     a ``fedfdp run`` killed with SIGKILL leaves no SuperLink or ``flwr`` behind
-    (they run in sessions of their own, out of reach of a process-group kill)."""
+    (they run in sessions of their own, out of reach of a process-group kill).
+    """
     try:
         import ctypes
 
@@ -251,7 +254,8 @@ class LocalSimulation:
 
     def _track(self) -> None:
         """Remember every live descendant of the SuperLink (Flower starts some in
-        sessions of their own; orphans lose their parent link, so record them early)."""
+        sessions of their own; orphans lose their parent link, so record them early).
+        """
         table = _process_table()
         known = {pid for pid, start in self._seen.items() if table.get(pid, (0, -1))[1] == start}
         grew = True
@@ -302,7 +306,8 @@ class LocalSimulation:
     def run(self, app: Path, supernodes: int) -> None:
         """``flwr run APP --stream`` on ``supernodes`` virtual SuperNodes (one CPU
         each); echo the ServerApp's output (its progress bar and warnings) and
-        raise :class:`SimulationError` unless the run completed."""
+        raise :class:`SimulationError` unless the run completed.
+        """
         flag = "true" if self.verbose else "false"
         level = "INFO" if self.verbose else "ERROR"
         federation = (f"num-supernodes={int(supernodes)} client-resources-num-cpus=1 "
@@ -355,10 +360,11 @@ _FAILURE_STARTS = re.compile(r"^(\x1b\[[0-9;]*m)?ERROR\b|^Traceback \(most recen
 
 
 def _echo(stream: Any, tail: _Tail, verbose: bool) -> None:
-    """Copy ``flwr run --stream`` output to stderr as it arrives, without Flower's
+    r"""Copy ``flwr run --stream`` output to stderr as it arrives, without Flower's
     own log lines unless ``verbose``; a progress bar (``\r`` updates) passes at once.
     From the first line of a failure report (an ``ERROR`` line, a traceback) nothing
-    more is shown unless ``verbose``: the tail keeps it for the one-line error."""
+    more is shown unless ``verbose``: the tail keeps it for the one-line error.
+    """
     pending = ""
     failed = False
     fd = stream.fileno()
@@ -425,7 +431,7 @@ def _state(pid: int) -> str:
 
 
 def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, start time) from /proc (empty where there is none)."""
+    """Map each pid to (parent pid, start time) from /proc (empty where there is none)."""
     table: dict[int, tuple[int, int]] = {}
     proc = Path("/proc")
     if not proc.is_dir():
@@ -475,7 +481,8 @@ def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | 
     ``supernodes`` virtual SuperNodes (default and checks: :func:`supernodes_for`), each
     serving its partition of the devices; the sampling plan and the accounting
     are the same as with one SuperNode per device (tests/test_many_devices.py).
-    Raises :class:`SimulationError` if the run did not complete."""
+    Raises :class:`SimulationError` if the run did not complete.
+    """
     count = supernodes_for(cfg, supernodes)
     quiet_flower(verbose)
     with LocalSimulation(verbose=verbose) as sim:
@@ -491,7 +498,8 @@ _USER_ERROR = re.compile(r"(?:^|\.)(?:RunDiverged|ConfigError|LedgerError|Checkp
 def _simulation_failed(exc: SimulationError) -> int:
     """One line for a simulated run that did not complete: the error the ServerApp raised
     for a user's setting (status 2), or the cause with Flower's output written to a file
-    (status 1)."""
+    (status 1).
+    """
     text = str(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     raised = [m.group(1) for line in lines if (m := _USER_ERROR.search(line))]
@@ -510,7 +518,8 @@ def _simulation_failed(exc: SimulationError) -> int:
 
 def _epsilon_text(last: Any) -> str:
     """The final ε of a ``metrics.csv`` row in the column its accounting wrote (``epsilon``,
-    or ``epsilon_corrdp`` with the relation spelled out in ``relation_text``)."""
+    or ``epsilon_corrdp`` with the relation spelled out in ``relation_text``).
+    """
     delta = f"delta={last['delta']:.3g}, upper bound"
     corrdp = last.get("epsilon_corrdp", float("nan"))
     if isinstance(corrdp, float | int) and not math.isnan(corrdp):
@@ -523,7 +532,8 @@ def _epsilon_text(last: Any) -> str:
 def _budget_split_line(out: Path) -> str:
     """What the statistics released before training cost, from ``config.toml``'s
     ``[resolved]`` (``estimates-epsilon`` alone, ``planned-epsilon`` with every planned
-    round); empty when the run released none."""
+    round); empty when the run released none.
+    """
     from fedfdp.config import load_toml_file
     from fedfdp.outputs import CONFIG_FILE
 
@@ -569,7 +579,8 @@ def _summarise(out: Path, cfg: Config) -> int:
 def _check_run_dir(cfg: Config, data: FederatedData) -> Resume | None:
     """Refuse an occupied output directory, or a resume whose checkpoint or
     ledger does not match, before any work starts (errors inside Flower's
-    ServerApp thread are only logged)."""
+    ServerApp thread are only logged).
+    """
     from fedfdp.ledger import LedgerError
     from fedfdp.parts import mechanism_for, public_facts
     from fedfdp.run_files import RunFiles
@@ -591,7 +602,8 @@ def _check_run_dir(cfg: Config, data: FederatedData) -> Resume | None:
 
 def _changed_guarantee_keys(cfg: Config) -> str:
     """``key=new (the run has old); ...: `` for every key that defines the guarantee and
-    differs from the run directory's config.toml (empty when none or unreadable)."""
+    differs from the run directory's config.toml (empty when none or unreadable).
+    """
     from fedfdp.config import GUARANTEE_KEYS
 
     try:
@@ -631,7 +643,8 @@ def _check_data_path(cfg: Config) -> None:
 
 def _check_model_and_data(cfg: Config, data: FederatedData) -> None:
     """The model the run builds, the data and Ψ fit together (:func:`fedfdp.evaluation.check_run_inputs`),
-    checked here, before the Flower processes start."""
+    checked here, before the Flower processes start.
+    """
     from fedfdp.evaluation import check_run_inputs
     from fedfdp.losses import build_decomposition
     from fedfdp.models import build_model_for
@@ -647,7 +660,8 @@ def _check_model_and_data(cfg: Config, data: FederatedData) -> None:
 
 def _check_first_round_fits(cfg: Config, data: FederatedData, mechanism: ResolvedMechanism) -> None:
     """Refuse a cap (``max-epsilon``) below the ε of the first private round: the run
-    would stop before it, with nothing trained."""
+    would stop before it, with nothing trained.
+    """
     from fedfdp.parts import server_parts_for
 
     if mechanism.event is None or mechanism.max_epsilon is None:
@@ -677,7 +691,8 @@ class _StderrLines(logging.Handler):
 
 def _library_warnings_one_line() -> None:
     """Show the library's warnings (``fedfdp.*`` loggers) once each, as ``warning: message``
-    on stderr (without a handler Python's last-resort one would print them bare)."""
+    on stderr (without a handler Python's last-resort one would print them bare).
+    """
     logger = logging.getLogger("fedfdp")
     if not any(isinstance(h, _StderrLines) for h in logger.handlers):
         handler = _StderrLines(logging.WARNING)

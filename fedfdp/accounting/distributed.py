@@ -160,7 +160,8 @@ def _delta(value: Any) -> float:
 def sensitivity(scale: float, dimension: int) -> float:
     """``Δ = s + √d``: the L2 sensitivity, in integer units, of the honest parties'
     rounded sum under add/remove of one record (clip ``C`` scaled to ``s``; unbiased
-    rounding coupled on the same ``U`` adds at most 1 per coordinate)."""
+    rounding coupled on the same ``U`` adds at most 1 per coordinate).
+    """
     return _positive("scale", scale) + math.sqrt(_count("dimension", dimension))
 
 
@@ -203,7 +204,8 @@ def honest_parties(survivors: int, colluders: int) -> int:
 
 def theta_excess(variance: float) -> float:
     """``η(v) = 2 Σ_{m>=1} exp(-2π² v m²)``: by Poisson summation,
-    ``Σ_{k∈Z} exp(-(k - c)²/(2v)) ∈ √(2πv) [1 - η(v), 1 + η(v)]`` for every real ``c``."""
+    ``Σ_{k∈Z} exp(-(k - c)²/(2v)) ∈ √(2πv) [1 - η(v), 1 + η(v)]`` for every real ``c``.
+    """
     v = _positive("variance", variance)
     m = np.arange(1, 2 + math.ceil(math.sqrt(40.0 / v)))
     return float(2.0 * np.exp(-2.0 * math.pi**2 * v * m * m).sum())
@@ -221,7 +223,8 @@ def sum_divergence_bound(local_sigma: float, parties: int) -> float:
     ``N_Z(0, σ²)`` and ``N_Z(0, parties·σ²)``, per coordinate:
     ``Σ_{k=1}^{n-1} ln((1 + η(σ²k/(k+1))) / (1 - η(σ²k/(k+1))))`` (``inf`` if some
     ``η >= 1``, i.e. ``σ`` below about 0.27). About ``4 Σ_k exp(-2π²σ²k/(k+1))``, less
-    than the ``τ`` of Kairouz, Liu & Steinke (:func:`ddg_tau`)."""
+    than the ``τ`` of Kairouz, Liu & Steinke (:func:`ddg_tau`).
+    """
     sigma = _positive("local_sigma", local_sigma)
     n = _count("parties", parties)
     if n == 1:
@@ -238,14 +241,16 @@ def sum_divergence_bound(local_sigma: float, parties: int) -> float:
 def smoothing_divergence_bound(smoothing: float) -> float:
     """Lemma 2: ``D∞`` (both directions) between ``N_Z(G, t²)`` with
     ``G ~ N(0, V - t²)`` and ``N_Z(0, V)``: ``ln((1 + η(t²)) / (1 - η(t²)))``, for every
-    ``V > t²``. ``t = 2`` gives ``2.1e-34``."""
+    ``V > t²``. ``t = 2`` gives ``2.1e-34``.
+    """
     t = _positive("smoothing", smoothing)
     return _log_ratio_bound(theta_excess(t * t))
 
 
 def ddg_tau(local_sigma: float, parties: int) -> float:
     """``τ = 10 Σ_{k=1}^{n-1} exp(-2π²σ²k/(k+1))``: the per-coordinate inflation of
-    Kairouz, Liu & Steinke (ICML 2021, Theorem 1), used by route B."""
+    Kairouz, Liu & Steinke (ICML 2021, Theorem 1), used by route B.
+    """
     sigma = _positive("local_sigma", local_sigma)
     n = _count("parties", parties)
     k = np.arange(1, n, dtype=np.float64)
@@ -336,14 +341,16 @@ class DistributedDiscreteGaussian(PrivacyEvent):
     @property
     def noise_multiplier(self) -> float:
         """``σ_eff = √(n_h σ_loc² - t²) / Δ``: the smoothed round's Gaussian noise
-        multiplier."""
+        multiplier.
+        """
         var = self.honest_parties * self.local_sigma**2 - self.smoothing**2
         return math.sqrt(var) / self.sensitivity
 
     @property
     def slack(self) -> float:
         """``Λ_r = d (τ_{n_h}(σ_loc) + ln((1+η(t²))/(1-η(t²))))``: the round's
-        log-density-ratio distance from the smoothed (Gaussian) round."""
+        log-density-ratio distance from the smoothed (Gaussian) round.
+        """
         per_coordinate = sum_divergence_bound(self.local_sigma, self.honest_parties)
         per_coordinate += smoothing_divergence_bound(self.smoothing)
         return self.dimension * per_coordinate
@@ -460,7 +467,7 @@ def ddg_rdp(
 ) -> np.ndarray:
     """Rényi DP of one round of the distributed discrete Gaussian, no subsampling
     (Kairouz, Liu & Steinke, ICML 2021, Prop. 14 / Eq. 17, as their code
-    ``compute_rdp_dgaussian`` states it):
+    ``compute_rdp_dgaussian`` states it).
 
     ``ε(α) = min{ α Δ₂²/(2nσ²) + τd,  α/2 (Δ₂²/(nσ²) + 2Δ₁τ/(√n σ) + τ²d),
     α/2 (Δ₂/(√n σ) + τ√d)² }``
@@ -487,7 +494,7 @@ def ddg_rdp(
 
 def poisson_subsampled_rdp(base_rdp: np.ndarray, sampling_rate: float, orders: Sequence[int]) -> np.ndarray:
     """Zhu & Wang (ICML 2019), general upper bound for Poisson subsampling at integer
-    ``α >= 2``, for any mechanism with Rényi DP ``ε(l)`` at every integer ``l <= α``:
+    ``α >= 2``, for any mechanism with Rényi DP ``ε(l)`` at every integer ``l <= α``.
 
     ``(α-1) ε'(α) <= log{ (1-q)^{α-1}(αq - q + 1) + C(α,2) q² (1-q)^{α-2} e^{ε(2)}
     + 3 Σ_{l=3}^{α} C(α,l) (1-q)^{α-l} q^l e^{(l-1)ε(l)} }``,
@@ -527,7 +534,8 @@ def poisson_subsampled_rdp(base_rdp: np.ndarray, sampling_rate: float, orders: S
 
 def rdp_to_epsilon(orders: Sequence[float], rdp: np.ndarray, delta: float) -> float:
     """``min_α ε_α + log((α-1)/α) - (log δ + log α)/(α-1)``, at least 0
-    (Canonne, Kamath & Steinke 2020, Prop. 12; the conversion dp-accounting uses)."""
+    (Canonne, Kamath & Steinke 2020, Prop. 12; the conversion dp-accounting uses).
+    """
     delta = _delta(delta)
     a = np.asarray(orders, dtype=np.float64)
     r = np.asarray(rdp, dtype=np.float64)
@@ -539,7 +547,8 @@ def route_b_epsilon(rounds: Rounds, delta: float, orders: Sequence[int] = ROUTE_
     """Route B: add/remove ε from Rényi DP (DDG Prop. 14 per round with ``n = n_h``,
     ``σ = σ_loc``, ``Δ₂ = s + √d``; Zhu & Wang's general Poisson-subsampling bound;
     additive composition; the CKS conversion). A valid upper bound, looser than
-    route A (``docs/secagg_accounting.md`` §6)."""
+    route A (``docs/secagg_accounting.md`` §6).
+    """
     counted = _as_counted(rounds)
     delta = _delta(delta)
     orders_i = sorted({_count("order", o, 2) for o in orders})
@@ -675,7 +684,8 @@ class DistributedAccountant:
         self, event: Charged, count: int = 1, *, max_epsilon: float, delta: float
     ) -> bool:
         """Whether ``count`` more rounds of ``event`` would take ε above ``max_epsilon``
-        (no mutation)."""
+        (no mutation).
+        """
         return self._bound(self._appended(self._rounds, event, count), delta).epsilon > max_epsilon
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Per-record gradients, clipping and summing (the private gradient of Algorithm 1).
+r"""Per-record gradients, clipping and summing (the private gradient of Algorithm 1).
 
 This module computes the *clipped sum* of Algorithm 1, step 4 of the FDP paper
 (``fdp_protected_attributes.txt``), with clipping in place of a Lipschitz
@@ -6,9 +6,9 @@ bound as allowed by Remark 1:
 
 .. math::
 
-    S = \\sum_{i \\in B} \\bar g_i, \\qquad
-    \\bar g_i = g_i \\cdot \\min\\left(1, \\frac{C}{\\lVert g_i \\rVert_2}\\right), \\qquad
-    g_i = \\nabla_w L_i(w),
+    S = \sum_{i \in B} \bar g_i, \qquad
+    \bar g_i = g_i \cdot \min\left(1, \frac{C}{\lVert g_i \rVert_2}\right), \qquad
+    g_i = \nabla_w L_i(w),
 
 where the L2 norm runs over *all* trainable parameters jointly and ``L_i`` is
 record ``i``'s loss. In FDP, ``L_i = ℓ(model(x_i), y_i) − ℓ(model(v_i), y_i)``

@@ -1,4 +1,4 @@
-"""Denoising diffusion (DDPM) with the FDP loss split ``ℓ = ℓ_priv + ℓ_pub``.
+r"""Denoising diffusion (DDPM) with the FDP loss split ``ℓ = ℓ_priv + ℓ_pub``.
 
 Model and loss
 --------------
@@ -8,8 +8,8 @@ Ho et al.'s DDPM with noise prediction: for a record ``(x, y)`` (image in
 
 .. math::
 
-    x_t = \\sqrt{\\bar α_t}\\, x₀ + \\sqrt{1 − \\bar α_t}\\, ε, \\qquad
-    ℓ(w; x) = \\operatorname{mean}\\bigl(ε_w(x_t, t, y) − ε\\bigr)^2 .
+    x_t = \sqrt{\bar α_t}\, x₀ + \sqrt{1 − \bar α_t}\, ε, \qquad
+    ℓ(w; x) = \operatorname{mean}\bigl(ε_w(x_t, t, y) − ε\bigr)^2 .
 
 FDP split (Section 6.3 of the FDP paper, with Section 5's decomposition): the
 public loss is **the same diffusion loss on the blurred image with the same
@@ -17,8 +17,8 @@ timestep and the same noise draw**,
 
 .. math::
 
-    ℓ_{pub}(w; Ψ(x)) = \\operatorname{mean}\\bigl(ε_w(\\tilde x_t, t, y) − ε\\bigr)^2,
-    \\quad \\tilde x_t = \\sqrt{\\bar α_t}\\,(2Ψ(x) − 1) + \\sqrt{1 − \\bar α_t}\\, ε,
+    ℓ_{pub}(w; Ψ(x)) = \operatorname{mean}\bigl(ε_w(\tilde x_t, t, y) − ε\bigr)^2,
+    \quad \tilde x_t = \sqrt{\bar α_t}\,(2Ψ(x) − 1) + \sqrt{1 − \bar α_t}\, ε,
 
 and ``ℓ_priv = ℓ − ℓ_pub``, so ``ℓ_priv + ℓ_pub = ℓ`` holds record by record
 (up to one floating-point rounding), for every draw. ``ℓ_pub`` depends on
@@ -141,7 +141,8 @@ class NoiseSchedule:
 @dataclass(frozen=True, eq=False)
 class DiffusionDraw:
     """One record-wise draw of the forward process: timesteps ``t`` ``(n,)``
-    (int64 in ``0..T−1``) and noise ``ε`` ``(n, C, H, W)``. Data-independent."""
+    (int64 in ``0..T−1``) and noise ``ε`` ``(n, C, H, W)``. Data-independent.
+    """
 
     t: torch.Tensor
     noise: torch.Tensor

@@ -1,4 +1,4 @@
-"""Sample quality: a Fréchet distance on a small digit classifier's features, and PNG grids.
+r"""Sample quality: a Fréchet distance on a small digit classifier's features, and PNG grids.
 
 **This is not the Inception FID** of Heusel et al. (2017) and its numbers are
 not comparable with published FIDs (the FDP paper's AFHQ/LSUN numbers
@@ -8,8 +8,8 @@ trained on real digits (:func:`train_feature_classifier`),
 
 .. math::
 
-    \\mathrm{FD}(A, B) = \\lVert μ_A − μ_B \\rVert^2
-        + \\operatorname{tr}\\bigl(Σ_A + Σ_B − 2 (Σ_A^{1/2} Σ_B Σ_A^{1/2})^{1/2}\\bigr),
+    \mathrm{FD}(A, B) = \lVert μ_A − μ_B \rVert^2
+        + \operatorname{tr}\bigl(Σ_A + Σ_B − 2 (Σ_A^{1/2} Σ_B Σ_A^{1/2})^{1/2}\bigr),
 
 with ``μ, Σ`` the mean and (unbiased) covariance of the features of each set
 (computed in float64; the matrix square root by symmetric eigendecomposition,
