@@ -83,7 +83,8 @@ class PrivateSum:
     """A node's private part: the sum of clipped private gradients and how many
     of the clipped vectors (records, or devices for the device unit) were
     already within ``C`` — the count adaptive clipping needs (Andrew et al.
-    2021); it leaves the node only for the server to add noise to it."""
+    2021); it leaves the node only for the server to add noise to it.
+    """
 
     grads: list[torch.Tensor]
     unclipped: int = 0
@@ -183,7 +184,8 @@ def independent_batches(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The honest sampler: a Poisson private batch at ``rate`` from the device's
     secret coins and, independently, a uniform public batch of ``public_count``
-    records from the public stream (Prop. 3)."""
+    records from the public stream (Prop. 3).
+    """
     private = poisson_sample(n, rate, secrets.coins)
     if public_count == 0:  # nothing drawn: the stream is this device's in this round only
         return private, np.empty(0, dtype=np.int64)
@@ -200,6 +202,9 @@ class PrivateAggregator(Protocol):
         settings: RoundSettings,
         batches: Sequence[PrivateBatch],
     ) -> PrivateSum:
+        """The node's private sum of ``batches`` for ``model`` under ``decomposition``
+        and the round's ``settings``.
+        """
         ...
 
 
@@ -222,7 +227,8 @@ def private_gradient_sum(
     clip_method: str = "auto",
 ) -> list[torch.Tensor]:
     """Σ over the union of ``batches`` of per-record private-loss gradients, each
-    clipped to ``clipping_norm`` (``None``: unclipped), in one call."""
+    clipped to ``clipping_norm`` (``None``: unclipped), in one call.
+    """
     return private_clipped_sum(model, decomposition, phase, batches, clipping_norm, clip_method).grads
 
 
@@ -235,7 +241,8 @@ def private_clipped_sum(
     clip_method: str = "auto",
 ) -> PrivateSum:
     """:func:`private_gradient_sum` with the count of records whose gradient norm
-    was already within ``clipping_norm`` (0 without clipping)."""
+    was already within ``clipping_norm`` (0 without clipping).
+    """
     if not batches or not any(len(b.y) for b in batches):
         return PrivateSum([torch.zeros_like(p) for p in trainable(model)], 0)
     pairs = [_loss_and_inputs(decomposition, phase, batch) for batch in batches]
@@ -314,7 +321,8 @@ def public_gradient_sum(
 ) -> tuple[list[torch.Tensor], float, int]:
     """Σ of unclipped public-loss gradients over the union of ``batches`` (each
     ``(x, y, padding)``, its views padded from its own public stream), in one
-    forward/backward; returns ``(gradients, loss sum, records)``."""
+    forward/backward; returns ``(gradients, loss sum, records)``.
+    """
     params = trainable(model)
     batches = [b for b in batches if len(b[1])]
     if not batches:

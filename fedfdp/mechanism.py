@@ -101,7 +101,8 @@ class Accounting:
 
     def columns(self, epsilon: float) -> dict[str, Any]:
         """The ε columns of an output row (``epsilon`` empty when another column holds
-        it, with the relation spelled out in ``relation_text``)."""
+        it, with the relation spelled out in ``relation_text``).
+        """
         if self.column == "epsilon":
             return {"epsilon": epsilon}
         return {"epsilon": float("nan"), self.column: epsilon, "relation_text": self.text}
@@ -124,7 +125,8 @@ DISTRIBUTED_ACCOUNTING = Accounting(new=_distributed_accountant, resolved={"aggr
 
 def run_accounting(cfg: Config, accounting: Accounting = FDP_ACCOUNTING) -> Accounting:
     """The accounting a run uses: :data:`DISTRIBUTED_ACCOUNTING` under
-    ``aggregation = "secagg"`` in place of the add/remove one, else ``accounting``."""
+    ``aggregation = "secagg"`` in place of the add/remove one, else ``accounting``.
+    """
     if cfg.privacy.aggregation is Aggregation.SECAGG and accounting.relation is Relation.ADD_REMOVE:
         return DISTRIBUTED_ACCOUNTING
     return accounting
@@ -161,6 +163,7 @@ class PublicFacts:
 
     @property
     def num_devices(self) -> int:
+        """The number of devices."""
         return len(self.device_sizes)
 
 
@@ -188,6 +191,7 @@ class Clipping:
 
     @property
     def adaptive(self) -> bool:
+        """Whether ``C`` adapts (``quantile > 0``)."""
         return self.quantile > 0
 
 
@@ -277,10 +281,12 @@ class ResolvedMechanism:
 
     @property
     def participation(self) -> float:
+        """``p`` of the accounted event."""
         return self.subsampling.participation
 
     @property
     def count_noise(self) -> float | None:
+        """``σ_b`` of adaptive clipping (:attr:`Clipping.count_noise`)."""
         return self.clipping.count_noise
 
     def phase(self, round_: int) -> Phase:
@@ -289,7 +295,8 @@ class ResolvedMechanism:
 
     def expected_batch(self) -> float:
         """``E[batch]`` of a private round over every unit (records, or devices for the
-        device unit): ``q·p`` times the units."""
+        device unit): ``q·p`` times the units.
+        """
         units = self.num_devices if self.unit is PrivacyUnit.DEVICE else self.num_records
         return self.sampling_rate * self.participation * units
 
@@ -489,7 +496,8 @@ def resolve_mechanism(
 
 def _naming_target(target: float, exc: ValueError) -> str:
     """A calibration failure naming ``target-epsilon`` once (the calibration's own
-    message may already start with it)."""
+    message may already start with it).
+    """
     text = str(exc)
     return text if text.startswith("target-epsilon=") else f"target-epsilon={target}: {text}"
 
@@ -499,7 +507,8 @@ def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., Resolv
     """``aggregation = "secagg"``: σ (given, or the central calibration at the target), a fixed
     ``C``, the plan of :func:`fedfdp.secagg.plan.secagg_plan` and its event at ``n_min − t_c``.
     A calibrated σ is raised by 10⁻⁶ steps until the distributed accountant's ε of the private
-    rounds is at most the target (route A adds ``2Λ`` and moves δ by ``e^{−Λ}``)."""
+    rounds is at most the target (route A adds ``2Λ`` and moves δ by ``e^{−Λ}``).
+    """
     p = cfg.privacy
     if sub.participation != 1.0:
         raise ConfigError(f"device-sampling-rate={p.device_sampling_rate}: aggregation='secagg' credits no "
@@ -565,7 +574,8 @@ class Budget:
 
     def epsilon(self) -> float:
         """ε spent so far: the accountant's upper bound for the mechanism's relation at
-        its δ (``inf`` for ``nonprivate``, 0 for public-only training)."""
+        its δ (``inf`` for ``nonprivate``, 0 for public-only training).
+        """
         m = self.mechanism
         if m.unbounded:
             return float("inf")
@@ -575,7 +585,8 @@ class Budget:
 
     def check(self, count: int = 1) -> None:
         """Raise :class:`PrivacyBudgetExhausted` if ``count`` more private rounds would
-        exceed the cap. Changes nothing."""
+        exceed the cap. Changes nothing.
+        """
         m = self.mechanism
         if m.event is None or m.max_epsilon is None:
             return

@@ -68,7 +68,8 @@ log = logging.getLogger("fedfdp.server")
 class RoundAborted(RuntimeError):
     """A round could not complete without releasing more than it may (secure
     aggregation below ``n_min`` survivors, every try): the run stops before it,
-    nothing of it charged or stepped."""
+    nothing of it charged or stepped.
+    """
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class RoundStats:
 
     @property
     def missing(self) -> int:
+        """Nodes asked that neither replied nor were rejected."""
         return self.asked - self.replies - self.rejected
 
 
@@ -151,7 +153,8 @@ EvaluateFn = Callable[[int, nn.Module], Mapping[str, float] | None]
 
 def held_out_evaluation(x: Any, y: Any) -> EvaluateFn:
     """An ``evaluate_fn`` reporting accuracy, balanced accuracy, AUC (binary) and
-    log loss on ``(x, y)`` (:func:`fedfdp.evaluation.held_out_metrics`)."""
+    log loss on ``(x, y)`` (:func:`fedfdp.evaluation.held_out_metrics`).
+    """
 
     def evaluate_fn(round_: int, model: nn.Module) -> dict[str, float]:
         return held_out_metrics(model, x, y)
@@ -236,7 +239,8 @@ class FDPServer:
     def resolve(self, device_sizes: Sequence[int], device_nodes: Sequence[int] = ()) -> ResolvedMechanism:
         """Build the sampling plan over the (public) device sizes and resolve the
         mechanism (:func:`fedfdp.mechanism.resolve_mechanism`) for the event it charges.
-        A model whose initial weights are not finite is refused (:class:`RunDiverged`)."""
+        A model whose initial weights are not finite is refused (:class:`RunDiverged`).
+        """
         for name, param in zip(self.names, self.params, strict=True):
             if not bool(torch.isfinite(param).all()):
                 raise RunDiverged(f"model parameter {name!r}: initial weights are not finite (NaN or inf)")
@@ -270,7 +274,8 @@ class FDPServer:
     def charge(self, round_: int) -> int:
         """Compose the round's event and, with a run directory, write the ledger
         durably — before the round draws its batches and noise. Returns the attempt
-        number (how often the round was charged before)."""
+        number (how often the round was charged before).
+        """
         _, mechanism, budget, ledger = self._ready()
         if mechanism.event is None:
             raise RuntimeError(f"round {round_}: a private round without an event")
@@ -325,7 +330,8 @@ class FDPServer:
 
     def abort_round(self, stats: RoundStats | None = None) -> RoundOutcome:
         """End the round in flight without a step: the model, the optimizer, ``C`` and
-        the ledger are unchanged (secure aggregation below ``n_min`` survivors)."""
+        the ledger are unchanged (secure aggregation below ``n_min`` survivors).
+        """
         state = self.current
         if state is None:
             raise RuntimeError("abort_round without begin_round")
@@ -410,7 +416,8 @@ class FDPServer:
     def restore(self, resume: Resume) -> int:
         """Restore a verified resume (:meth:`RunFiles.verify`): the ledger (every charge
         ever written, plus the pessimistic ones, durably appended first), the model,
-        optimizer, rows and ``C``; return the first round to run."""
+        optimizer, rows and ``C``; return the first round to run.
+        """
         _, mechanism, _, _ = self._ready()
         if resume.ledger is None:
             return 1
@@ -481,7 +488,8 @@ class FDPServer:
         """The ε of the statistics released before training (``m.estimates``) composed
         alone, and with every planned private round: upper bounds at ``m.delta`` for
         ``m.relation`` from a fresh accountant of the run's accounting, so the split
-        shown is the accountant's composition, not a sum of ε's."""
+        shown is the accountant's composition, not a sum of ε's.
+        """
         estimates = replay([e.event for e in m.estimates], self.accounting.new)
         split: dict[str, Any] = {
             "estimates": [e.statistic for e in m.estimates],
@@ -495,7 +503,8 @@ class FDPServer:
     # ---------------------------------------------------------------- a whole run
     def resume(self) -> int:
         """Check the run directory and restore a run from it; return the first round
-        to run (:meth:`RunFiles.verify`, :meth:`restore`)."""
+        to run (:meth:`RunFiles.verify`, :meth:`restore`).
+        """
         if self.files is None:
             return 1
         _, mechanism, _, ledger = self._ready()
@@ -517,7 +526,8 @@ class FDPServer:
         """Run every round with ``step(round) -> RoundOutcome`` (which calls
         :meth:`begin_round` and :meth:`finish_round`); evaluate server-side, write
         metrics, checkpoints and the final model through the collaborators. Stops
-        cleanly before a round that would exceed ``max-epsilon``."""
+        cleanly before a round that would exceed ``max-epsilon``.
+        """
         cfg = self.cfg
         self._ready()
         first = self.resume()

@@ -72,7 +72,8 @@ NODE_CHOICES = ("supernodes", "devices")
 def exchange(grid: Grid, messages: list[Message], timeout: float | None) -> list[Message]:
     """Send ``messages`` and collect their replies until all arrived or
     ``timeout`` seconds passed (Flower's ``Grid.send_and_receive`` contract),
-    polling the Grid at short intervals."""
+    polling the Grid at short intervals.
+    """
     pending = set(grid.push_messages(messages))
     start = time.monotonic()
     end = None if timeout is None else start + timeout
@@ -103,7 +104,8 @@ def _int_list(value: Any) -> list[int]:
 
 def _scalars(record: Any) -> dict[str, float | int]:
     """A metric record's scalar entries, types kept (a list is no metric of a round: a
-    reply that needs one there is then refused as missing it)."""
+    reply that needs one there is then refused as missing it).
+    """
     return {k: v for k, v in record.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
@@ -182,14 +184,17 @@ class FDPStrategy(Strategy):
     # ------------------------------------------------------------------ state
     @property
     def model(self) -> torch.nn.Module:
+        """The global model (:attr:`FDPServer.model`)."""
         return self.server.model
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
+        """The model's trainable parameters, in order."""
         return self.server.params
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every trainable parameter, by name."""
         return self.server.shapes
 
     @property
@@ -199,24 +204,29 @@ class FDPStrategy(Strategy):
 
     @property
     def budget(self) -> Budget | None:
+        """The guard of the run's privacy budget (None before the mechanism is resolved)."""
         return self.server.budget
 
     @property
     def ledger(self) -> Ledger | None:
+        """The run's privacy ledger (None before the mechanism is resolved)."""
         return self.server.ledger
 
     @property
     def rows(self) -> list[dict[str, Any]]:
+        """One row of metrics per round completed so far (checkpointed rows included)."""
         return self.server.rows
 
     @property
     def round_in_flight(self) -> RoundState | None:
         """The round between :meth:`configure_train` and :meth:`collect` (its phase,
-        attempt, sampling and ``C``), None between rounds."""
+        attempt, sampling and ``C``), None between rounds.
+        """
         return self.server.current
 
     @property
     def stop_reason(self) -> str | None:
+        """Why the run stopped early (budget exhausted, a round aborted), else None."""
         return self.server.stop_reason
 
     @property
@@ -276,7 +286,8 @@ class FDPStrategy(Strategy):
     def resolve(self) -> ResolvedMechanism:
         """Build the sampling plan over the registered devices (in device-id
         order, with the node serving each, or each device its own node with
-        ``node_choice="devices"``) and resolve σ, δ and the budget."""
+        ``node_choice="devices"``) and resolve σ, δ and the budget.
+        """
         devices = sorted(
             (d, node, size) for node, (ids, sizes) in self.registry.items()
             for d, size in zip(ids, sizes, strict=True)
@@ -313,7 +324,8 @@ class FDPStrategy(Strategy):
         self, server_round: int, state: RoundState, arrays: ArrayRecord, config: ConfigRecord
     ) -> list[Message]:
         """One train message per node with work in the round ``state`` begun: its devices,
-        their public counts and private flags (no seed, no secret)."""
+        their public counts and private flags (no seed, no secret).
+        """
         sampling = self.server.sampling
         if sampling is None:  # begin_round checked it
             raise RuntimeError("no sampling plan")
@@ -439,7 +451,8 @@ class FDPStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """No client-side evaluation: metrics on private training data are
-        outside the guarantee. Evaluation is server-side on held-out data."""
+        outside the guarantee. Evaluation is server-side on held-out data.
+        """
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

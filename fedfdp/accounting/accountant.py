@@ -125,12 +125,14 @@ check_rate = check_probability
 
 
 def check_count(value: Any, name: str = "count") -> int:
+    """``value`` as an int ``>= 1`` (numpy integers accepted, bool refused), else ``ValueError``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name}={value!r}: must be an integer >= 1")
     return int(value)
 
 
 def check_delta(value: Any, name: str = "delta") -> float:
+    """``value`` as a float in ``(0, 1)``, else ``ValueError`` naming ``name``."""
     v = check_real(name, value)
     if not 0.0 < v < 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1)")
@@ -138,12 +140,14 @@ def check_delta(value: Any, name: str = "delta") -> float:
 
 
 def check_relation(relation: Any) -> str:
+    """``relation`` if it is one of :data:`RELATIONS`, else ``ValueError``."""
     if relation not in RELATIONS:
         raise ValueError(f"relation={relation!r}: unknown, expected one of {RELATIONS}")
     return str(relation)
 
 
 def check_eps_error(value: Any, name: str = "eps_error") -> float:
+    """``value`` as a float in ``(0, 1]``, else ``ValueError`` naming ``name``."""
     v = check_real(name, value)
     if not 0.0 < v <= 1.0:
         raise ValueError(f"{name}={value!r}: must be in (0, 1]")
@@ -174,14 +178,17 @@ class Repeated:
 
     @property
     def noise_multiplier(self) -> float:
+        """``σ`` of the repeated event."""
         return self.event.noise_multiplier
 
     @property
     def sampling_rate(self) -> float:
+        """``q`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
         return self.event.sampling_rate
 
     @property
     def participation(self) -> float:
+        """``p`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
         return self.event.participation
 
 
@@ -214,7 +221,8 @@ class EpsilonBound:
 
 def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
     """The composed rounds of an accountant, a :class:`Repeated`, a
-    :class:`~fedfdp.accounting.events.SubsampledGaussian` or a sequence of those."""
+    :class:`~fedfdp.accounting.events.SubsampledGaussian` or a sequence of those.
+    """
     if isinstance(ledger_or_accountant, FDPAccountant):
         return ledger_or_accountant.ledger
     if isinstance(ledger_or_accountant, Repeated):
@@ -245,7 +253,8 @@ def as_events(ledger_or_accountant: Any) -> tuple[Repeated, ...]:
 
 def threshold_delta_cost(events: Sequence[Repeated]) -> float:
     """``Σ count · (−ln(1 − δ_t))`` over the thresholded histograms of ``events``: the
-    δ they take off an add/remove composition of the Gaussian parts (0 without any)."""
+    δ they take off an add/remove composition of the Gaussian parts (0 without any).
+    """
     return float(sum(r.count * r.event.delta_cost for r in events
                      if isinstance(r.event, ThresholdedHistogram)))
 
@@ -337,7 +346,8 @@ class FDPAccountant:
     @property
     def ledger(self) -> tuple[Repeated, ...]:
         """Immutable events; consecutive events with equal ``(sigma, q, participation)``
-        are merged."""
+        are merged.
+        """
         return tuple(self._ledger)
 
     @property
@@ -348,7 +358,8 @@ class FDPAccountant:
     def compose(self, event: SubsampledGaussian | ThresholdedHistogram, count: int = 1) -> None:
         """Record ``count`` rounds of ``event`` (a
         :class:`~fedfdp.accounting.events.SubsampledGaussian`: ``σ``, ``q``,
-        participation ``p``)."""
+        participation ``p``).
+        """
         self._ledger = appended(self._ledger, Repeated(event, count))
 
     # ------------------------------------------------------------------------- epsilon
@@ -388,7 +399,8 @@ class FDPAccountant:
         ``δ_x`` (:func:`replacement_epsilon`: ``d (1 + e^{ε_G(d)}) ≤ δ_x``) holds at
         ``δ_x + cost (1 + e^{ε_G(d)})``. So ``δ_x = δ_r − cost (1 + e^{g/2})`` for a guess
         ``g`` of the answer, accepted once the answer is ``≤ g`` (a fixed point from
-        ``δ_r − 2 cost``); infinite when no ``δ_x > 0`` is left."""
+        ``δ_r − 2 cost``); infinite when no ``δ_x > 0`` is left.
+        """
         guess = 0.0
         for _ in range(60):
             delta_x = delta_r - cost * (1.0 + math.exp(min(guess / 2.0, 700.0)))
@@ -451,7 +463,8 @@ class FDPAccountant:
         relation: str = "add-remove",
     ) -> bool:
         """Whether ``count`` more rounds of ``event`` would take the upper epsilon above
-        ``max_epsilon``. Does not modify the ledger."""
+        ``max_epsilon``. Does not modify the ledger.
+        """
         max_epsilon, events = self._prospect(max_epsilon, event, count)
         return self._bound(events, delta, relation).upper > max_epsilon
 
@@ -483,7 +496,8 @@ class FDPAccountant:
     # ------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state: format version (3), precision knobs and the ledger
-        (each entry's event, :meth:`SubsampledGaussian.to_dict`, and count)."""
+        (each entry's event, :meth:`SubsampledGaussian.to_dict`, and count).
+        """
         return {
             "version": _STATE_VERSION,
             "eps_error": self._eps_error,
@@ -569,7 +583,8 @@ def epsilon_for(
     participation: float = 1.0,
 ) -> EpsilonBound:
     """Epsilon bound of ``rounds`` identical rounds (see :class:`FDPAccountant`),
-    each touching the record with probability ``participation``."""
+    each touching the record with probability ``participation``.
+    """
     acc = FDPAccountant(eps_error=eps_error)
     event = SubsampledGaussian(noise_multiplier, sampling_rate, participation)
     acc.compose(event, check_count(rounds, "rounds"))

@@ -89,7 +89,8 @@ class Relation(StrEnum):
 
 def check_real(name: str, value: Any) -> float:
     """``value`` as a float (numpy scalars accepted; NaN refused), else ``ValueError``
-    naming ``name``. The one real-number check of the accounting package."""
+    naming ``name``. The one real-number check of the accounting package.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
         try:
             import numpy as np  # numpy scalars are accepted, nothing else
@@ -192,6 +193,7 @@ class SubsampledGaussian(PrivacyEvent):
         object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
 
     def to_dict(self) -> dict[str, Any]:
+        """``kind``, ``noise_multiplier``, ``sampling_rate`` and ``participation``."""
         return {
             "kind": str(self.kind),
             "noise_multiplier": self.noise_multiplier,
@@ -269,7 +271,8 @@ class ThresholdedHistogram(PrivacyEvent):
     @property
     def delta_cost(self) -> float:
         """``−ln(1 − δ_t)``: what one such event adds to the δ of an add/remove
-        composition (class docstring)."""
+        composition (class docstring).
+        """
         return -math.log1p(-self.threshold_delta)
 
     def gaussian(self) -> SubsampledGaussian:
@@ -277,6 +280,7 @@ class ThresholdedHistogram(PrivacyEvent):
         return SubsampledGaussian(self.noise_multiplier, 1.0)
 
     def to_dict(self) -> dict[str, Any]:
+        """``kind``, ``noise_multiplier`` and ``threshold_delta``."""
         return {"kind": str(self.kind), "noise_multiplier": self.noise_multiplier,
                 "threshold_delta": self.threshold_delta}
 
@@ -300,6 +304,7 @@ class CorrDPClass:
             self.noise_multiplier, f"class {self.name} noise_multiplier", allow_inf=True))
 
     def to_list(self) -> list[Any]:
+        """``[name, weight, noise_multiplier]``, an infinite multiplier written ``"inf"``."""
         sigma = self.noise_multiplier
         return [self.name, self.weight, sigma if math.isfinite(sigma) else "inf"]
 
@@ -347,6 +352,9 @@ class CorrDPRound(PrivacyEvent):
         object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
 
     def to_dict(self) -> dict[str, Any]:
+        """``kind``, ``classes`` (each :meth:`CorrDPClass.to_list`), ``record_noise_multiplier``,
+        ``sampling_rate`` and ``participation``.
+        """
         return {
             "kind": str(self.kind),
             "classes": [c.to_list() for c in self.classes],
@@ -364,7 +372,8 @@ def _fields(doc: Any, kind: EventKind, names: set[str]) -> dict[str, Any]:
 
 def event_from_dict(doc: Any) -> PrivacyEvent:
     """The event a :meth:`PrivacyEvent.to_dict` mapping describes; ``ValueError`` naming
-    what is wrong for anything else (an unknown kind included)."""
+    what is wrong for anything else (an unknown kind included).
+    """
     if not isinstance(doc, dict):
         raise ValueError(f"event {doc!r}: must be a mapping")
     try:
