@@ -64,7 +64,9 @@ def test_bad_sweeps(doc, fragment):
 def test_bad_run_keys_fail_before_any_run(tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "run_one", _never)
     with pytest.raises(ConfigError, match="fdp-dpsgd"):
-        run_sweep(parse_sweep({"modes": ["dp", "fdp-dpsgd"], **TINY}), tmp_path, progress=False)
+        no_pretraining = {"fdp-dpsgd": {"public-pretrain-rounds": 0}}
+        run_sweep(parse_sweep({"modes": ["dp", "fdp-dpsgd"], **TINY, "mode": no_pretraining}), tmp_path,
+                  progress=False)
     with pytest.raises(ConfigError, match="dataset='csv' needs"):
         run_sweep(parse_sweep({"modes": ["dp"], **TINY, "dataset": "csv"}), tmp_path, progress=False)
     with pytest.raises(ConfigError, match="no such file"):

@@ -72,7 +72,12 @@ def test_combinations():
         load_config({"max-epsilon": 1.0, "target-epsilon": 1.5})
     assert load_config({"max-epsilon": 1.0, "noise-multiplier": 2.0}).privacy.epsilon_cap == 1.0
     with pytest.raises(ConfigError, match="fdp-dpsgd"):
-        load_config({"mode": "fdp-dpsgd"})
+        load_config({"mode": "fdp-dpsgd", "public-pretrain-rounds": 0})
+    # fdp-dpsgd pre-trains publicly by default: 50 of the default 150 rounds, a third of fewer
+    assert load_config({"mode": "fdp-dpsgd"}).privacy.public_pretrain_rounds == 50
+    assert load_config({"mode": "fdp-dpsgd", "num-rounds": 30}).privacy.public_pretrain_rounds == 10
+    assert load_config({"mode": "fdp-dpsgd", "public-pretrain-rounds": 3}).privacy.public_pretrain_rounds == 3
+    assert load_config({"mode": "fdp"}).privacy.public_pretrain_rounds == 0
     with pytest.raises(ConfigError, match="public-pretrain-rounds=10"):
         load_config({"public-pretrain-rounds": 10, "num-rounds": 10})
 

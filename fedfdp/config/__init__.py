@@ -86,6 +86,7 @@ __all__ = [
     "DATASETS",
     "DATA_LOCATIONS",
     "DEFAULT_TARGET_EPSILON",
+    "FDP_DPSGD_PRETRAIN_ROUNDS",
     "GUARANTEE_KEYS",
     "IMAGE_DATASETS",
     "KEYS",
@@ -122,6 +123,7 @@ __all__ = [
     "TvFloor",
     "UnknownKindError",
     "config_keys",
+    "fdp_dpsgd_pretrain_rounds",
     "guarantee_keys_of",
     "is_import_path",
     "key_reference",
@@ -191,12 +193,31 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         sections[spec.section][spec.attr] = parse_value(key, spec.kind, value)
     if mapping and mapping.get("device-column") and "num-devices" not in mapping:
         sections[Section.DATA]["num_devices"] = 0  # one device per unit of the column (resolve_devices)
+    privacy = sections[Section.PRIVACY]
+    if (privacy["mode"] == Mode.FDP_DPSGD and privacy["public_pretrain_rounds"] == 0
+            and "public-pretrain-rounds" not in (mapping or {})):
+        # fdp-dpsgd needs public pre-training: unless the key is given, its default is the
+        # paper's recipe scaled to the run (50 of the default 150 rounds, at most a third)
+        privacy["public_pretrain_rounds"] = fdp_dpsgd_pretrain_rounds(privacy["num_rounds"])
     return Config(
         privacy=PrivacyConfig(**sections[Section.PRIVACY]),
         training=TrainingConfig(**sections[Section.TRAINING]),
         data=DataConfig(**sections[Section.DATA]),
         run=RunConfig(**sections[Section.RUN]),
     )
+
+
+#: Public pre-training rounds of ``fdp-dpsgd`` when ``public-pretrain-rounds`` is not given.
+FDP_DPSGD_PRETRAIN_ROUNDS = 50
+
+
+def fdp_dpsgd_pretrain_rounds(num_rounds: int) -> int:
+    """``fdp-dpsgd``'s default public pre-training: ``min(50, max(1, num_rounds // 3))``.
+
+    >>> fdp_dpsgd_pretrain_rounds(150), fdp_dpsgd_pretrain_rounds(30), fdp_dpsgd_pretrain_rounds(2)
+    (50, 10, 1)
+    """
+    return min(FDP_DPSGD_PRETRAIN_ROUNDS, max(1, int(num_rounds) // 3))
 
 
 def keys_for_mode(mapping: Mapping[str, Any], mode: str) -> dict[str, Any]:

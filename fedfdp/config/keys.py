@@ -256,7 +256,8 @@ KEYS: tuple[KeySpec, ...] = (
             "the public view of a table row: `auto` (the dataset's), `gaussian`, `zero`, `mean`, "
             "`label-free` (label-DP, Ψ(x, y) = x)", choice_type=PublicLoss),
     KeySpec("public-pretrain-rounds", P, "public_pretrain_rounds", K.INT0, YES,
-            "free public-only rounds first (Remark 2); decides the private rounds; > 0 for `fdp-dpsgd`"),
+            "free public-only rounds first (Remark 2); decides the private rounds; in `fdp-dpsgd`, "
+            "unless given, min(50, max(1, num-rounds // 3))"),
     KeySpec("privacy-unit", P, "privacy_unit", K.CHOICE, YES,
             "what a neighbour differs by: one `record` (the paper's) or one `device`'s records",
             choice_type=PrivacyUnit),
