@@ -86,8 +86,8 @@ def test_the_check_sees_a_process_left_in_the_commands_session():
     """The detector itself: a command that returns while its child sleeps on is caught."""
     if not Path("/proc/self/stat").exists():
         pytest.skip("needs /proc (Linux)")
-    proc = subprocess.Popen(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
     stat = _stat(proc.pid)
     assert stat is not None
     out, _ = proc.communicate(timeout=10)
