@@ -100,3 +100,32 @@ def test_the_check_sees_a_process_left_in_the_commands_session():
     while any(pid == child for pid, _ in _left_behind(proc.pid, stat[1])) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(pid == child for pid, _ in _left_behind(proc.pid, stat[1]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc (Linux)")
+def test_ctrl_c_in_a_flower_run_exits_130_and_leaves_no_process_behind(tmp_path):
+    """Ctrl-C (SIGINT) once rounds run: one line, status 130, and no SuperLink, SuperExec
+    or Ray process (GCS, raylet, ``ray::`` agents and actors) left behind."""
+    import signal
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*CLI, "run", "--out", str(out), "--set", "num-rounds=5000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    stat = _stat(proc.pid)
+    assert stat is not None
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, text[-2000:]
+    assert "interrupted:" in text.splitlines()[-1]
+    left = _left_behind(proc.pid, stat[1])
+    end = time.monotonic() + 20
+    while left and time.monotonic() < end:
+        time.sleep(0.5)
+        left = _left_behind(proc.pid, stat[1])
+    assert not left, f"processes left behind after Ctrl-C: {left}"
