@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             got[f"{name}/{engine}"] = run_case(name, engine, Path(tmp))
     if args.write:
         REFERENCE.parent.mkdir(exist_ok=True)
+        write_mechanisms()
         lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(got.items())]
         REFERENCE.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     if args.check:
@@ -319,3 +320,56 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------------------
+# resolved mechanisms alone: many configurations, no training
+# ----------------------------------------------------------------------------------------
+
+def _mechanism_grid() -> dict[str, dict[str, Any]]:
+    grid: dict[str, dict[str, Any]] = {}
+    sampling = {
+        "record": {},
+        "poisson": {"device-sampling-rate": 0.5},
+        "device": {"privacy-unit": "device", "device-sampling-rate": 0.5},
+        "nodes": {"clients-per-round": 3},
+    }
+    for mode in ("dp", "fdp", "fdp-dpsgd"):
+        for target in (0.5, 2.0, 8.0):
+            for name, keys in sampling.items():
+                grid[f"{mode}/{target}/{name}"] = {"mode": mode, "target-epsilon": target, **keys}
+    for target in (0.5, 2.0, 8.0):
+        for colluders in (0, 2):
+            grid[f"secagg/{target}/{colluders}"] = {
+                "mode": "fdp", "aggregation": "secagg", "secagg-min-survivors": 8,
+                "secagg-colluders": colluders, "target-epsilon": target}
+        grid[f"adaptive/{target}"] = {"mode": "dp", "clipping-quantile": 0.5, "target-epsilon": target}
+        grid[f"corrdp/{target}"] = {**CORRDP, "noise-multiplier": "", "insensitive-tv": "*=0.5",
+                                    "target-epsilon": target, "num-devices": 4}
+    grid["fdp/sigma/cap"] = {"noise-multiplier": 0.9, "max-epsilon": 5.0}
+    grid["dp/delta"] = {"mode": "dp", "delta": 1e-6, "target-epsilon": 1.0}
+    grid["fdp/rounds"] = {"num-rounds": 1000, "sampling-rate": 0.01, "target-epsilon": 1.0}
+    return {k: {kk: vv for kk, vv in v.items() if vv != ""} for k, v in grid.items()}
+
+
+MECHANISMS = _mechanism_grid()
+
+
+def resolve_for(keys: dict[str, Any]) -> dict[str, Any]:
+    """The resolved mechanism of ``keys`` over the configured data (the CLI's pre-check)."""
+    from fedfdp.config import load_config
+    from fedfdp.data import load_dataset
+    from fedfdp.parts import mechanism_for
+
+    cfg = load_config({**keys, "progress": False})
+    mechanism = mechanism_for(cfg, load_dataset(cfg.data))
+    return {"digest": mechanism.digest(), "mechanism": mechanism.to_dict()}
+
+
+MECHANISM_REFERENCE = Path(__file__).parent / "data" / "pinned_mechanisms.json"
+
+
+def write_mechanisms() -> None:
+    got = {name: resolve_for(keys) for name, keys in MECHANISMS.items()}
+    lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(got.items())]
+    MECHANISM_REFERENCE.write_text("{\n" + ",\n".join(lines) + "\n}\n")

@@ -13,7 +13,15 @@ import json
 
 import pytest
 
-from tests.pinned_runs import REFERENCE, all_cases, compare, run_case
+from tests.pinned_runs import (
+    MECHANISM_REFERENCE,
+    MECHANISMS,
+    REFERENCE,
+    all_cases,
+    compare,
+    resolve_for,
+    run_case,
+)
 
 WANT = json.loads(REFERENCE.read_text())
 
@@ -32,3 +40,16 @@ def test_the_reference_covers_every_mode_both_engines_and_secure_aggregation():
     assert {k.split("/")[1] for k in WANT} == {"centralised", "flower"}
     assert any(CASES[k.split("/")[0]][0].get("aggregation") == "secagg" for k in WANT)
     assert set(WANT) == {f"{n}/{e}" for n, e in all_cases()}
+
+
+MECHANISMS_WANT = json.loads(MECHANISM_REFERENCE.read_text())
+
+
+@pytest.mark.parametrize("name", list(MECHANISMS))
+def test_the_resolved_mechanism_is_the_one_pinned_before_the_refactoring(name):
+    """σ, δ, q, p, C, γ and the event of every mode, unit and target (calibrations
+    included, secure aggregation's too), to the last digit of the digest."""
+    got = resolve_for(MECHANISMS[name])
+    want = MECHANISMS_WANT[name]
+    assert got["mechanism"] == want["mechanism"]
+    assert got["digest"] == want["digest"]
