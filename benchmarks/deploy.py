@@ -96,39 +96,47 @@ def _make_server_app() -> Any:
         t0 = time.perf_counter()
         try:
             if s["workload"] == "fdp":
-                import fedfdp.server as S
                 from fedfdp.config import load_config
+                from fedfdp.data import load_server_data
+                from fedfdp.run_plan import build_plan
                 from strategies import fdp_strategy
-                from strategies.server_app import run_server
 
-                original = S.FDPServer.begin_round
-
-                def begin_round(self: Any, round_: int) -> Any:
-                    marks.append(time.perf_counter())
-                    return original(self, round_)
-
-                S.FDPServer.begin_round = begin_round  # type: ignore[method-assign]
                 if s.get("flower_polling"):
                     fdp_strategy.exchange = lambda grid, msgs, timeout: list(  # type: ignore[assignment]
                         grid.send_and_receive(msgs, timeout=timeout))
                 parts = log["parts_s"] = {"configure": [], "exchange": [], "collect": []}
+                exchange = fdp_strategy.exchange
 
-                def timed(owner: Any, name: str, key: str) -> None:
-                    inner = getattr(owner, name)
+                def timed_exchange(*a: Any, **k: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return exchange(*a, **k)
+                    finally:
+                        parts["exchange"].append(time.perf_counter() - t)
 
-                    def call(*a: Any, **k: Any) -> Any:
+                fdp_strategy.exchange = timed_exchange  # type: ignore[assignment]
+
+                class TimedFDP(fdp_strategy.FDPStrategy):
+                    """The strategy, its round start marked and its parts timed."""
+
+                    def configure_train(self, *a: Any, **k: Any) -> Any:
+                        marks.append(time.perf_counter())
                         t = time.perf_counter()
                         try:
-                            return inner(*a, **k)
+                            return super().configure_train(*a, **k)
                         finally:
-                            parts[key].append(time.perf_counter() - t)
+                            parts["configure"].append(time.perf_counter() - t)
 
-                    setattr(owner, name, call)
+                    def collect(self, *a: Any, **k: Any) -> Any:
+                        t = time.perf_counter()
+                        try:
+                            return super().collect(*a, **k)
+                        finally:
+                            parts["collect"].append(time.perf_counter() - t)
 
-                timed(fdp_strategy.FDPStrategy, "configure_train", "configure")
-                timed(fdp_strategy, "exchange", "exchange")
-                timed(fdp_strategy.FDPStrategy, "collect", "collect")
-                run_server(grid, load_config(dict(context.run_config)))
+                cfg = load_config(dict(context.run_config))
+                plan = build_plan(cfg, load_server_data(cfg.data))
+                TimedFDP(plan).start(grid, ArrayRecord(plan.model.state_dict()), num_rounds=plan.num_rounds)
             else:
                 from flwr.serverapp.strategy import FedAvg
 
@@ -147,7 +155,7 @@ def _make_server_app() -> Any:
                 nodes = int(s["nodes"])
                 while len(list(grid.get_node_ids())) < nodes:
                     time.sleep(0.1)
-                model = build_model_for(cfg, load_server_data(cfg.data))
+                model = build_model_for(cfg.training, load_server_data(cfg.data))
                 TimedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes,
                             min_evaluate_nodes=0, min_available_nodes=nodes).start(
                     grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)

@@ -180,7 +180,7 @@ def make_client_app(cfg: Any) -> Any:
     from benchmarks.echo import fdp_or_echo
     from clients.client_app import make_client_app as fdp_client_app
 
-    return fdp_or_echo(fdp_client_app(cfg))
+    return fdp_or_echo(fdp_client_app(cfg.to_flat()))
 
 
 def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
@@ -190,7 +190,7 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
 
     from fedfdp.data import load_dataset
     from fedfdp.models import build_model_for
-    from fedfdp.server import held_out_evaluation
+    from fedfdp.run_plan import build_plan
     from strategies.fdp_strategy import FDPStrategy
 
     class TimedFDP(FDPStrategy):
@@ -237,18 +237,17 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
                 start = time.perf_counter()
                 if kind == "fdp":
                     cfg = _fleet_config(args, tempfile.mkdtemp(prefix="fleet-bench-"))
-                    data = load_dataset(cfg.data)
-                    model = build_model_for(cfg, data)
-                    strat = TimedFDP(model, cfg, evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+                    plan = build_plan(cfg, load_dataset(cfg.data))
+                    strat = TimedFDP(plan)
                     strat.marks = []
                     if registry is not None:
                         strat.registry = dict(registry)
-                    strat.start(grid, ArrayRecord(model.state_dict()))
+                    strat.start(grid, ArrayRecord(plan.model.state_dict()))
                     registry = strat.registry
                     log["fdp_rows"] = len(strat.rows)
                 else:
                     cfg = _fleet_config(args, "")
-                    model = build_model_for(cfg, load_dataset(cfg.data))
+                    model = build_model_for(cfg.training, load_dataset(cfg.data))
                     fed = TimedFedAvg(
                         fraction_train=args.per_round / args.devices,
                         fraction_evaluate=0.0,
@@ -277,7 +276,7 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
 def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
-    from simulations.run import quiet_flower
+    from simulations.flower_processes import quiet_flower
 
     quiet_flower(False)
     logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -354,14 +353,16 @@ def strategy_overhead(
 def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> dict[str, Any]:
     from flwr.app import ArrayRecord, ConfigRecord
 
-    import clients.client_app as client_app
+    from clients.client_app import reply_message
+    from clients.node_runtime import NodeRecords
     from fedfdp import protocol as P
     from fedfdp.config import load_config
     from fedfdp.data import load_dataset
     from fedfdp.evaluation import evaluate
-    from fedfdp.models import build_model_for
     from fedfdp.outputs import write_metrics
-    from simulations.auditing.inprocess import set_identity
+    from fedfdp.run_loop import RunLoop
+    from fedfdp.run_plan import build_plan
+    from simulations.auditing.inprocess import node_train, set_identity
     from strategies.fdp_strategy import FDPStrategy
 
     cfg = load_config(
@@ -377,18 +378,19 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
     t = time.perf_counter()
     set_identity()
     data = load_dataset(cfg.data)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices))
+    plan = build_plan(cfg, data, num_devices=len(data.devices))
+    strat = FDPStrategy(plan)
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}  # node id = device id
     strat.resolve()
+    loop = RunLoop(plan, strat.engine)
     setup = time.perf_counter() - t
 
     def client_reply(msg: Any) -> Any:
         """The real client computation for one train message (node = device)."""
         node = msg.metadata.dst_node_id
-        records = client_app.NodeRecords.partition_of(data, node, len(data.devices))
+        records = NodeRecords.partition_of(data, node, len(data.devices))
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
-        result = client_app.handle_train(cfg, records, state, msg.content.config_records[P.CONFIG])
-        return client_app.reply_message(msg, *result)
+        return reply_message(msg, *node_train(cfg, records, state, msg.content.config_records[P.CONFIG]))
     steps: dict[str, list[float]] = {k: [] for k in STEPS}
 
     def timed(key: str, fn: Any, *a: Any) -> Any:
@@ -398,11 +400,9 @@ def _overhead_for(devices: int, records: int, per_round: int, rounds: int) -> di
         return res
 
     def checkpoint(r: int) -> None:
-        """What the round engine writes after a round (a checkpoint every round here)."""
-        if files is not None:
-            files.checkpoint(strat.server.checkpoint_state(r))
-
-    files = strat.server.files
+        """What the run loop writes after a round (a checkpoint every round here)."""
+        if plan.files is not None:
+            plan.files.checkpoint(loop.checkpoint(r))
 
     def configure(r: int, arrays: ArrayRecord) -> list[Any]:
         return list(strat.configure_train(r, arrays, ConfigRecord(), None))  # type: ignore[arg-type]

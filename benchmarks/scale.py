@@ -2,7 +2,7 @@
 centralised engine vs bare Flower FedAvg, and the peak memory (issue 16).
 
 One run on Flower's Simulation Runtime, started exactly as ``fedfdp run`` starts
-it (:class:`simulations.run.LocalSimulation`: ``flwr run`` against a SuperLink
+it (:class:`simulations.flower_processes.LocalSimulation`: ``flwr run`` against a SuperLink
 in simulation mode; the staged app's components are this module's
 ``server_app`` and ``client_app``, which time themselves), with
 ``--supernodes`` virtual SuperNodes (default: one per core, as ``fedfdp run``
@@ -94,20 +94,20 @@ class Marks:
 MARKS = Marks()
 
 
-def _install_round_marks() -> None:
-    """Record the start of every FDP round (Flower path and centralised engine alike)."""
-    from fedfdp.server import FDPServer
+def _marked_parts() -> Any:
+    """Server components whose sampling plan records the start of every FDP round (the
+    round engine draws each round's sampling when it begins it: Flower path and
+    centralised engine alike), through the seam a normal run uses.
+    """
+    from fedfdp.round_engine import ServerParts
+    from fedfdp.sampling_plan import SamplingPlan
 
-    original = FDPServer.begin_round
-    if getattr(original, "_scale_marked", False):
-        return
+    class MarkedPlan(SamplingPlan):
+        def round(self, *args: Any, **kwargs: Any) -> Any:
+            MARKS.mark()
+            return super().round(*args, **kwargs)
 
-    def begin_round(self: FDPServer, round_: int) -> Any:
-        MARKS.mark()
-        return original(self, round_)
-
-    begin_round._scale_marked = True  # type: ignore[attr-defined]
-    FDPServer.begin_round = begin_round  # type: ignore[method-assign]
+    return ServerParts(sampling_plan=MarkedPlan)
 
 
 def _timed_fedavg(fraction: float, nodes: int) -> Any:
@@ -142,8 +142,8 @@ def _server_main(grid: Any, args: argparse.Namespace, log: dict[str, Any]) -> No
     from fedfdp.algorithm import run_centralised
     from fedfdp.data import load_dataset
     from fedfdp.models import build_model_for
-    from fedfdp.server import held_out_evaluation
-    from strategies.fdp_strategy import FDPStrategy
+    from fedfdp.run_plan import build_plan
+    from strategies.fdp_strategy import FDPStrategy, NodeChoice
 
     log["node_wait_s"] = _wait_for_nodes(grid, args.supernodes, args.node_wait)
     registry = None
@@ -153,24 +153,22 @@ def _server_main(grid: Any, args: argparse.Namespace, log: dict[str, Any]) -> No
             MARKS.current = marks = []
             if kind == "flower":
                 cfg = scale_config(args, tempfile.mkdtemp(prefix="scale-flower-"), args.rounds)
-                data = load_dataset(cfg.data)
-                model = build_model_for(cfg, data)
-                strat = FDPStrategy(model, cfg, node_choice="devices")
-                strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+                plan = build_plan(cfg, load_dataset(cfg.data), server_parts=_marked_parts())
+                strat = FDPStrategy(plan, node_choice=NodeChoice.DEVICES)
                 if registry is not None:
                     strat.registry = dict(registry)
                 else:
                     t = time.perf_counter()
                     strat.register_nodes(grid)
                     log["registration_s"] = time.perf_counter() - t
-                strat.start(grid, ArrayRecord(model.state_dict()))
+                strat.start(grid, ArrayRecord(plan.model.state_dict()))
                 registry = strat.registry
             elif kind == "centralised":
                 cfg = scale_config(args, tempfile.mkdtemp(prefix="scale-central-"), args.rounds)
-                run_centralised(cfg, load_dataset(cfg.data))
+                run_centralised(cfg, load_dataset(cfg.data), server_parts=_marked_parts())
             else:
                 cfg = scale_config(args, "", args.rounds)
-                model = build_model_for(cfg, load_dataset(cfg.data))
+                model = build_model_for(cfg.training, load_dataset(cfg.data))
                 fed = _timed_fedavg(1.0, args.supernodes)
                 fed.start(grid, ArrayRecord(model.state_dict()), num_rounds=args.rounds)
             end = time.perf_counter()
@@ -189,7 +187,7 @@ def _per_device_main(grid: Any, args: argparse.Namespace, log: dict[str, Any]) -
 
     log["per_device_node_wait_s"] = _wait_for_nodes(grid, args.devices, args.node_wait)
     cfg = scale_config(args, "", args.per_device_fedavg_rounds)
-    model = build_model_for(cfg, load_dataset(cfg.data))
+    model = build_model_for(cfg.training, load_dataset(cfg.data))
     MARKS.current = marks = []
     fed = _timed_fedavg(1.0, args.devices)
     fed.start(grid, ArrayRecord(model.state_dict()), num_rounds=args.per_device_fedavg_rounds,
@@ -214,7 +212,6 @@ def _make_server_app() -> Any:
         logging.getLogger("flwr").setLevel(logging.ERROR)  # FedAvg's per-round log lines
         settings = json.loads(os.environ[ENV_ARGS])
         args = argparse.Namespace(**settings["args"])
-        _install_round_marks()
         log: dict[str, Any] = {"blocks": []}
         try:
             if settings["workload"] == "mixed":
@@ -248,7 +245,7 @@ def _simulate(
     return the ServerApp's log, the wall time and the memory monitor."""
     import shutil
 
-    from simulations.run import LocalSimulation, stage_simulation_app
+    from simulations.flower_processes import LocalSimulation, stage_simulation_app
 
     cfg = scale_config(args, "", args.rounds)
     monitor = MemoryMonitor()

@@ -165,8 +165,7 @@ def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
 
     from fedfdp.config import load_config
     from fedfdp.data import load_dataset
-    from fedfdp.models import build_model_for
-    from fedfdp.server import held_out_evaluation
+    from fedfdp.run_plan import build_plan
     from strategies.fdp_strategy import FDPStrategy
     from tests.test_secagg_flower import ClientAppGrid
 
@@ -182,14 +181,12 @@ def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
         for seed in range(seeds):
             cfg = load_config({"progress": False, "seed": seed, "eval-every": 150, **extra})
             data = load_dataset(cfg.data)
-            model = build_model_for(cfg, data)
-            strat = FDPStrategy(model, cfg, num_devices=len(data.devices),
-                                evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+            strat = FDPStrategy(build_plan(cfg, data, num_devices=len(data.devices)))
             grid = ClientAppGrid(cfg, partitions=parties)  # as fedfdp run --supernodes parties
             start = time.perf_counter()
-            strat.start(grid, ArrayRecord(model.state_dict()))
+            strat.start(grid, ArrayRecord(strat.model.state_dict()))
             last = strat.rows[-1]
-            plan = strat.plan
+            plan = strat.mechanism
             if plan is None:
                 raise RuntimeError(f"{name}, seed {seed}: the strategy resolved no mechanism")
             rows.append({"variant": name, "seed": seed, "accuracy": last["accuracy"],

@@ -6,7 +6,7 @@ between the stages (:meth:`~fedfdp.secagg.ClientSession.export_state`; on Flower
 simulation engine and on a SuperNode the context never leaves the node).
 
 ``sa_collect`` runs the same device contribution as a plain round
-(:meth:`clients.client_app.NodeRuntime.train`: the clipped private sum over the
+(:meth:`clients.node_runtime.NodeRuntime.train`: the clipped private sum over the
 devices' secret Poisson batches, the unclipped public sum over independent public
 batches), then encodes the private sum, adds the node's discrete Gaussian share from
 its OS CSPRNG (:func:`fedfdp.secagg.party.noisy_contribution`) and masks it. The reply
@@ -17,19 +17,15 @@ count of vectors within ``C``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from clients.node_runtime import NodeRuntime
 from fedfdp import protocol as P
 from fedfdp.secagg import ClientSession, CollectRequest, KeysRequest, SetupRequest, UnmaskRequest
 from fedfdp.secagg.party import noisy_contribution
 from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
-
-if TYPE_CHECKING:
-    from clients.client_app import NodeRuntime
 
 #: Where a node keeps its session in ``Context.state``.
 STATE = "fedfdp.secagg"

@@ -1,8 +1,9 @@
 """fedfdp: federated learning with feature differential privacy (FDP).
 
 FDP protects the part of each record that a public feature map Ψ does not
-disclose (the FDP paper, ``shared/papers/fdp_protected_attributes.txt``). A
-round of Algorithm 1 clips each record's private-loss gradient to ``C``
+disclose (Mahloujifar, Guo, Suh and Chaudhuri, "Machine Learning with Privacy for
+Protected Attributes": the FDP paper). A round of Algorithm 1 clips each record's
+private-loss gradient to ``C``
 (sensitivity ``C`` under add/remove, Def. 6), adds ``N(0, σ²C²I)`` once to the
 sum, and adds the unclipped public-loss gradient of an independently drawn
 public batch; rounds compose (Theorem 5, Theorem 3).
@@ -24,7 +25,10 @@ name                        what it is
 :class:`FederatedData`      devices, a held-out split and the column split
 :class:`TrainInstruction`   what the server asks of a node in one round
 :func:`client_update`       a node's reply for your ``nn.Module`` and data
-:class:`FDPServer`          the server half of a run for your ``nn.Module``
+:func:`build_plan`          the one door: a ``Config`` read once into the plan of a run
+                            (model, data, components, run directory); its ``engine``
+                            resolves the mechanism over the public device sizes and is
+                            the server half of every round for your ``nn.Module``
 :func:`run_centralised`     a whole run on one machine (no Flower)
 :class:`FDPAccountant`      PRV accounting of the rounds; :func:`calibrate_noise_multiplier`;
                             :class:`PrivacyBudgetExhausted`
@@ -56,7 +60,7 @@ _WHERE = {
     "FederatedData": "fedfdp.data",
     "TrainInstruction": "fedfdp.protocol",
     "client_update": "fedfdp.contribution",
-    "FDPServer": "fedfdp.server",
+    "build_plan": "fedfdp.run_plan",
     "run_centralised": "fedfdp.algorithm",
     "FDPAccountant": "fedfdp.accounting",
     "PrivacyBudgetExhausted": "fedfdp.accounting",
@@ -70,7 +74,6 @@ __all__ = [
     "ConfigError",
     "DeviceData",
     "FDPAccountant",
-    "FDPServer",
     "FeatureMap",
     "FederatedData",
     "PrivacyBudgetExhausted",
@@ -79,6 +82,7 @@ __all__ = [
     "SubsampledGaussian",
     "TrainInstruction",
     "TrainingConfig",
+    "build_plan",
     "calibrate_noise_multiplier",
     "client_update",
     "load_config",
@@ -113,4 +117,4 @@ if TYPE_CHECKING:
     from fedfdp.losses import FeatureMap
     from fedfdp.mechanism import resolve_mechanism
     from fedfdp.protocol import TrainInstruction
-    from fedfdp.server import FDPServer
+    from fedfdp.run_plan import build_plan

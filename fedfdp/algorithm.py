@@ -2,13 +2,13 @@
 
 It runs exactly the two halves the federated form runs — the node half
 (:func:`fedfdp.contribution.node_contribution`, here one node holding every
-device) and the server half (:class:`fedfdp.server.FDPServer`: sampling plan,
-write-ahead ledger, noise, normaliser, optimizer step, checkpoints, outputs) —
-without Flower's transport. Every sampling mode of the Flower path (record or
-device unit, Poisson devices, a fixed count of nodes) runs here through the
-same :class:`~fedfdp.sampling_plan.SamplingPlan`, with one node per device as
-``fedfdp run`` deploys them, so one federated round equals one centralised
-round when both draw from the same (reproducible) streams
+device) and the server half (:class:`fedfdp.round_engine.RoundEngine`: sampling plan,
+write-ahead ledger, noise, normaliser, optimizer step; the run loop of
+:mod:`fedfdp.run_loop`: checkpoints, outputs) — without Flower's transport. Every
+sampling mode of the Flower path (record or device unit, Poisson devices, a fixed
+count of nodes) runs here through the same :class:`~fedfdp.sampling_plan.SamplingPlan`,
+with one node per device as ``fedfdp run`` deploys them, so one federated round equals
+one centralised round when both draw from the same (reproducible) streams
 (tests/test_equivalence.py).
 
 It is the quick way to compare modes (``fedfdp compare``'s default engine) and
@@ -17,18 +17,65 @@ to run long experiments (``fedfdp run --centralised``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from fedfdp.config import Config
-from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution
+from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import FederatedData, load_dataset
-from fedfdp.evaluation import check_run_inputs, require_inputs
-from fedfdp.losses import FeatureMap, build_decomposition
-from fedfdp.models import build_model_for
-from fedfdp.parts import client_parts_for, server_parts_for
-from fedfdp.server import EvaluateFn, FDPServer, RoundOutcome, ServerParts, held_out_evaluation
+from fedfdp.evaluation import EvaluateFn, check_run_inputs
+from fedfdp.losses import FeatureMap
+from fedfdp.round_engine import RoundOutcome, ServerParts
+from fedfdp.run_loop import RunLoop
+from fedfdp.run_plan import RunPlan, build_plan, require_inputs
+
+if TYPE_CHECKING:
+    from fedfdp.config import Config
+    from fedfdp.contribution import ClientParts
+
+
+def run_plan_centrally(plan: RunPlan) -> tuple[nn.Module, list[dict[str, Any]]]:
+    """Every round of ``plan`` on one machine: the round engine over the data's device
+    sizes, and one node holding every device (module docstring). Returns the final model
+    and the rows of ``metrics.csv``.
+    """
+    data = plan.data
+    if data is None:
+        raise ValueError("the centralised engine needs the plan's data (build_plan(cfg, data))")
+    engine = plan.engine(data.sizes.tolist())
+    client = plan.client_parts
+    feature_map = plan.feature_map
+    check_run_inputs(plan.model, data, feature_map)  # width, classes, labels, finite inputs, the view
+    sampling = engine.mechanism.sampling
+
+    def step(r: int) -> RoundOutcome:
+        state = engine.begin_round(r)
+        settings = RoundSettings(
+            round=r,
+            attempt=state.attempt,
+            phase=state.phase,
+            sampling_rate=sampling.sampling_rate,
+            clipping_norm=state.clipping_norm,
+            unit=sampling.unit,
+            public_seed=plan.training.seed,
+        )
+        rounds = state.plan
+        tasks = [
+            DeviceTask(int(d), data.devices[d].x, data.devices[d].y, bool(rounds.private[d]),
+                       int(rounds.public_counts[d]))
+            for d in rounds.asked()
+        ]
+        contrib = node_contribution(engine.model, feature_map, settings, tasks, client)
+        return engine.finish_round(
+            [contrib.private_sum] if contrib.private_sum is not None else [],
+            [contrib.public_sum] if contrib.public_sum is not None else [],
+            contrib.public_count,
+            contrib.public_loss_sum,
+            unclipped=contrib.unclipped_count,
+        )
+
+    rows = RunLoop(plan, engine).run(step)
+    return engine.model, rows
 
 
 def run_centralised(
@@ -58,9 +105,9 @@ def run_centralised(
         configured model, the configured public view, accuracy and loss on
         ``data``'s held-out split).
     server_parts, client_parts : optional
-        Injected components (the audit's seams); by default those the mode needs
-        (:mod:`fedfdp.parts`), drawing their secret randomness as the
-        configuration says (:func:`fedfdp.entropy.run_secrets`).
+        Injected components (the audit's seams); by default those the mode needs,
+        drawing their secret randomness as the configuration says
+        (:func:`fedfdp.run_plan.build_plan`).
 
     Examples
     --------
@@ -72,44 +119,6 @@ def run_centralised(
     """
     cfg = require_inputs(cfg, data, model, feature_map)
     data = data if data is not None else load_dataset(cfg.data)
-    model = model if model is not None else build_model_for(cfg, data)
-    if evaluate_fn is None:
-        evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
-    if server_parts is None:
-        server_parts = server_parts_for(cfg, data)
-    server = FDPServer(cfg, model, evaluate_fn=evaluate_fn, parts=server_parts)
-    server.resolve(data.sizes.tolist())
-    client = client_parts if client_parts is not None else client_parts_for(cfg, data)
-    decomposition = feature_map if feature_map is not None else build_decomposition(cfg, data)
-    check_run_inputs(model, data, decomposition)  # width, classes, labels, finite inputs, the view
-    p = cfg.privacy
-
-    def step(r: int) -> RoundOutcome:
-        state = server.begin_round(r)
-        settings = RoundSettings(
-            round=r,
-            attempt=state.attempt,
-            phase=state.phase,
-            sampling_rate=p.sampling_rate,
-            clipping_norm=state.clipping_norm,
-            unit=p.privacy_unit,
-            public_seed=cfg.training.seed,
-        )
-        plan = state.plan
-        tasks = [
-            DeviceTask(int(d), data.devices[d].x, data.devices[d].y, bool(plan.private[d]),
-                       int(plan.public_counts[d]))
-            for d in plan.asked()
-        ]
-        contrib = node_contribution(server.model, decomposition, settings, tasks, client)
-        outcome = server.finish_round(
-            [contrib.private_sum] if contrib.private_sum is not None else [],
-            [contrib.public_sum] if contrib.public_sum is not None else [],
-            contrib.public_count,
-            contrib.public_loss_sum,
-            unclipped=contrib.unclipped_count,
-        )
-        return outcome
-
-    rows = server.run(step)
-    return server.model, rows
+    plan = build_plan(cfg, data, model=model, feature_map=feature_map, evaluate=evaluate_fn,
+                      server_parts=server_parts, client_parts=client_parts)
+    return run_plan_centrally(plan)

@@ -272,7 +272,7 @@ def clipped_private_sum(
     if phase.per_block:
         raise ValueError(
             f"phase {phase.name!r} clips per block: the node needs the CorrDP aggregator "
-            "(fedfdp.parts.client_parts_for), not the joint clipping of the default ClientParts"
+            "(fedfdp.run_plan.client_parts_for), not the joint clipping of the default ClientParts"
         )
     clip = settings.clipping_norm if phase.clip else None
     if settings.unit is PrivacyUnit.RECORD:

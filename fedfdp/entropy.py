@@ -36,13 +36,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from fedfdp.config import Config
 
 #: Printed beside every output of a run whose secret randomness derives from the seed.
 REPRODUCIBLE_WARNING = (
@@ -193,13 +190,8 @@ def secret_source(reproducible_seed: int | None) -> SecretSource:
     return SystemEntropy() if reproducible_seed is None else SeededEntropy(reproducible_seed)
 
 
-def run_secrets(cfg: Config) -> SecretSource:
-    """The secret entropy ``cfg`` asks for: the OS CSPRNG, or the run seed when
-    ``reproducible-noise = true``.
+def noise_source(reproducible: bool) -> str:
+    """What a run's secret randomness derives from, as every output prints it
+    (``reproducible``: ``reproducible-noise = true``).
     """
-    return secret_source(cfg.training.seed if cfg.privacy.reproducible_noise else None)
-
-
-def noise_source(cfg: Config) -> str:
-    """What the run's secret randomness derives from, as every output prints it."""
-    return NOISE_SOURCE_SEEDED if cfg.privacy.reproducible_noise else NOISE_SOURCE_SECRET
+    return NOISE_SOURCE_SEEDED if reproducible else NOISE_SOURCE_SECRET

@@ -17,22 +17,24 @@ metrics computed on training records are outside the guarantee).
 
 Before a run, :func:`check_run_inputs` checks once that the model, the data and the
 feature map fit together (a run that would only fail, or train a model that cannot
-be right, is refused in one line naming what does not fit); :func:`require_config`
-refuses anything but a :class:`~fedfdp.config.Config` where one is expected, and
-:func:`require_inputs` the other inputs of a run of the wrong kind.
+be right, is refused in one line naming what does not fit).
+
+:func:`held_out_evaluation` makes the ``evaluate(round, model)`` a run loop calls
+(:data:`EvaluateFn`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedfdp.config import Config, ConfigError
+from fedfdp.config import ConfigError
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
@@ -40,6 +42,11 @@ if TYPE_CHECKING:
 
 #: The metrics of :func:`held_out_metrics`, in column order.
 METRICS = ("accuracy", "balanced_accuracy", "auc", "loss")
+
+#: ``evaluate_fn(round, model) -> metrics``: server-side evaluation on held-out
+#: data (``accuracy`` and ``loss`` fill those columns of ``metrics.csv``; other
+#: keys become columns too). Never on private training data.
+EvaluateFn = Callable[[int, nn.Module], Mapping[str, float] | None]
 
 
 def binary_auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -80,47 +87,21 @@ def held_out_metrics(model: nn.Module, x: np.ndarray, y: np.ndarray) -> dict[str
     }
 
 
+def held_out_evaluation(x: np.ndarray, y: np.ndarray) -> EvaluateFn:
+    """An ``evaluate_fn`` reporting accuracy, balanced accuracy, AUC (binary) and
+    log loss on ``(x, y)`` (:func:`held_out_metrics`).
+    """
+
+    def evaluate_fn(round_: int, model: nn.Module) -> dict[str, float]:
+        return held_out_metrics(model, x, y)
+
+    return evaluate_fn
+
+
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Accuracy and mean cross-entropy on held-out records."""
     m = held_out_metrics(model, x, y)
     return m["accuracy"], m["loss"]
-
-
-def require_config(cfg: Any, name: str = "cfg") -> Config:
-    """``cfg`` itself if it is a :class:`~fedfdp.config.Config`; anything else (a dict, a
-    path) is refused in one line saying how to build one.
-
-    Examples
-    --------
-    >>> require_config({"num-rounds": 3})  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    fedfdp.config.values.ConfigError: cfg={'num-rounds': 3}: a dict, not a fedfdp.Config; build one with ...
-    """
-    if isinstance(cfg, Config):
-        return cfg
-    text = repr(cfg)
-    text = text if len(text) <= 80 else text[:77] + "..."
-    raise ConfigError(f"{name}={text}: a {type(cfg).__name__}, not a fedfdp.Config; build one with "
-                      "load_config({...}) (keys) or read_toml(path)")
-
-
-def require_inputs(cfg: Any, data: Any = None, model: Any = None, feature_map: Any = None) -> Config:
-    """:func:`require_config` of ``cfg``, and the optional inputs of a run of the right
-    kind (a ``FederatedData``, an ``nn.Module``, a ``FeatureMap``): anything else is
-    refused in one line naming the argument and what it got.
-    """
-    from fedfdp.data import FederatedData
-    from fedfdp.losses import FeatureMap
-
-    cfg = require_config(cfg)
-    for name, value, kind in (("data", data, FederatedData), ("model", model, nn.Module),
-                              ("feature_map", feature_map, FeatureMap)):
-        if value is not None and not isinstance(value, kind):
-            text = repr(value)
-            text = text if len(text) <= 60 else text[:57] + "..."
-            raise ConfigError(f"{name}={text}: expected a {kind.__name__} (got {type(value).__name__})")
-    return cfg
 
 
 def _first_bad(values: np.ndarray) -> tuple[int, ...]:

@@ -27,7 +27,6 @@ from fedfdp.config import PublicLoss
 from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
 
 if TYPE_CHECKING:
-    from fedfdp.config import Config
     from fedfdp.data import FederatedData
 
 
@@ -198,8 +197,20 @@ class FeatureMap:
         return cross_entropy(outputs, targets)
 
 
-def image_view(cfg: Config, data: FederatedData) -> PublicViewFn:
-    """Ψ of an image dataset: :class:`fedfdp.images.GaussianBlur` of the ``blur-*`` keys.
+@dataclass(frozen=True)
+class BlurSettings:
+    """Ψ of an image dataset: an odd ``kernel`` of pixels, standard deviation ``sigma``,
+    quantised to ``levels`` grey levels (0: the exact blur, which is invertible).
+    """
+
+    kernel: int = 9
+    sigma: float = 2.0
+    levels: int = 256
+
+
+def image_view(data: FederatedData, public_loss: PublicLoss, blur: BlurSettings) -> PublicViewFn:
+    """Ψ of an image dataset: :class:`fedfdp.images.GaussianBlur` of ``blur`` (the
+    ``blur-*`` keys).
 
     Raises
     ------
@@ -209,37 +220,44 @@ def image_view(cfg: Config, data: FederatedData) -> PublicViewFn:
     """
     from fedfdp.images.blur import GaussianBlur
 
-    d = cfg.data
-    if cfg.privacy.public_loss is not PublicLoss.AUTO:
+    if public_loss is not PublicLoss.AUTO:
         raise ValueError(
-            f"public-loss={cfg.privacy.public_loss!r}: dataset {data.name!r} holds images, whose public "
+            f"public-loss={public_loss!r}: dataset {data.name!r} holds images, whose public "
             "view is the blur (blur-kernel, blur-sigma, blur-levels); leave public-loss = 'auto'"
         )
     shape = data.image_shape or (0, 0, 0)
-    if d.blur_kernel // 2 >= min(shape[1:]):
+    if blur.kernel // 2 >= min(shape[1:]):
         raise ValueError(
-            f"blur-kernel={d.blur_kernel}: its radius {d.blur_kernel // 2} must be below the image size "
+            f"blur-kernel={blur.kernel}: its radius {blur.kernel // 2} must be below the image size "
             f"{shape[1]}×{shape[2]} (reflect padding)"
         )
-    return GaussianBlur(d.blur_kernel, d.blur_sigma, levels=d.blur_levels or None)
+    return GaussianBlur(blur.kernel, blur.sigma, levels=blur.levels or None)
 
 
-def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
-    """The (ℓ_priv, ℓ_pub) pair the configuration selects for ``data``.
+def build_decomposition(
+    data: FederatedData,
+    public_loss: PublicLoss = PublicLoss.AUTO,
+    *,
+    model: str = "logistic",
+    blur: BlurSettings = BlurSettings(),
+) -> FeatureMap:
+    """The (ℓ_priv, ℓ_pub) pair of ``public_loss`` for ``data`` (a run's is
+    :func:`fedfdp.run_plan.feature_map_for`: the configured ``public-loss``, ``model``
+    and ``blur-*`` keys).
 
-    ``public-loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
+    ``public_loss = "label-free"`` selects label-DP: ``Ψ(x, y) = x`` replaces
     the dataset's own split (every input column becomes public, the label
-    private) and ``ℓ_pub = logsumexp(wᵀx)`` (paper, Section 5).
+    private) and ``ℓ_pub = logsumexp(wᵀx)`` (paper, Section 5); it needs
+    ``model = "logistic"``.
 
-    Image datasets (``data.is_image``): the view is the Gaussian blur of the
-    configuration (``blur-kernel``, ``blur-sigma``, ``blur-levels``; 0 levels: the
-    exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public.
+    Image datasets (``data.is_image``): the view is the Gaussian blur ``blur``
+    (0 levels: the exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public.
     """
     if data.is_image:
-        return FeatureMap(image_view(cfg, data))
+        return FeatureMap(image_view(data, public_loss, blur))
     if data.spec is None:  # a table always has a spec (FederatedData.__post_init__)
         raise RuntimeError(f"dataset {data.name!r}: no feature spec")
-    method = cfg.privacy.public_loss
+    method = public_loss
     if method is PublicLoss.AUTO:
         try:
             method = PublicLoss(data.public_loss)
@@ -249,8 +267,8 @@ def build_decomposition(cfg: Config, data: FederatedData) -> FeatureMap:
                 f"(one of {', '.join(k.value for k in PublicLoss if k is not PublicLoss.AUTO)})"
             ) from None
     if method == PublicLoss.LABEL_FREE:
-        if cfg.training.model != "logistic":
-            raise ValueError(f"public-loss='label-free': needs model='logistic', got {cfg.training.model!r}")
+        if model != "logistic":
+            raise ValueError(f"public-loss='label-free': needs model='logistic', got {model!r}")
         return FeatureMap.label_dp(data.spec.columns)
     stats = data.public_statistics if method == PublicLoss.MEAN else None
     if method == PublicLoss.MEAN and stats is None:

@@ -66,8 +66,8 @@ def _fdp_accountant() -> Accountant[Any]:
 
 @dataclass(frozen=True)
 class Accounting:
-    """How a run's ε is accounted and reported (a :class:`fedfdp.server.ServerParts`
-    component; :func:`fedfdp.parts.server_parts_for` picks it per mode).
+    """How a run's ε is accounted and reported (a :class:`fedfdp.round_engine.ServerParts`
+    component; :func:`fedfdp.run_plan.server_parts_for` picks it per mode).
 
     Attributes
     ----------
@@ -352,6 +352,14 @@ def run_delta(cfg: Config, num_records: int) -> float:
     return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (2 * num_records)
 
 
+def tv_estimation_delta(cfg: Config, num_records: int) -> float:
+    """The share of δ a CorrDP run's in-sample TV estimate spends (CorrDP paper, Theorem
+    3.11): ``tv-delta``, or half the run's δ (:func:`run_delta`) when unset.
+    """
+    p = cfg.privacy
+    return p.tv_delta if p.tv_delta is not None else run_delta(cfg, num_records) / 2
+
+
 def sampling_settings(cfg: Config) -> SamplingSettings:
     """The sampling settings of ``cfg`` (what the sampling plan is built from)."""
     p = cfg.privacy
@@ -381,7 +389,7 @@ def resolve_mechanism(
     accounting : Accounting
         The relation, the event family and the accountant (default: add/remove,
         :class:`~fedfdp.accounting.events.SubsampledGaussian`); ``mode = "corrdp"``
-        needs the CorrDP accounting of its data (:func:`fedfdp.parts.server_parts_for`).
+        needs the CorrDP accounting of its data (:func:`fedfdp.run_plan.server_parts_for`).
     subsampling : Subsampling, optional
         ``(q, p)`` of the accounted event as the run's sampling plan names it
         (default: the configuration's, :meth:`SamplingSettings.subsampling`).
@@ -405,9 +413,9 @@ def resolve_mechanism(
         raise ConfigError(
             f"mode={str(p.mode)!r} with the {str(accounting.relation)!r} accounting: mode 'corrdp' "
             "(and only it) is accounted by the CorrDP accountant of its data "
-            "(fedfdp.parts.server_parts_for(cfg, data))"
+            "(fedfdp.run_plan.server_parts_for(cfg, data))"
         )
-    refuse_label_split(cfg)  # a private label: no split or hold-out may have read it
+    refuse_label_split(p, cfg.data)  # a private label: no split or hold-out may have read it
     settings = sampling_settings(cfg)
     sub = subsampling if subsampling is not None else settings.subsampling
     delta = run_delta(cfg, facts.num_records)

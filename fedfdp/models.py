@@ -17,7 +17,7 @@ from torch import nn
 from fedfdp.config import ConfigError
 
 if TYPE_CHECKING:
-    from fedfdp.config import Config
+    from fedfdp.config import TrainingConfig
     from fedfdp.data import FederatedData
 
 
@@ -95,8 +95,8 @@ def build_model(
     return _init_(model, gen)
 
 
-def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
-    """The configured model for ``data``'s input width and classes (initialised
+def build_model_for(training: TrainingConfig, data: FederatedData) -> nn.Module:
+    """The model ``training`` names for ``data``'s input width and classes (initialised
     from the public run ``seed``).
 
     Image datasets: ``cnn`` is :class:`fedfdp.images.DigitCNN` (Conv2d + GroupNorm,
@@ -105,7 +105,7 @@ def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
     receives ``C·H·W`` as ``in_features`` and ``(n, C, H, W)`` batches. ``cnn`` on a
     table is refused.
     """
-    t = cfg.training
+    t = training
     if t.model == "cnn":
         if data.image_shape is None:
             raise ConfigError(
@@ -123,12 +123,12 @@ def build_model_for(cfg: Config, data: FederatedData) -> nn.Module:
             generator=torch.Generator().manual_seed(t.seed),
         )
     model = build_model(
-        cfg.training.model,
+        t.model,
         data.num_features,
         data.num_classes,
-        hidden_size=cfg.training.hidden_size,
-        seed=cfg.training.seed,
-        hidden_sizes=cfg.training.hidden_sizes,
+        hidden_size=t.hidden_size,
+        seed=t.seed,
+        hidden_sizes=t.hidden_sizes,
     )
     if data.is_image and t.model in ("logistic", "mlp"):
         return nn.Sequential(nn.Flatten(), model)

@@ -84,7 +84,7 @@ def next_clipping_norm(
 ) -> float:
     """``C · exp(−η (b̃ − γ))`` with ``b̃ = noisy_count / E[batch]``: the geometric step
     of :func:`adapt_clipping_norm` from an already released noisy count (the server
-    draws the count's noise through :attr:`fedfdp.server.ServerParts.count_mechanism`).
+    draws the count's noise through :attr:`fedfdp.round_engine.ServerParts.count_mechanism`).
     Post-processing of the noisy count: no privacy cost of its own.
     """
     share = noisy_count / expected_batch

@@ -3,12 +3,14 @@
 ``config.toml`` (the configuration and the resolved mechanism), ``ledger.jsonl`` (the
 write-ahead ledger, :mod:`fedfdp.ledger`), ``checkpoint.pt`` (:mod:`fedfdp.checkpoint`),
 ``metrics.csv`` and ``model.pt``. :class:`RunFiles` and :class:`Progress` are the
-collaborators the round engine (:class:`fedfdp.server.FDPServer`) is given.
+collaborators of the run loop (:class:`fedfdp.run_loop.RunLoop`); the round engine writes
+the ledger through :meth:`RunFiles.write_ledger` (its journal).
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
-from fedfdp.config import Config
+from fedfdp.config import RunConfig
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
 
@@ -64,13 +66,22 @@ class RunFiles:
     ----------
     out : str or Path
         The run directory.
-    cfg : Config
-        Its configuration (``resume`` and ``checkpoint-every`` are read here).
+    settings : RunConfig
+        ``resume`` and ``checkpoint-every``.
+    record : mapping
+        The run's flat configuration (``config.toml``, every checkpoint; a resume must
+        find the same guarantee in it).
+    num_rounds : int
+        The rounds of the run.
     """
 
-    def __init__(self, out: str | Path, cfg: Config) -> None:
+    def __init__(
+        self, out: str | Path, settings: RunConfig, record: Mapping[str, Any], num_rounds: int
+    ) -> None:
         self.out = Path(out)
-        self.cfg = cfg
+        self.settings = settings
+        self.record = dict(record)
+        self.num_rounds = num_rounds
 
     def write_ledger(self, ledger: Ledger) -> None:
         write_ledger(self.out, ledger)
@@ -78,17 +89,17 @@ class RunFiles:
     def verify(self, mechanism: ResolvedMechanism) -> Resume:
         """The resume checks (:func:`fedfdp.checkpoint.verify_resume`)."""
         return verify_resume(
-            self.out, self.cfg.to_flat(), mechanism.digest(), mechanism.num_records,
-            resume=self.cfg.run.resume, num_rounds=mechanism.num_rounds,
+            self.out, self.record, mechanism.digest(), mechanism.num_records,
+            resume=self.settings.resume, num_rounds=mechanism.num_rounds,
             private_round=lambda r: mechanism.phase(r).noise, occupied=occupied(self.out),
         )
 
     def write_config(self, values: dict[str, Any]) -> None:
-        write_config(self.out, self.cfg.to_flat(), values)
+        write_config(self.out, self.record, values)
 
     def due(self, round_: int) -> bool:
         """Whether a checkpoint is due after ``round_``."""
-        every, total = self.cfg.run.checkpoint_every, self.cfg.privacy.num_rounds
+        every, total = self.settings.checkpoint_every, self.num_rounds
         return bool(every) and (round_ % every == 0 or round_ == total)
 
     def checkpoint(self, ckpt: Checkpoint) -> None:

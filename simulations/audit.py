@@ -3,7 +3,7 @@
 ``fedfdp audit [--relation add-remove|replacement|both|corrdp] [--break BUG | --all-bugs] [--json]``
     A white-box **canary audit** (:mod:`simulations.auditing.canaries`): a 95% lower
     bound on the ε of what the server releases in one round, from many
-    independent trials of the real :func:`clients.client_app.handle_train` and
+    independent trials of the real node (:meth:`clients.node_runtime.NodeRuntime.train`) and
     :class:`strategies.fdp_strategy.FDPStrategy`, against the ε the accountant
     claims for the same ``q``, ``σ`` and one round (add/remove: Theorem 5 /
     Def. 6 with Algorithm 2's simulator; replacement: Def. 5, via Prop. 1).

@@ -29,7 +29,7 @@ Engines
     round equals one centralised step on the union of the devices' batches,
     with the same noise draw), so a comparison is the same measurement, fast.
     ``flower``: each run on Flower's simulation engine
-    (:func:`simulations.run.run_simulation_for`, one virtual SuperNode per
+    (:func:`simulations.flower_processes.run_simulation_for`, one virtual SuperNode per
     device), as ``fedfdp run`` does.
 
 Outputs in ``DIR``
@@ -288,16 +288,15 @@ def validate_runs(runs: Sequence[RunSpec]) -> dict[str, float]:
     or an unreachable target ε.
     """
     from fedfdp.data import load_dataset
-    from fedfdp.losses import build_decomposition
     from fedfdp.models import build_model_for
-    from fedfdp.parts import mechanism_for
+    from fedfdp.run_plan import feature_map_for, mechanism_for
 
     sigmas: dict[str, float] = {}
     cache: dict[Any, float] = {}
     for run in runs:
         data = load_dataset(run.cfg.data)
-        build_decomposition(run.cfg, data)
-        build_model_for(run.cfg, data)
+        feature_map_for(run.cfg, data)
+        build_model_for(run.cfg.training, data)
         if run.cfg.privacy.is_private:
             key = (run.cfg.privacy, run.cfg.data, data.num_records)
             if key not in cache:
@@ -321,7 +320,7 @@ def recover_interrupted(
     Ctrl-C): nothing is ever deleted, a ledger least of all.
 
     No run files there: ``run`` as planned. A run directory the library accepts to
-    resume (:meth:`fedfdp.server.RunFiles.verify`: the configuration, the data, the
+    resume (:meth:`fedfdp.run_files.RunFiles.verify`: the configuration, the data, the
     resolved mechanism, the ledger against its checkpoint): ``run`` with
     ``resume = true``, so the run continues from its checkpoint and its ledger keeps
     every charge (a round charged but not checkpointed is charged again, and what a
@@ -353,19 +352,20 @@ def recover_interrupted(
 
 def _resume_point(cfg: Config) -> tuple[int | None, str]:
     """The round a run directory can be resumed after (None: it cannot), and why not:
-    the checks ``fedfdp run --resume`` makes (:meth:`fedfdp.server.RunFiles.verify`
+    the checks ``fedfdp run --resume`` makes (:meth:`fedfdp.run_files.RunFiles.verify`
     against the mechanism the run's server resolves).
     """
-    from fedfdp.data import load_dataset, resolve_devices
+    from fedfdp.data import load_dataset
     from fedfdp.ledger import LedgerError
-    from fedfdp.parts import mechanism_for
     from fedfdp.run_files import RunFiles
+    from fedfdp.run_plan import mechanism_for, resolve_released
 
     run_dir = Path(cfg.run.out_dir)
     data = load_dataset(cfg.data)
-    cfg = resolve_devices(cfg, data)
+    cfg = resolve_released(cfg, data)
+    files = RunFiles(run_dir, cfg.run, cfg.to_flat(), cfg.privacy.num_rounds)
     try:
-        found = RunFiles(run_dir, cfg).verify(mechanism_for(cfg, data))
+        found = files.verify(mechanism_for(cfg, data))
     except LedgerError as exc:
         return None, _one_line(exc).replace(f"{run_dir}/", "")
     return (found.checkpoint.round if found.checkpoint is not None else 0), ""
@@ -458,12 +458,13 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     :func:`recover_interrupted`); return its results row.
     """
     from fedfdp.algorithm import run_centralised
-    from fedfdp.data import load_dataset, resolve_devices
+    from fedfdp.data import load_dataset
     from fedfdp.entropy import noise_source
     from fedfdp.evaluation import METRICS, held_out_metrics
+    from fedfdp.run_plan import resolve_released
 
     data = load_dataset(run.cfg.data)
-    cfg = resolve_devices(run.cfg, data)  # num-devices = 0: one device per unit of device-column
+    cfg = resolve_released(run.cfg, data)  # num-devices = 0: one device per unit of device-column
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # an occupied one is refused by the run unless resumed
     start = time.perf_counter()
@@ -479,7 +480,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     else:
         import pandas as pd
 
-        from simulations.run import run_simulation_for
+        from simulations.flower_processes import run_simulation_for
 
         run_simulation_for(cfg)
         metrics = pd.read_csv(run_dir / "metrics.csv")
@@ -511,7 +512,7 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
         "num_records": data.num_records,
         "engine": engine,
         "seconds": round(time.perf_counter() - start, 2),
-        "noise_source": noise_source(cfg),
+        "noise_source": noise_source(cfg.privacy.reproducible_noise),
         "config_hash": run.config_hash,
     }
 

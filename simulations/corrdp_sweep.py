@@ -117,7 +117,7 @@ def training_loss(run_dir: Path) -> float:
 
     cfg = load_config(read_toml(run_dir / "config.toml"))
     data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     model.load_state_dict(torch.load(run_dir / "model.pt", map_location="cpu"))
     x = torch.as_tensor(np.concatenate([d.x for d in data.devices]))
     y = torch.as_tensor(np.concatenate([d.y for d in data.devices]))

@@ -1,6 +1,6 @@
 """A simulated run stops with the ``fedfdp run`` that launched it.
 
-``fedfdp run`` (:class:`simulations.run.LocalSimulation`) starts a SuperLink of
+``fedfdp run`` (:class:`simulations.flower_processes.LocalSimulation`) starts a SuperLink of
 its own, which starts the ServerApp's process; both sit in sessions of their
 own. If the launcher is killed (SIGKILL leaves it no time to clean up), the
 SuperLink gets SIGTERM from the kernel (``PR_SET_PDEATHSIG``), but the

@@ -9,9 +9,9 @@ SuperNodes with work (each SuperNode one party), in four ``train`` messages
    *masked* ``uint32`` vector of its noisy, encoded private sum, and its public sum
    in the clear (U3);
 4. if ``|U3| ≥ n_min``: the round is **charged** (budget check, the event written
-   durably to the ledger: :meth:`fedfdp.server.FDPServer.charge_round`), and only then
-   ``sa_unmask`` → shares; the server removes the masks, decodes the noisy sum
-   (:func:`fedfdp.secagg.decode`) and steps (:meth:`~fedfdp.server.FDPServer.finish_round`,
+   durably to the ledger: :meth:`fedfdp.round_engine.RoundEngine.charge_round`), and only
+   then ``sa_unmask`` → shares; the server removes the masks, decodes the noisy sum
+   (:func:`fedfdp.secagg.decode`) and steps (:meth:`~fedfdp.round_engine.RoundEngine.finish_round`,
    which adds no noise under secure aggregation).
 
 The charge is always the resolved event, ``n_h = n_min − t_c`` honest parties
@@ -23,8 +23,8 @@ timeout does not guarantee).
 Below ``n_min`` survivors, or when a stage leaves a node with fewer than ``t`` live
 holders of its shares, the round **aborts**: no unmask request is sent, the masked
 vectors stay one-time pads, the model, the optimizer and the ledger are unchanged
-(:meth:`~fedfdp.server.FDPServer.abort_round`). The round is tried again, up to
-:data:`ROUND_TRIES` times; then the run stops (:class:`fedfdp.server.RoundAborted`).
+(:meth:`~fedfdp.round_engine.RoundEngine.abort_round`). The round is tried again, up to
+:data:`ROUND_TRIES` times; then the run stops (:class:`fedfdp.round_engine.RoundAborted`).
 A round whose unmask stage fails after the charge stays charged and makes no step.
 
 The server never holds a node's private sum: a collect reply's arrays are the masked
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from flwr.serverapp import Grid
 
 from fedfdp import protocol as P
 from fedfdp.config import ConfigError
+from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome, RoundStats
 from fedfdp.secagg import (
     CollectReply,
     KeysReply,
@@ -58,10 +59,8 @@ from fedfdp.secagg import (
 )
 from fedfdp.secagg.plan import SecAggPlan
 from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
-from fedfdp.server import RoundAborted, RoundOutcome, RoundStats
-
-if TYPE_CHECKING:
-    from strategies.fdp_strategy import FDPStrategy
+from strategies.orders import TrainOrders
+from strategies.transport import exchange
 
 log = logging.getLogger("fedfdp.server")
 
@@ -74,29 +73,39 @@ class _Aborted(Exception):
 
 
 class SecAggRound:
-    """Runs the private rounds of ``strategy`` by secure aggregation on ``grid``
+    """Runs the private rounds of ``engine`` by secure aggregation on ``grid``
     (module docstring).
 
-    Attributes
+    Parameters
     ----------
-    received : list of (stage, node, Message)
-        When ``keep_replies`` is set: every reply the server received (tests inspect
-        what the server holds).
+    engine : RoundEngine
+        The round engine (its mechanism holds the secure-aggregation plan).
+    orders : TrainOrders
+        The round's train instructions and what each node was asked.
+    grid : Grid
+    timeout : float
+        Seconds each stage waits for replies (``secagg-timeout``).
+    keep_replies : bool
+        Keep every reply the server received in :attr:`received` (tests inspect what
+        the server holds).
     """
 
-    def __init__(self, strategy: FDPStrategy, grid: Grid, *, keep_replies: bool = False) -> None:
-        self.strategy = strategy
+    def __init__(self, engine: RoundEngine, orders: TrainOrders, grid: Grid, timeout: float, *,
+                 keep_replies: bool = False) -> None:
+        self.engine = engine
+        self.orders = orders
         self.grid = grid
-        self.timeout = strategy.cfg.run.secagg_timeout
+        self.timeout = timeout
         self.keep_replies = keep_replies
         self.received: list[tuple[str, int, Message]] = []
 
     # ---------------------------------------------------------------- checks
     def plan(self) -> SecAggPlan:
-        mechanism = self.strategy.server.mechanism
-        if mechanism is None or mechanism.secagg is None:
+        """The resolved mechanism's secure-aggregation plan."""
+        secagg = self.engine.mechanism.secagg
+        if secagg is None:
             raise RuntimeError("SecAggRound: the resolved mechanism has no secure-aggregation plan")
-        return mechanism.secagg
+        return secagg
 
     def check_parties(self, parties: int) -> None:
         """Refuse (one line) a run whose SuperNodes cannot meet ``n_min`` or are fewer than 3."""
@@ -128,10 +137,10 @@ class SecAggRound:
 
     def try_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord) -> RoundOutcome | None:
         """One try: the round's outcome, or None when it aborted (uncharged, no step)."""
-        strategy, server = self.strategy, self.strategy.server
+        server = self.engine
         plan = self.plan()
         state = server.begin_round(server_round, charge=False)
-        messages = strategy.instructions(server_round, state, arrays, config)
+        messages = self.orders.messages(server_round, state, arrays, config)
         train = {m.metadata.dst_node_id: m for m in messages}
         nodes = sorted(train)
         try:
@@ -187,7 +196,7 @@ class SecAggRound:
     # ---------------------------------------------------------------- helpers
     def _tensors(self, flat: np.ndarray) -> list[torch.Tensor]:
         out, at = [], 0
-        for shape in self.strategy.shapes.values():
+        for shape in self.engine.shapes.values():
             size = int(np.prod(shape)) if shape else 1
             out.append(torch.from_numpy(np.array(flat[at : at + size], dtype=np.float32).reshape(shape)))
             at += size
@@ -197,7 +206,7 @@ class SecAggRound:
 
     def _public(self, node: int, reply: Message) -> P.ValidReply:
         """The collect reply's public part, checked as a plain reply's (no private arrays)."""
-        current = self.strategy.server.current
+        current = self.engine.in_flight
         if current is None:  # pragma: no cover - a round is in flight
             raise RuntimeError("no round in flight")
         content = reply.content
@@ -206,9 +215,9 @@ class SecAggRound:
         metrics = content.metric_records.get(P.METRICS)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)} if metrics else None
         return P.validate_reply(
-            private=None, public=pub, metrics=scalars, expected=self.strategy.shapes, want_private=False,
+            private=None, public=pub, metrics=scalars, expected=self.engine.shapes, want_private=False,
             want_public=current.phase.public, clipping_norm=None, max_private_records=0,
-            public_count_asked=self.strategy.asked_public_count(node),
+            public_count_asked=self.orders.of(node).public_count,
         )
 
     def _stage(
@@ -230,8 +239,6 @@ class SecAggRound:
             body[SECAGG] = ConfigRecord({**to_wire(request), **(extra or {})})
             messages.append(Message(body, message_type=f"train.{stage}", dst_node_id=node))
         got: dict[int, Any] = {}
-        from strategies.fdp_strategy import exchange
-
         for reply in exchange(self.grid, messages, self.timeout):
             node = reply.metadata.src_node_id
             if self.keep_replies:

@@ -16,46 +16,44 @@ only transport.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients.flower_adapter import is_simulation_grid
-from fedfdp.config import Config, ConfigError, load_config
+from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_server_data
-from fedfdp.models import build_model_for
-from fedfdp.parts import server_parts_for
-from fedfdp.server import held_out_evaluation
-from strategies.fdp_strategy import FDPStrategy
+from fedfdp.run_plan import RunPlan, build_plan
+from strategies.fdp_strategy import FDPStrategy, NodeChoice
 from strategies.launcher import LAUNCHER_ENV, watch_launcher
 
 
-def run_server(grid: Grid, cfg: Config, *, node_choice: str = "supernodes") -> FDPStrategy:
-    """Run all rounds of ``cfg`` on ``grid`` through the public API (the
-    configured model, :class:`FDPStrategy`, Flower's ``start`` contract,
-    server-side evaluation on the held-out split); return the finished strategy.
-    ``node_choice``: see :class:`FDPStrategy`.
+def run_server(grid: Grid, plan: RunPlan, *, node_choice: NodeChoice = NodeChoice.SUPERNODES) -> FDPStrategy:
+    """Run all rounds of ``plan`` on ``grid`` through the public API
+    (:class:`FDPStrategy`, Flower's ``start`` contract, server-side evaluation on the
+    held-out split); return the finished strategy. ``node_choice``: see
+    :class:`~strategies.fdp_strategy.NodeChoice`.
     """
-    data = load_server_data(cfg.data)
-    model = build_model_for(cfg, data)
-    strategy = FDPStrategy(model, cfg, node_choice=node_choice, parts=server_parts_for(cfg, data),
-                           evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
-    strategy.start(grid, ArrayRecord(model.state_dict()), num_rounds=cfg.privacy.num_rounds)
+    strategy = FDPStrategy(plan, node_choice=node_choice)
+    strategy.start(grid, ArrayRecord(plan.model.state_dict()), num_rounds=plan.num_rounds)
     return strategy
 
 
 def make_server_app(
-    cfg: Config | None = None, *, node_choice: str = "supernodes", simulation: bool = False
+    run_config: Mapping[str, Any] | None = None, *, node_choice: NodeChoice = NodeChoice.SUPERNODES,
+    simulation: bool = False,
 ) -> ServerApp:
-    """Build the ServerApp; ``cfg`` fixes the configuration, otherwise it is
-    read from Flower's run config. ``node_choice="devices"``: the SuperNodes
-    are a simulation's transport (see :class:`FDPStrategy`). ``simulation``:
-    the ServerApp of ``fedfdp run`` (module docstring): it refuses any grid but
-    the Simulation Runtime's and accepts the reproducible opt-in.
+    """Build the ServerApp; ``run_config`` (flat keys, as ``Config.to_flat()`` gives them)
+    fixes the configuration, otherwise it is read from Flower's run config.
+    ``node_choice=NodeChoice.DEVICES``: the SuperNodes are a simulation's transport.
+    ``simulation``: the ServerApp of ``fedfdp run`` (module docstring): it refuses any
+    grid but the Simulation Runtime's and accepts the reproducible opt-in.
     """
     app = ServerApp()
     if simulation:
-        node_choice = "devices"
+        node_choice = NodeChoice.DEVICES
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
@@ -64,8 +62,8 @@ def make_server_app(
                 "strategies.server_app:simulation_app runs only on Flower's Simulation Runtime "
                 "(fedfdp run); a deployment uses strategies.server_app:app"
             )
-        run_cfg = cfg if cfg is not None else load_config(dict(context.run_config))
-        if cfg is None and not simulation and run_cfg.privacy.reproducible_noise:
+        run_cfg = load_config(dict(run_config if run_config is not None else context.run_config))
+        if run_config is None and not simulation and run_cfg.privacy.reproducible_noise:
             raise ConfigError(
                 "reproducible-noise=true: refused under flwr run (a SuperLink): the noise would derive "
                 "from a seed every party can read; use fedfdp run for reproducible research runs"
@@ -78,7 +76,7 @@ def make_server_app(
             )
         if simulation:  # stop with the fedfdp run that launched us (strategies/launcher.py)
             watch_launcher(os.environ.get(LAUNCHER_ENV), lambda: os._exit(1))
-        run_server(grid, run_cfg, node_choice=node_choice)
+        run_server(grid, build_plan(run_cfg, load_server_data(run_cfg.data)), node_choice=node_choice)
 
     return app
 

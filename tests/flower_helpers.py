@@ -4,17 +4,18 @@ Flower's simulation engine starts Ray and a SuperLink; for most tests that is
 heavy and hides the messages. :class:`InProcessGrid` is a real
 :class:`flwr.serverapp.Grid`: the strategy pushes its messages and polls for
 replies through ``push_messages``/``pull_messages`` exactly as on a SuperLink
-(:func:`strategies.fdp_strategy.exchange`), and each pushed message is answered
-at once by the real client handlers (:func:`clients.client_app.handle_train`,
+(:func:`strategies.transport.exchange`), and each pushed message is answered
+at once by the real client handlers (:meth:`clients.node_runtime.NodeRuntime.train`,
 :func:`clients.client_app.handle_query`), so every byte the server sees comes
 from the code a deployment runs. A reply that a tamper function drops never
 arrives: the strategy waits for it until its round timeout, as it would for a
 lost node.
 
 The handlers take the node's records explicitly
-(:class:`clients.client_app.NodeRecords`); :func:`node_records_for` builds
+(:class:`clients.node_runtime.NodeRecords`); :func:`node_records_for` builds
 them from the configured dataset or from an explicit
-:class:`~fedfdp.data.FederatedData`.
+:class:`~fedfdp.data.FederatedData`, and :func:`node_runtime_for` the node's runtime
+(its records and the plan :func:`fedfdp.run_plan.build_node_plan` makes of them).
 
 ``set_identity`` and ``train_messages`` are the privacy audit's own
 (:mod:`simulations.auditing.inprocess`), re-exported here.
@@ -31,13 +32,13 @@ from flwr.serverapp import Grid
 
 import clients.client_app as client_app
 from clients.client_app import reply_message
+from clients.node_runtime import NodeRecords, NodeRuntime, node_records
 from fedfdp import protocol as P
 from fedfdp.config import Config
 from fedfdp.contribution import ClientParts
 from fedfdp.data import FederatedData, load_dataset
-from fedfdp.models import build_model_for
-from fedfdp.parts import server_parts_for
-from fedfdp.server import ServerParts, held_out_evaluation
+from fedfdp.round_engine import ServerParts
+from fedfdp.run_plan import build_node_plan, build_plan
 from simulations.auditing.inprocess import set_identity, train_messages
 from strategies.fdp_strategy import FDPStrategy
 
@@ -46,6 +47,7 @@ __all__ = [
     "client_reply",
     "node_context",
     "node_records_for",
+    "node_runtime_for",
     "registered_strategy",
     "reply_message",
     "set_identity",
@@ -77,14 +79,19 @@ def node_records_for(
     data: FederatedData | None = None,
     num_partitions: int | None = None,
     node_config: Mapping[str, Any] | None = None,
-) -> client_app.NodeRecords:
+) -> NodeRecords:
     """The records node ``node`` serves: partition ``node`` of ``num_partitions``
     (default: one device per node) of ``data``; without ``data``, what the real
-    ClientApp reads for that node (:func:`clients.client_app.node_records`)."""
+    ClientApp reads for that node (:func:`clients.node_runtime.node_records`)."""
     if data is not None:
         parts = cfg.data.num_devices if num_partitions is None else num_partitions
-        return client_app.NodeRecords.partition_of(data, node, parts)
-    return client_app.node_records(cfg, node_context(cfg, node, num_partitions, node_config))
+        return NodeRecords.partition_of(data, node, parts)
+    return node_records(cfg.data, node_context(cfg, node, num_partitions, node_config).node_config)
+
+
+def node_runtime_for(cfg: Config, records: NodeRecords, parts: ClientParts | None = None) -> NodeRuntime:
+    """A node's runtime over ``records``, built afresh (the ClientApp keeps one per run)."""
+    return NodeRuntime(records, build_node_plan(cfg, records.data, parts))
 
 
 def registered_strategy(
@@ -93,9 +100,7 @@ def registered_strategy(
     """A resolved strategy whose registry holds one node per device (node id = device id)."""
     set_identity()
     data = load_dataset(cfg.data) if data is None else data
-    parts = parts if parts is not None else server_parts_for(cfg, data)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=len(data.devices), parts=parts,
-                        evaluate_fn=held_out_evaluation(data.test_x, data.test_y))
+    strat = FDPStrategy(build_plan(cfg, data, server_parts=parts, num_devices=len(data.devices)))
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices)}
     strat.resolve()
     return strat
@@ -112,9 +117,8 @@ def client_reply(
     """The real client computation for one train message."""
     records = node_records_for(cfg, msg.metadata.dst_node_id, data, num_partitions)
     state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
-    private, public, metrics = client_app.handle_train(
-        cfg, records, state, msg.content.config_records[P.CONFIG], parts
-    )
+    runtime = node_runtime_for(cfg, records, parts)
+    private, public, metrics = runtime.train(state, msg.content.config_records[P.CONFIG])
     return reply_message(msg, private, public, metrics)
 
 
@@ -167,7 +171,7 @@ class InProcessGrid(Grid):
         self._run: Any = None
 
     # ---------------------------------------------------------------- the nodes
-    def records(self, node: int) -> client_app.NodeRecords:
+    def records(self, node: int) -> NodeRecords:
         """The records node ``node`` serves."""
         return node_records_for(self.cfg, node, self.data, node_config=self.node_configs.get(node))
 
@@ -178,9 +182,8 @@ class InProcessGrid(Grid):
             info = MetricRecord(client_app.handle_query(records))
             return Message(RecordDict({P.METRICS: info}), reply_to=msg)
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
-        result = client_app.handle_train(self.cfg, records, state, msg.content.config_records[P.CONFIG],
-                                         self.parts)
-        return reply_message(msg, *result)
+        runtime = node_runtime_for(self.cfg, records, self.parts)
+        return reply_message(msg, *runtime.train(state, msg.content.config_records[P.CONFIG]))
 
     # ---------------------------------------------------------------- Grid API
     def set_run(self, run: Any) -> None:

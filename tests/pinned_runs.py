@@ -185,10 +185,8 @@ def run_flower_case(keys: dict[str, Any]) -> None:
     from clients.client_app import make_client_app
     from fedfdp.config import load_config
     from fedfdp.data import load_dataset
-    from fedfdp.models import build_model_for
-    from fedfdp.parts import server_parts_for
-    from fedfdp.server import held_out_evaluation
-    from strategies.fdp_strategy import FDPStrategy
+    from fedfdp.run_plan import build_plan
+    from strategies.fdp_strategy import FDPStrategy, NodeChoice
     from tests.flower_helpers import InProcessGrid, node_context
 
     cfg = load_config(keys)
@@ -196,7 +194,7 @@ def run_flower_case(keys: dict[str, Any]) -> None:
     class Grid(InProcessGrid):
         def __init__(self) -> None:
             super().__init__(cfg)
-            self.app = make_client_app(cfg)
+            self.app = make_client_app(cfg.to_flat())
             self.contexts: dict[int, Context] = {}
 
         def answer(self, msg: Message) -> Message:
@@ -207,11 +205,9 @@ def run_flower_case(keys: dict[str, Any]) -> None:
             except Exception as exc:  # as Flower sends it
                 return Message(error=Error(code=0, reason=str(exc)), reply_to=msg)
 
-    data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
-    strat = FDPStrategy(model, cfg, num_devices=len(data.devices), parts=server_parts_for(cfg, data),
-                        evaluate_fn=held_out_evaluation(data.test_x, data.test_y), node_choice="devices")
-    strat.start(Grid(), ArrayRecord(model.state_dict()))
+    plan = build_plan(cfg, load_dataset(cfg.data))
+    strat = FDPStrategy(plan, node_choice=NodeChoice.DEVICES)
+    strat.start(Grid(), ArrayRecord(plan.model.state_dict()))
 
 
 ENGINES: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -359,7 +355,7 @@ def resolve_for(keys: dict[str, Any]) -> dict[str, Any]:
     """The resolved mechanism of ``keys`` over the configured data (the CLI's pre-check)."""
     from fedfdp.config import load_config
     from fedfdp.data import load_dataset
-    from fedfdp.parts import mechanism_for
+    from fedfdp.run_plan import mechanism_for
 
     cfg = load_config({**keys, "progress": False})
     mechanism = mechanism_for(cfg, load_dataset(cfg.data))

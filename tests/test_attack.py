@@ -285,13 +285,9 @@ def test_fdp_model_stays_under_the_bound_with_plot(tmp_path, capsys):
 @pytest.mark.slow
 def test_attack_reads_model_pt(tmp_path):
     """A run directory with model.pt (written by fedfdp run) is attacked as is."""
-    from fedfdp.data import load_dataset
-    from fedfdp.models import build_model_for
-
     d = _fleet_run(tmp_path, "public", **{"num-rounds": 3})
-    cfg = A.read_run(d)
-    model = build_model_for(cfg, load_dataset(cfg.data))
-    torch.save(model.state_dict(), d / "model.pt")
+    plan = A.read_run(d)  # the run's plan: its configured model, built afresh
+    torch.save(plan.model.state_dict(), d / "model.pt")
     res = A.attribute_attack_run(d, references=0)
     assert res["model_source"] == "model.pt" and res["bound"] == pytest.approx(res["ball"])
     assert res["success_calibrated"] is None

@@ -22,7 +22,8 @@ from fedfdp.audit import (
 )
 from fedfdp.config import ConfigError
 from fedfdp.mechanisms import GaussianSumMechanism
-from fedfdp.server import FDPServer, ServerParts
+from fedfdp.round_engine import ServerParts
+from fedfdp.run_plan import build_plan
 from simulations.audit import BUG_NAMES
 from simulations.auditing import canaries as A
 from simulations.auditing.analysis import run_audit
@@ -237,7 +238,7 @@ def test_audit_fails_every_planted_bug(bug, rounds):
 
 
 def test_server_noises_the_count_through_its_parts_then_steps_c_geometrically():
-    """The seam a normal run uses: FDPServer noises adaptive clipping's count with
+    """The seam a normal run uses: the round engine noises adaptive clipping's count with
     ServerParts.count_mechanism(σ_b, 1) and moves C by C·exp(−η(b̃ − γ)), b̃ the
     noisy count over the expected batch (here a mechanism that adds nothing)."""
     cfg = load_config({"num-devices": 2, "noise-multiplier": 1.0, "clipping-quantile": 0.5, "num-rounds": 1,
@@ -252,10 +253,11 @@ def test_server_noises_the_count_through_its_parts_then_steps_c_geometrically():
             return [v.clone() for v in values]
 
     assert ServerParts().count_mechanism is GaussianSumMechanism
-    server = FDPServer(cfg, torch.nn.Linear(3, 2), parts=ServerParts(count_mechanism=Exact))
-    mechanism = server.resolve([40, 60])
+    plan = build_plan(cfg, model=torch.nn.Linear(3, 2), server_parts=ServerParts(count_mechanism=Exact))
+    server = plan.engine([40, 60])
+    mechanism = server.mechanism
     state = server.begin_round(1)
-    server.finish_round([[torch.zeros_like(p) for p in server.params]], [], 0, 0.0, unclipped=13)
+    server.finish_round([[torch.zeros_like(p) for p in plan.model.parameters()]], [], 0, 0.0, unclipped=13)
     sigma_eff = math.sqrt(1 - 0.05)  # σ = 1 is the gradient's; the count takes the share 0.05
     assert calls == [(pytest.approx(sigma_eff / math.sqrt(0.05)), 1.0)]
     assert mechanism.clipping.count_noise == pytest.approx(sigma_eff / math.sqrt(0.05))

@@ -385,8 +385,8 @@ def test_fdp_train_refuses_a_model_of_the_wrong_width_once_per_architecture(tmp_
     model of the same architecture, as the example builds each round, is not run again in
     eval mode: the check's forward pass is the only one in eval mode)."""
     from clients import fdp_train
-    from fedfdp.losses import build_decomposition
     from fedfdp.models import build_model_for
+    from fedfdp.run_plan import feature_map_for
     from tests.flower_helpers import registered_strategy, train_messages
 
     cfg = load_config({**TINY, "noise-multiplier": 1.0, "out-dir": str(tmp_path / "unused")})
@@ -395,7 +395,7 @@ def test_fdp_train_refuses_a_model_of_the_wrong_width_once_per_architecture(tmp_
     strat = registered_strategy(cfg, data)
     msg = next(m for m in train_messages(strat, 1) if m.metadata.dst_node_id == 0)
     devices = {0: data.devices[0]}
-    feature_map = build_decomposition(cfg, data)
+    feature_map = feature_map_for(cfg, data)
 
     class Wide(nn.Module):  # an architecture of its own: the check's cache never saw it
         def __init__(self) -> None:
@@ -420,7 +420,7 @@ def test_fdp_train_refuses_a_model_of_the_wrong_width_once_per_architecture(tmp_
             evals.append(len(args[0]))
 
     def right() -> nn.Module:
-        model = build_model_for(cfg, data)
+        model = build_model_for(cfg.training, data)
         model.register_forward_hook(seen)
         return model
 

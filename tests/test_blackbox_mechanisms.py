@@ -17,7 +17,7 @@ the test has the power to fail.
 
 The round
 ---------
-Each trial runs the server half (:class:`fedfdp.server.FDPServer`: resolve, the
+Each trial runs the server half (:class:`fedfdp.round_engine.RoundEngine`: resolve, the
 budget check and write-ahead charge of ``begin_round``, the sampling plan, the
 noise, the normaliser, the optimizer step of ``finish_round``) around the node
 half (:func:`fedfdp.contribution.node_contribution`, one node serving every
@@ -74,8 +74,8 @@ from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap, private_cross_entropy
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.models import build_model_for
-from fedfdp.parts import client_parts_for, server_parts_for
-from fedfdp.server import FDPServer
+from fedfdp.round_engine import RoundEngine
+from fedfdp.run_plan import build_plan, client_parts_for, server_parts_for
 
 #: Canaries per round; the private value of a canary in world 1.
 K, A = 96, 1000.0
@@ -189,7 +189,7 @@ class Canaries:
     def model(self) -> nn.Module:
         """The crafted model at the audited round."""
         if self.corrdp:
-            model = build_model_for(self.cfg, self.data(np.full(K, WORLD1)))
+            model = build_model_for(self.cfg.training, self.data(np.full(K, WORLD1)))
             with torch.no_grad():
                 for p in model.parameters():
                     p.zero_()  # residual (½, −½) for label 1 in both worlds
@@ -227,12 +227,12 @@ class Canaries:
         return projection
 
 
-def claimed_epsilon(canaries: Canaries, server: FDPServer) -> float:
+def claimed_epsilon(canaries: Canaries, server: RoundEngine) -> float:
     """The accountant's ε of ONE round of the resolved mechanism's event at δ (for
     ``corrdp``: the ε of the changed features' class, ``sensitive``, weight 1)."""
     mechanism = server.mechanism
-    assert mechanism is not None and mechanism.event is not None
-    accountant = server.parts.accounting.new()
+    assert mechanism.event is not None
+    accountant = server.accounting.new()
     accountant.compose(mechanism.event)
     if canaries.corrdp:
         bound = accountant.epsilon_bound(mechanism.delta)
@@ -256,7 +256,7 @@ class Collected:
 
 
 def one_round(canaries: Canaries, worlds: np.ndarray, secret_seed: int,
-              mechanism: Callable[[float, float], Any] | None) -> tuple[np.ndarray, FDPServer, float]:
+              mechanism: Callable[[float, float], Any] | None) -> tuple[np.ndarray, RoundEngine, float]:
     """One private round on ``worlds``; the canaries' statistics, the server, the next ``C``."""
     cfg = canaries.cfg
     data = canaries.data(worlds)
@@ -267,14 +267,13 @@ def one_round(canaries: Canaries, worlds: np.ndarray, secret_seed: int,
     client: ClientParts = client_parts_for(cfg, data, secrets=secrets)
     model = canaries.model()
     project = canaries.directions(model)
-    server = FDPServer(cfg, model, parts=parts)
-    server.resolve(data.sizes.tolist())
+    server = build_plan(cfg, data, model=model, server_parts=parts).engine(data.sizes.tolist())
     state = server.begin_round(canaries.case.private_round)
     assert state.phase.noise, f"round {state.round} of {canaries.case.name} is not a private round"
-    p = cfg.privacy
+    sampling = server.mechanism.sampling
     settings = RoundSettings(round=state.round, attempt=state.attempt, phase=state.phase,
-                             sampling_rate=p.sampling_rate, clipping_norm=state.clipping_norm,
-                             unit=p.privacy_unit, public_seed=cfg.training.seed)
+                             sampling_rate=sampling.sampling_rate, clipping_norm=state.clipping_norm,
+                             unit=sampling.unit, public_seed=cfg.training.seed)
     plan = state.plan
     leave_out = np.zeros(K, dtype=bool) if canaries.corrdp else worlds == WORLD2  # the simulator
     tasks = [DeviceTask(int(d), data.devices[d].x, data.devices[d].y,
@@ -353,8 +352,7 @@ def test_claims_of_full_batch_rounds_are_the_gaussian_closed_form(name: str, sig
     error of the closed form."""
     canaries = Canaries(CASES[name])
     data = canaries.data(np.full(K, WORLD1))
-    server = FDPServer(canaries.cfg, canaries.model(), parts=server_parts_for(canaries.cfg, data))
-    server.resolve(data.sizes.tolist())
+    server = build_plan(canaries.cfg, data, model=canaries.model()).engine(data.sizes.tolist())
     if sigma_eff is None:
         sigma_eff = 2.0 * math.sqrt(1 - canaries.cfg.privacy.clipping_budget_share)
     exact = gaussian_epsilon(1.0 / sigma_eff, DELTA)

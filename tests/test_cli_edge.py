@@ -116,7 +116,7 @@ def test_secagg_supernodes_default_to_n_min_and_fewer_are_refused_before_the_run
     """Under aggregation = "secagg" each SuperNode is one party: the default count (one per
     core above 8 devices) is raised to secagg-min-survivors, and ``--supernodes`` below it is
     refused by the real CLI in one line, status 2, before the output directory exists."""
-    import simulations.run as run
+    import simulations.flower_processes as run
     from fedfdp.config import load_config
 
     secagg = {"num-devices": 12, "records-per-device": 20, "aggregation": "secagg", "secagg-min-survivors": 5}

@@ -245,11 +245,12 @@ def _interrupted(sweep: Sweep, out: Path, round_: int, *, snapshot_at: int | Non
     step, before its checkpoint); the bytes of its ledger then; and (``snapshot_at``) the
     bytes of its ledger as they were on disk at that earlier round's evaluation."""
     from fedfdp.algorithm import run_centralised
-    from fedfdp.data import load_dataset, resolve_devices
+    from fedfdp.data import load_dataset
+    from fedfdp.run_plan import resolve_released
 
     (run,) = compare.plan_runs(sweep, out)
     data = load_dataset(run.cfg.data)
-    cfg = resolve_devices(run.cfg, data)
+    cfg = resolve_released(run.cfg, data)
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True)
     snapshot: list[bytes] = []

@@ -27,9 +27,11 @@ from fedfdp.ledger import LedgerError
 from fedfdp.mechanisms import standard_normals
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.parts import server_parts_for
+from fedfdp.round_engine import ServerParts
+from fedfdp.run_files import RunFiles
+from fedfdp.run_plan import build_plan, server_parts_for
 from fedfdp.sampling import poisson_sample
-from fedfdp.server import FDPServer, ServerParts
+from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
 from tests.mechanism_helpers import ledger_doc, write_ledger_doc
 from tests.references import gaussian_eps_ref
@@ -86,13 +88,13 @@ def _block_clipped_loop(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tenso
 def test_federated_round_equals_hand_built_corrdp_step():
     cfg = load_config(BASE)
     strat = registered_strategy(cfg)
-    before = [p.detach().clone() for p in strat.params]
+    before = [p.detach().clone() for p in trainable(strat.model)]
     replies = [client_reply(cfg, m) for m in train_messages(strat, 1)]
     strat.aggregate_train(1, replies)
-    federated = [p.detach().clone() for p in strat.params]
+    federated = [p.detach().clone() for p in trainable(strat.model)]
 
     data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     w0, b0 = (p.detach().clone() for p in trainable(model))
     w0 = _project(w0, D)  # the server projects the initial model when it resolves the plan
     torch.testing.assert_close(before[0], w0)
@@ -138,7 +140,7 @@ def test_flower_path_and_centralised_engine_run_the_same_corrdp_plan(tmp_path):
     events = [e["event"] for e in ledgers[0]["entries"][1:]]
     got = [(e["kind"], e["sampling_rate"], e["participation"]) for e in events]
     assert got == [("corrdp-round", 0.5, 1.0)] * 3
-    for a, b in zip(strat.params, trainable(model), strict=True):
+    for a, b in zip(trainable(strat.model), trainable(model), strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)
 
 
@@ -186,9 +188,8 @@ def test_epsilon_of_a_full_batch_run_matches_the_gaussian_closed_form(tmp_path):
 
 def test_calibrated_run_ends_at_the_target_and_the_weights_stay_in_theta():
     cfg = load_config({**BASE, "noise-multiplier": None, "target-epsilon": 3.0, "num-rounds": 3})
-    server = FDPServer(cfg, build_model_for(cfg, load_dataset(cfg.data)),
-                       parts=server_parts_for(cfg, load_dataset(cfg.data)))
-    plan = server.resolve(load_dataset(cfg.data).sizes.tolist())
+    data = load_dataset(cfg.data)
+    plan, _ = build_plan(cfg, data).resolve(data.sizes)
     assert plan.relation == "corrdp"
     model, rows = run_centralised(cfg)
     assert 2.9 <= rows[-1]["epsilon_corrdp"] <= 3.0
@@ -205,44 +206,48 @@ def test_budget_cap_stops_a_corrdp_run_before_the_round_that_would_exceed_it():
 
 def test_resume_of_a_corrdp_run_equals_the_uninterrupted_run(tmp_path):
     cfg_map = {**BASE, "num-rounds": 4}
-    ref = registered_strategy(load_config({**cfg_map, "out-dir": str(tmp_path / "ref")}))
+    ref_cfg = load_config({**cfg_map, "out-dir": str(tmp_path / "ref")})
+    ref = registered_strategy(ref_cfg)
     ref.registry = {}
-    ref.start(InProcessGrid(ref.cfg))
+    ref.start(InProcessGrid(ref_cfg))
 
     class Crash(RuntimeError):
         pass
 
+    class CrashingJournal(RunFiles):
+        """The run directory, whose durable write of round 3's charge never happens."""
+
+        def write_ledger(self, ledger):
+            if any(e.round == 3 for e in ledger.charges):
+                raise Crash
+            super().write_ledger(ledger)
+
     out = tmp_path / "run"
-    crashing = registered_strategy(load_config({**cfg_map, "out-dir": str(out)}))
-    crashing.registry = {}
-    original = crashing.server.charge
-
-    def charge(r):
-        if r == 3:
-            raise Crash
-        return original(r)
-
-    crashing.server.charge = charge
+    cfg = load_config({**cfg_map, "out-dir": str(out)})
+    data = load_dataset(cfg.data)
+    journal = CrashingJournal(out, cfg.run, cfg.to_flat(), cfg.privacy.num_rounds)
+    crashing = FDPStrategy(build_plan(cfg, data, files=journal))
     with pytest.raises(Crash):
-        crashing.start(InProcessGrid(crashing.cfg))
-    resumed = registered_strategy(load_config({**cfg_map, "out-dir": str(out), "resume": True}))
+        crashing.start(InProcessGrid(cfg))
+    resumed_cfg = load_config({**cfg_map, "out-dir": str(out), "resume": True})
+    resumed = registered_strategy(resumed_cfg)
     resumed.registry = {}
-    resumed.start(InProcessGrid(resumed.cfg))
+    resumed.start(InProcessGrid(resumed_cfg))
     # the model equals the uninterrupted run's; the round that may have been charged and
     # lost is charged once more (pessimistically), so the CorrDP ε is never below ref's
     assert resumed.rows[-1]["epsilon_corrdp"] > ref.rows[-1]["epsilon_corrdp"]
     kinds = [e.kind.value for e in resumed.ledger.charges]
     assert kinds.count("unrecorded") == 1 and kinds.count("charge") == 4
-    for a, b in zip(ref.params, resumed.params, strict=True):
+    for a, b in zip(trainable(ref.model), trainable(resumed.model), strict=True):
         assert torch.equal(a, b)
     # an edited charge is refused
     doc = ledger_doc(out)
     doc["entries"][1]["event"]["sampling_rate"] = 0.01
     write_ledger_doc(out, doc)
-    again = registered_strategy(load_config({**cfg_map, "out-dir": str(out), "resume": True}))
+    again = registered_strategy(resumed_cfg)
     again.registry = {}
     with pytest.raises(LedgerError, match="hash mismatch"):
-        again.start(InProcessGrid(again.cfg))
+        again.start(InProcessGrid(resumed_cfg))
 
 
 def _independent_tv(u: np.ndarray, s: np.ndarray) -> float:
@@ -311,7 +316,7 @@ def test_released_tvs_are_charged_and_in_the_corrdp_epsilon():
     class breakdown without estimates and the closed-form Gaussian reference."""
     from fedfdp.corrdp.accounting import CorrDPAccountant
     from fedfdp.mechanism import resolve_mechanism
-    from fedfdp.parts import public_facts, server_parts_for
+    from fedfdp.run_plan import public_facts, server_parts_for
     from tests.references import gaussian_eps_ref
 
     cfg = load_config({
@@ -385,21 +390,21 @@ def test_parts_that_do_not_fit_the_mode_are_refused():
     cfg = load_config(BASE)
     data = load_dataset(cfg.data)
     with pytest.raises(ConfigError, match="mode='corrdp' with the 'add-remove' accounting"):
-        FDPServer(cfg, build_model_for(cfg, data), parts=ServerParts()).resolve(data.sizes.tolist())
+        build_plan(cfg, data, server_parts=ServerParts()).resolve(data.sizes)
     corrdp_only = ("insensitive-tv", "corrdp-weight-bound")  # refused outside corrdp (no setting ignored)
     fdp = load_config({**{k: v for k, v in BASE.items() if k not in corrdp_only}, "mode": "fdp"})
     with pytest.raises(ConfigError, match="mode='fdp' with the 'corrdp' accounting"):
-        FDPServer(fdp, build_model_for(fdp, data), parts=server_parts_for(cfg, data)).resolve([40] * 4)
+        build_plan(fdp, data, server_parts=server_parts_for(cfg, data)).resolve([40] * 4)
     batch = PrivateBatch(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.Generator(), 2)
     settings = RoundSettings(1, 0, PHASES["corrdp"], 0.3, 0.5)
     with pytest.raises(ValueError, match="needs the CorrDP aggregator"):
-        ClientParts().aggregate(build_model_for(cfg, data), None, settings, [batch])
+        ClientParts().aggregate(build_model_for(cfg.training, data), None, settings, [batch])
     # a model outside the weight bound is refused by the node (the server projects it)
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     with torch.no_grad():
         model[0].weight.mul_(100.0)
     parts = server_parts_for(cfg, data)
-    from fedfdp.parts import client_parts_for
+    from fedfdp.run_plan import client_parts_for
 
     with pytest.raises(ValueError, match="weight bound"):
         client_parts_for(cfg, data).aggregate(model, None, settings, [batch])

@@ -148,7 +148,7 @@ def test_purchase100_synthetic_shape_and_paper_model():
     assert len(data.devices) == 4 and data.num_classes == 100
     from fedfdp.models import build_model_for
 
-    shapes = [tuple(p.shape) for p in build_model_for(cfg, data).parameters()]
+    shapes = [tuple(p.shape) for p in build_model_for(cfg.training, data).parameters()]
     assert shapes == [(300, 600), (300,), (100, 300), (100,)]  # the paper's 600-300-100 MLP
 
 

@@ -13,9 +13,9 @@ from fedfdp.accounting import FDPAccountant, SubsampledGaussian
 from fedfdp.config import load_config
 from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import load_dataset
-from fedfdp.losses import build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.run_plan import feature_map_for
 from tests.flower_helpers import InProcessGrid, registered_strategy, train_messages
 from tests.mechanism_helpers import resolve
 
@@ -32,7 +32,6 @@ def _flags(cfg, rounds):
             c = msg.content[P.CONFIG]
             for d, f, k in zip(c[P.DEVICE_IDS], c[P.PRIVATE_FLAGS], c[P.PUBLIC_COUNTS], strict=True):
                 seen[d] = (f, k)
-        strat.server.current = None  # the rounds are only configured here
         priv.append([seen.get(d, (0, 0))[0] for d in range(40)])
         pub.append([int(seen.get(d, (0, 0))[1] > 0) for d in range(40)])
     return np.array(priv), np.array(pub)
@@ -73,8 +72,8 @@ def test_device_unit_public_sample_independent_of_private_sample():
 def test_device_contribution_is_clipped_as_a_whole():
     cfg = load_config({**BASE, "num-devices": 2, "records-per-device": 200, "sampling-rate": 1.0})
     data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
-    dec = build_decomposition(cfg, data)
+    model = build_model_for(cfg.training, data)
+    dec = feature_map_for(cfg, data)
     dev = data.devices[0]
     for phase in (PHASES["fdp"], PHASES["dp"]):
         settings = RoundSettings(1, 0, phase, sampling_rate=1.0, clipping_norm=0.01, unit="device")
@@ -93,8 +92,8 @@ def test_record_unit_node_sum_equals_sum_of_per_device_clipped_sums():
     batches are the whole devices)."""
     cfg = load_config({**BASE, "num-devices": 3, "records-per-device": 20, "sampling-rate": 1.0})
     data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
-    dec = build_decomposition(cfg, data)
+    model = build_model_for(cfg.training, data)
+    dec = feature_map_for(cfg, data)
     settings = RoundSettings(1, 0, PHASES["dp"], sampling_rate=1.0, clipping_norm=0.05)
     tasks = [DeviceTask(d, dev.x, dev.y, True, 0) for d, dev in enumerate(data.devices)]
     union = node_contribution(model, dec, settings, tasks).private_sum

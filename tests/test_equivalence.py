@@ -18,10 +18,10 @@ from fedfdp.config import load_config
 from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum, trainable
 from fedfdp.data import load_dataset
 from fedfdp.entropy import SeededEntropy
-from fedfdp.losses import build_decomposition
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.run_plan import feature_map_for
 from fedfdp.sampling import (
     PublicStreams,
     allocate_public_batch,
@@ -55,10 +55,10 @@ def test_federated_round_equals_hand_built_step(mode):
     }
     cfg = load_config({k: v for k, v in keys.items() if k not in unused})
     strat = registered_strategy(cfg)
-    before = [p.detach().clone() for p in strat.params]
+    before = [p.detach().clone() for p in trainable(strat.model)]
     replies = [client_reply(cfg, m) for m in train_messages(strat, 1)]
     strat.aggregate_train(1, replies)
-    federated = [p.detach().clone() for p in strat.params]
+    federated = [p.detach().clone() for p in trainable(strat.model)]
 
     # By hand: the union of the same batches, one step.
     data = load_dataset(cfg.data)
@@ -75,11 +75,11 @@ def test_federated_round_equals_hand_built_step(mode):
         xi, yi = torch.as_tensor(dev.x[i]), torch.as_tensor(dev.y[i])
         private.append(PrivateBatch(xi, yi, s.padding, len(dev)))
         public.append((torch.as_tensor(dev.x[j]), torch.as_tensor(dev.y[j]), pub.padding))
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     params = trainable(model)
     for p, b in zip(params, before, strict=True):
         assert torch.equal(p.detach(), b)
-    dec = build_decomposition(cfg, data)
+    dec = feature_map_for(cfg, data)
     priv = pub_sum = None
     if phase.has_private:
         clip = 0.5 if phase.clip else None
@@ -141,5 +141,5 @@ def test_flower_path_and_centralised_engine_run_the_same_plan(name, mode, tmp_pa
     # the same mechanism and charges, entry for entry (the hash chains are identical)
     assert ledgers[0]["entries"] == ledgers[1]["entries"]
     assert len(ledgers[0]["entries"]) - 1 == (3 if mode == "fdp-dpsgd" else 4)
-    for a, b in zip(strat.params, trainable(model), strict=True):
+    for a, b in zip(trainable(strat.model), trainable(model), strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)

@@ -26,9 +26,8 @@ from fedfdp.config import ConfigError, load_config
 from fedfdp.contribution import trainable
 from fedfdp.data import DataError, load_dataset
 from fedfdp.images import DigitCNN, GaussianBlur
-from fedfdp.losses import build_decomposition
 from fedfdp.models import build_model_for
-from fedfdp.parts import server_parts_for
+from fedfdp.run_plan import feature_map_for, server_parts_for
 from tests.flower_helpers import InProcessGrid, registered_strategy
 from tests.mechanism_helpers import ledger_doc
 
@@ -71,12 +70,12 @@ def test_the_configuration_selects_blur_and_cnn():
     data = load_dataset(cfg.data)
     assert data.is_image and data.image_shape == (1, 8, 8) and data.spec is None
     assert data.devices[0].x.shape[1:] == (1, 8, 8) and data.num_features == 64
-    dec = build_decomposition(cfg, data)
+    dec = feature_map_for(cfg, data)
     assert dec.view == GaussianBlur(5, 1.0, levels=None)
     x = torch.as_tensor(data.devices[0].x[:6])
     y = torch.as_tensor(data.devices[0].y[:6])
     torch.testing.assert_close(dec.public_inputs(x, None)[0], GaussianBlur(5, 1.0, levels=None)(x))
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     assert isinstance(model, DigitCNN) and model.body[0].out_channels == 4
     with torch.no_grad():
         full = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
@@ -85,12 +84,12 @@ def test_the_configuration_selects_blur_and_cnn():
     torch.testing.assert_close(priv + pub, full, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(priv, torch.zeros_like(priv))
     # quantised by default: the view is on the 256-level grid
-    view = build_decomposition(load_config(DIGITS), data).public_inputs(x, None)[0]
+    view = feature_map_for(load_config(DIGITS), data).public_inputs(x, None)[0]
     torch.testing.assert_close(view * 255, torch.round(view * 255))
     # linear models read the flattened image
     cnn_keys = ("cnn-width", "hidden-size")  # they shape only the CNN: refused with logistic
     linear = {k: v for k, v in DIGITS.items() if k not in cnn_keys}
-    logistic = build_model_for(load_config({**linear, "model": "logistic"}), data)
+    logistic = build_model_for(load_config({**linear, "model": "logistic"}).training, data)
     assert logistic(x).shape == (6, 10)
     assert server_parts_for(cfg, data).accounting.relation == "add-remove"
 
@@ -112,10 +111,10 @@ def test_flower_path_and_centralised_engine_agree_on_images(tmp_path):
     # the same mechanism and charges, entry for entry (the hash chains are identical)
     assert ledgers[0]["entries"] == ledgers[1]["entries"] and len(ledgers[0]["entries"]) - 1 == 2
     moved = False
-    for a, b in zip(strat.params, trainable(model), strict=True):
+    for a, b in zip(trainable(strat.model), trainable(model), strict=True):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)
-    fresh = trainable(build_model_for(flower_cfg, load_dataset(flower_cfg.data)))
-    for a, b in zip(strat.params, fresh, strict=True):
+    fresh = trainable(build_model_for(flower_cfg.training, load_dataset(flower_cfg.data)))
+    for a, b in zip(trainable(strat.model), fresh, strict=True):
         moved = moved or not torch.equal(a.detach(), b.detach())
     assert moved
 
@@ -176,15 +175,15 @@ def test_bad_image_configurations_are_refused_in_one_line(overrides, fragment):
 
 def test_refusals_that_need_the_data(tmp_path):
     cfg = load_config({**DIGITS, "blur-kernel": 9})  # radius 4 < 8: fine
-    build_decomposition(cfg, load_dataset(cfg.data))
+    feature_map_for(cfg, load_dataset(cfg.data))
     cfg = load_config({**DIGITS, "blur-kernel": 17})
     with pytest.raises(ValueError, match=r"^blur-kernel=17: its radius 8 must be below the image size 8×8"):
-        build_decomposition(cfg, load_dataset(cfg.data))
+        feature_map_for(cfg, load_dataset(cfg.data))
     with pytest.raises(DataError, match=r"image-pool=16: larger than the images \(8×8\)"):
         load_dataset(load_config({**DIGITS, "image-pool": 16}).data)
     with pytest.raises(DataError, match="data-path='.*nothing.txt': dataset='images' needs an .npz"):
         load_dataset(load_config({"dataset": "images", "data-path": str(tmp_path / "nothing.txt")}).data)
     fleet = load_config({"num-devices": 2, "records-per-device": 20})
     with pytest.raises(ConfigError, match="model='cnn': needs an image dataset"):
-        build_model_for(load_config({"model": "cnn", "dataset": "my.mod:load"}, base=fleet),
+        build_model_for(load_config({"model": "cnn", "dataset": "my.mod:load"}, base=fleet).training,
                         load_dataset(fleet.data))

@@ -9,8 +9,9 @@ from fedfdp.clipping import clipped_grad_sum
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.features import FeatureSpec, PublicView
-from fedfdp.losses import FeatureMap, build_decomposition, cross_entropy
+from fedfdp.losses import FeatureMap, cross_entropy
 from fedfdp.models import build_model
+from fedfdp.run_plan import feature_map_for
 
 
 def test_label_only_spec():
@@ -87,7 +88,7 @@ def test_config_and_decomposition_wiring():
     cfg = load_config({"public-loss": "label-free", "model": "logistic", "num-devices": 2,
                        "records-per-device": 40})
     data = load_dataset(cfg.data)
-    dec = build_decomposition(cfg, data)
+    dec = feature_map_for(cfg, data)
     assert dec.label_free and dec.spec is not None and dec.spec.public == data.spec.columns
 
 
@@ -149,8 +150,8 @@ def test_two_tables_differing_only_in_labels_split_identically_under_label_dp(tm
 
 
 def test_a_label_based_split_is_refused_when_the_label_is_private(tmp_path):
-    from fedfdp.data import resolve_devices
     from fedfdp.mechanism import PublicFacts, resolve_mechanism
+    from fedfdp.run_plan import resolve_released
 
     rng = np.random.default_rng(11)
     first = rng.integers(0, 3, size=300)
@@ -165,7 +166,7 @@ def test_a_label_based_split_is_refused_when_the_label_is_private(tmp_path):
     with pytest.raises(ConfigError, match=expected):
         resolve_mechanism(cfg, PublicFacts(tuple(a[0]), num_params=12))
     with pytest.raises(ConfigError, match=expected):
-        resolve_devices(cfg)
+        resolve_released(cfg)
     # the same split with the label public (fdp's own Ψ) is accepted
     public = load_config({**cfg.to_flat(), "public-loss": "auto"})
     resolve_mechanism(public, PublicFacts(tuple(a[0]), num_params=12))

@@ -24,14 +24,17 @@ import torch
 from flwr.app import Message, RecordDict
 
 from clients import client_app
+from clients.node_runtime import NodeCache, node_records
 from fedfdp import protocol as P
 from fedfdp.algorithm import run_centralised
 from fedfdp.config import load_config
 from fedfdp.contribution import trainable
 from fedfdp.data import load_dataset
+from fedfdp.run_plan import build_plan
 from simulations.sites import split_sites
-from strategies.fdp_strategy import FDPStrategy, exchange
-from tests.flower_helpers import InProcessGrid, node_context, registered_strategy
+from strategies.fdp_strategy import FDPStrategy, NodeChoice
+from strategies.transport import exchange
+from tests.flower_helpers import InProcessGrid, node_context, node_runtime_for, registered_strategy
 from tests.mechanism_helpers import ledger_doc
 from tests.site_tables import DECLARED, PHONES, trips
 
@@ -43,7 +46,7 @@ class PackedGrid(InProcessGrid):
     def __init__(self, cfg, partitions: int, **kwargs) -> None:
         super().__init__(cfg, **kwargs)
         self.partitions = partitions
-        self.app = client_app.make_client_app(cfg)
+        self.app = client_app.make_client_app(cfg.to_flat())
         self.sent: list[int] = []  # messages per exchange
 
     def get_node_ids(self) -> list[int]:
@@ -69,16 +72,10 @@ MODES = {
 def _run(cfg_map, tmp_path, name, partitions):
     cfg = load_config({**cfg_map, "out-dir": str(tmp_path / name)})
     data = load_dataset(cfg.data)
-    strat = FDPStrategy(build_model(cfg, data), cfg, node_choice="devices")
+    strat = FDPStrategy(build_plan(cfg, data), node_choice=NodeChoice.DEVICES)
     grid = PackedGrid(cfg, partitions)
     strat.start(grid)
     return strat, grid
-
-
-def build_model(cfg, data):
-    from fedfdp.models import build_model_for
-
-    return build_model_for(cfg, data)
 
 
 @pytest.mark.parametrize("name", list(MODES))
@@ -106,16 +103,17 @@ def test_packing_devices_into_fewer_nodes_changes_nothing(name, mode, tmp_path):
             np.testing.assert_allclose(a["normaliser"], c["normaliser"], rtol=1e-12)
         # the same mechanism and charges, entry for entry (the hash chains are identical)
         assert ledgers[f"p{p}"]["entries"] == ledgers["central"]["entries"]
-        for x, y in zip(strat.params, reference.params, strict=True):
+        for x, y in zip(trainable(strat.model), trainable(reference.model), strict=True):
             torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
     # and the same as the one-node-per-device strategy of the existing equivalence tests
-    one_per_device = registered_strategy(load_config({**cfg_map, "out-dir": str(tmp_path / "classic")}))
+    classic = load_config({**cfg_map, "out-dir": str(tmp_path / "classic")})
+    one_per_device = registered_strategy(classic)
     one_per_device.registry = {}
-    one_per_device.start(InProcessGrid(one_per_device.cfg))
-    for x, y in zip(one_per_device.params, reference.params, strict=True):
+    one_per_device.start(InProcessGrid(classic))
+    for x, y in zip(trainable(one_per_device.model), trainable(reference.model), strict=True):
         torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
     central_model = trainable(run_centralised(load_config({**cfg_map, "out-dir": ""}))[0])
-    for x, y in zip(reference.params, central_model, strict=True):
+    for x, y in zip(trainable(reference.model), central_model, strict=True):
         torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-6)
 
 
@@ -128,38 +126,37 @@ def test_clients_per_round_chooses_supernodes_in_a_deployment(tmp_path):
     data = load_dataset(cfg.data)
     asked = {}
     for choice in ("supernodes", "devices"):
-        strat = FDPStrategy(build_model(cfg, data), cfg, node_choice=choice)
+        strat = FDPStrategy(build_plan(cfg, data), node_choice=choice)
         grid = PackedGrid(cfg, 2)
         strat.start(grid)
         assert strat.rows[0]["asked"] == 1  # one SuperNode asked either way
-        asked[choice] = sorted(d for ids, _, _ in strat._asked.values() for d in ids)
+        asked[choice] = sorted(d for node in strat.orders.asked.values() for d in node.devices)
     assert asked["supernodes"] in ([0, 2, 4], [1, 3, 5])
     assert len(asked["devices"]) == 1
     with pytest.raises(ValueError, match="node_choice='sites'"):
-        FDPStrategy(build_model(cfg, data), cfg, node_choice="sites")
+        FDPStrategy(build_plan(cfg, data), node_choice="sites")
 
 
 # ------------------------------------------------------------------ the per-process cache
 def test_node_runtime_is_built_once_per_configuration_and_node():
-    cache = client_app.NodeCache()
+    cache = NodeCache()
     cfg = load_config({"num-devices": 4, "records-per-device": 20, "progress": False})
-    ctx0, ctx1 = node_context(cfg, 0, 2), node_context(cfg, 1, 2)
-    a = cache.runtime(cfg, ctx0)
-    assert cache.runtime(cfg, ctx0) is a
-    b = cache.runtime(cfg, ctx1)
+    run = cfg.to_flat()
+    ctx0, ctx1 = node_context(cfg, 0, 2).node_config, node_context(cfg, 1, 2).node_config
+    a = cache.runtime(run, ctx0)
+    assert cache.runtime(run, ctx0) is a
+    assert cache.runtime(dict(run), dict(ctx0)) is a  # an equal run config and node config: the same runtime
+    b = cache.runtime(run, ctx1)
     assert b is not a and sorted(b.records.devices) == [1, 3] and sorted(a.records.devices) == [0, 2]
     other = load_config({"num-devices": 4, "records-per-device": 20, "progress": False, "seed": 5})
-    assert cache.runtime(other, ctx0) is not a
-    # the parsed run config is cached too: the same Config object for the same mapping
-    run_config = {"num-devices": 4, "records-per-device": 20}
-    assert cache.config(run_config) is cache.config(dict(run_config))
+    assert cache.runtime(other.to_flat(), ctx0) is not a
     # beyond its size the least recently used runtime is dropped and built again
-    small = client_app.NodeCache(size=1)
-    first = small.runtime(cfg, ctx0)
-    small.runtime(cfg, ctx1)
-    assert small.runtime(cfg, ctx0) is not first
+    small = NodeCache(size=1)
+    first = small.runtime(run, ctx0)
+    small.runtime(run, ctx1)
+    assert small.runtime(run, ctx0) is not first
     with pytest.raises(ValueError, match="size=0"):
-        client_app.NodeCache(size=0)
+        NodeCache(size=0)
 
 
 def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
@@ -169,12 +166,12 @@ def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
                        "reproducible-noise": True, "model": "mlp", "hidden-size": 8})
     strat = registered_strategy(cfg)
     ctx = node_context(cfg, 1)
-    runtime = client_app.NodeCache().runtime(cfg, ctx)
+    runtime = NodeCache().runtime(cfg.to_flat(), ctx.node_config)
     for r in (1, 2):
         msg = next(m for m in _train(strat, r) if m.metadata.dst_node_id == 1)
         state = msg.content[P.ARRAYS].to_torch_state_dict()
         cached = runtime.train(state, msg.content[P.CONFIG])
-        fresh = client_app.handle_train(cfg, runtime.records, state, msg.content[P.CONFIG])
+        fresh = node_runtime_for(cfg, runtime.records).train(state, msg.content[P.CONFIG])
         for part in (0, 1):
             for k in cached[part]:
                 assert torch.equal(cached[part][k], fresh[part][k])
@@ -212,10 +209,9 @@ def _ctx(cfg, node_config):
 def test_a_site_serves_several_devices_files(sites):
     cfg = _node_cfg(sites)
     sizes = [len(pd.read_csv(sites / f"site-{k}.csv")) for k in range(3)]
-    listed = client_app.node_records(
-        cfg, _ctx(cfg, {"device-ids": "0,2", "data-path": f"{sites}/site-0.csv,{sites}/site-2.csv"}))
-    templated = client_app.node_records(cfg, _ctx(cfg, {"device-ids": "2,0",
-                                                        "data-path": f"{sites}/site-{{device}}.csv"}))
+    listed = node_records(
+        cfg.data, {"device-ids": "0,2", "data-path": f"{sites}/site-0.csv,{sites}/site-2.csv"})
+    templated = node_records(cfg.data, {"device-ids": "2,0", "data-path": f"{sites}/site-{{device}}.csv"})
     for records in (listed, templated):
         info = client_app.handle_query(records)
         assert info[P.DEVICE_IDS] == [0, 2] and info[P.DEVICE_SIZES] == [sizes[0], sizes[2]]
@@ -227,7 +223,7 @@ def test_a_site_serves_several_devices_files(sites):
     ]
     for node_config, fragment in bad:
         with pytest.raises(ValueError, match=fragment):
-            client_app.node_records(cfg, _ctx(cfg, node_config))
+            node_records(cfg.data, node_config)
 
 
 class SiteGrid(InProcessGrid):
@@ -235,7 +231,7 @@ class SiteGrid(InProcessGrid):
 
     def __init__(self, cfg, nodes) -> None:
         super().__init__(cfg)
-        self.nodes, self.app = nodes, client_app.make_client_app(cfg)
+        self.nodes, self.app = nodes, client_app.make_client_app(cfg.to_flat())
 
     def get_node_ids(self):
         return list(self.nodes)
@@ -262,8 +258,7 @@ def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
         cfg = load_config({**base, "out-dir": str(tmp_path / name)})
         from fedfdp.data import load_server_data
 
-        model = build_model(cfg, load_server_data(cfg.data))
-        strat = FDPStrategy(model, cfg)
+        strat = FDPStrategy(build_plan(cfg, load_server_data(cfg.data)))
         strat.start(SiteGrid(cfg, nodes))
         results[name] = strat
     a, b = results["three"], results["two"]

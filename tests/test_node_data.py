@@ -15,12 +15,12 @@ import pytest
 from flwr.app import Error, Message
 
 from clients import client_app
+from clients.node_runtime import node_records
 from fedfdp import protocol as P
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import DataError, load_dataset, load_server_data
 from fedfdp.data.tabular import load_site
-from fedfdp.models import build_model_for
-from fedfdp.server import held_out_evaluation
+from fedfdp.run_plan import build_plan
 from simulations.cli import main
 from simulations.sites import split_sites
 from strategies.fdp_strategy import FDPStrategy
@@ -152,16 +152,16 @@ def test_client_reads_its_own_file_from_the_node_config(sites):
     folder, _ = sites
     cfg = node_cfg(folder)
     ctx = node_context(cfg, 2, node_config={"data-path": str(folder / "site-2.csv")})
-    records = client_app.node_records(cfg, ctx)
+    records = node_records(cfg.data, ctx.node_config)
     assert list(records.devices) == [2]
     info = client_app.handle_query(records)
     assert info[P.DEVICE_IDS] == [2]
     assert info[P.DEVICE_SIZES] == [len(pd.read_csv(folder / "site-2.csv"))]
 
     with pytest.raises(ValueError, match="needs this SuperNode's own file as data-path"):
-        client_app.node_records(cfg, node_context(cfg, 0))
+        node_records(cfg.data, node_context(cfg, 0).node_config)
     with pytest.raises(ValueError, match="num-partitions must be num-devices=3"):
-        client_app.node_records(cfg, node_context(cfg, 0, 2, {"data-path": str(folder / "site-0.csv")}))
+        node_records(cfg.data, node_context(cfg, 0, 2, {"data-path": str(folder / "site-0.csv")}).node_config)
     with pytest.raises(DataError, match="data-location='node': the training records are on the SuperNodes"):
         load_dataset(cfg.data)
 
@@ -193,8 +193,7 @@ def test_run_on_site_files_in_process(sites):
     folder, _ = sites
     cfg = node_cfg(folder)
     data = load_server_data(cfg.data)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg)
-    strat.server.evaluate_fn = held_out_evaluation(data.test_x, data.test_y)
+    strat = FDPStrategy(build_plan(cfg, data))  # evaluates on the held-out file (test-path)
     files = {k: {"data-path": str(folder / f"site-{k}.csv")} for k in range(3)}
     grid = InProcessGrid(cfg, node_configs=files)
     strat.start(grid)
@@ -251,7 +250,7 @@ def test_a_site_with_a_bad_file_never_joins_and_the_run_does_not_start(sites, ca
     bad.to_csv(folder / "bad.csv", index=False)
     files = {0: folder / "site-0.csv", 1: folder / "bad.csv", 2: folder / "site-2.csv"}
     grid = _ErrorRepliesGrid(cfg, node_configs={k: {"data-path": str(p)} for k, p in files.items()})
-    strat = FDPStrategy(build_model_for(cfg, load_server_data(cfg.data)), cfg)
+    strat = FDPStrategy(build_plan(cfg, load_server_data(cfg.data)))
     with caplog.at_level("WARNING"), pytest.raises(RuntimeError, match="only 2 of 3 devices registered"):
         strat.start(grid)
     assert "swim" in caplog.text and "bad.csv" in caplog.text

@@ -18,9 +18,9 @@ from fedfdp.audit import GUESS_PATTERNS, one_run_bound, one_run_epsilon, one_run
 from fedfdp.config import ConfigError
 from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, clipped_private_sum
 from fedfdp.data import load_dataset
-from fedfdp.losses import build_decomposition
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.run_plan import feature_map_for
 from simulations.auditing.one_run import OneRunSetup, WithoutAbsent, run_one_run_audit, with_canaries
 from simulations.cli import main
 
@@ -147,8 +147,8 @@ def test_without_absent_is_the_honest_aggregate_without_the_absent_records():
     cfg, data = _tiny()
     cfg = load_config({"num-devices": 4, "records-per-device": 30, "progress": False})
     fleet = with_canaries(data, 6, 5.0)
-    model = build_model_for(cfg, fleet.data)
-    dec = build_decomposition(cfg, fleet.data)
+    model = build_model_for(cfg.training, fleet.data)
+    dec = feature_map_for(cfg, fleet.data)
     settings = RoundSettings(round=1, attempt=0, phase=PHASES["fdp"], sampling_rate=0.5, clipping_norm=1.0)
     dev = fleet.data.devices[1]  # holds canaries 1 and 5
     x, y = torch.as_tensor(dev.x), torch.as_tensor(dev.y)

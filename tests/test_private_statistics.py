@@ -61,9 +61,10 @@ def test_undeclared_private_columns_are_refused_by_the_cli_in_one_line_and_nothi
 
 def test_a_text_column_is_estimated_under_estimate_and_the_release_is_written_once(tmp_path):
     """A text column under estimate: its categories are released (both cities, 300 records each
-    on average, far above τ), written into the configuration by resolve_devices and encoded
+    on average, far above τ), written into the configuration by resolve_released and encoded
     one-hot; a resolved configuration is not estimated again."""
-    from fedfdp.data import load_dataset, resolve_devices
+    from fedfdp.data import load_dataset
+    from fedfdp.run_plan import resolve_released
 
     path = _table(tmp_path / "t.csv")
     cfg = load_config({"dataset": "csv", "data-path": str(path), "public-columns": "speed,heading",
@@ -73,10 +74,10 @@ def test_a_text_column_is_estimated_under_estimate_and_the_release_is_written_on
     assert data.estimated_categories == (("city", ("Lyon", "Paris")),)
     assert [c for c, _, _ in data.estimated_ranges] == ["age"]
     assert data.spec.private == ("age", "city=Lyon", "city=Paris")
-    resolved = resolve_devices(cfg, data)
+    resolved = resolve_released(cfg, data)
     assert resolved.data.estimated_categories == data.estimated_categories
     assert load_config(resolved.to_flat()).data.estimated_categories == data.estimated_categories
-    assert resolve_devices(resolved) is resolved  # nothing left to estimate
+    assert resolve_released(resolved) is resolved  # nothing left to estimate
 
 
 def test_a_private_label_needs_declared_classes(tmp_path):

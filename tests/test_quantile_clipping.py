@@ -81,7 +81,7 @@ def test_geometric_update_converges_to_the_quantile(quantile):
 def _loop_norms(cfg, data):
     """Norms of the per-record gradients of the full loss (mode dp) at the
     initial model, and of each device's mean gradient: a loop, one record at a time."""
-    model = build_model_for(cfg, data)
+    model = build_model_for(cfg.training, data)
     record, device = [], []
     for dev in data.devices:
         grads = []
@@ -135,7 +135,7 @@ def test_flower_path_adapts_c_as_the_centralised_engine(tmp_path):
     np.testing.assert_allclose(c_flower, c_central, rtol=1e-6)
     charged = [c.event.noise_multiplier for c in strat.ledger.charges]
     assert charged == [] or charged == pytest.approx(
-        [strat.plan.accounted_noise_multiplier] * 5
+        [strat.mechanism.accounted_noise_multiplier] * 5
     )
 
 
@@ -220,23 +220,23 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
     """The server's γ equals the recipe computed here from σ, σ_b, the model's
     parameter count and q·N; a noise-dominated run (a wide MLP on few records)
     keeps C fixed every round."""
-    from fedfdp.server import FDPServer
+    from fedfdp.run_plan import build_plan
 
     extra = {"model": "mlp", "hidden-sizes": str(hidden)} if hidden else {}
     cfg = load_config({"num-devices": 10, "records-per-device": records, "target-epsilon": eps,
                        "num-rounds": 20, "progress": False, **extra})
     data = load_dataset(cfg.data)
-    server = FDPServer(cfg, build_model_for(cfg, data))
-    plan = server.resolve(data.sizes.tolist())
+    run = build_plan(cfg, data)
+    plan = run.engine(data.sizes.tolist()).mechanism
     from dataclasses import replace
 
     split_cfg = replace(cfg, privacy=replace(cfg.privacy, clipping_quantile=0.5))
     split = resolve(split_cfg, sum(data.sizes.tolist()))  # the budget split "auto" starts from
-    d = sum(p.numel() for p in server.model.parameters())
+    d = sum(p.numel() for p in run.model.parameters())
     batch = cfg.privacy.sampling_rate * sum(data.sizes.tolist())
     ref = _recipe_reference(split.noise_multiplier, split.count_noise, d, batch)
     assert plan.clipping.quantile == pytest.approx(ref, abs=1e-9)
-    from fedfdp.parts import mechanism_for
+    from fedfdp.run_plan import mechanism_for
 
     assert mechanism_for(cfg, data) == plan  # compare's checks record the σ the run uses
     if ref == 0.0:

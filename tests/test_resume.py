@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from fedfdp.accounting import FDPAccountant
-from fedfdp.algorithm import run_centralised
+from fedfdp.algorithm import run_centralised, run_plan_centrally
 from fedfdp.checkpoint import CHECKPOINT_FILE, CheckpointMismatch, load_checkpoint
 from fedfdp.config import load_config
 from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger, write_ledger
+from fedfdp.run_files import RunFiles
+from fedfdp.run_plan import build_plan
 from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, registered_strategy
 from tests.mechanism_helpers import ledger_doc, write_ledger_doc
@@ -89,21 +91,18 @@ def test_resume_between_rounds_trains_the_same_model_and_charges_one_pessimistic
     (unrecorded); the model equals the uninterrupted run's."""
     ref_model, ref_rows = run_centralised(_cfg(tmp_path / "ref"))
     cfg3 = load_config({**BASE, "out-dir": str(tmp_path / "run")})
-    from fedfdp import server as server_mod
 
-    original = server_mod.FDPServer.charge
+    class CrashingJournal(RunFiles):
+        """The run directory, whose durable write of round 4's charge never happens."""
 
-    def charge(self, r):
-        if r == 4:
-            raise Crash("before charging round 4")
-        return original(self, r)
+        def write_ledger(self, ledger):
+            if any(e.round == 4 for e in ledger.charges):
+                raise Crash("before writing round 4's charge")
+            super().write_ledger(ledger)
 
-    server_mod.FDPServer.charge = charge
-    try:
-        with pytest.raises(Crash):
-            run_centralised(cfg3)
-    finally:
-        server_mod.FDPServer.charge = original
+    journal = CrashingJournal(tmp_path / "run", cfg3.run, cfg3.to_flat(), cfg3.privacy.num_rounds)
+    with pytest.raises(Crash):
+        run_plan_centrally(build_plan(cfg3, files=journal))
     model, rows = run_centralised(_cfg(tmp_path / "run", resume=True))
     got, ref = read_ledger(tmp_path / "run"), read_ledger(tmp_path / "ref")
     assert [e.kind.value for e in got.charges].count("unrecorded") == 1

@@ -39,27 +39,25 @@ from fedfdp.accounting.distributed import (
 )
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_dataset
+from fedfdp.evaluation import held_out_evaluation
 from fedfdp.ledger import read_ledger
-from fedfdp.models import build_model_for
+from fedfdp.run_plan import build_plan
 from fedfdp.secagg.wire import MASKED
-from fedfdp.server import FDPServer, held_out_evaluation
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
-
-REAL_FINISH_ROUND = FDPServer.finish_round
 
 #: ``fail(node, message_type) -> True``: that node's handler raises for that message.
 Fail = Callable[[int, str], bool]
 
 
 class ClientAppGrid(InProcessGrid):
-    """Every message answered by the real ClientApp (``make_client_app(cfg)``) with one
+    """Every message answered by the real ClientApp (``make_client_app(cfg.to_flat())``) with one
     persistent ``Context`` per node, as a SuperNode keeps it; a raised handler becomes an
     error reply, as Flower sends it. ``seen`` keeps every reply the strategy receives."""
 
     def __init__(self, cfg: Config, fail: Fail | None = None, partitions: int | None = None) -> None:
         super().__init__(cfg)
-        self.app = make_client_app(cfg)
+        self.app = make_client_app(cfg.to_flat())
         self.fail = fail
         self.partitions = partitions  # SuperNodes, each serving a partition (default: one per device)
         self.contexts: dict[int, Context] = {}
@@ -94,12 +92,12 @@ def run_strategy(
     cfg: Config, fail: Fail | None = None, evaluate: Any = None
 ) -> tuple[FDPStrategy, ClientAppGrid, dict[str, Any]]:
     data = load_dataset(cfg.data)
-    model = build_model_for(cfg, data)
-    initial = copy.deepcopy(model.state_dict())
-    strat = FDPStrategy(model, cfg, num_devices=len(data.devices),
-                        evaluate_fn=evaluate or held_out_evaluation(data.test_x, data.test_y))
+    plan = build_plan(cfg, data, num_devices=len(data.devices),
+                      evaluate=evaluate or held_out_evaluation(data.test_x, data.test_y))
+    initial = copy.deepcopy(plan.model.state_dict())
+    strat = FDPStrategy(plan)
     grid = ClientAppGrid(cfg, fail)
-    strat.start(grid, ArrayRecord(model.state_dict()))
+    strat.start(grid, ArrayRecord(plan.model.state_dict()))
     return strat, grid, initial
 
 
@@ -119,10 +117,10 @@ def test_secagg_round_trains_and_the_printed_epsilon_is_the_ledgers():
     assert [r["round"] for r in strat.rows] == [1, 2, 3]
     events = strat.ledger.events()
     assert len(events) == 3
-    plan = strat.plan.secagg
+    plan = strat.mechanism.secagg
     assert events[0] == DistributedDiscreteGaussian(plan.local_sigma, 3, plan.scale, plan.dimension,
                                                     cfg.privacy.sampling_rate)
-    want = printed_from_ledger(events, strat.plan.delta)
+    want = printed_from_ledger(events, strat.mechanism.delta)
     assert strat.rows[-1]["epsilon"] == pytest.approx(want, rel=1e-12)
     assert want <= 2.0  # calibrated to the default target, route A (the smaller) at most 2
     # the model moved (the rounds stepped) and stayed finite
@@ -133,7 +131,7 @@ def test_secagg_round_trains_and_the_printed_epsilon_is_the_ledgers():
 def test_the_strategy_receives_only_masked_uint32_vectors_and_public_sums():
     cfg = secagg_config(**{"num-rounds": 2})
     strat, grid, _ = run_strategy(cfg)
-    d = strat.plan.secagg.dimension
+    d = strat.mechanism.secagg.dimension
     collects = [(node, reply) for kind, node, reply in grid.seen if kind == "train.sa_collect"]
     assert len(collects) == 2 * 4
     for _, reply in collects:
@@ -166,7 +164,7 @@ def test_a_dropout_at_collect_above_min_survivors_is_charged_the_planned_event()
     strat, _grid, _ = run_strategy(cfg, fail=lambda node, kind: node == 1 and kind == "train.sa_collect")
     assert strat.stop_reason is None and len(strat.rows) == 2
     assert [r["replies"] for r in strat.rows] == [3, 3]
-    assert all(e == strat.plan.event for e in strat.ledger.events())
+    assert all(e == strat.mechanism.event for e in strat.ledger.events())
 
 
 def test_a_dropout_at_unmask_still_decodes():
@@ -179,27 +177,35 @@ def test_a_dropout_at_unmask_still_decodes():
 
 
 def _zero_data_totals(cfg: Config, monkeypatch: pytest.MonkeyPatch) -> tuple[list[np.ndarray], Any]:
-    """The decoded private sums of every round with every node's private sum zero."""
+    """The decoded private sums of every round with every node's private sum zero, read off
+    the released models (``mode = "dp"``, no momentum: round ``r`` steps by
+    ``−lr·S_r/normaliser``; the run's evaluation hook sees each round's model)."""
+    assert cfg.privacy.mode == "dp" and cfg.training.momentum == 0.0 and cfg.training.alpha == 1.0
     monkeypatch.setattr(handlers, "flat_private", lambda model, private: np.zeros(
         sum(p.numel() for p in model.parameters() if p.requires_grad)))
-    totals: list[np.ndarray] = []
-    real = REAL_FINISH_ROUND
+    models: list[np.ndarray] = []
 
-    def spy(self: Any, private_sums: Any, *args: Any, **kwargs: Any) -> Any:
-        totals.append(np.concatenate([t.double().reshape(-1).numpy() for t in private_sums[0]]))
-        return real(self, private_sums, *args, **kwargs)
+    def flat(state: Any) -> np.ndarray:
+        return np.concatenate([t.double().reshape(-1).numpy() for t in state.values()])
 
-    monkeypatch.setattr(FDPServer, "finish_round", spy)
-    strat, _, _ = run_strategy(cfg)
+    def released(round_: int, model: Any) -> dict[str, float]:
+        models.append(flat({n: p.detach() for n, p in model.named_parameters()}))
+        return {}
+
+    strat, _, initial = run_strategy(cfg, evaluate=released)
+    before = [flat(initial), *models[:-1]]
+    lr = cfg.training.learning_rate
+    totals = [-(after - b) * row["normaliser"] / lr for b, after, row in zip(before, models, strat.rows,
+                                                                               strict=True)]
     return totals, strat
 
 
 def test_zero_data_aggregate_variance_is_the_calibrated_one(monkeypatch):
     sigma, clip = 0.8, 1.0
     cfg = secagg_config(**{"num-rounds": 2, "noise-multiplier": sigma, "model": "mlp", "hidden-size": 32,
-                           "mode": "dp"})
+                           "mode": "dp", "momentum": 0.0})
     totals, strat = _zero_data_totals(cfg, monkeypatch)
-    plan = strat.plan.secagg
+    plan = strat.mechanism.secagg
     d, s, u3, n_h = plan.dimension, plan.scale, 4, plan.honest_parties
     assert d > 1000
     want = sigma**2 * clip**2 * (1 + math.sqrt(d) / s) ** 2 * u3 / n_h
@@ -210,7 +216,7 @@ def test_zero_data_aggregate_variance_is_the_calibrated_one(monkeypatch):
 
 
 def test_equal_seeds_give_different_noise(monkeypatch):
-    cfg = secagg_config(**{"num-rounds": 1, "noise-multiplier": 1.0, "mode": "dp"})
+    cfg = secagg_config(**{"num-rounds": 1, "noise-multiplier": 1.0, "mode": "dp", "momentum": 0.0})
     first, _ = _zero_data_totals(cfg, monkeypatch)
     second, _ = _zero_data_totals(cfg, monkeypatch)
     assert cfg.training.seed == 0 and len(first) == len(second) == 1
@@ -223,16 +229,17 @@ def test_equal_seeds_give_different_noise(monkeypatch):
 def test_too_few_supernodes_for_min_survivors_is_refused():
     cfg = secagg_config(**{"secagg-min-survivors": 5, "num-devices": 5})
     data = load_dataset(cfg.data)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg, num_devices=5)
+    strat = FDPStrategy(build_plan(cfg, data, num_devices=5))
     strat.registry = {d: ([d], [len(dev)]) for d, dev in enumerate(data.devices) if d < 4}
     strat.registry[3] = ([3, 4], [len(data.devices[3]), len(data.devices[4])])  # 4 nodes for 5 devices
     strat.resolve()
     from strategies.secagg_round import SecAggRound
 
+    driver = SecAggRound(strat.engine, strat.orders, grid=None, timeout=1.0)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^secagg-min-survivors=5: only 4 SuperNodes"):
-        SecAggRound(strat, grid=None).check_parties(len(strat.registry))  # type: ignore[arg-type]
+        driver.check_parties(len(strat.registry))
     with pytest.raises(ConfigError, match="at least 3 parties"):
-        SecAggRound(strat, grid=None).check_parties(2)  # type: ignore[arg-type]
+        driver.check_parties(2)
 
 
 def test_a_contribution_request_below_the_noise_floor_is_refused():
@@ -288,5 +295,5 @@ def test_resume_replays_the_distributed_events(tmp_path):
     assert all(isinstance(e, DistributedDiscreteGaussian) for e in events)
     assert len(events) >= 4 and [r["round"] for r in strat.rows][-1] == 4
     printed = strat.rows[-1]["epsilon"]
-    assert printed == pytest.approx(printed_from_ledger(events, strat.plan.delta), rel=1e-12)
-    assert printed >= printed_from_ledger(first.events(), strat.plan.delta)
+    assert printed == pytest.approx(printed_from_ledger(events, strat.mechanism.delta), rel=1e-12)
+    assert printed >= printed_from_ledger(first.events(), strat.mechanism.delta)

@@ -61,7 +61,7 @@ def _run_with_dropout(tmp_path, n_min: int):
     import tomli_w
 
     from fedfdp.config import load_config
-    from simulations.run import LocalSimulation, stage_simulation_app
+    from simulations.flower_processes import LocalSimulation, stage_simulation_app
 
     out = tmp_path / "run"
     out.mkdir()
@@ -88,7 +88,7 @@ def test_a_supernode_dropping_at_collect_below_min_survivors_leaves_model_and_le
     ledger = read_ledger(out)
     assert ledger is not None and ledger.charges == []  # every try aborted before unmask: no charge
     assert not (out / "metrics.csv").exists() or pd.read_csv(out / "metrics.csv").empty
-    initial = build_model_for(cfg, load_server_data(cfg.data)).state_dict()  # from the public seed
+    initial = build_model_for(cfg.training, load_server_data(cfg.data)).state_dict()  # from the public seed
     final = torch.load(out / "model.pt", weights_only=True)
     assert set(final) == set(initial)
     for k in initial:

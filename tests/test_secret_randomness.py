@@ -27,7 +27,7 @@ from fedfdp.config import ConfigError, load_config
 from fedfdp.contribution import trainable
 from fedfdp.entropy import NOISE_SOURCE_SEEDED, REPRODUCIBLE_WARNING, SeededEntropy
 from fedfdp.mechanisms import gaussian_noise
-from fedfdp.server import ServerParts
+from fedfdp.round_engine import ServerParts
 from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
 
@@ -46,13 +46,13 @@ def _flower(cfg, parts=None, tamper=None):
 def test_two_runs_of_one_configuration_release_different_models():
     cfg = load_config(BASE)
     a, b = _flower(cfg), _flower(cfg)
-    assert all(not torch.equal(x, y) for x, y in zip(a.params, b.params, strict=True))
+    assert all(not torch.equal(x, y) for x, y in zip(trainable(a.model), trainable(b.model), strict=True))
     (m1, _), (m2, _) = run_centralised(cfg), run_centralised(cfg)
     assert all(not torch.equal(x, y) for x, y in zip(trainable(m1), trainable(m2), strict=True))
     # the explicit opt-in repeats exactly
     rep = load_config({**BASE, "reproducible-noise": True})
     c, d = _flower(rep), _flower(rep)
-    assert all(torch.equal(x, y) for x, y in zip(c.params, d.params, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(trainable(c.model), trainable(d.model), strict=True))
 
 
 def _attack(cfg, parts=None):
@@ -67,11 +67,12 @@ def _attack(cfg, parts=None):
 
     strat = registered_strategy(cfg, parts=parts)
     strat.registry = {}
-    before = [p.detach().clone().double() for p in strat.params]
+    before = [p.detach().clone().double() for p in trainable(strat.model)]
     strat.start(InProcessGrid(cfg, tamper=tamper))
-    names = list(strat.shapes)
-    true_sum = [torch.zeros(s, dtype=torch.float64) for s in strat.shapes.values()]
-    pub_sum = [torch.zeros(s, dtype=torch.float64) for s in strat.shapes.values()]
+    shapes = strat.engine.shapes
+    names = list(shapes)
+    true_sum = [torch.zeros(s, dtype=torch.float64) for s in shapes.values()]
+    pub_sum = [torch.zeros(s, dtype=torch.float64) for s in shapes.values()]
     count = 0
     for reply in captured.values():
         c = reply.content
@@ -84,13 +85,13 @@ def _attack(cfg, parts=None):
     p = cfg.privacy
     normaliser = p.sampling_rate * strat.num_records
     released = [((b - a.detach().double()) - u / count) * normaliser / cfg.training.alpha
-                for a, b, u in zip(strat.params, before, pub_sum, strict=True)]
-    std = strat.plan.noise_multiplier * p.clipping_norm
-    guess = gaussian_noise([torch.Size(s) for s in strat.shapes.values()], std,
+                for a, b, u in zip(trainable(strat.model), before, pub_sum, strict=True)]
+    std = strat.mechanism.noise_multiplier * p.clipping_norm
+    guess = gaussian_noise([torch.Size(s) for s in shapes.values()], std,
                            SeededEntropy(cfg.training.seed).noise(1, 0))
     estimate = [r - g for r, g in zip(released, guess, strict=True)]
     residual = math.sqrt(sum(float(((e - t) ** 2).sum()) for e, t in zip(estimate, true_sum, strict=True)))
-    d = sum(math.prod(s) for s in strat.shapes.values())
+    d = sum(math.prod(s) for s in shapes.values())
     return residual, std * math.sqrt(d)
 
 
@@ -117,10 +118,11 @@ def test_runs_that_differ_only_in_clipping_norm_release_independent_noise():
         cfg = load_config({**BASE, "num-rounds": 1, "learning-rate": 1.0, "momentum": 0.0,
                            "clipping-norm": clip})
         strat = registered_strategy(cfg)
-        before = [p.detach().clone() for p in strat.params]
+        before = [p.detach().clone() for p in trainable(strat.model)]
         strat.registry = {}
         strat.start(InProcessGrid(cfg))
-        diffs.append(torch.cat([(b - a.detach()).ravel() for a, b in zip(strat.params, before, strict=True)]))
+        params = trainable(strat.model)
+        diffs.append(torch.cat([(b - a.detach()).ravel() for a, b in zip(params, before, strict=True)]))
     # each update is g_pub + S/(qN) + σC·Z/(qN); dividing the noise part by C leaves σZ/(qN)
     qn = 0.3 * 160
     noise_scale = 1.0 / qn  # σ = 1: per-coordinate s.d. of Z/(qN) after dividing by C

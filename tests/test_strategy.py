@@ -6,6 +6,7 @@ import torch
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fedfdp import protocol as P
+from fedfdp.accounting import FDPAccountant
 from fedfdp.config import load_config
 from tests.flower_helpers import InProcessGrid, registered_strategy, train_messages
 from tests.test_mechanisms import variance_matches
@@ -42,10 +43,10 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
     is N(0, σ²C²) per coordinate (chi-square at 1e-6; mean within 5 s.e.)."""
     cfg = load_config(BASE)
     strat = registered_strategy(cfg)
-    before = [p.detach().clone() for p in strat.params]
+    before = [p.detach().clone() for p in strat.model.parameters()]
     msgs = train_messages(strat, 2)  # round 2: any round works
     rng = np.random.default_rng(0)
-    shapes = strat.shapes
+    shapes = strat.engine.shapes
     priv_total = {k: np.zeros(s) for k, s in shapes.items()}
     pub_total = {k: np.zeros(s) for k, s in shapes.items()}
     replies, count = [], 0
@@ -62,7 +63,7 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
     strat.aggregate_train(2, replies)
     qN = 0.1 * strat.num_records
     z = []
-    for name, p, b in zip(strat.server.names, strat.params, before, strict=True):
+    for name, p, b in zip(shapes, strat.model.parameters(), before, strict=True):
         g = (b - p.detach()).double().numpy()
         z.append(((g - pub_total[name] / count) * qN / 3.0 - priv_total[name]).ravel())
     z = np.concatenate(z)
@@ -71,7 +72,7 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
     assert variance_matches(z, std)
     assert not variance_matches(z, std * np.sqrt(len(replies)))  # noise added once, not per reply
     assert abs(z.mean()) < 5 * std / np.sqrt(z.size)
-    assert strat.budget.accountant.ledger  # one event composed
+    assert len(strat.ledger.charges) == 1  # one event charged
 
 
 def test_budget_refusal_stops_cleanly(tmp_path):
@@ -83,9 +84,12 @@ def test_budget_refusal_stops_cleanly(tmp_path):
     assert 0 < len(rows) < 50
     assert rows[-1]["epsilon"] <= 2.0
     assert strat.stop_reason is not None and "2" in strat.stop_reason
-    # one more round would have exceeded the cap
-    acc = strat.budget.accountant
-    assert acc.would_exceed(strat.plan.event, max_epsilon=2.0, delta=strat.plan.delta)
+    # one more round would have exceeded the cap: the ledger replayed by a fresh accountant
+    acc = FDPAccountant()
+    for event in strat.ledger.events():
+        acc.compose(event)
+    m = strat.mechanism
+    assert acc.would_exceed(m.event, max_epsilon=2.0, delta=m.delta)
     assert (tmp_path / "metrics.csv").is_file()
 
 
@@ -134,7 +138,7 @@ def test_bad_reply_is_rejected_and_changes_nothing(kind):
             cfg, tamper=lambda n, m, r: None if n == 2 and m.metadata.message_type == "train" else r
         )
     )
-    for a, b in zip(bad.params, dropped.params, strict=True):
+    for a, b in zip(bad.model.parameters(), dropped.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert bad.rows[-1]["rejected"] == 1 and bad.rows[-1]["replies"] == 4
-    assert bad.budget.accountant.state_dict() == dropped.budget.accountant.state_dict()
+    assert bad.ledger.to_dict() == dropped.ledger.to_dict()

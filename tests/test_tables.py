@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from fedfdp.config import ConfigError, load_config
-from fedfdp.data import DataError, load_dataset, resolve_devices
+from fedfdp.data import DataError, load_dataset
 from fedfdp.evaluation import binary_auc, held_out_metrics
+from fedfdp.run_plan import resolve_released
 from simulations.cli import main
 
 
@@ -102,8 +103,8 @@ def test_with_a_device_column_num_devices_defaults_to_the_devices_in_the_file(tm
         assert len(sites) == 1
         seen |= sites
     assert seen == set(range(5))
-    assert resolve_devices(cfg, data).data.num_devices == 5
-    assert resolve_devices(cfg).data.num_devices == 5
+    assert resolve_released(cfg, data).data.num_devices == 5
+    assert resolve_released(cfg).data.num_devices == 5
     # an explicit num-devices still groups whole sites
     assert len(load_dataset(load_config({**_base(tmp_path / "t.csv"), "device-column": "site",
                                          "num-devices": 2}).data).devices) == 2

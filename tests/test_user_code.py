@@ -18,7 +18,7 @@ def test_model_and_dataset_by_import_path_run_end_to_end():
                        "dataset": "tests.plugin_pkg.user:load", "public-loss": "zero"})
     data = load_dataset(cfg.data)
     assert data.name == "mine" and data.num_records == 90
-    assert isinstance(build_model_for(cfg, data), TwoLayer)
+    assert isinstance(build_model_for(cfg.training, data), TwoLayer)
     model, rows = run_centralised(cfg)
     assert isinstance(model, TwoLayer) and len(rows) == 3 and rows[-1]["epsilon"] <= 2.0
 
@@ -47,7 +47,7 @@ def test_bad_import_paths_are_one_line_errors(key, value, message):
     with pytest.raises(ConfigError) as err:
         cfg = load_config({**BASE, key: value})
         data = load_dataset(cfg.data)
-        build_model_for(cfg, data)
+        build_model_for(cfg.training, data)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -7,7 +7,7 @@ mode (see :mod:`fedfdp.attack` for the threat model).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,10 @@ from fedfdp.attack.inference import (
     cell_priors,
     excess_over_ball,
 )
-from fedfdp.config import Config, Mode, load_config
+from fedfdp.config import DataConfig, Mode, load_config
 from fedfdp.features import FeatureSpec
 from fedfdp.modes import PHASES
+from fedfdp.run_plan import RunPlan, build_plan
 
 #: Data-seed offset of the population the priors (and ``Ball``) are estimated on.
 PRIOR_SEED_OFFSET = 1_000_003
@@ -61,7 +62,7 @@ def fleet_grid() -> AttributeGrid:
 
 
 def reference_priors(
-    cfg: Config, grid: AttributeGrid, spec: FeatureSpec, num_classes: int
+    data: DataConfig, grid: AttributeGrid, spec: FeatureSpec, num_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """``P(cell)`` and ``P(cell | y)`` from records the attacker may know
     without the model: for the fleet, a fresh draw of the same generative
@@ -69,9 +70,9 @@ def reference_priors(
     """
     from fedfdp.data import make_fleet
 
-    if cfg.data.dataset != "fleet":
-        raise ValueError(f"dataset={cfg.data.dataset!r}: the attribute attack supports the fleet only")
-    ref = make_fleet(200, 250, seed=cfg.data.data_seed + PRIOR_SEED_OFFSET, test_fraction=0.2)
+    if data.dataset != "fleet":
+        raise ValueError(f"dataset={data.dataset!r}: the attribute attack supports the fleet only")
+    ref = make_fleet(200, 250, seed=data.data_seed + PRIOR_SEED_OFFSET, test_fraction=0.2)
     x = np.concatenate([d.x for d in ref.devices])
     y = np.concatenate([d.y for d in ref.devices])
     return cell_priors(grid, x[:, spec.private_index], y, num_classes)
@@ -86,9 +87,10 @@ class Reference:
     y: np.ndarray
 
 
-def train_references(cfg: Config, count: int) -> list[Reference]:
+def train_references(record: Mapping[str, Any], count: int) -> list[Reference]:
     """The attacker's reference models: ``count`` runs of the same algorithm
-    and configuration (:func:`fedfdp.algorithm.run_centralised`) on fresh draws
+    and configuration (``record``, a run's flat configuration; the centralised engine,
+    :func:`fedfdp.algorithm.run_plan_centrally`) on fresh draws
     of the generative model, with data seeds and run seeds of the attacker's
     own (``REFERENCE_SEED_OFFSET + k``: initialisation, batch sampling and
     noise are not the run's secret randomness). None of them sees a training
@@ -97,18 +99,17 @@ def train_references(cfg: Config, count: int) -> list[Reference]:
     per process (a data seed equal to a reference's would make that fleet a
     reference's: avoid seeds from ``REFERENCE_SEED_OFFSET`` on).
     """
-    from fedfdp.algorithm import run_centralised
-    from fedfdp.data import load_dataset
+    from fedfdp.algorithm import run_plan_centrally
 
-    recipe = load_config({"data-seed": 0, "seed": 0, "out-dir": ""}, base=cfg)
+    recipe = _recipe(record)
     cached = _REFERENCES.get(recipe, [])
     for k in range(len(cached), count):
-        ref_cfg = load_config(
-            {"data-seed": REFERENCE_SEED_OFFSET + k, "seed": REFERENCE_SEED_OFFSET + k, "progress": False},
-            base=recipe,
-        )
-        data = load_dataset(ref_cfg.data)
-        model, _ = run_centralised(ref_cfg, data)
+        plan = build_plan(load_config({**dict(recipe), "data-seed": REFERENCE_SEED_OFFSET + k,
+                                       "seed": REFERENCE_SEED_OFFSET + k, "progress": False}))
+        model, _ = run_plan_centrally(plan)
+        data = plan.data
+        if data is None:  # pragma: no cover - build_plan loaded it
+            raise RuntimeError("a reference run without data")
         x = np.concatenate([d.x for d in data.devices])
         y = np.concatenate([d.y for d in data.devices])
         cached.append(Reference(model, x, y))
@@ -116,10 +117,18 @@ def train_references(cfg: Config, count: int) -> list[Reference]:
     return cached[:count]
 
 
+def _recipe(record: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The configuration of the reference runs: ``record`` with the data seed and the
+    seed zeroed and no output directory (shared by runs that differ only in those).
+    """
+    flat = {**record, "data-seed": 0, "seed": 0, "out-dir": "", "resume": False}
+    return tuple(sorted((k, v if isinstance(v, Hashable) else repr(v)) for k, v in flat.items()))
+
+
 #: Reference models trained in this process, per configuration (data seed and seed zeroed).
-_REFERENCES: dict[Config, list[Reference]] = {}
+_REFERENCES: dict[tuple[tuple[str, Any], ...], list[Reference]] = {}
 #: λ chosen on them, per configuration and number of references.
-_WEIGHTS: dict[tuple[Config, int], tuple[float, dict[float, float]]] = {}
+_WEIGHTS: dict[tuple[tuple[tuple[str, Any], ...], int], tuple[float, dict[float, float]]] = {}
 
 
 #: The weights λ the attacker tries when it chooses one (:func:`choose_weight`).
@@ -170,9 +179,10 @@ def choose_weight(
     return best, success
 
 
-def read_run(run_dir: Path) -> Config:
-    """The configuration of a run directory (``config.toml``; the ``[resolved]``
-    table it also holds is dropped, it is recomputed from the configuration).
+def read_run(run_dir: Path) -> RunPlan:
+    """The plan of a run directory's configuration (``config.toml``; the ``[resolved]``
+    table it also holds is dropped, it is recomputed from the configuration), its data
+    loaded and its model built afresh; no output directory (nothing is written).
     """
     from fedfdp.config import read_toml
     from fedfdp.outputs import CONFIG_FILE
@@ -181,17 +191,18 @@ def read_run(run_dir: Path) -> Config:
     if not path.is_file():
         raise FileNotFoundError(f"--run {str(run_dir)!r}: no {CONFIG_FILE} (not a fedfdp run directory)")
     mapping = {k: v for k, v in read_toml(path).items() if not isinstance(v, dict)}
-    mapping["progress"] = False
-    return load_config(mapping)
+    mapping.update({"progress": False, "out-dir": "", "resume": False})
+    return build_plan(load_config(mapping))
 
 
-def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FDPAccountant | None:
-    """The run's ledger (``ledger.jsonl``), or the ledger its configuration implies."""
-    from fedfdp.data import load_dataset
+def run_accountant(run_dir: Path, plan: RunPlan, private_rounds: int | None) -> FDPAccountant | None:
+    """The run's ledger (``ledger.jsonl``), or the ledger its plan implies."""
     from fedfdp.ledger import read_ledger
-    from fedfdp.parts import mechanism_for
 
-    if not cfg.privacy.is_private:
+    if plan.data is None:  # pragma: no cover - read_run loads it
+        raise ValueError(f"{run_dir}: the attack needs the run's data")
+    mechanism, _ = plan.resolve(plan.data.sizes)  # the mechanism the run's server resolved
+    if not mechanism.private:
         return None
     ledger = read_ledger(run_dir)
     if ledger is not None:  # every charge ever written
@@ -202,13 +213,12 @@ def run_accountant(run_dir: Path, cfg: Config, private_rounds: int | None) -> FD
                                  "released statistics) only")
             acc.compose(event)
         return acc
-    plan = mechanism_for(cfg, load_dataset(cfg.data))  # the mechanism the run's server resolved
     acc = FDPAccountant()
-    rounds = plan.private_rounds if private_rounds is None else private_rounds
+    rounds = mechanism.private_rounds if private_rounds is None else private_rounds
     if rounds > 0:
-        if not isinstance(plan.event, SubsampledGaussian):
+        if not isinstance(mechanism.event, SubsampledGaussian):
             raise ValueError("the attack re-accounts subsampled Gaussian runs only")
-        acc.compose(plan.event, rounds)
+        acc.compose(mechanism.event, rounds)
     return acc
 
 
@@ -234,17 +244,19 @@ def attribute_attack_run(
     ``public`` (ε = 0).
     """
     from fedfdp.accounting import attribute_inference_bound
-    from fedfdp.algorithm import run_centralised
-    from fedfdp.data import load_dataset
+    from fedfdp.algorithm import run_plan_centrally
     from fedfdp.evaluation import evaluate
-    from fedfdp.models import build_model_for
 
     if references < 0:
         raise ValueError(f"references={references}: must be >= 0")
     run_dir = Path(run_dir)
-    cfg = read_run(run_dir)
-    data = load_dataset(cfg.data)
-    grid = fleet_grid() if cfg.data.dataset == "fleet" else None
+    plan = read_run(run_dir)
+    data = plan.data
+    if data is None:  # pragma: no cover - read_run loads it
+        raise ValueError(f"{run_dir}: the attack needs the run's data")
+    mechanism, _ = plan.resolve(data.sizes)
+    data_cfg = plan.config.data
+    grid = fleet_grid() if data_cfg.dataset == "fleet" else None
     spec = data.spec
     if grid is None or spec is None or tuple(spec.private) != grid.columns:
         raise ValueError(
@@ -252,23 +264,24 @@ def attribute_attack_run(
         )
     model_path = run_dir / "model.pt"
     private_rounds = None
+    model: nn.Module
     if model_path.is_file():
-        model = build_model_for(cfg, data)
+        model = plan.model
         model.load_state_dict(torch.load(model_path, map_location="cpu", weights_only=True))
         source = "model.pt"
     else:
-        model, rows = run_centralised(load_config({"out-dir": "", "resume": False}, base=cfg), data)
+        model, rows = run_plan_centrally(plan)
         private_rounds = sum(1 for r in rows if PHASES[r["phase"]].noise)
         source = "trained here (centralised reference)"
     pi = [int(i) for i in spec.private_index]
-    marginal, conditional = reference_priors(cfg, grid, spec, data.num_classes)
-    refs = train_references(cfg, references)
+    marginal, conditional = reference_priors(data_cfg, grid, spec, data.num_classes)
+    refs = train_references(plan.record, references)
     weight_success: dict[float, float] = {}
     if weight is None:
         if references == 1:
             raise ValueError("references=1: choosing the weight needs >= 2 references (or give a weight)")
         if refs:
-            key = (load_config({"data-seed": 0, "seed": 0, "out-dir": ""}, base=cfg), references)
+            key = (_recipe(plan.record), references)
             if key not in _WEIGHTS:  # the references are shared by such runs, and so is λ
                 _WEIGHTS[key] = choose_weight(refs, pi, grid, conditional)
             weight, weight_success = _WEIGHTS[key]
@@ -281,21 +294,19 @@ def attribute_attack_run(
     held = attribute_attack(
         model, data.test_x, data.test_y, pi, grid, marginal, conditional, ref_models, weight
     )
-    acc = run_accountant(run_dir, cfg, private_rounds)
-    if cfg.privacy.mode is Mode.NONPRIVATE:
+    acc = run_accountant(run_dir, plan, private_rounds)
+    if mechanism.mode is Mode.NONPRIVATE:
         bound, epsilon = 1.0, math.inf
     elif acc is None:
         bound, epsilon = train.ball, 0.0
     else:
-        from fedfdp.mechanism import run_delta
-
         bound = attribute_inference_bound(acc, train.ball)
-        epsilon = acc.epsilon(run_delta(cfg, data.num_records))
+        epsilon = acc.epsilon(mechanism.delta)
     accuracy, _ = evaluate(model, data.test_x, data.test_y)
     train_acc, _ = evaluate(model, x, y)
     out: dict[str, Any] = {
         "run": str(run_dir),
-        "mode": cfg.privacy.mode,
+        "mode": mechanism.mode,
         "model_source": source,
         "epsilon": epsilon,
         "accuracy": accuracy,

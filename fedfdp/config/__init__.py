@@ -156,7 +156,7 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         Keys from :func:`config_keys`; missing keys keep the value of ``base``
         (defaults when ``base`` is None), except that a ``device-column``
         without ``num-devices`` means one device per value of the column
-        (``num-devices = 0``, :func:`fedfdp.data.resolve_devices`).
+        (``num-devices = 0``, :func:`fedfdp.run_plan.resolve_released`).
     base : Config, optional
         Configuration the mapping overrides.
 
@@ -192,7 +192,7 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         spec = KEY_TABLE[key]
         sections[spec.section][spec.attr] = parse_value(key, spec.kind, value)
     if mapping and mapping.get("device-column") and "num-devices" not in mapping:
-        sections[Section.DATA]["num_devices"] = 0  # one device per unit of the column (resolve_devices)
+        sections[Section.DATA]["num_devices"] = 0  # one device per unit of the column (resolve_released)
     privacy = sections[Section.PRIVACY]
     if (privacy["mode"] == Mode.FDP_DPSGD and privacy["public_pretrain_rounds"] == 0
             and "public-pretrain-rounds" not in (mapping or {})):

@@ -377,7 +377,7 @@ class DataConfig:
         the number of units); the others are split IID or Dirichlet. 0: one
         device per value of ``device_column`` (``csv``; the default when
         :func:`~fedfdp.config.load_config` is given a ``device-column`` and no
-        ``num-devices``), resolved by :func:`fedfdp.data.resolve_devices`.
+        ``num-devices``), resolved by :func:`fedfdp.run_plan.resolve_released`.
     records_per_device : int
         Mean records per device of the synthetic generators (``fleet``, and
         ``purchase100``/``criteo`` without ``data_path``).

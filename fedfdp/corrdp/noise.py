@@ -502,7 +502,7 @@ class CorrDPGaussianMechanism:
 
 
 def corrdp_mechanism_factory(design: CorrDPDesign) -> Callable[[float, float], CorrDPGaussianMechanism]:
-    """``mechanism(σ, C)`` for :class:`fedfdp.server.ServerParts`: the server calls it with
+    """``mechanism(σ, C)`` for :class:`fedfdp.round_engine.ServerParts`: the server calls it with
     the plan's noise multiplier and clipping norm; the design (blocks, TVs, shares) is
     closed over.
 

@@ -3,7 +3,7 @@ node's aggregator and the server's accounting.
 
 ``mode = "corrdp"`` runs on the client, strategy, sampling plan and server of every
 other mode; what differs are three components, built here and chosen in one place
-(:mod:`fedfdp.parts`):
+(:mod:`fedfdp.run_plan`):
 
 * the node's **aggregator** (:class:`BlockClippedSum`, a
   :class:`~fedfdp.contribution.PrivateAggregator`): the full cross-entropy gradient of
@@ -81,7 +81,7 @@ from fedfdp.corrdp.tv import Bins, empirical_tv, estimation_error_bound, joint_c
 from fedfdp.data.private_statistics import Estimate, Normals, estimation_noise_multiplier, secret_normals
 from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap
-from fedfdp.mechanism import Accounting, run_delta
+from fedfdp.mechanism import Accounting, tv_estimation_delta
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
@@ -387,7 +387,7 @@ def corrdp_setup(
     charges: tuple[Estimate, ...] = ()
     delta_est = 0.0
     if missing and estimate:
-        delta_est = p.tv_delta if p.tv_delta is not None else run_delta(cfg, data.num_records) / 2
+        delta_est = tv_estimation_delta(cfg, data.num_records)
         estimates = release_feature_tvs(cfg, data, sensitive, missing, delta_est,
                                         released=dict(p.estimated_tvs), normals=normals)
         tv.update({f: e.tv for f, e in estimates.items()})

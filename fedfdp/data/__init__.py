@@ -22,15 +22,12 @@ column public, the label private. See ``docs/datasets.md``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from functools import lru_cache
-from typing import Any
 
-from fedfdp.config import DATASETS, Config, DataConfig, DataLocation, Mode
+from fedfdp.config import DATASETS, DataConfig, DataLocation
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.data.fleet import make_fleet
-from fedfdp.data.private_statistics import estimated_columns
-from fedfdp.data.split import DataError, MissingExtraError, refuse_label_split
+from fedfdp.data.split import DataError, MissingExtraError
 
 __all__ = [
     "DataError",
@@ -41,7 +38,6 @@ __all__ = [
     "load_server_data",
     "load_site",
     "make_fleet",
-    "resolve_devices",
 ]
 
 
@@ -165,52 +161,3 @@ def load_dataset(cfg: DataConfig) -> FederatedData:
             f"dataset {cfg.dataset!r} built {len(data.devices)} devices, num-devices={cfg.num_devices}"
         )
     return data
-
-
-def resolve_devices(cfg: Config, data: FederatedData | None = None) -> Config:
-    """``cfg`` with ``num-devices = 0`` (one device per value of ``device-column``)
-    replaced by the number of devices of the table (``data``, or the table
-    loaded now), with the ranges and categories ``private-statistics = "estimate"``
-    released while loading it written into ``estimated-ranges`` and
-    ``estimated-categories``, and with the noisy TVs a
-    ``mode = "corrdp"`` run with ``tv-estimate`` releases now written into
-    ``estimated-tvs`` (so every process and a resume use the same released values,
-    and none estimates again);
-    any other configuration unchanged. A split that read a private label is refused
-    (:func:`fedfdp.data.split.refuse_label_split`). Every part of a run that needs the count
-    before it sees the data (SuperNodes, the strategy's registrations,
-    ``config.toml``) uses the resolved configuration.
-
-    Examples
-    --------
-    >>> from fedfdp import load_config
-    >>> from fedfdp.data import resolve_devices
-    >>> resolve_devices(load_config({"num-devices": 7})).data.num_devices
-    7
-    """
-    refuse_label_split(cfg)
-    needs_devices = not cfg.data.num_devices
-    released = {n for n, _, _ in cfg.data.estimated_ranges} | {n for n, _ in cfg.data.estimated_categories}
-    needs_ranges = bool(set(estimated_columns(cfg.data)) - released)
-    p = cfg.privacy
-    needs_tvs = p.mode is Mode.CORRDP and p.tv_estimate and not p.estimated_tvs
-    if not (needs_devices or needs_ranges or needs_tvs):
-        return cfg
-    data = data if data is not None else load_dataset(cfg.data)
-    changes: dict[str, Any] = {}
-    if needs_devices:
-        changes["num_devices"] = len(data.devices)
-    if data.estimated_ranges != cfg.data.estimated_ranges:
-        changes["estimated_ranges"] = data.estimated_ranges
-    if data.estimated_categories != cfg.data.estimated_categories:
-        changes["estimated_categories"] = data.estimated_categories
-    if changes:
-        cfg = replace(cfg, data=replace(cfg.data, **changes))
-    if needs_tvs:
-        from fedfdp.corrdp.run import corrdp_setup
-
-        tvs = corrdp_setup(cfg, data).estimates  # drawn once, here, from the OS CSPRNG
-        if tvs:
-            values = tuple((f, r.noisy) for f, r in tvs.items())
-            cfg = replace(cfg, privacy=replace(p, estimated_tvs=values))
-    return cfg

@@ -76,7 +76,7 @@ class FederatedData:
     estimated_ranges : tuple of (column, low, high)
         Ranges of private columns released by ``private-statistics = "estimate"``
         (Gaussian-noised, charged to the ledger; :mod:`fedfdp.data.private_statistics`),
-        which :func:`fedfdp.data.resolve_devices` writes into the run's configuration
+        which :func:`fedfdp.run_plan.resolve_released` writes into the run's configuration
         (``estimated-ranges``) so that every process encodes alike.
     estimated_categories : tuple of (column, categories)
         The same for text columns (a noisy thresholded histogram; ``estimated-categories``).

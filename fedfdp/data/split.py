@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.config import Config, ConfigError, Mode, PublicLoss
+from fedfdp.config import ConfigError, DataConfig, Mode, PrivacyConfig, PublicLoss
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec, PublicStatistics
 
@@ -143,14 +143,14 @@ def split_records(
 LABEL_STRATIFIED_HOLDOUT = ("watch",)
 
 
-def labels_private(cfg: Config) -> bool:
-    """Whether ``cfg`` protects the label: ``public-loss = "label-free"`` (label-DP,
+def labels_private(privacy: PrivacyConfig) -> bool:
+    """Whether ``privacy`` protects the label: ``public-loss = "label-free"`` (label-DP,
     ``Ψ(x, y) = x``) in any mode that claims an ε (every mode but ``nonprivate``).
     """
-    return cfg.privacy.public_loss is PublicLoss.LABEL_FREE and cfg.privacy.mode is not Mode.NONPRIVATE
+    return privacy.public_loss is PublicLoss.LABEL_FREE and privacy.mode is not Mode.NONPRIVATE
 
 
-def refuse_label_split(cfg: Config) -> None:
+def refuse_label_split(privacy: PrivacyConfig, d: DataConfig) -> None:
     """Refuse a device split or hold-out that reads the labels when the labels are private.
 
     The device sizes and ``N`` are public (``shared/DESIGN.md`` §2), so every split
@@ -167,9 +167,8 @@ def refuse_label_split(cfg: Config) -> None:
     ConfigError
         Naming the key, its value and the way out.
     """
-    if not labels_private(cfg):
+    if not labels_private(privacy):
         return
-    d = cfg.data
     if d.dirichlet_alpha:
         raise ConfigError(
             f"dirichlet-alpha={d.dirichlet_alpha:g}: the Dirichlet split draws each class's share per "

@@ -6,7 +6,7 @@
 ``bugs``
     planted bugs as broken components, passed through the seams a normal run
     uses (:class:`fedfdp.contribution.ClientParts`,
-    :class:`fedfdp.server.ServerParts`).
+    :class:`fedfdp.round_engine.ServerParts`).
 ``one_run``
     one-run auditing of a whole training run (Steinke, Nasr, Jagielski 2023):
     canaries in or out by fair coins, one run of the production engine, a lower

@@ -3,7 +3,7 @@
 A privacy audit is only trustworthy if it demonstrably catches broken
 mechanisms. Each bug here is **one** broken component, passed to the real
 client and server code through the same seams a normal run uses
-(:class:`fedfdp.contribution.ClientParts`, :class:`fedfdp.server.ServerParts`);
+(:class:`fedfdp.contribution.ClientParts`, :class:`fedfdp.round_engine.ServerParts`);
 nothing in the library reads a flag, and a normal run (``fedfdp run``,
 ``flwr run``) can never reach one.
 
@@ -36,7 +36,7 @@ bug                        component      what breaks
                                           accountant is charged ``σ_eff``
 =========================  =============  ==============================================
 
-The count bugs enter through :attr:`fedfdp.server.ServerParts.count_mechanism`, the
+The count bugs enter through :attr:`fedfdp.round_engine.ServerParts.count_mechanism`, the
 component that noises adaptive clipping's count in every adaptive run.
 
 CorrDP (``mode = "corrdp"``, audited by :mod:`simulations.auditing.corrdp`):
@@ -79,10 +79,10 @@ from fedfdp.corrdp.tv import TVEstimate
 from fedfdp.entropy import BitStream, DeviceSecrets, SecretSource, SeededEntropy
 from fedfdp.losses import FeatureMap
 from fedfdp.mechanisms import GaussianSumMechanism
-from fedfdp.parts import server_parts_for
+from fedfdp.round_engine import ServerParts
+from fedfdp.run_plan import server_parts_for
 from fedfdp.sampling import PublicStreams, poisson_sample, server_public_rng
 from fedfdp.sampling_plan import SamplingPlan, Subsampling
-from fedfdp.server import ServerParts
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData

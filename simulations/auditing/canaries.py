@@ -17,7 +17,7 @@ Neighbouring worlds, per canary record ``x``:
 One *trial* is one round of the real code (:func:`one_round`): the strategy
 (:class:`~strategies.fdp_strategy.FDPStrategy`) configures the round (its
 sampling plan, its write-ahead charge), the client
-(:func:`clients.client_app.handle_train`) computes its reply, the strategy
+(:func:`simulations.auditing.inprocess.node_train`) computes its reply, the strategy
 aggregates (noise once from its secret source, divides by the plan's
 normaliser, steps the model). Broken variants enter only as components
 (:class:`~simulations.auditing.bugs.PlantedBug`). The auditor sees what the
@@ -103,8 +103,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord
 
-import clients.client_app as client_app
-from clients.client_app import NodeRecords, reply_message
+from clients.client_app import reply_message
+from clients.node_runtime import NodeRecords
 from fedfdp import protocol as P
 from fedfdp.audit import ALPHA
 from fedfdp.config import Config, ConfigError, load_config
@@ -112,14 +112,14 @@ from fedfdp.contribution import PrivateBatch, private_clipped_sum, private_gradi
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec
-from fedfdp.losses import build_decomposition
 from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.mechanisms import gaussian_noise
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.run_plan import build_plan, feature_map_for
 from fedfdp.sampling import server_public_rng
 from simulations.auditing.bugs import PlantedBug, planted
-from simulations.auditing.inprocess import set_identity, train_messages
+from simulations.auditing.inprocess import node_train, set_identity, train_messages
 from strategies.fdp_strategy import FDPStrategy
 
 #: A canary's world in one trial.
@@ -408,9 +408,9 @@ def design(setup: AuditSetup) -> CanaryDesign:
 def _raw_gradient(des: CanaryDesign, j: int) -> float:
     """Canary ``j``'s unclipped private gradient on its coordinate (real per-record code)."""
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
-    model = build_model_for(des.cfg, data)
+    model = build_model_for(des.cfg.training, data)
     model.load_state_dict(des.state)
-    dec = build_decomposition(des.cfg, data)
+    dec = feature_map_for(des.cfg, data)
     batch = PrivateBatch(torch.as_tensor(des.canary_x[j : j + 1]), torch.as_tensor(des.canary_y[j : j + 1]),
                          torch.Generator().manual_seed(0), 1)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -428,9 +428,9 @@ def _check_design(des: CanaryDesign) -> np.ndarray:
     ``C`` (adaptive clipping's count); a filler is ``+C`` on its own unit, never within ``C``.
     """
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
-    model = build_model_for(des.cfg, data)
+    model = build_model_for(des.cfg.training, data)
     model.load_state_dict(des.state)
-    dec = build_decomposition(des.cfg, data)
+    dec = feature_map_for(des.cfg, data)
     gen = torch.Generator().manual_seed(0)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     markers = np.zeros(des.num_canaries)
@@ -506,13 +506,13 @@ def one_round(
         client = dataclasses.replace(client, secrets=secrets)
         if server_parts.secrets is None:
             server_parts = dataclasses.replace(server_parts, secrets=secrets)
-    strat = FDPStrategy(build_model_for(cfg, public_view), cfg, parts=server_parts)
+    strat = FDPStrategy(build_plan(cfg, public_view, server_parts=server_parts))
     strat.model.load_state_dict(des.state)
     strat.registry = {0: (list(range(des.num_devices)), [len(d) for d in public_view.devices])}
     mechanism = strat.resolve()
     before = strat.model.state_dict()[des.private_weight].clone()
     (msg,) = train_messages(strat, 1)
-    round_state = strat.round_in_flight
+    round_state = strat.engine.in_flight
     if round_state is None:
         raise RuntimeError("canary audit: no round in flight")
     normaliser, attempt = round_state.plan.normaliser, round_state.attempt
@@ -524,7 +524,7 @@ def one_round(
     order = P.TrainInstruction.from_config(conf)
     pos = [i for i, d in enumerate(order.device_ids) if d in absent]
     if not pos:
-        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, conf, client)
+        priv, pub, metrics = node_train(cfg, private_records, state, conf, client)
     else:
         # Algorithm 2: the private part without the absent canaries; the public
         # part of their devices over all their records (their Ψ included).
@@ -534,9 +534,9 @@ def one_round(
         second[P.DEVICE_IDS] = [order.device_ids[i] for i in pos]
         second[P.PUBLIC_COUNTS] = [order.public_counts[i] for i in pos]
         second[P.PRIVATE_FLAGS] = [0 for _ in pos]
-        priv, pub, metrics = client_app.handle_train(cfg, private_records, state, first, client)
+        priv, pub, metrics = node_train(cfg, private_records, state, first, client)
         public_records = NodeRecords.partition_of(public_view, 0, 1)
-        _, pub2, metrics2 = client_app.handle_train(cfg, public_records, state, second, client)
+        _, pub2, metrics2 = node_train(cfg, public_records, state, second, client)
         pub = _sum_arrays(pub, pub2)
         metrics = {key: metrics[key] + metrics2[key] for key in metrics}
     outcome = strat.collect(1, [reply_message(msg, priv, pub, metrics)])
@@ -548,20 +548,23 @@ def one_round(
     pub_w = pub[des.private_weight].double() if pub is not None and not rejected else torch.zeros_like(grad)
     g_pub = pub_w / count if count and not rejected else torch.zeros_like(grad)
     released = (grad - g_pub) * normaliser / t.alpha
-    scale = cfg.privacy.noise_multiplier * cfg.privacy.clipping_norm
+    if mechanism.noise_multiplier is None:
+        raise RuntimeError("canary audit: the resolved mechanism adds no noise")
+    scale = mechanism.noise_multiplier * clipping_norm
     column = released[:, des.private_column].numpy() / scale
     k = des.num_canaries
     # what an adversary holding the run configuration predicts if the noise derived from its seed
-    shapes = [torch.Size(s) for s in strat.shapes.values()]
-    guess = gaussian_noise(shapes, scale, SeededEntropy(seed).noise(1, attempt))
-    guessed = dict(zip(strat.shapes, guess, strict=True))[des.private_weight][:, des.private_column]
+    shapes = strat.engine.shapes
+    guess = gaussian_noise([torch.Size(s) for s in shapes.values()], scale,
+                           SeededEntropy(seed).noise(1, attempt))
+    guessed = dict(zip(shapes, guess, strict=True))[des.private_weight][:, des.private_column]
     marks = pub[des.public_marker].double().numpy() if pub is not None else np.zeros(2 * k)
     count = count_predicted = math.nan
     clip = mechanism.clipping
     if clip.adaptive and clip.count_noise is not None:
         # what the round releases besides the model: the next round's C, a function of the
         # noisy count alone; every record but the counted canary is clipped (known count 0)
-        noisy = normaliser * (clip.quantile - math.log(strat.server.clipping_norm / clipping_norm)
+        noisy = normaliser * (clip.quantile - math.log(strat.engine.clipping_norm / clipping_norm)
                               / clip.learning_rate)
         count = noisy / clip.count_noise
         count_predicted = float(server_public_rng(seed, 1).standard_normal())
@@ -634,6 +637,6 @@ def audited_plan(des: CanaryDesign, bug: str | None) -> ResolvedMechanism:
     its event is what the run claims.
     """
     data = des.devices(np.full(des.num_canaries, WORLD1), "public")
-    strat = FDPStrategy(build_model_for(des.cfg, data), des.cfg, parts=planted(bug).server(des.setup.seed))
+    strat = FDPStrategy(build_plan(des.cfg, data, server_parts=planted(bug).server(des.setup.seed)))
     strat.registry = {0: (list(range(des.num_devices)), [len(d) for d in data.devices])}
     return strat.resolve()

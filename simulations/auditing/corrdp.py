@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import clients.client_app as client_app
-from clients.client_app import NodeRecords, reply_message
+from clients.client_app import reply_message
+from clients.node_runtime import NodeRecords
 from fedfdp import protocol as P
 from fedfdp.audit import ALPHA, choose_test, evaluate_test
 from fedfdp.config import Config, ConfigError, load_config
@@ -60,11 +60,10 @@ from fedfdp.corrdp.tv import TVEstimate, estimate_tvs
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec
-from fedfdp.models import build_model_for
-from fedfdp.parts import client_parts_for, server_parts_for
-from fedfdp.server import ServerParts
+from fedfdp.round_engine import ServerParts
+from fedfdp.run_plan import build_plan, client_parts_for, server_parts_for
 from simulations.auditing.bugs import corrdp_planted
-from simulations.auditing.inprocess import set_identity, train_messages
+from simulations.auditing.inprocess import node_train, set_identity, train_messages
 from strategies.fdp_strategy import FDPStrategy
 
 WORLD1, WORLD2 = 1, 2
@@ -188,20 +187,20 @@ def one_round(
         secrets = SeededEntropy(int(key))
         client = dataclasses.replace(client, secrets=secrets)
         server = dataclasses.replace(server, secrets=secrets)
-    strat = FDPStrategy(build_model_for(cfg, data), cfg, parts=server)
+    strat = FDPStrategy(build_plan(cfg, data, server_parts=server))
     with torch.no_grad():
         for p in strat.model.parameters():
             p.zero_()
     strat.registry = {0: (list(range(setup.canaries)), [1] * setup.canaries)}
     strat.resolve()
     (msg,) = train_messages(strat, 1)
-    current = strat.round_in_flight
+    current = strat.engine.in_flight
     if current is None:
         raise RuntimeError("corrdp audit: no round in flight")
     normaliser = current.plan.normaliser
     state = msg.content[P.ARRAYS].to_torch_state_dict()
     records = NodeRecords.partition_of(data, 0, 1)
-    priv, pub, metrics = client_app.handle_train(cfg, records, state, msg.content[P.CONFIG], client)
+    priv, pub, metrics = node_train(cfg, records, state, msg.content[P.CONFIG], client)
     outcome = strat.collect(1, [reply_message(msg, priv, pub, metrics)])
     if outcome.stats.rejected:
         raise RuntimeError("corrdp audit: the server rejected the honest node's reply")

@@ -80,13 +80,13 @@ from fedfdp.contribution import (
     private_clipped_sum,
 )
 from fedfdp.data import DeviceData, FederatedData, load_dataset
-from fedfdp.entropy import OSBits, noise_source, run_secrets, uniforms
+from fedfdp.entropy import OSBits, noise_source, uniforms
 from fedfdp.evaluation import held_out_metrics
 from fedfdp.features import FeatureSpec
-from fedfdp.losses import FeatureMap, build_decomposition
+from fedfdp.losses import FeatureMap
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.parts import mechanism_for
+from fedfdp.run_plan import feature_map_for, mechanism_for, run_secrets
 from simulations.auditing.bugs import planted
 
 #: The one-run audit's fleet and run, over the configuration's defaults (the default
@@ -287,8 +287,8 @@ def canary_scores(
 ) -> np.ndarray:
     """Each canary's score from the recorded models and rows (module docstring)."""
     t, p = cfg.training, cfg.privacy
-    model = build_model_for(cfg, fleet.data)
-    dec = build_decomposition(cfg, fleet.data)
+    model = build_model_for(cfg.training, fleet.data)
+    dec = feature_map_for(cfg, fleet.data)
     phase = PHASES[p.mode]
     weight = _first_layer(states[0])
     cols = torch.as_tensor(fleet.columns, dtype=torch.long)
@@ -344,7 +344,7 @@ def run_one_run_audit(setup: OneRunSetup | None = None, bug: str | None = None) 
                           "column)")
     fleet = with_canaries(data, setup.canaries, setup.amplitude)
     included = _coins(setup.canaries, setup.coin_seed)
-    model = build_model_for(cfg, fleet.data)
+    model = build_model_for(cfg.training, fleet.data)
     weight = _first_layer(model.state_dict())
     with torch.no_grad():
         dict(model.named_parameters())[weight][:, torch.as_tensor(fleet.columns)] = 0.0
@@ -411,7 +411,7 @@ def one_run_result(
                      "last_norm": float(last["clipping_norm"])},
         "accuracy": float(last.get("accuracy", math.nan)),
         "config": dict(setup.config),
-        "secrets": noise_source(cfg),
+        "secrets": noise_source(cfg.privacy.reproducible_noise),
         "coins": "os-csprng" if setup.coin_seed is None else f"seeded ({setup.coin_seed})",
         "seconds": round(seconds, 1),
     }

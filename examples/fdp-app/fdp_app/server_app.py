@@ -4,7 +4,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from fdp_app.task import Net, evaluate
-from fedfdp import Config, PrivacyConfig, RunConfig, TrainingConfig
+from fedfdp import Config, PrivacyConfig, RunConfig, TrainingConfig, build_plan
 from strategies import FDPStrategy
 
 app = ServerApp()
@@ -25,7 +25,7 @@ def main(grid: Grid, context: Context) -> None:
         run=RunConfig(out_dir=str(rc["out-dir"]), progress=False),
     )
     model = Net()
-    strategy = FDPStrategy(model, cfg, num_devices=int(rc["num-devices"]))
+    strategy = FDPStrategy(build_plan(cfg, model=model, num_devices=int(rc["num-devices"])))
 
     def central_evaluation(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -38,4 +38,4 @@ def main(grid: Grid, context: Context) -> None:
     last = max(result.evaluate_metrics_serverapp)
     eps = result.train_metrics_clientapp[last]["epsilon"]
     print(f"round {last}: {dict(result.evaluate_metrics_serverapp[last])}, "
-          f"epsilon = {eps:.3f} (add/remove, upper bound, delta = {strategy.plan.delta:.2g})")
+          f"epsilon = {eps:.3f} (add/remove, upper bound, delta = {strategy.mechanism.delta:.2g})")

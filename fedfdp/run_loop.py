@@ -1,0 +1,179 @@
+"""The run loop: every round of a run, beside the plan that decided them.
+
+:class:`RunLoop` drives a :class:`~fedfdp.round_engine.RoundEngine` from the first round
+to the last (or to the budget's end): it **resumes** a run directory (the checks of
+:func:`fedfdp.checkpoint.verify_resume`; the engine restores the ledger, the model, the
+optimizer and ``C``), writes ``config.toml`` with the plan's ``[resolved]`` table
+(:meth:`fedfdp.run_plan.RunPlan.resolved_table`), calls ``step(round)`` — the engine's
+``begin_round`` … ``finish_round`` through whatever transport the engine uses (Flower,
+or the centralised engine's loop over devices) —, **evaluates** on held-out data every
+``eval-every`` rounds and after the last, keeps one **row** of ``metrics.csv`` per round,
+**checkpoints** every ``checkpoint-every`` rounds, draws the progress bar, and stops
+cleanly before a round that would exceed ``max-epsilon`` (or one that secure
+aggregation had to abort every try).
+
+It decides nothing about privacy: ε, δ, the relation and the event are the resolved
+mechanism's, read from the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fedfdp.accounting import PrivacyBudgetExhausted
+from fedfdp.checkpoint import Checkpoint
+from fedfdp.entropy import REPRODUCIBLE_WARNING, noise_source
+from fedfdp.evaluation import EvaluateFn
+from fedfdp.health import RunDiverged
+from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome
+from fedfdp.run_files import Progress
+
+if TYPE_CHECKING:
+    from fedfdp.run_plan import RunPlan
+
+log = logging.getLogger("fedfdp.server")
+
+#: ``step(round) -> RoundOutcome``: one round through the engine (module docstring).
+Step = Callable[[int], RoundOutcome]
+
+
+class RunLoop:
+    """Every round of ``plan`` on ``engine`` (module docstring).
+
+    Parameters
+    ----------
+    plan : RunPlan
+        The run's plan: its run directory, evaluation, settings and record.
+    engine : RoundEngine
+        The round engine :meth:`RunPlan.engine` built over the public facts.
+    evaluate : callable, optional
+        ``evaluate(round, model) -> metrics`` on held-out data (default: the plan's).
+
+    Attributes
+    ----------
+    rows : list of dict
+        One row of ``metrics.csv`` per completed round (a resumed run's included).
+    stop_reason : str or None
+        Why the run stopped early (budget exhausted, a round aborted), else None.
+    """
+
+    def __init__(self, plan: RunPlan, engine: RoundEngine, *, evaluate: EvaluateFn | None = None) -> None:
+        self.plan = plan
+        self.engine = engine
+        self.files = plan.files
+        self.evaluate = evaluate if evaluate is not None else plan.evaluate
+        self.rows: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None
+
+    # ---------------------------------------------------------------- resume
+    def resume(self) -> int:
+        """Check the run directory and restore a run from it; return the first round
+        to run (:meth:`fedfdp.run_files.RunFiles.verify`, the engine's restore). A new
+        run writes the ledger (the mechanism, its first entry) now.
+        """
+        files, engine = self.files, self.engine
+        if files is None:
+            return 1
+        found = files.verify(engine.mechanism)
+        first = 1
+        if found.ledger is not None:
+            engine.restore_ledger(found.ledger, found.unrecorded)
+            if found.checkpoint is not None:
+                engine.restore_state(found.checkpoint)
+                self.rows = list(found.checkpoint.rows)
+                first = found.checkpoint.round + 1
+        else:  # a new run: the mechanism is the ledger's first entry
+            files.write_ledger(engine.ledger)
+        if found.checkpoint is not None or found.ledger is not None:
+            log.warning("resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
+                        files.out, first - 1, engine.epsilon(), len(engine.ledger.charges))
+        # every session starts from a checkpoint of the head it continues from
+        files.checkpoint(self.checkpoint(first - 1))
+        return first
+
+    def checkpoint(self, round_: int) -> Checkpoint:
+        """The run's state after ``round_``."""
+        engine, state = self.engine, self.engine.state()
+        m = engine.mechanism
+        return Checkpoint(
+            round=round_, config=self.plan.record, num_records=engine.num_records,
+            mechanism_digest=m.digest(), head=state.head, rows=self.rows,
+            clipping_norm=state.clipping_norm, every=self.plan.settings.checkpoint_every,
+            model=state.model, optimizer=state.optimizer,
+        )
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, step: Step, *, resolved: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run every round with ``step(round) -> RoundOutcome``; evaluate server-side,
+        write metrics, checkpoints and the final model. Stops cleanly before a round
+        that would exceed ``max-epsilon`` (``resolved``: extra ``[resolved]`` values).
+        """
+        engine, files, settings = self.engine, self.files, self.plan.settings
+        m = engine.mechanism
+        first = self.resume()
+        if m.reproducible_noise:
+            log.warning(REPRODUCIBLE_WARNING)
+        if files is not None and first == 1:
+            files.write_config(self.plan.resolved_table(engine, resolved))
+        total = m.num_rounds
+        progress = Progress(total, first - 1, f"fedfdp {m.mode}", settings.progress)
+        column = engine.accounting.column
+        try:
+            for r in range(first, total + 1):
+                try:
+                    outcome = step(r)
+                except (PrivacyBudgetExhausted, RoundAborted) as exc:
+                    self.stop_reason = f"stopped before round {r}: {exc}"
+                    log.warning(self.stop_reason)
+                    progress.write(self.stop_reason)
+                    break
+                metrics: dict[str, float] = {}
+                if self.evaluate is not None and (r % settings.eval_every == 0 or r == total):
+                    metrics = {k: float(v) for k, v in (self.evaluate(r, engine.model) or {}).items()}
+                    if "loss" in metrics and not math.isfinite(metrics["loss"]):
+                        lr = self.plan.training.learning_rate
+                        raise RunDiverged(f"round {r}: the held-out loss is {metrics['loss']}; the model "
+                                          f"diverged (likely learning-rate={lr:g})")
+                row = self.row(r, outcome, metrics)
+                self.rows.append(row)
+                if files is not None:
+                    if files.due(r):
+                        files.checkpoint(self.checkpoint(r))
+                    files.metrics(self.rows)
+                progress.update(row.get(column, outcome.epsilon), row["accuracy"])
+        finally:
+            progress.close()
+        if files is not None:
+            files.model(engine.model)
+        return self.rows
+
+    def row(self, round_: int, outcome: RoundOutcome, metrics: dict[str, float]) -> dict[str, Any]:
+        """The ``metrics.csv`` row of a round."""
+        m = self.engine.mechanism
+        phase = m.phase(round_)
+        s = outcome.stats
+        acc = metrics.pop("accuracy", float("nan"))
+        loss = metrics.pop("loss", float("nan"))
+        return {
+            "round": round_,
+            "phase": phase.name,
+            "epsilon": outcome.epsilon,
+            **(outcome.epsilons or {}),
+            "delta": m.delta,
+            "relation": str(m.relation),
+            "accuracy": acc,
+            "loss": loss,
+            "public_loss": outcome.public_loss,
+            "replies": s.replies,
+            "rejected": s.rejected,
+            "asked": s.asked,
+            "missing": s.missing,
+            "noise_multiplier": m.noise_multiplier if phase.noise else 0.0,
+            "normaliser": outcome.normaliser if phase.has_private else float("nan"),
+            "clipping_norm": outcome.clipping_norm if phase.noise else float("nan"),
+            "noise_source": noise_source(m.reproducible_noise),
+            **metrics,
+        }
