@@ -13,8 +13,12 @@ with SIGKILL, by pid (the SuperNode and the ClientApp process it started), so:
   live nodes' shares reconstruct what is needed);
 * round 2 runs on the three live nodes (``= n_min``).
 
-Checked: the run completes; the ledger holds exactly one charge per completed round, each
-the planned event of ``[resolved] event`` (``n_h = n_min − t_c = 3``); the ε the run
+Checked, as the protocol guarantees them whatever the timing (a healthy SuperNode that
+misses a stage's timeout on a busy machine is a dropout like any other): the run completes;
+every completed round unmasked at least ``n_min`` masked vectors and never the killed
+nodes' (at most 4 in round 1, at most 3 in round 2); every completed round is charged (a try
+that unmasks after its charge and then fails stays charged: nothing is released uncharged),
+each charge the planned event of ``[resolved] event`` (``n_h = n_min − t_c = 3``); the ε the run
 printed and wrote equals the ledger's replay (``fedfdp account --run``, and routes A and B
 recomputed directly from the ledger's events); the model is finite; the killed processes
 are gone (by pid) and no process of the deployment is left.
@@ -133,17 +137,23 @@ def test_secagg_on_tls_with_supernode_auth_and_killed_supernodes(deployment, tmp
     elapsed = time.monotonic() - t0
     stream = run.text()
 
-    # the run completed both rounds: 4 masked vectors in round 1 (A lost at collect), 3 in round 2
+    # the run completed both rounds, each on at least n_min = 3 masked vectors and never on the
+    # killed nodes' (A lost at collect in round 1, A and B gone in round 2); how many healthy
+    # nodes made each stage's timeout depends on the machine's load, not on the protocol
     m = pd.read_csv(out / "metrics.csv")
     assert list(m["round"]) == [1, 2], stream[-3000:] + d.logs()
-    assert m["asked"].tolist() == [5, 5] and m["replies"].tolist() == [4, 3], m.to_string()
-    # one charge per completed round, each the planned event (n_h = n_min - t_c = 3)
+    assert m["asked"].tolist() == [5, 5], m.to_string()
+    replies = m["replies"].tolist()
+    assert 3 <= replies[0] <= 4 and replies[1] == 3, m.to_string()
+    # every completed round charged, each charge the planned event (n_h = n_min - t_c = 3)
     resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
     ledger = read_ledger(out)
-    assert ledger is not None and [c.round for c in ledger.charges] == [1, 2]
+    assert ledger is not None
+    charged = [c.round for c in ledger.charges]
+    assert set(charged) == {1, 2} and charged == sorted(charged), charged
     events = [e for e in ledger.events() if isinstance(e, DistributedDiscreteGaussian)]
-    assert len(events) == len(ledger.events())
-    assert [e.to_dict() for e in events] == [resolved["event"]] * 2 and events[0].honest_parties == 3
+    assert len(events) == len(ledger.events()) == len(charged)
+    assert all(e.to_dict() == resolved["event"] for e in events) and events[0].honest_parties == 3
     # the printed ε is the ledger's replay: routes A and B from the events, and fedfdp account
     delta = resolved["delta"]
     replayed = min(route_a_epsilon(events, delta).upper, route_b_epsilon(events, delta))
