@@ -148,7 +148,7 @@ def names_a_key(exc: BaseException) -> bool:
     from fedfdp.config import KEY_TABLE
 
     match = _NAMED_SETTING.match(str(exc))
-    return bool(match) and (match.group(1) is not None or match.group(2) in KEY_TABLE)
+    return match is not None and (match.group(1) is not None or match.group(2) in KEY_TABLE)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -275,9 +275,9 @@ def plan_runs(sweep: Sweep, out: Path) -> list[RunSpec]:
                     cfg = load_config(mapping)
                 except ConfigError as exc:
                     raise ConfigError(f"mode {mode!r}: {exc}") from exc
-                spec = RunSpec(mode, eps, seed, cfg, config_hash(cfg))
-                tagged = load_config({"out-dir": str(out / "runs" / spec.tag)}, base=cfg)
-                runs.append(RunSpec(mode, eps, seed, tagged, spec.config_hash))
+                untagged = RunSpec(mode, eps, seed, cfg, config_hash(cfg))
+                tagged = load_config({"out-dir": str(out / "runs" / untagged.tag)}, base=cfg)
+                runs.append(RunSpec(mode, eps, seed, tagged, untagged.config_hash))
     return runs
 
 

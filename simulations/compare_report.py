@@ -185,7 +185,7 @@ def _target_table(part, targets: Sequence[float]) -> list[str]:
         losses = {m: v for m in baselines if (v := mean(m, t, "loss")) is not None}
         if fdp_acc is None or fdp_loss is None or not accs or not losses:
             continue
-        best_a, best_l = max(accs, key=accs.get), min(losses, key=losses.get)
+        best_a, best_l = max(accs, key=accs.__getitem__), min(losses, key=losses.__getitem__)
         d_acc, d_loss = 100 * (fdp_acc - accs[best_a]), fdp_loss - losses[best_l]
         met = "yes" if d_acc >= -TARGET_POINTS - 1e-9 and d_loss <= 1e-12 else "**no**"
         lines.append(

@@ -95,7 +95,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,10 +104,10 @@ import torch
 from flwr.app import ConfigRecord
 
 from clients.client_app import reply_message
-from clients.node_runtime import NodeRecords
+from clients.node_runtime import MetricValues, NodeRecords
 from fedfdp import protocol as P
 from fedfdp.audit import ALPHA
-from fedfdp.config import Config, ConfigError, load_config
+from fedfdp.config import Config, ConfigError, Mode, load_config
 from fedfdp.contribution import PrivateBatch, private_clipped_sum, private_gradient_sum, public_gradient_sum
 from fedfdp.data import DeviceData, FederatedData
 from fedfdp.entropy import SeededEntropy
@@ -414,7 +414,7 @@ def _raw_gradient(des: CanaryDesign, j: int) -> float:
     batch = PrivateBatch(torch.as_tensor(des.canary_x[j : j + 1]), torch.as_tensor(des.canary_y[j : j + 1]),
                          torch.Generator().manual_seed(0), 1)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    grads = dict(zip(names, private_gradient_sum(model, dec, PHASES["fdp"], [batch], None), strict=True))
+    grads = dict(zip(names, private_gradient_sum(model, dec, PHASES[Mode.FDP], [batch], None), strict=True))
     return abs(float(grads[des.private_weight][j, des.private_column]))
 
 
@@ -438,7 +438,7 @@ def _check_design(des: CanaryDesign) -> np.ndarray:
 
     def clipped(x: np.ndarray, y: np.ndarray) -> tuple[dict[str, torch.Tensor], int]:
         batch = PrivateBatch(torch.as_tensor(x), torch.as_tensor(y), gen, 1)
-        out = private_clipped_sum(model, dec, PHASES["fdp"], [batch], c)
+        out = private_clipped_sum(model, dec, PHASES[Mode.FDP], [batch], c)
         return dict(zip(names, out.grads, strict=True)), out.unclipped
 
     for j in range(des.num_canaries):
@@ -482,10 +482,20 @@ class Trial:
     count_predicted: float = math.nan  # the draw of the round's public stream (units of σ_b)
 
 
-def _sum_arrays(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None):
+def _sum_arrays(
+    a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor] | None:
     if a is None or b is None:
         return a if b is None else b
     return {k: a[k] + b[k] for k in a}
+
+
+def _number(metrics: Mapping[str, MetricValues], key: str) -> int | float:
+    """The scalar metric ``key`` of a node's reply (every train metric is one number)."""
+    value = metrics[key]
+    if not isinstance(value, int | float):
+        raise RuntimeError(f"canary audit: metric {key}={value!r} is not a number")
+    return value
 
 
 def one_round(
@@ -517,9 +527,9 @@ def one_round(
         raise RuntimeError("canary audit: no round in flight")
     normaliser, attempt = round_state.plan.normaliser, round_state.attempt
     clipping_norm = round_state.clipping_norm
-    state = msg.content[P.ARRAYS].to_torch_state_dict()
+    state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
     private_records = NodeRecords.partition_of(private_view, 0, 1)
-    conf = msg.content[P.CONFIG]
+    conf = msg.content.config_records[P.CONFIG]
     absent = set(np.flatnonzero(worlds == ADD_REMOVE).tolist())
     order = P.TrainInstruction.from_config(conf)
     pos = [i for i, d in enumerate(order.device_ids) if d in absent]
@@ -538,12 +548,12 @@ def one_round(
         public_records = NodeRecords.partition_of(public_view, 0, 1)
         _, pub2, metrics2 = node_train(cfg, public_records, state, second, client)
         pub = _sum_arrays(pub, pub2)
-        metrics = {key: metrics[key] + metrics2[key] for key in metrics}
+        metrics = {key: _number(metrics, key) + _number(metrics2, key) for key in metrics}
     outcome = strat.collect(1, [reply_message(msg, priv, pub, metrics)])
     after = strat.model.state_dict()[des.private_weight]
     t = cfg.training
     grad = (before - after).double() / t.learning_rate
-    count = metrics[P.PUBLIC_COUNT]
+    count = _number(metrics, P.PUBLIC_COUNT)
     rejected = outcome.stats.rejected
     pub_w = pub[des.private_weight].double() if pub is not None and not rejected else torch.zeros_like(grad)
     g_pub = pub_w / count if count and not rejected else torch.zeros_like(grad)

@@ -55,6 +55,7 @@ from fedfdp import protocol as P
 from fedfdp.audit import ALPHA, choose_test, evaluate_test
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.contribution import ClientParts
+from fedfdp.corrdp.noise import CorrDPGaussianMechanism
 from fedfdp.corrdp.synthetic import correlated_features
 from fedfdp.corrdp.tv import TVEstimate, estimate_tvs
 from fedfdp.data import DeviceData, FederatedData
@@ -198,9 +199,9 @@ def one_round(
     if current is None:
         raise RuntimeError("corrdp audit: no round in flight")
     normaliser = current.plan.normaliser
-    state = msg.content[P.ARRAYS].to_torch_state_dict()
+    state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
     records = NodeRecords.partition_of(data, 0, 1)
-    priv, pub, metrics = node_train(cfg, records, state, msg.content[P.CONFIG], client)
+    priv, pub, metrics = node_train(cfg, records, state, msg.content.config_records[P.CONFIG], client)
     outcome = strat.collect(1, [reply_message(msg, priv, pub, metrics)])
     if outcome.stats.rejected:
         raise RuntimeError("corrdp audit: the server rejected the honest node's reply")
@@ -215,6 +216,8 @@ def claimed_std(can: CorrDPCanaries) -> float:
     data = can.devices(np.full(can.setup.canaries, WORLD1))
     s = can.setup
     mechanism = server_parts_for(can.cfg, data).mechanism(s.noise_multiplier, s.clipping_norm)
+    if not isinstance(mechanism, CorrDPGaussianMechanism):
+        raise RuntimeError(f"corrdp audit: server mechanism is {type(mechanism).__name__}, not CorrDP's")
     return float(mechanism.stds[0][0, can.columns[0]])
 
 
