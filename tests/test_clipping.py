@@ -11,7 +11,7 @@ the clipped sums and <= 1e-9 on the norms (observed <= 5e-14); float32 models,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -40,11 +40,11 @@ def _one_thread():
 # --------------------------------------------------------------------------- #
 
 
-def ce_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+def ce_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(outputs[0], y, reduction="none")
 
 
-def fdp_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+def fdp_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """ce(model(x), y) - ce(model(v), y), per record."""
     return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(outputs[1], y, reduction="none")
 
@@ -63,8 +63,8 @@ def reference(
     for i in range(y.shape[0]):
         outs = [model(x[i : i + 1]) for x in inputs]
         loss = loss_fn(outs, y[i : i + 1]).sum()
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True)]
+        raw = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(raw, params, strict=True)]
         norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
         norms.append(norm)
         scale = 1.0 if max_norm is None else min(1.0, max_norm / norm) if norm > 0 else 1.0
@@ -142,6 +142,7 @@ class SharedTwice(nn.Module):
 def make_model(name: str) -> tuple[nn.Module, Callable[[torch.Generator], torch.Tensor]]:
     """Model (float64) and a generator of a batch of N inputs."""
     torch.manual_seed(0)
+    model: nn.Module
     if name == "mlp":
         model = nn.Sequential(nn.Linear(10, 8), nn.ReLU(inplace=True), nn.Dropout(0.5), nn.Linear(8, CLASSES))
 
@@ -245,7 +246,9 @@ SUPPORTED_MODELS = [
 ]
 
 
-def batch(gen: Callable[[torch.Generator], torch.Tensor], k: int, seed: int = 1):
+def batch(
+    gen: Callable[[torch.Generator], torch.Tensor], k: int, seed: int = 1
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     g = seeded(seed)
     x = gen(g)
     inputs = [x]
@@ -320,7 +323,7 @@ def test_sequence_targets_and_loss() -> None:
     x = torch.randn(N, 5, 4, generator=g, dtype=torch.float64)
     y = torch.randint(0, CLASSES, (N, 5), generator=g)
 
-    def seq_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    def seq_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs[0].transpose(1, 2), y, reduction="none").sum(1)
 
     ref = reference(model, [x], y, seq_loss, 0.5)
@@ -351,7 +354,7 @@ def test_structured_outputs(transposed: bool) -> None:
     inputs = [torch.randn(N, 4, generator=g, dtype=torch.float64) for _ in range(2)]
     y = torch.randint(0, CLASSES, (N,), generator=g)
 
-    def loss_fn(outputs: list[tuple[torch.Tensor, torch.Tensor]], y: torch.Tensor):
+    def loss_fn(outputs: Sequence[tuple[torch.Tensor, torch.Tensor]], y: torch.Tensor) -> torch.Tensor:
         logits = [o[0].T if transposed else o[0] for o in outputs]
         return fdp_loss(logits, y) + 0.1 * outputs[0][1].square().sum(1)
 
@@ -372,7 +375,7 @@ def test_each_record_clipped_to_c_and_sum_bounded(method: str) -> None:
     c = 1e-3
     full = clipped_grad_sum(model, inputs, y, fdp_loss, c, method)
     assert (full.norms > c).all()
-    singles = []
+    singles: list[list[torch.Tensor]] = []
     for i in range(N):
         one = clipped_grad_sum(model, [x[i : i + 1] for x in inputs], y[i : i + 1], fdp_loss, c)
         norm = math.sqrt(sum(float(g.square().sum()) for g in one.grads))
@@ -380,7 +383,7 @@ def test_each_record_clipped_to_c_and_sum_bounded(method: str) -> None:
         singles.append(one.grads)
     # the batch sum is the sum of the single-record clipped gradients
     for j, g in enumerate(full.grads):
-        assert rel_err(g, sum(s[j] for s in singles)) <= RTOL64
+        assert rel_err(g, sum((s[j] for s in singles), torch.zeros_like(g))) <= RTOL64
     total = math.sqrt(sum(float(g.square().sum()) for g in full.grads))
     assert total <= N * c * (1 + 1e-6)
 
@@ -427,6 +430,7 @@ def test_conv_groupnorm_with_frozen_parameters(frozen: str) -> None:
     """Conv2d and GroupNorm with part of their parameters frozen: the ghost
     engine's per-layer norms and sums skip exactly the frozen ones."""
     model, gen = make_model("conv_groupnorm")
+    assert isinstance(model, nn.Sequential)
     conv, norm = model[0], model[1]
     {
         "norm-weight": norm.weight,
@@ -651,7 +655,7 @@ def test_invalid_inputs() -> None:
     with pytest.raises(ValueError, match="targets"):
         clipped_grad_sum(model, [x], torch.tensor(1), ce_loss, 1.0)
 
-    def mean_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    def mean_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs[0], y)
 
     for method in ("ghost", "vmap", "loop"):
