@@ -19,12 +19,12 @@ from fedfdp.accounting import FDPAccountant
 from fedfdp.algorithm import run_centralised, run_plan_centrally
 from fedfdp.checkpoint import CHECKPOINT_FILE, CheckpointMismatch, load_checkpoint
 from fedfdp.config import load_config
-from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger, write_ledger
+from fedfdp.ledger import LEDGER_FILE, Ledger, LedgerError, read_ledger, write_ledger
 from fedfdp.run_files import RunFiles
 from fedfdp.run_plan import build_plan
 from simulations.cli import main
 from tests.flower_helpers import InProcessGrid, registered_strategy
-from tests.mechanism_helpers import ledger_doc, write_ledger_doc
+from tests.mechanism_helpers import fdp_event, ledger_doc, write_ledger_doc, written_ledger
 
 BASE = {
     # a fixed C: the ledger arithmetic below is per σ (adaptive C: tests/test_quantile_clipping.py)
@@ -62,10 +62,10 @@ def _cfg(tmp_path, **kw):
     return load_config({**BASE, "out-dir": str(tmp_path), **{k.replace("_", "-"): v for k, v in kw.items()}})
 
 
-def _epsilon_of(ledger, delta):
+def _epsilon_of(ledger: Ledger, delta: float) -> float:
     acc = FDPAccountant()
     for ev in ledger.events():
-        acc.compose(ev)
+        acc.compose(fdp_event(ev))
     return acc.epsilon(delta)
 
 
@@ -73,10 +73,10 @@ def test_resume_after_a_crash_inside_a_round_charges_it_again_and_never_lowers_e
     _, ref_rows = run_centralised(_cfg(tmp_path / "ref"))
     with pytest.raises(Crash):
         run_centralised(_cfg(tmp_path / "run"), evaluate_fn=_crashing_eval(4))
-    crashed = read_ledger(tmp_path / "run")
+    crashed = written_ledger(tmp_path / "run")
     assert [c.round for c in crashed.charges] == [1, 2, 3, 4]  # round 4 charged before it drew
     _, rows = run_centralised(_cfg(tmp_path / "run", resume=True))
-    ledger = read_ledger(tmp_path / "run")
+    ledger = written_ledger(tmp_path / "run")
     assert [(c.round, c.body["attempt"]) for c in ledger.charges] == [
         (1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (5, 0), (6, 0)]
     assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -104,7 +104,7 @@ def test_resume_between_rounds_trains_the_same_model_and_charges_one_pessimistic
     with pytest.raises(Crash):
         run_plan_centrally(build_plan(cfg3, files=journal))
     model, rows = run_centralised(_cfg(tmp_path / "run", resume=True))
-    got, ref = read_ledger(tmp_path / "run"), read_ledger(tmp_path / "ref")
+    got, ref = written_ledger(tmp_path / "run"), written_ledger(tmp_path / "ref")
     assert [e.kind.value for e in got.charges].count("unrecorded") == 1
     assert [e.body for e in got.charges if e.kind.value == "charge"] == [e.body for e in ref.charges]
     assert rows[-1]["epsilon"] > ref_rows[-1]["epsilon"]
@@ -130,17 +130,17 @@ def test_a_ledger_rolled_back_after_the_checkpoint_is_charged_pessimistically(tm
 
     with pytest.raises(Crash):
         run_centralised(cfg, evaluate_fn=evaluate)
-    written = read_ledger(run)
+    written = written_ledger(run)
     assert len(written.charges) == 5
     (run / LEDGER_FILE).write_bytes(copies[4])  # the backup: 4 charges, one lost
     _, rows = run_centralised(_cfg(run, checkpoint_every=3, resume=True))
-    ledger = read_ledger(run)
+    ledger = written_ledger(run)
     kinds = [e.kind.value for e in ledger.charges]
     assert kinds.count("unrecorded") == 3 - 1  # rounds 4-6 may have been written; round 4 is there
     all_written = written.charges + [e for e in ledger.charges[4:] if e.kind.value == "charge"]
     acc = FDPAccountant()
     for e in all_written:
-        acc.compose(e.event)
+        acc.compose(fdp_event(e.event))
     assert rows[-1]["epsilon"] >= acc.epsilon(rows[-1]["delta"]) - 1e-12
 
 
@@ -231,6 +231,7 @@ def test_a_fresh_run_refuses_an_occupied_directory_and_resume_needs_a_run(tmp_pa
 def test_checkpoints_hold_tensors_and_json_only(tmp_path):
     run_centralised(_cfg(tmp_path))
     ckpt = load_checkpoint(tmp_path)
+    assert ckpt is not None
     assert ckpt.round == 6 and ckpt.head.charges == 6 and ckpt.every == 1
     raw = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)
     assert set(raw) == {"meta", "model", "optimizer"} and isinstance(raw["meta"], str)
@@ -242,7 +243,7 @@ def test_budget_stop_uses_every_charge_ever_written(tmp_path):
     with pytest.raises(Crash):
         run_centralised(_cfg(tmp_path, **cap_cfg), evaluate_fn=_crashing_eval(3))
     _, rows = run_centralised(_cfg(tmp_path, resume=True, **cap_cfg))
-    ledger = read_ledger(tmp_path)
+    ledger = written_ledger(tmp_path)
     spent = _epsilon_of(ledger, rows[-1]["delta"])
     assert spent <= 2.0 + 1e-12 and rows[-1]["epsilon"] == spent
     assert len(rows) < 30  # stopped at the cap, with round 3 charged twice
@@ -253,7 +254,7 @@ def test_flower_path_resumes_from_the_same_files(tmp_path):
     strat = registered_strategy(cfg)
     strat.registry = {}
     strat.start(InProcessGrid(cfg))
-    assert len(read_ledger(tmp_path).charges) == 6
+    assert len(written_ledger(tmp_path).charges) == 6
     with pytest.raises(CheckpointMismatch, match="already holds a run"):
         again = registered_strategy(cfg)
         again.registry = {}
@@ -312,27 +313,28 @@ def test_kill_9_then_ledger_rollback_then_resume_never_prints_less_than_was_spen
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    written = read_ledger(run)
+    written = written_ledger(run)
     assert len(read_ledger_from_bytes(backup).charges) < len(written.charges)
     shutil.copy(run / LEDGER_FILE, tmp_path / "as-killed.json")
     (run / LEDGER_FILE).write_bytes(backup)
     done = subprocess.run([sys.executable, "-m", "simulations.cli", "run", "--centralised", "--resume",
                            str(run)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    after = read_ledger(run)
+    after = written_ledger(run)
     assert any(e.kind.value == "unrecorded" for e in after.charges)
     # every charge ever written: those of the killed session plus those after the backup's
     n_backup = len(read_ledger_from_bytes(backup).charges)
     ever = written.charges + [e for e in after.charges[n_backup:] if e.kind.value == "charge"]
     acc = FDPAccountant()
     for e in ever:
-        acc.compose(e.event)
+        acc.compose(fdp_event(e.event))
     rows = pd.read_csv(run / "metrics.csv")
     assert rows["epsilon"].iloc[-1] >= acc.epsilon(rows["delta"].iloc[-1]) - 1e-9
-    assert load_checkpoint(run).head.charges == len(after.charges)
+    ckpt = load_checkpoint(run)
+    assert ckpt is not None and ckpt.head.charges == len(after.charges)
 
 
-def read_ledger_from_bytes(raw: bytes):
+def read_ledger_from_bytes(raw: bytes) -> Ledger:
     from fedfdp.ledger import parse_ledger
 
     return parse_ledger(raw)

@@ -40,11 +40,11 @@ from fedfdp.accounting.distributed import (
 from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.evaluation import held_out_evaluation
-from fedfdp.ledger import read_ledger
 from fedfdp.run_plan import build_plan
 from fedfdp.secagg.wire import MASKED
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
+from tests.mechanism_helpers import written_ledger
 
 #: ``fail(node, message_type) -> True``: that node's handler raises for that message.
 Fail = Callable[[int, str], bool]
@@ -115,12 +115,15 @@ def test_secagg_round_trains_and_the_printed_epsilon_is_the_ledgers():
     strat, _grid, initial = run_strategy(cfg)
     assert strat.stop_reason is None
     assert [r["round"] for r in strat.rows] == [1, 2, 3]
-    events = strat.ledger.events()
+    ledger, mechanism = strat.ledger, strat.mechanism
+    assert ledger is not None and mechanism is not None
+    events = ledger.events()
     assert len(events) == 3
-    plan = strat.mechanism.secagg
+    plan = mechanism.secagg
+    assert plan is not None
     assert events[0] == DistributedDiscreteGaussian(plan.local_sigma, 3, plan.scale, plan.dimension,
                                                     cfg.privacy.sampling_rate)
-    want = printed_from_ledger(events, strat.mechanism.delta)
+    want = printed_from_ledger(events, mechanism.delta)
     assert strat.rows[-1]["epsilon"] == pytest.approx(want, rel=1e-12)
     assert want <= 2.0  # calibrated to the default target, route A (the smaller) at most 2
     # the model moved (the rounds stepped) and stayed finite
@@ -131,6 +134,7 @@ def test_secagg_round_trains_and_the_printed_epsilon_is_the_ledgers():
 def test_the_strategy_receives_only_masked_uint32_vectors_and_public_sums():
     cfg = secagg_config(**{"num-rounds": 2})
     strat, grid, _ = run_strategy(cfg)
+    assert strat.mechanism is not None and strat.mechanism.secagg is not None
     d = strat.mechanism.secagg.dimension
     collects = [(node, reply) for kind, node, reply in grid.seen if kind == "train.sa_collect"]
     assert len(collects) == 2 * 4
@@ -152,6 +156,7 @@ def test_a_round_below_min_survivors_aborts_leaving_model_and_ledger_unchanged()
     cfg = secagg_config(**{"secagg-min-survivors": 4})
     strat, grid, initial = run_strategy(cfg, fail=lambda node, kind: node == 2 and kind == "train.sa_collect")
     assert strat.stop_reason is not None and "aborted" in strat.stop_reason
+    assert strat.ledger is not None
     assert strat.rows == [] and strat.ledger.charges == []
     for k, v in strat.model.state_dict().items():
         assert torch.equal(initial[k], v), k
@@ -164,12 +169,15 @@ def test_a_dropout_at_collect_above_min_survivors_is_charged_the_planned_event()
     strat, _grid, _ = run_strategy(cfg, fail=lambda node, kind: node == 1 and kind == "train.sa_collect")
     assert strat.stop_reason is None and len(strat.rows) == 2
     assert [r["replies"] for r in strat.rows] == [3, 3]
-    assert all(e == strat.mechanism.event for e in strat.ledger.events())
+    ledger, mechanism = strat.ledger, strat.mechanism
+    assert ledger is not None and mechanism is not None
+    assert all(e == mechanism.event for e in ledger.events())
 
 
 def test_a_dropout_at_unmask_still_decodes():
     cfg = secagg_config(**{"num-rounds": 1})
     strat, _grid, _ = run_strategy(cfg, fail=lambda node, kind: node == 0 and kind == "train.sa_unmask")
+    assert strat.ledger is not None
     assert strat.stop_reason is None and len(strat.rows) == 1 and len(strat.ledger.charges) == 1
 
 
@@ -286,14 +294,16 @@ def test_resume_replays_the_distributed_events(tmp_path):
 
     with pytest.raises(Crash):
         run_strategy(cfg, evaluate=crash_at_2)
-    first = read_ledger(tmp_path)
+    first = written_ledger(tmp_path)
     assert len(first.charges) == 2
     resumed = load_config({**cfg.to_flat(), "resume": True})
     strat, _, _ = run_strategy(resumed, evaluate=lambda r, m: {})
-    ledger = read_ledger(tmp_path)
+    ledger = written_ledger(tmp_path)
     events = ledger.events()
     assert all(isinstance(e, DistributedDiscreteGaussian) for e in events)
     assert len(events) >= 4 and [r["round"] for r in strat.rows][-1] == 4
     printed = strat.rows[-1]["epsilon"]
-    assert printed == pytest.approx(printed_from_ledger(events, strat.mechanism.delta), rel=1e-12)
-    assert printed >= printed_from_ledger(first.events(), strat.mechanism.delta)
+    mechanism = strat.mechanism
+    assert mechanism is not None
+    assert printed == pytest.approx(printed_from_ledger(events, mechanism.delta), rel=1e-12)
+    assert printed >= printed_from_ledger(first.events(), mechanism.delta)

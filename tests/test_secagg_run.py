@@ -15,6 +15,7 @@ import pytest
 
 from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon, route_b_epsilon
 from fedfdp.ledger import read_ledger
+from tests.mechanism_helpers import events_as, written_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +35,8 @@ def test_fedfdp_run_with_secure_aggregation(tmp_path):
     metrics = pd.read_csv(out / "metrics.csv")
     assert list(metrics["round"]) == [1, 2, 3]
     assert (metrics["replies"] == 4).all()
-    ledger = read_ledger(out)
-    events = ledger.events()
-    assert len(events) == 3 and all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    events = events_as(DistributedDiscreteGaussian, written_ledger(out).events())
+    assert len(events) == 3
     resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
     assert events[0].honest_parties == 3 and events[0].local_sigma == resolved["secagg-local-sigma"]
     delta = resolved["delta"]
@@ -99,5 +99,5 @@ def test_a_supernode_dropping_at_collect_above_min_survivors_is_charged_the_plan
     _, out = _run_with_dropout(tmp_path, n_min=3)
     metrics = pd.read_csv(out / "metrics.csv")
     assert list(metrics["round"]) == [1, 2] and (metrics["replies"] == 3).all()
-    events = read_ledger(out).events()
+    events = events_as(DistributedDiscreteGaussian, written_ledger(out).events())
     assert len(events) == 2 and all(e.honest_parties == 3 for e in events)

@@ -9,6 +9,7 @@ from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant
 from fedfdp.config import load_config
 from tests.flower_helpers import InProcessGrid, registered_strategy, train_messages
+from tests.mechanism_helpers import fdp_event
 from tests.test_mechanisms import variance_matches
 
 BASE = {
@@ -51,7 +52,7 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
     pub_total = {k: np.zeros(s) for k, s in shapes.items()}
     replies, count = [], 0
     for msg in msgs:
-        c = sum(msg.content[P.CONFIG][P.PUBLIC_COUNTS])
+        c = sum(P.TrainInstruction.from_config(msg.content.config_records[P.CONFIG]).public_counts)
         priv = {k: (rng.normal(size=s) * 1e-3).astype(np.float32) for k, s in shapes.items()}
         pub = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
         for k in shapes:
@@ -62,17 +63,17 @@ def test_noise_once_normalised_by_expected_batch_and_alpha():
         replies.append(_reply(msg, priv, pub, metrics))
     strat.aggregate_train(2, replies)
     qN = 0.1 * strat.num_records
-    z = []
+    parts = []
     for name, p, b in zip(shapes, strat.model.parameters(), before, strict=True):
         g = (b - p.detach()).double().numpy()
-        z.append(((g - pub_total[name] / count) * qN / 3.0 - priv_total[name]).ravel())
-    z = np.concatenate(z)
+        parts.append(((g - pub_total[name] / count) * qN / 3.0 - priv_total[name]).ravel())
+    z = np.concatenate(parts)
     std = 0.8 * 0.25
     assert z.size > 1000
     assert variance_matches(z, std)
     assert not variance_matches(z, std * np.sqrt(len(replies)))  # noise added once, not per reply
     assert abs(z.mean()) < 5 * std / np.sqrt(z.size)
-    assert len(strat.ledger.charges) == 1  # one event charged
+    assert strat.ledger is not None and len(strat.ledger.charges) == 1  # one event charged
 
 
 def test_budget_refusal_stops_cleanly(tmp_path):
@@ -86,10 +87,12 @@ def test_budget_refusal_stops_cleanly(tmp_path):
     assert strat.stop_reason is not None and "2" in strat.stop_reason
     # one more round would have exceeded the cap: the ledger replayed by a fresh accountant
     acc = FDPAccountant()
+    assert strat.ledger is not None
     for event in strat.ledger.events():
-        acc.compose(event)
+        acc.compose(fdp_event(event))
     m = strat.mechanism
-    assert acc.would_exceed(m.event, max_epsilon=2.0, delta=m.delta)
+    assert m is not None
+    assert acc.would_exceed(fdp_event(m.event), max_epsilon=2.0, delta=m.delta)
     assert (tmp_path / "metrics.csv").is_file()
 
 
@@ -141,4 +144,5 @@ def test_bad_reply_is_rejected_and_changes_nothing(kind):
     for a, b in zip(bad.model.parameters(), dropped.model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert bad.rows[-1]["rejected"] == 1 and bad.rows[-1]["replies"] == 4
+    assert bad.ledger is not None and dropped.ledger is not None
     assert bad.ledger.to_dict() == dropped.ledger.to_dict()
