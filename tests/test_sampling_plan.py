@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfdp.config import ConfigError, load_config
+from fedfdp.config import ConfigError, Mode, load_config
 from fedfdp.entropy import OSBits, SeededEntropy
 from fedfdp.mechanism import sampling_settings
 from fedfdp.modes import PHASES
@@ -13,9 +13,9 @@ from fedfdp.sampling import server_public_rng
 from fedfdp.sampling_plan import SamplingPlan, SamplingSettings, Subsampling
 from tests.mechanism_helpers import resolve
 
-SIZES = [12, 7, 30, 1, 9, 16]
+SIZES = (12, 7, 30, 1, 9, 16)
 N = sum(SIZES)
-FDP = PHASES["fdp"]
+FDP = PHASES[Mode.FDP]
 
 
 def _plan(**kw):
@@ -87,7 +87,7 @@ def test_device_unit_public_sample_is_independent_of_the_private_draw():
 
 def test_public_phase_asks_no_private_work_and_bounds_follow_the_draw():
     plan = _plan(device_sampling_rate=0.5, unit="device")
-    rp = plan.round(PHASES["public"], server_public_rng(0, 1), OSBits())
+    rp = plan.round(PHASES[Mode.PUBLIC], server_public_rng(0, 1), OSBits())
     assert not rp.private.any() and rp.public_counts.sum() == 10
     rp = _plan().round(FDP, server_public_rng(0, 1), OSBits())
     assert plan.record_bound(rp, [0, 2]) == 2  # device unit: one clipped vector per device
@@ -97,8 +97,8 @@ def test_public_phase_asks_no_private_work_and_bounds_follow_the_draw():
 def test_nodes_are_ordered_by_their_smallest_device_not_by_transport_ids():
     """The same devices on nodes with other ids get the same choice."""
     s = SamplingSettings(0.2, nodes_per_round=1, public_batch_size=0)
-    a = SamplingPlan(s, SIZES, [7, 7, 3, 3, 9, 9])
-    b = SamplingPlan(s, SIZES, [900, 900, 12, 12, 5, 5])
+    a = SamplingPlan(s, SIZES, (7, 7, 3, 3, 9, 9))
+    b = SamplingPlan(s, SIZES, (900, 900, 12, 12, 5, 5))
     for r in range(10):
         ra = a.round(FDP, server_public_rng(1, r), OSBits()).private
         rb = b.round(FDP, server_public_rng(1, r), OSBits()).private
