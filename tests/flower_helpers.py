@@ -212,9 +212,8 @@ class InProcessGrid(Grid):
         ids = []
         for msg in messages:
             msg_id = assign_message_id(msg)
-            reply = self.answer(msg)
-            if self.tamper is not None:
-                reply = self.tamper(msg.metadata.dst_node_id, msg, reply)
+            answer = self.answer(msg)
+            reply = answer if self.tamper is None else self.tamper(msg.metadata.dst_node_id, msg, answer)
             if reply is not None:
                 self.replies[msg_id] = reply
             ids.append(msg_id)

@@ -9,9 +9,12 @@
 """
 
 
+from typing import cast
+
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from fedfdp.algorithm import run_centralised
 from fedfdp.config import load_config
@@ -76,7 +79,7 @@ def test_federated_round_equals_hand_built_step(mode):
         private.append(PrivateBatch(xi, yi, s.padding, len(dev)))
         public.append((torch.as_tensor(dev.x[j]), torch.as_tensor(dev.y[j]), pub.padding))
     model = build_model_for(cfg.training, data)
-    params = trainable(model)
+    params = cast(list[nn.Parameter], trainable(model))  # the model's own parameters
     for p, b in zip(params, before, strict=True):
         assert torch.equal(p.detach(), b)
     dec = feature_map_for(cfg, data)
@@ -105,7 +108,7 @@ def test_federated_round_equals_hand_built_step(mode):
         torch.testing.assert_close(f, c.detach(), rtol=1e-4, atol=1e-5)
 
 
-MODES = {
+MODES: dict[str, dict[str, object]] = {
     "record, every device": {},
     "record, 2 of 5 nodes": {"clients-per-round": 2},
     "record, Poisson devices": {"device-sampling-rate": 0.5},

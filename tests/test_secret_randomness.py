@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict, UserConfig
 
 from fedfdp import protocol as P
 from fedfdp.algorithm import run_centralised
@@ -86,6 +86,7 @@ def _attack(cfg, parts=None):
     normaliser = p.sampling_rate * strat.num_records
     released = [((b - a.detach().double()) - u / count) * normaliser / cfg.training.alpha
                 for a, b, u in zip(trainable(strat.model), before, pub_sum, strict=True)]
+    assert strat.mechanism is not None and strat.mechanism.noise_multiplier is not None
     std = strat.mechanism.noise_multiplier * p.clipping_norm
     guess = gaussian_noise([torch.Size(s) for s in shapes.values()], std,
                            SeededEntropy(cfg.training.seed).noise(1, 0))
@@ -157,7 +158,7 @@ def test_deployment_paths_refuse_the_reproducible_mode():
     from clients.client_app import make_client_app
     from strategies.server_app import make_server_app
 
-    run_config = {"reproducible-noise": True, "num-devices": 2}
+    run_config: UserConfig = {"reproducible-noise": True, "num-devices": 2}
     ctx = Context(run_id=1, node_id=0, node_config={"partition-id": 0, "num-partitions": 2},
                   state=RecordDict(), run_config=run_config)
     app = make_client_app()  # reads Flower's run config, as under flwr run
@@ -165,7 +166,7 @@ def test_deployment_paths_refuse_the_reproducible_mode():
     with pytest.raises(ConfigError, match="refused by a ClientApp reading Flower's run config"):
         app(msg, ctx)
     with pytest.raises(ConfigError, match="refused under flwr run"):
-        make_server_app()(None, ctx)
+        make_server_app()(InProcessGrid(load_config(run_config)), ctx)
 
 
 def test_train_instruction_carries_no_seed_and_coins_are_fresh():
