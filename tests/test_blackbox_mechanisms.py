@@ -76,6 +76,7 @@ from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.models import build_model_for
 from fedfdp.round_engine import RoundEngine
 from fedfdp.run_plan import build_plan, client_parts_for, server_parts_for
+from tests.model_helpers import linear_layer
 
 #: Canaries per round; the private value of a canary in world 1.
 K, A = 96, 1000.0
@@ -194,13 +195,13 @@ class Canaries:
                 for p in model.parameters():
                     p.zero_()  # residual (½, −½) for label 1 in both worlds
             return model
-        model = nn.Sequential(nn.Linear(K + 1, K, bias=False), nn.ReLU(), nn.Linear(K, 2, bias=False))
+        hidden, out = nn.Linear(K + 1, K, bias=False), nn.Linear(K, 2, bias=False)
         with torch.no_grad():
-            model[0].weight.zero_()
-            model[0].weight[:, :K] = torch.eye(K)
-            model[2].weight.zero_()
-            model[2].weight[0] = 1.0
-        return model
+            hidden.weight.zero_()
+            hidden.weight[:, :K] = torch.eye(K)
+            out.weight.zero_()
+            out.weight[0] = 1.0
+        return nn.Sequential(hidden, nn.ReLU(), out)
 
     def feature_map(self) -> FeatureMap:
         return FeatureMap.columns(list(self.spec.columns), private=list(self.spec.private), view="zero")
@@ -219,10 +220,10 @@ class Canaries:
                 return (r_hat @ (start - after.state_dict()["0.weight"].double())[:, :K]).numpy()
 
             return glm_projection
-        w0 = model[0].weight.detach().double()[:, K].clone()
+        w0 = linear_layer(model).weight.detach().double()[:, K].clone()
 
         def projection(after: nn.Module) -> np.ndarray:
-            return (w0 - after[0].weight.detach().double()[:, K]).numpy()
+            return (w0 - linear_layer(after).weight.detach().double()[:, K]).numpy()
 
         return projection
 

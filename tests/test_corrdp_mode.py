@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedfdp.accounting import CorrDPRound, SubsampledGaussian
 from fedfdp.algorithm import run_centralised
-from fedfdp.config import ConfigError, load_config
+from fedfdp.config import ConfigError, Mode, load_config
 from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, trainable
 from fedfdp.corrdp.run import corrdp_setup, feature_groups
 from fedfdp.corrdp.synthetic import correlated_features
@@ -29,11 +30,12 @@ from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
 from fedfdp.round_engine import ServerParts
 from fedfdp.run_files import RunFiles
-from fedfdp.run_plan import build_plan, server_parts_for
+from fedfdp.run_plan import build_plan, feature_map_for, server_parts_for
 from fedfdp.sampling import poisson_sample
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, client_reply, registered_strategy, train_messages
 from tests.mechanism_helpers import ledger_doc, write_ledger_doc
+from tests.model_helpers import linear_layer
 from tests.references import gaussian_eps_ref
 
 #: m_s = 1 sensitive column s0, m_u = 3 insensitive u0..u2, |x_k| <= B = 1/sqrt(4) = 0.5.
@@ -78,6 +80,7 @@ def _block_clipped_loop(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tenso
         b = bias.detach().clone().requires_grad_(True)
         xi = torch.clamp(x[i : i + 1], -B, B)
         F.cross_entropy(xi @ w.T + b, y[i : i + 1]).backward()
+        assert w.grad is not None and b.grad is not None
         for k in range(w.shape[1]):
             col = w.grad[:, k]
             gw[:, k] += col * min(1.0, C * share_col / max(float(col.norm()), 1e-300))
@@ -194,7 +197,7 @@ def test_calibrated_run_ends_at_the_target_and_the_weights_stay_in_theta():
     model, rows = run_centralised(cfg)
     assert 2.9 <= rows[-1]["epsilon_corrdp"] <= 3.0
     assert rows[-1]["noise_multiplier"] == pytest.approx(plan.noise_multiplier)
-    assert float(model[0].weight.detach().double().norm(dim=0).max()) <= D
+    assert float(linear_layer(model).weight.detach().double().norm(dim=0).max()) <= D
 
 
 def test_budget_cap_stops_a_corrdp_run_before_the_round_that_would_exceed_it():
@@ -236,6 +239,7 @@ def test_resume_of_a_corrdp_run_equals_the_uninterrupted_run(tmp_path):
     # the model equals the uninterrupted run's; the round that may have been charged and
     # lost is charged once more (pessimistically), so the CorrDP ε is never below ref's
     assert resumed.rows[-1]["epsilon_corrdp"] > ref.rows[-1]["epsilon_corrdp"]
+    assert resumed.ledger is not None
     kinds = [e.kind.value for e in resumed.ledger.charges]
     assert kinds.count("unrecorded") == 1 and kinds.count("charge") == 4
     for a, b in zip(trainable(ref.model), trainable(resumed.model), strict=True):
@@ -300,8 +304,11 @@ def test_in_sample_tvs_are_released_with_gaussian_noise_and_public_margins():
     assert "released" in resolved["corrdp-tv-estimated"] and "hat" not in resolved["corrdp-tv-estimated"]
     assert "charged in the ledger" in resolved["corrdp-tv-estimated-note"]
     # released values read back (estimated-tvs): nothing drawn, the same design
+    def never_drawn(k: int) -> np.ndarray:
+        raise AssertionError(f"{k} normals drawn for released TVs")
+
     again = corrdp_setup(load_config({**cfg.to_flat(), "estimated-tvs": ",".join(
-        f"{f}={e.noisy!r}" for f, e in setup.estimates.items())}), data, normals=lambda k: 1 / 0)
+        f"{f}={e.noisy!r}" for f, e in setup.estimates.items())}), data, normals=never_drawn)
     assert again.design.roles.tv == setup.design.roles.tv
     # a node's layout never estimates: same blocks and clip shares, placeholder TVs
     layout = corrdp_setup(cfg, data, estimate=False)
@@ -330,8 +337,10 @@ def test_released_tvs_are_charged_and_in_the_corrdp_epsilon():
     assert [e.statistic for e in m.estimates] == ["TV of 'u0'", "TV of 'u1'"]
     delta = m.delta
     acc = parts.accounting.new()
+    assert isinstance(acc, CorrDPAccountant) and isinstance(m.event, CorrDPRound)
     plain = CorrDPAccountant(acc.delta_estimation)
     for e in m.estimates:
+        assert isinstance(e.event, SubsampledGaussian)  # a TV is a Gaussian release (q = p = 1)
         acc.compose(e.event)
     acc.compose(m.event, 5)
     plain.compose(m.event, 5)
@@ -396,20 +405,22 @@ def test_parts_that_do_not_fit_the_mode_are_refused():
     with pytest.raises(ConfigError, match="mode='fdp' with the 'corrdp' accounting"):
         build_plan(fdp, data, server_parts=server_parts_for(cfg, data)).resolve([40] * 4)
     batch = PrivateBatch(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.Generator(), 2)
-    settings = RoundSettings(1, 0, PHASES["corrdp"], 0.3, 0.5)
+    settings = RoundSettings(1, 0, PHASES[Mode.CORRDP], 0.3, 0.5)
+    features = feature_map_for(cfg, data)
     with pytest.raises(ValueError, match="needs the CorrDP aggregator"):
-        ClientParts().aggregate(build_model_for(cfg.training, data), None, settings, [batch])
+        ClientParts().aggregate(build_model_for(cfg.training, data), features, settings, [batch])
     # a model outside the weight bound is refused by the node (the server projects it)
     model = build_model_for(cfg.training, data)
     with torch.no_grad():
-        model[0].weight.mul_(100.0)
+        linear_layer(model).weight.mul_(100.0)
     parts = server_parts_for(cfg, data)
     from fedfdp.run_plan import client_parts_for
 
     with pytest.raises(ValueError, match="weight bound"):
-        client_parts_for(cfg, data).aggregate(model, None, settings, [batch])
+        client_parts_for(cfg, data).aggregate(model, features, settings, [batch])
+    assert parts.project is not None
     parts.project(model)
-    assert float(model[0].weight.detach().double().norm(dim=0).max()) <= D
+    assert float(linear_layer(model).weight.detach().double().norm(dim=0).max()) <= D
 
 
 def _all_records(data):

@@ -34,6 +34,7 @@ from fedfdp.corrdp import (
 from fedfdp.entropy import OSBits, SeededEntropy
 from fedfdp.mechanisms import standard_normals
 from fedfdp.models import build_model
+from tests.model_helpers import linear_layer
 from tests.references import dp_ref_eps, gaussian_delta_ref, gaussian_eps_ref, participation_gaussian_eps_ref
 
 TVS = (0.05, 0.3, 0.6, 1.0)
@@ -50,9 +51,9 @@ def _design(bias: bool = True, tv_floor: float | None = None, weight_bound: floa
 def _model(design: CorrDPDesign, seed: int = 0) -> nn.Module:
     model = build_model("logistic", 6, 3, seed=seed)
     if not design.bias:
-        model[0].bias.requires_grad_(False)
+        linear_layer(model).bias.requires_grad_(False)
     with torch.no_grad():
-        model[0].weight.mul_(5.0)  # large enough for the projection to act
+        linear_layer(model).weight.mul_(5.0)  # large enough for the projection to act
     project_weights_(model, design.weight_bound)
     return model
 
@@ -80,10 +81,10 @@ def test_non_glm_models_refused_with_one_line_naming_the_model():
 def test_projection_bounds_every_weight_column():
     d = _design()
     model = _model(d)
-    norms = model[0].weight.detach().norm(dim=0)
+    norms = linear_layer(model).weight.detach().norm(dim=0)
     assert float(norms.double().max()) <= d.weight_bound
     with torch.no_grad():
-        model[0].weight.mul_(2.0)
+        linear_layer(model).weight.mul_(2.0)
     with pytest.raises(ValueError, match=r"weight column \d has norm .* > weight bound 0.8"):
         glm_clipped_sum(model, torch.zeros(2, 6), torch.tensor([0, 1]), d, 1.0)
 
@@ -260,6 +261,7 @@ def test_design_validation_names_the_value():
     with pytest.raises(ValueError, match="squares must sum to 1"):
         CorrDPDesign(roles, 2, (1.0, 1.0), 1.0, clip_shares=(0.5, 0.5, 0.5))
     d = CorrDPDesign(roles, 2, (1.0, 1.0), 1.0)
+    assert d.clip_shares is not None
     assert sum(s * s for s in d.clip_shares) == pytest.approx(1.0)
 
 

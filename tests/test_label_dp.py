@@ -12,6 +12,7 @@ from fedfdp.features import FeatureSpec, PublicView
 from fedfdp.losses import FeatureMap, cross_entropy
 from fedfdp.models import build_model
 from fedfdp.run_plan import feature_map_for
+from tests.model_helpers import linear_layer
 
 
 def test_label_only_spec():
@@ -43,7 +44,7 @@ def test_private_gradient_is_minus_y_x_transpose():
     for seed in (0, 1):
         model = build_model("logistic", 5, 4, seed=seed).double()
         with torch.no_grad():  # far from the initialisation: the gradient must not change
-            model[0].weight.mul_(10 * (seed + 1))
+            linear_layer(model).weight.mul_(10 * (seed + 1))
         for i, (gw, gb) in enumerate(_per_record_grads(model, dec, x, y)):
             onehot = torch.nn.functional.one_hot(y[i], 4).double()
             torch.testing.assert_close(gw, -torch.outer(onehot, x[i]))
@@ -89,6 +90,7 @@ def test_config_and_decomposition_wiring():
                        "records-per-device": 40})
     data = load_dataset(cfg.data)
     dec = feature_map_for(cfg, data)
+    assert data.spec is not None
     assert dec.label_free and dec.spec is not None and dec.spec.public == data.spec.columns
 
 
