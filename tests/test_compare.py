@@ -13,7 +13,7 @@ from simulations import compare
 from simulations.compare import Sweep, parse_sweep, run_sweep
 from simulations.compare_report import write_report
 from simulations.compare_results import read_interrupted
-from tests.mechanism_helpers import resolve
+from tests.mechanism_helpers import resolve, written_ledger
 from tests.references import dp_ref_eps
 
 TINY = {"num-devices": 2, "records-per-device": 40, "num-rounds": 3, "public-batch-size": 16}
@@ -26,6 +26,7 @@ def test_calibration_lands_each_private_mode_on_target(mode, pretrain, target):
                        "public-pretrain-rounds": pretrain, "sampling-rate": 0.05})
     plan = resolve(cfg, 4000)
     assert plan.private_rounds == 40 - pretrain  # pre-training costs nothing
+    assert plan.accounted_noise_multiplier is not None
     eps = dp_ref_eps([(plan.accounted_noise_multiplier, 0.05, plan.private_rounds)], plan.delta, vdi=1e-3)
     # never above the target (PLD estimates within ~1e-3 of the true curve) ...
     assert eps <= target + 5e-3
@@ -39,6 +40,7 @@ def test_fewer_private_rounds_need_less_noise():
     base = {"mode": "fdp-dpsgd", "target-epsilon": 1.0, "num-rounds": 40}
     few = resolve(load_config({**base, "public-pretrain-rounds": 30}), 4000)
     many = resolve(load_config({**base, "public-pretrain-rounds": 1}), 4000)
+    assert few.noise_multiplier is not None and many.noise_multiplier is not None
     assert few.noise_multiplier < many.noise_multiplier
 
 
@@ -114,7 +116,12 @@ def test_tiny_sweep_end_to_end_and_restart(tmp_path, monkeypatch):
 
     # a lost row is run again, and only that one
     calls = []
-    monkeypatch.setattr(compare, "run_one", lambda run, engine, sigma: calls.append(run.key) or _row(run))
+
+    def recording_run_one(run, engine, sigma):
+        calls.append(run.key)
+        return _row(run)
+
+    monkeypatch.setattr(compare, "run_one", recording_run_one)
     frame.drop(index=frame.index[-1]).to_csv(out / "results.csv", index=False)
     run_sweep(_sweep(), out, progress=False)
     assert calls == [("fdp", 1.0, 1)]
@@ -273,9 +280,7 @@ def _one(mode: str = "fdp", **extra) -> Sweep:
 
 
 def _charges(run_dir: Path) -> list:
-    from fedfdp.ledger import read_ledger
-
-    return read_ledger(run_dir).charges
+    return written_ledger(run_dir).charges
 
 
 def _resolved(run_dir: Path) -> dict:

@@ -14,7 +14,7 @@ def test_defaults_are_valid_and_frozen():
     cfg = load_config({})
     assert cfg == Config()
     with pytest.raises(AttributeError):
-        cfg.privacy.mode = "dp"  # type: ignore[misc]
+        cfg.privacy.mode = Mode.DP  # type: ignore[misc]
 
 
 def test_pyproject_app_config_is_the_default_config():
@@ -145,10 +145,10 @@ def test_direct_construction_is_validated_like_the_toml_path(section, kwargs, me
 
 
 def test_cross_section_checks_run_on_construction():
-    from fedfdp.config import Config, PrivacyConfig, TrainingConfig
+    from fedfdp.config import Config, PrivacyConfig, PublicLoss, TrainingConfig
 
     with pytest.raises(ConfigError, match="public-loss='label-free': needs model='logistic'"):
-        Config(privacy=PrivacyConfig(public_loss="label-free"), training=TrainingConfig(model="mlp"))
+        Config(privacy=PrivacyConfig(public_loss=PublicLoss.LABEL_FREE), training=TrainingConfig(model="mlp"))
 
 
 def test_the_orchestration_section_is_what_may_change_on_resume_and_is_not_hashed():

@@ -17,6 +17,7 @@ from fedfdp.config import (
     KEY_TABLE,
     KEYS,
     ORCHESTRATION_KEYS,
+    Aggregation,
     ClipShares,
     Config,
     ConfigError,
@@ -147,12 +148,12 @@ def test_sigma_alone_works_in_every_private_mode(mode):
 
 def test_the_default_target_is_two_and_caps_the_run():
     assert DEFAULT_TARGET_EPSILON == 2.0
-    p = PrivacyConfig(mode="dp")
+    p = PrivacyConfig(mode=Mode.DP)
     assert p.noise_multiplier is None and p.target_epsilon is None
     assert p.calibration_target == 2.0 and p.epsilon_cap == 2.0
-    p = PrivacyConfig(mode="dp", target_epsilon=0.5, max_epsilon=0.75)
+    p = PrivacyConfig(mode=Mode.DP, target_epsilon=0.5, max_epsilon=0.75)
     assert p.calibration_target == 0.5 and p.epsilon_cap == 0.75
-    for mode in ("public", "nonprivate"):
+    for mode in (Mode.PUBLIC, Mode.NONPRIVATE):
         q = PrivacyConfig(mode=mode)
         assert q.calibration_target is None and q.epsilon_cap is None
 
@@ -204,8 +205,9 @@ def test_parsed_and_constructed_configurations_hold_members():
     )
     assert cfg.privacy.mode is Mode.DP and cfg.privacy.privacy_unit is PrivacyUnit.DEVICE
     assert cfg.training.optimizer is Optimizer.ADAM
-    assert PrivacyConfig(mode="corrdp", clipping_quantile=0.0).mode is Mode.CORRDP
-    assert PrivacyConfig(corrdp_tv_floor="paper").corrdp_tv_floor is TvFloor.PAPER
+    # the constructor takes the strings as written and holds members (hence the ignores)
+    assert PrivacyConfig(mode="corrdp", clipping_quantile=0.0).mode is Mode.CORRDP  # type: ignore[arg-type]
+    assert PrivacyConfig(corrdp_tv_floor="paper").corrdp_tv_floor is TvFloor.PAPER  # type: ignore[arg-type]
     assert PrivacyConfig(corrdp_tv_floor=0.25).corrdp_tv_floor == 0.25
     # an error message shows the value as written, not the enum's name
     with pytest.raises(ConfigError, match=r"^privacy-unit='device': mode 'corrdp'"):
@@ -335,7 +337,7 @@ def test_only_guarantee_keys_change_the_guarantee_inputs():
     """Property: changing a key changes ``guarantee_inputs`` iff the key defines the guarantee."""
     plain = Config(privacy=PrivacyConfig(reproducible_noise=False))
     # a secagg-* key has an effect (and may be set) only with secure aggregation
-    secagg = Config(privacy=PrivacyConfig(aggregation="secagg", secagg_min_survivors=5))
+    secagg = Config(privacy=PrivacyConfig(aggregation=Aggregation.SECAGG, secagg_min_survivors=5))
     tried = 0
     for key in config_keys():
         base = secagg if key.startswith("secagg-") else plain

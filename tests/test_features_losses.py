@@ -57,10 +57,10 @@ def test_gaussian_padding_is_standard_normal_and_needs_generator():
     with pytest.raises(ValueError, match="explicit torch.Generator"):
         view(torch.zeros(3, 4))
     pad = view(torch.zeros(20000, 4, dtype=torch.float64), torch.Generator().manual_seed(0))
-    pad = pad[:, spec.private_index].numpy().ravel()
+    draws = pad[:, spec.private_index].numpy().ravel()
     # 40k N(0,1) draws: mean within 5 s.e., variance within 5 s.e. (s.e. of var = sqrt(2/n))
-    assert abs(pad.mean()) < 5 / np.sqrt(pad.size)
-    assert abs(pad.var() - 1) < 5 * np.sqrt(2 / pad.size)
+    assert abs(draws.mean()) < 5 / np.sqrt(draws.size)
+    assert abs(draws.var() - 1) < 5 * np.sqrt(2 / draws.size)
 
 
 def test_mean_needs_public_statistics():
@@ -75,6 +75,7 @@ def test_private_plus_public_equals_full_loss(method):
     """ℓ_priv + ℓ_pub == ℓ record by record, with the same view draw."""
     fleet = make_fleet(2, 40, seed=3)
     spec = fleet.spec
+    assert spec is not None
     dec = FeatureMap(PublicView(spec, method))
     model = build_model("mlp", len(spec.columns), 5, hidden_size=8).double()
     x = torch.as_tensor(fleet.devices[0].x, dtype=torch.float64)
