@@ -36,7 +36,7 @@ def train(msg: Message, context: Context) -> Message:
     if kind and not reply.has_error() and P.PRIVATE in reply.content.array_records:
         if kind != "nan":
             raise ValueError(f"tamper={kind!r}: unknown (known: nan)")
-        private = reply.content[P.PRIVATE].to_torch_state_dict()
+        private = reply.content.array_records[P.PRIVATE].to_torch_state_dict()
         nan = {k: torch.full_like(v, float("nan")) for k, v in private.items()}
         reply.content[P.PRIVATE] = ArrayRecord(nan)
     return reply

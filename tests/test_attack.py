@@ -157,6 +157,7 @@ def test_memorising_lookup_model_beats_ball_and_a_reference_like_model_gives_the
     # the guess is the label's prior mode; its success is counted here by hand
     same = attribute_attack(ref, x, y, [1], _TOY_GRID, marginal, _TOY_PRIOR, [ref])
     by_hand = np.mean(cells == np.where(y == 0, 0, 3))
+    assert same.calibrated_attack is not None
     assert same.calibrated_attack == pytest.approx(by_hand)
     assert same.prior_label == pytest.approx(by_hand)
     # and no better than Ball beyond sampling error (|z| < 3)

@@ -32,6 +32,7 @@ from fedfdp import ConfigError, FeatureMap, load_config, run_centralised
 from fedfdp.data import load_dataset
 from fedfdp.ledger import read_ledger
 from simulations.cli import main
+from tests.mechanism_helpers import written_ledger
 
 CLI = [sys.executable, "-m", "simulations.cli"]
 #: A tiny fleet: 3 devices of ~40 records, a few rounds, no progress bar.
@@ -184,7 +185,7 @@ def test_a_blown_up_flower_run_exits_2_in_one_line(tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert lines[-1].startswith("error: round 1: the aggregated gradient is not finite")
     assert "Traceback" not in done.stderr
-    assert len(read_ledger(out).charges) >= 1 and not (out / "model.pt").exists()
+    assert len(written_ledger(out).charges) >= 1 and not (out / "model.pt").exists()
 
 
 # ------------------------------------------------------------------- other commands
@@ -350,7 +351,7 @@ def test_ctrl_c_in_compare_prints_one_line_and_exits_130(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     assert len([line for line in err.splitlines() if line.startswith("interrupted")]) == 1
-    assert len(read_ledger(next(out.glob("runs/*"))).charges) >= 3  # intact and readable
+    assert len(written_ledger(next(out.glob("runs/*"))).charges) >= 3  # intact and readable
 
 
 def test_kill_9_without_checkpoints_then_resume_says_it_restarts(tmp_path):
@@ -364,7 +365,7 @@ def test_kill_9_without_checkpoints_then_resume_says_it_restarts(tmp_path):
     _wait_for_charges(out, 3, proc)
     proc.kill()
     proc.wait(timeout=60)
-    charges = len(read_ledger(out).charges)
+    charges = len(written_ledger(out).charges)
     assert 3 <= charges < 40, charges
     done = subprocess.run([*CLI, "run", "--centralised", "--resume", str(out)],
                           capture_output=True, text=True, timeout=300)
@@ -372,7 +373,7 @@ def test_kill_9_without_checkpoints_then_resume_says_it_restarts(tmp_path):
     said = [line for line in done.stderr.splitlines() if "resuming" in line]
     assert said and "after round 0" in said[0]  # the restart is announced
     assert "Traceback" not in done.stderr
-    assert len(read_ledger(out).charges) >= charges  # the ledger never shrinks
+    assert len(written_ledger(out).charges) >= charges  # the ledger never shrinks
 
 
 # ------------------------------------------------ a user's own ClientApp (clients.fdp_train)

@@ -106,7 +106,9 @@ def _expected_epsilons(run_config: dict, rounds: int) -> list[float]:
 def _expected_epsilons_for_n(run_config: dict, num_records: int, rounds: int) -> list[float]:
     mechanism = resolve(load_config(run_config), num_records)
     budget = Budget(mechanism, FDP_ACCOUNTING.new())
-    return [budget.spend(mechanism.event) for _ in range(rounds)]
+    event = mechanism.event
+    assert event is not None  # a private run
+    return [budget.spend(event) for _ in range(rounds)]
 
 
 def test_cleanup_kills_whole_process_groups(tmp_path):
@@ -209,7 +211,8 @@ def test_tls_and_supernode_auth_refuse_unlisted_key(deployment, tmp_path):
     with socket.create_connection((HOST, d.port), timeout=10) as raw, ctx.wrap_socket(
         raw, server_hostname=HOST
     ) as s:
-        assert ("IP Address", HOST) in s.getpeercert()["subjectAltName"]
+        cert = s.getpeercert()
+        assert cert is not None and ("IP Address", HOST) in cert["subjectAltName"]
 
     keys = [make_node_key(tmp_path / "keys", f"node{k}") for k in range(4)]
     registered = []

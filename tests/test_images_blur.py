@@ -163,6 +163,7 @@ def _same_psi_pair(seed: int, blur: GaussianBlur) -> tuple[torch.Tensor, torch.T
     x1 = 0.2 + 0.6 * torch.rand(2, 1, 12, 12, generator=g, dtype=torch.float64)
     ii, jj = torch.meshgrid(torch.arange(12), torch.arange(12), indexing="ij")
     v = ((-1.0) ** (ii + jj)).to(torch.float64).expand_as(x1)
+    assert blur.levels is not None  # a quantising blur
     steps = blur.levels - 1
     scaled = blur.blur(x1) * steps
     margin = float((0.5 - (scaled - scaled.round()).abs()).min())

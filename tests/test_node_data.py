@@ -92,6 +92,7 @@ def test_site_file_encodes_to_the_declared_closed_forms(sites):
     (dev,) = site.devices
     assert len(dev) == len(raw) and site.class_names == CLASSES
     x = dev.x.astype(np.float64)
+    assert site.spec is not None
     cols = list(site.spec.columns)
     assert cols == ["speed", "heading", "weather=sun", "weather=rain", "weather=fog",
                     "heart_rate", "lat", "lon", "city=A", "city=B", "city=C"]

@@ -15,7 +15,7 @@ import torch
 
 from fedfdp import load_config
 from fedfdp.audit import GUESS_PATTERNS, one_run_bound, one_run_epsilon, one_run_p_value
-from fedfdp.config import ConfigError
+from fedfdp.config import ConfigError, Mode
 from fedfdp.contribution import ClientParts, PrivateBatch, RoundSettings, clipped_private_sum
 from fedfdp.data import load_dataset
 from fedfdp.models import build_model_for
@@ -92,13 +92,13 @@ def test_bound_is_valid_on_randomized_response():
     rng = np.random.default_rng(7)
     eps, m, n, alpha = 1.5, 400, 2000, 0.05
     truthful = 1 / (1 + math.exp(-eps))
-    bounds = []
+    found = []
     for _ in range(n):
         included = rng.random(m) < 0.5
         reported = np.where(rng.random(m) < truthful, included, ~included)
         scores = reported + 0.01 * rng.random(m)  # ties broken at random
-        bounds.append(one_run_bound(scores, included, 0.0, alpha).epsilon)
-    bounds = np.array(bounds)
+        found.append(one_run_bound(scores, included, 0.0, alpha).epsilon)
+    bounds = np.array(found)
     assert np.mean(bounds > eps) <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / n)
     assert np.median(bounds) > 0.6 * eps
 
@@ -131,6 +131,7 @@ def test_canaries_have_their_own_private_column_and_fixed_psi():
     _, data = _tiny()
     fleet = with_canaries(data, 10, 7.0)
     spec = fleet.data.spec
+    assert spec is not None and data.spec is not None
     width = len(data.spec.columns)
     assert spec.columns[width:] == tuple(f"canary_{j:04d}" for j in range(10))
     assert set(spec.columns[width:]) <= set(spec.private) and spec.public == data.spec.public
@@ -149,7 +150,7 @@ def test_without_absent_is_the_honest_aggregate_without_the_absent_records():
     fleet = with_canaries(data, 6, 5.0)
     model = build_model_for(cfg.training, fleet.data)
     dec = feature_map_for(cfg, fleet.data)
-    settings = RoundSettings(round=1, attempt=0, phase=PHASES["fdp"], sampling_rate=0.5, clipping_norm=1.0)
+    settings = RoundSettings(round=1, attempt=0, phase=PHASES[Mode.FDP], sampling_rate=0.5, clipping_norm=1.0)
     dev = fleet.data.devices[1]  # holds canaries 1 and 5
     x, y = torch.as_tensor(dev.x), torch.as_tensor(dev.y)
     gen = torch.Generator().manual_seed(0)

@@ -149,7 +149,10 @@ def test_secagg_on_tls_with_supernode_auth_and_killed_supernodes(deployment, tmp
     resolved = tomllib.loads((out / "config.toml").read_text())["resolved"]
     ledger = read_ledger(out)
     assert ledger is not None
-    charged = [c.round for c in ledger.charges]
+    charged = []
+    for c in ledger.charges:
+        assert c.round is not None  # every charge names its round
+        charged.append(c.round)
     assert set(charged) == {1, 2} and charged == sorted(charged), charged
     events = [e for e in ledger.events() if isinstance(e, DistributedDiscreteGaussian)]
     assert len(events) == len(ledger.events()) == len(charged)

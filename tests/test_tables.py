@@ -75,6 +75,7 @@ def test_a_public_device_column_may_be_a_feature_a_private_one_is_refused(tmp_pa
     path = _table(tmp_path, _rows())
     data = load_dataset(_cfg(path, **{"device-column": "site", "num-devices": 4,
                                      "public-columns": ["speed", "heading", "site"]}).data)
+    assert data.spec is not None
     assert len(data.devices) == 4 and "site=s0" in data.spec.public
     with pytest.raises(ConfigError, match="contains the device-column 'site'; which device holds a record"):
         _cfg(path, **{"device-column": "site", "private-columns": ["lat", "site"]})
@@ -95,7 +96,7 @@ def test_with_a_device_column_num_devices_defaults_to_the_devices_in_the_file(tm
                                                       "public-columns": ["speed", "heading", "site"]}))
     assert cfg.data.num_devices == 0
     data = load_dataset(cfg.data)
-    assert len(data.devices) == 5
+    assert len(data.devices) == 5 and data.spec is not None
     site_cols = [data.spec.columns.index(f"site=s{k}") for k in range(5)]
     seen = set()
     for dev in data.devices:
