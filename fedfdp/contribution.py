@@ -90,7 +90,7 @@ class PrivateSum:
     unclipped: int = 0
 
 
-def trainable(model: nn.Module) -> list[torch.Tensor]:
+def trainable(model: nn.Module) -> list[nn.Parameter]:
     """The parameters a round updates, in a fixed order."""
     return [p for p in model.parameters() if p.requires_grad]
 

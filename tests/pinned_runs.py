@@ -324,7 +324,7 @@ if __name__ == "__main__":
 
 def _mechanism_grid() -> dict[str, dict[str, Any]]:
     grid: dict[str, dict[str, Any]] = {}
-    sampling = {
+    sampling: dict[str, dict[str, Any]] = {
         "record": {},
         "poisson": {"device-sampling-rate": 0.5},
         "device": {"privacy-unit": "device", "device-sampling-rate": 0.5},

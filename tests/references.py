@@ -42,7 +42,7 @@ def gaussian_eps_ref(mu: float, delta: float) -> float:
 def dp_ref_pld(events: list[tuple[float, float, int]], vdi: float = VDI) -> Any:
     """dp-accounting's composed add/remove PLD accountant of ``(sigma, q, count)`` events."""
     dp_accounting = pytest.importorskip("dp_accounting")
-    from dp_accounting.pld import pld_privacy_accountant  # type: ignore[import-untyped]  # dp-accounting ships no types
+    from dp_accounting.pld import pld_privacy_accountant
 
     acc = pld_privacy_accountant.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi

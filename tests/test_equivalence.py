@@ -9,12 +9,10 @@
 """
 
 
-from typing import cast
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from fedfdp.algorithm import run_centralised
 from fedfdp.config import load_config
@@ -79,7 +77,7 @@ def test_federated_round_equals_hand_built_step(mode):
         private.append(PrivateBatch(xi, yi, s.padding, len(dev)))
         public.append((torch.as_tensor(dev.x[j]), torch.as_tensor(dev.y[j]), pub.padding))
     model = build_model_for(cfg.training, data)
-    params = cast(list[nn.Parameter], trainable(model))  # the model's own parameters
+    params = trainable(model)
     for p, b in zip(params, before, strict=True):
         assert torch.equal(p.detach(), b)
     dec = feature_map_for(cfg, data)
