@@ -120,11 +120,11 @@ def test_ctrl_c_in_a_flower_run_exits_130_and_leaves_no_process_behind(tmp_path)
         time.sleep(0.5)
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
-    text, _ = proc.communicate(timeout=120)
+    text, _ = proc.communicate(timeout=300)  # stopping Flower's and Ray's processes: slow on a busy machine
     assert proc.returncode == 130, text[-2000:]
     assert "interrupted:" in text.splitlines()[-1]
     left = _left_behind(proc.pid, stat[1])
-    end = time.monotonic() + 20
+    end = time.monotonic() + 60
     while left and time.monotonic() < end:
         time.sleep(0.5)
         left = _left_behind(proc.pid, stat[1])

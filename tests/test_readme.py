@@ -83,6 +83,7 @@ def run_snippet(code: str, cwd: Path, timeout: float = 300) -> subprocess.Comple
                           timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)))
 def test_python_block_runs(index, tmp_path):
     code = PYTHON_BLOCKS[index]

@@ -293,6 +293,7 @@ def _wait_for(path: Path, charges: int, proc: subprocess.Popen, timeout: float =
     pytest.fail(f"the run did not reach {charges} charges")
 
 
+@pytest.mark.slow
 def test_kill_9_then_ledger_rollback_then_resume_never_prints_less_than_was_spent(tmp_path):
     """The review's attack, for real: `fedfdp run --centralised` (60 rounds, checkpoint
     every 10) killed with SIGKILL; the ledger replaced by an older copy with at least
