@@ -89,7 +89,6 @@ from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
 )
 from flwr.serverapp import Grid
 from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
 from flwr.supercore.inflatable.inflatable_protobuf_utils import (
     make_confirm_message_received_fn_protobuf,
     make_pull_object_fn_protobuf,
@@ -100,7 +99,6 @@ from flwr.supercore.retry import make_simple_http_retry_invoker
 from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.supercore.tls import validate_and_resolve_root_certificates
-from flwr.superlink.grid import InMemoryGrid
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
 
@@ -109,6 +107,8 @@ def is_simulation_grid(grid: Grid) -> bool:
     """Whether ``grid`` is the Simulation Runtime's in-memory grid (``flwr run``
     against a ``--simulation`` SuperLink), not a deployment's.
     """
+    from flwr.superlink.grid import InMemoryGrid  # the SuperLink's state machinery: loaded when asked
+
     return isinstance(grid, InMemoryGrid)
 
 
@@ -197,6 +197,8 @@ class TaskConnection:
     """
 
     def __init__(self, endpoint: RuntimeEndpoint, token: str) -> None:
+        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+
         self.client, self._retry = endpoint.client("flwr-clientapp", token=token)
         self._heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(self.client))
 
