@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.clipping import clipped_grad_sum
+from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.clipping.common import LossFn, tensor_sum
 from fedfdp.config import PRIVACY_UNITS, PrivacyUnit
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
@@ -142,7 +142,7 @@ class RoundSettings:
     clipping_norm: float
     unit: PrivacyUnit = PrivacyUnit.RECORD
     public_seed: int = 0
-    clip_method: str = "auto"
+    clip_method: ClipMethod = ClipMethod.AUTO
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
@@ -224,7 +224,7 @@ def private_gradient_sum(
     phase: Phase,
     batches: Sequence[PrivateBatch],
     clipping_norm: float | None,
-    clip_method: str = "auto",
+    clip_method: ClipMethod = ClipMethod.AUTO,
 ) -> list[torch.Tensor]:
     """Σ over the union of ``batches`` of per-record private-loss gradients, each
     clipped to ``clipping_norm`` (``None``: unclipped), in one call.
@@ -238,7 +238,7 @@ def private_clipped_sum(
     phase: Phase,
     batches: Sequence[PrivateBatch],
     clipping_norm: float | None,
-    clip_method: str = "auto",
+    clip_method: ClipMethod = ClipMethod.AUTO,
 ) -> PrivateSum:
     """:func:`private_gradient_sum` with the count of records whose gradient norm
     was already within ``clipping_norm`` (0 without clipping).

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from fedfdp.algorithm import run_centralised
+from fedfdp.clipping import ClipMethod
 from fedfdp.config import load_config
 from fedfdp.contribution import PrivateBatch, private_gradient_sum, public_gradient_sum, trainable
 from fedfdp.data import load_dataset
@@ -84,7 +85,7 @@ def test_federated_round_equals_hand_built_step(mode):
     priv = pub_sum = None
     if phase.has_private:
         clip = 0.5 if phase.clip else None
-        priv = private_gradient_sum(model, dec, phase, private, clip, clip_method="loop")
+        priv = private_gradient_sum(model, dec, phase, private, clip, clip_method=ClipMethod.LOOP)
     n_pub = 0
     if phase.public:
         pub_sum, _, n_pub = public_gradient_sum(model, dec, public)

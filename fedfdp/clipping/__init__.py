@@ -57,7 +57,7 @@ Modules
 """
 
 from fedfdp.clipping.clipped_sum import METHODS, clipped_grad_sum
-from fedfdp.clipping.common import ClippedSum
+from fedfdp.clipping.common import ClipMethod, ClippedSum
 from fedfdp.clipping.ghost import supported_layers
 
-__all__ = ["METHODS", "ClippedSum", "clipped_grad_sum", "supported_layers"]
+__all__ = ["METHODS", "ClipMethod", "ClippedSum", "clipped_grad_sum", "supported_layers"]

@@ -29,6 +29,7 @@ from torch import nn
 
 from fedfdp.clipping.common import (
     Batch,
+    ClipMethod,
     ClippedSum,
     GhostUnsupportedError,
     LossFn,
@@ -38,10 +39,10 @@ from fedfdp.clipping.ghost import ghost_clipped_sum, ghost_problem
 from fedfdp.clipping.loop import loop_clipped_sum, plain_sum
 from fedfdp.clipping.vmap import vmap_clipped_sum
 
-__all__ = ["METHODS", "clipped_grad_sum"]
+__all__ = ["METHODS", "ClipMethod", "clipped_grad_sum"]
 
 #: Accepted values of ``method``.
-METHODS: tuple[str, ...] = ("auto", "ghost", "vmap", "loop")
+METHODS: tuple[ClipMethod, ...] = (ClipMethod.AUTO, ClipMethod.GHOST, ClipMethod.VMAP, ClipMethod.LOOP)
 
 
 def clipped_grad_sum(
@@ -50,7 +51,7 @@ def clipped_grad_sum(
     targets: torch.Tensor,
     loss_fn: LossFn,
     max_norm: float | None,
-    method: str = "auto",
+    method: ClipMethod | str = ClipMethod.AUTO,
 ) -> ClippedSum:
     """Sum of per-record gradients, each clipped to L2 norm ``max_norm``.
 
@@ -86,8 +87,9 @@ def clipped_grad_sum(
         Clipping bound ``C > 0`` (finite). ``None``: no clipping, the plain sum
         ``Σ_i g_i`` from one ordinary backward (``norms`` are then NaN and
         ``method`` is ``"plain"``).
-    method : {"auto", "ghost", "vmap", "loop"}
-        Engine. ``"auto"`` uses ghost clipping when every module owning
+    method : ClipMethod or str
+        Engine (one of :data:`METHODS`; its string is accepted). ``"auto"`` uses
+        ghost clipping when every module owning
         trainable parameters is in :func:`supported_layers`, vmap otherwise.
 
     Returns
@@ -102,7 +104,7 @@ def clipped_grad_sum(
         that mixes records (BatchNorm); ``method="ghost"`` on an unsupported
         model; ``loss_fn`` not returning ``(n,)``.
     """
-    _check_method(method)
+    method = _check_method(method)
     clip = _check_max_norm(max_norm)
     xs, n = _check_inputs(inputs, targets)
     _refuse_batch_mixing(model)
@@ -110,13 +112,14 @@ def clipped_grad_sum(
     xs = [x.detach() for x in xs]
     targets = targets.detach()
 
+    resolved: ClipMethod
     if clip is None:
-        resolved = "plain"
-    elif method == "auto":
-        resolved = "ghost" if ghost_problem(model) is None else "vmap"
+        resolved = ClipMethod.PLAIN
+    elif method is ClipMethod.AUTO:
+        resolved = ClipMethod.GHOST if ghost_problem(model) is None else ClipMethod.VMAP
     else:
         resolved = method
-        if method == "ghost":
+        if method is ClipMethod.GHOST:
             problem = ghost_problem(model)
             if problem is not None:
                 raise ValueError(f"method='ghost' cannot handle this model: {problem}")
@@ -133,7 +136,7 @@ def clipped_grad_sum(
     with torch.enable_grad():
         if clip is None:  # resolved == "plain"
             return plain_sum(batch)
-        if resolved == "loop":
+        if resolved is ClipMethod.LOOP:
             return loop_clipped_sum(batch, clip)
         result = _batched(batch, clip, method, resolved)
         # A record whose gradient is not finite (NaN/inf loss) contributes 0,
@@ -153,20 +156,20 @@ def clipped_grad_sum(
         return result
 
 
-def _batched(batch: Batch, clip: float, method: str, resolved: str) -> ClippedSum:
+def _batched(batch: Batch, clip: float, method: ClipMethod, resolved: ClipMethod) -> ClippedSum:
     """Run the ghost or vmap engine, falling back as ``method`` allows."""
-    if resolved == "loop":
+    if resolved is ClipMethod.LOOP:
         return loop_clipped_sum(batch, clip)
-    if resolved == "ghost":
+    if resolved is ClipMethod.GHOST:
         try:
             return ghost_clipped_sum(batch, clip)
         except GhostUnsupportedError as exc:
-            if method == "ghost":
+            if method is ClipMethod.GHOST:
                 raise ValueError(f"method='ghost' cannot handle this model: {exc}") from None
     try:
         return vmap_clipped_sum(batch, clip)
     except VmapUnsupportedError as exc:
-        if method == "vmap":
+        if method is ClipMethod.VMAP:
             raise ValueError(f"method='vmap' cannot handle this model: {exc}; use method='loop'") from exc
         return loop_clipped_sum(batch, clip)
 
@@ -176,9 +179,10 @@ def _batched(batch: Batch, clip: float, method: str, resolved: str) -> ClippedSu
 # --------------------------------------------------------------------------- #
 
 
-def _check_method(method: str) -> None:
+def _check_method(method: ClipMethod | str) -> ClipMethod:
     if method not in METHODS:
-        raise ValueError(f"method={method!r}: must be one of {METHODS}")
+        raise ValueError(f"method={method!r}: must be one of {tuple(str(m) for m in METHODS)}")
+    return ClipMethod(method)
 
 
 def _check_max_norm(max_norm: float | None) -> float | None:

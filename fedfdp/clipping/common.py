@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 import torch
@@ -27,6 +28,22 @@ LossFn = Callable[[Sequence[Any], torch.Tensor], torch.Tensor]
 CHUNK_ELEMENTS = 1 << 22
 # Per-record gradients of one layer up to this size are kept for the clipped sum.
 KEEP_ELEMENTS = 1 << 24
+
+
+class ClipMethod(StrEnum):
+    """The engines of the clipped sum (:mod:`fedfdp.clipping`): ``AUTO`` chooses ghost,
+    vmap or the loop per model; ``PLAIN`` is what ran without clipping (``max_norm=None``),
+    never a choice.
+    """
+
+    AUTO = "auto"
+    GHOST = "ghost"
+    VMAP = "vmap"
+    LOOP = "loop"
+    PLAIN = "plain"
+
+    def __repr__(self) -> str:  # the literal, as in the messages
+        return repr(self.value)
 
 
 @dataclass(frozen=True)
@@ -43,14 +60,13 @@ class ClippedSum:
         ``(n,)`` per-record gradient norms before clipping, for tests and
         diagnostics only (never send them anywhere: they are not private).
         NaN when ``max_norm`` is None (the plain path computes no norms).
-    method : str
-        The engine that ran: ``"ghost"``, ``"vmap"``, ``"loop"`` or ``"plain"``
-        (``max_norm=None``).
+    method : ClipMethod
+        The engine that ran: ``GHOST``, ``VMAP``, ``LOOP`` or ``PLAIN`` (``max_norm=None``).
     """
 
     grads: list[torch.Tensor]
     norms: torch.Tensor
-    method: str
+    method: ClipMethod
 
 
 class GhostUnsupportedError(Exception):

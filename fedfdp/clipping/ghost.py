@@ -24,6 +24,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from fedfdp.clipping.common import (
     Batch,
+    ClipMethod,
     ClippedSum,
     GhostUnsupportedError,
     checked_losses,
@@ -147,7 +148,7 @@ def ghost_clipped_sum(batch: Batch, clip: float, bookkeeping: bool = True) -> Cl
 
     if not bookkeeping and losses.requires_grad:
         grads = torch.autograd.grad((losses * coef).sum(), params, allow_unused=True)
-        return ClippedSum(grad_or_zeros(grads, params), norms, "ghost")
+        return ClippedSum(grad_or_zeros(grads, params), norms, ClipMethod.GHOST)
 
     sums: dict[int, torch.Tensor] = {}
     for t in terms:
@@ -156,7 +157,7 @@ def ghost_clipped_sum(batch: Batch, clip: float, bookkeeping: bool = True) -> Cl
     grads_out = [
         sums[id(p)].reshape(p.shape).to(p.dtype) if id(p) in sums else torch.zeros_like(p) for p in params
     ]
-    return ClippedSum(grads_out, norms, "ghost")
+    return ClippedSum(grads_out, norms, ClipMethod.GHOST)
 
 
 def _check_graph(root: torch.Tensor, captures: list[Capture], param_ids: set[int]) -> None:

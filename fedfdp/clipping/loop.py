@@ -17,6 +17,7 @@ import torch
 
 from fedfdp.clipping.common import (
     Batch,
+    ClipMethod,
     ClippedSum,
     checked_losses,
     clip_coefficients,
@@ -32,7 +33,7 @@ def plain_sum(batch: Batch) -> ClippedSum:
     total = checked_losses(loss_fn, stacked_forward(model, xs), targets, n).sum()
     grads = torch.autograd.grad(total, params, allow_unused=True)
     norms = torch.full((n,), math.nan, dtype=params[0].dtype, device=params[0].device)
-    return ClippedSum(grad_or_zeros(grads, params), norms, "plain")
+    return ClippedSum(grad_or_zeros(grads, params), norms, ClipMethod.PLAIN)
 
 
 def loop_clipped_sum(batch: Batch, clip: float) -> ClippedSum:
@@ -48,4 +49,4 @@ def loop_clipped_sum(batch: Batch, clip: float) -> ClippedSum:
             coef = clip_coefficients(norm, clip)
             for s, g in zip(sums, grads, strict=True):
                 s.add_(g * coef)
-    return ClippedSum(sums, norms, "loop")
+    return ClippedSum(sums, norms, ClipMethod.LOOP)

@@ -17,6 +17,7 @@ from torch.func import functional_call, grad, vmap
 from fedfdp.clipping.common import (
     CHUNK_ELEMENTS,
     Batch,
+    ClipMethod,
     ClippedSum,
     VmapUnsupportedError,
     checked_losses,
@@ -62,4 +63,4 @@ def vmap_clipped_sum(batch: Batch, clip: float) -> ClippedSum:
         coef = clip_coefficients(norm, clip)
         for s, f in zip(sums, flat, strict=True):
             s.view(-1).add_(coef @ f)
-    return ClippedSum(sums, norms, "vmap")
+    return ClippedSum(sums, norms, ClipMethod.VMAP)
