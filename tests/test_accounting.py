@@ -933,3 +933,48 @@ def test_attack_bound_with_a_thresholded_histogram_moves_up_by_the_thresholds_de
         a.compose(SubsampledGaussian(1.0, 0.1), 50)
     gap = attribute_inference_bound(with_t, ball) - attribute_inference_bound(plain, ball)
     assert gap == pytest.approx(-np.log1p(-1e-3), abs=1e-9)
+
+
+# --------------------------------------------------------------------------- #
+# the one family of number checks, the default δ, Relation, the one calibrator
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(
+    ("check", "args", "message"),
+    [
+        ("real", ("x", True), "x=True: must be a real number"),
+        ("real", ("x", "1"), "x='1': must be a real number"),
+        ("real", ("x", float("nan")), "x=nan: must not be NaN"),
+        ("finite", ("x", float("inf")), "x=inf: must be finite"),
+        ("positive", ("noise_multiplier", 0.0), "noise_multiplier=0.0: must be > 0"),
+        ("positive", ("noise_multiplier", -math.inf), "noise_multiplier=-inf: must be finite"),
+        ("rate", ("sampling_rate", 1.5), "sampling_rate=1.5: must be in (0, 1]"),
+        ("rate", ("sampling_rate", 0.0), "sampling_rate=0.0: must be in (0, 1]"),
+        ("unit", ("ball", -0.1), "ball=-0.1: must be in [0, 1]"),
+        ("open_unit", ("delta", 1.0), "delta=1.0: must be in (0, 1)"),
+        ("at_least", ("max_epsilon", -1.0, 0.0), "max_epsilon=-1.0: must be >= 0"),
+        ("count", ("rounds", 0), "rounds=0: must be an integer >= 1"),
+        ("count", ("rounds", 2.0), "rounds=2.0: must be an integer >= 1"),
+        ("count", ("rounds", True), "rounds=True: must be an integer >= 1"),
+        ("count", ("size", -1, 0), "size=-1: must be an integer >= 0"),
+    ],
+)
+def test_every_number_check_names_the_value_in_one_line(check, args, message) -> None:
+    from fedfdp import validate
+
+    with pytest.raises(ValueError) as err:
+        getattr(validate, check)(*args)
+    assert str(err.value) == message
+
+
+def test_number_checks_accept_numpy_scalars_and_return_python_numbers() -> None:
+    from fedfdp import validate
+
+    assert validate.rate("q", np.float32(0.5)) == 0.5 and type(validate.rate("q", np.float32(0.5))) is float
+    assert validate.count("n", np.int64(3)) == 3 and type(validate.count("n", np.int64(3))) is int
+    assert validate.positive("s", math.inf, allow_inf=True) == math.inf
+    with pytest.raises(ValueError, match=r"x=nan: must not be NaN"):
+        validate.real("x", np.float64("nan"))
+    with pytest.raises(ValueError, match="must be a real number"):
+        validate.real("x", np.bool_(True))

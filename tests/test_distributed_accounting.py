@@ -344,3 +344,16 @@ def test_the_event_is_part_of_the_vocabulary_and_its_accountant_follows_the_prot
     assert clone.epsilon(1e-5) == eps100
     acc.compose(ev, 50)
     assert acc.epsilon(1e-5) > eps100
+
+
+def test_the_event_lives_in_the_vocabulary_and_the_accounts_re_export_its_maths():
+    """The event is fedfdp.accounting.events', its lemmas discrete_gaussian_bounds'; the old
+    import paths through fedfdp.accounting.distributed name the very same objects."""
+    from fedfdp.accounting import discrete_gaussian_bounds as bounds
+    from fedfdp.accounting import distributed, events
+
+    assert DistributedDiscreteGaussian is events.DistributedDiscreteGaussian
+    for name in ("MIN_LOCAL_SIGMA", "MAX_SLACK", "SMOOTHING", "sensitivity", "theta_excess",
+                 "sum_divergence_bound", "smoothing_divergence_bound", "ddg_tau"):
+        assert getattr(distributed, name) is getattr(bounds, name), name
+    assert sensitivity(2.0**10, 10**4) == 2.0**10 + 100.0  # Δ = s + √d

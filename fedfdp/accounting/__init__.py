@@ -51,15 +51,24 @@ with certified add/remove upper bounds (:mod:`~fedfdp.accounting.replacement`).
 Modules
 -------
 :mod:`~fedfdp.accounting.events`
-    The one event vocabulary: :class:`SubsampledGaussian`, :class:`CorrDPRound`
-    (immutable, validated, JSON round-trip), :class:`Relation`.
+    The one event vocabulary: :class:`SubsampledGaussian`,
+    :class:`ThresholdedHistogram`, :class:`CorrDPRound`,
+    :class:`DistributedDiscreteGaussian` (immutable, validated, JSON round-trip),
+    :class:`Relation`. It imports nothing above :mod:`fedfdp.validate` (the one
+    family of number checks) and
+    :mod:`~fedfdp.accounting.discrete_gaussian_bounds` (the distributed discrete
+    Gaussian's sensitivity and lemmas).
 :mod:`~fedfdp.accounting.protocol`
-    The one accountant protocol (:class:`Accountant`) and the one calibrator
-    (:func:`calibrate`).
+    The one accountant protocol (:class:`Accountant`), the one merge
+    (:func:`~fedfdp.accounting.protocol.append_repeated`, :class:`Repeated`), the one
+    calibrator (:func:`calibrate`).
 :mod:`~fedfdp.accounting.accountant`
     :class:`FDPAccountant` (ledger of :class:`Repeated` events, ``epsilon``, budget
     checks, state), :class:`EpsilonBound`, :class:`PrivacyBudgetExhausted`,
     :func:`epsilon_for`.
+:mod:`~fedfdp.accounting.distributed`
+    Secure aggregation's distributed discrete Gaussian rounds: routes A and B and
+    :class:`~fedfdp.accounting.distributed.DistributedAccountant`.
 :mod:`~fedfdp.accounting.prv`
     The privacy random variable of one round (Theorem 5's pair): loss, truncation,
     discretisation, Renyi moments, the Gaussian closed form.
@@ -96,6 +105,7 @@ from fedfdp.accounting.composition import MEMORY_LIMIT_BYTES
 from fedfdp.accounting.events import (
     CorrDPClass,
     CorrDPRound,
+    DistributedDiscreteGaussian,
     EventKind,
     PrivacyEvent,
     Relation,
@@ -119,6 +129,7 @@ __all__ = [
     "Accountant",
     "CorrDPClass",
     "CorrDPRound",
+    "DistributedDiscreteGaussian",
     "EpsilonBound",
     "EventKind",
     "FDPAccountant",

@@ -39,19 +39,30 @@ from typing import Any
 
 import numpy as np
 
+from fedfdp import validate
 from fedfdp.accounting.composition import DISC_SHARE, Bounds, compose_bounds
 from fedfdp.accounting.events import (
     Relation,
     SubsampledGaussian,
     ThresholdedHistogram,
-    check_noise_multiplier,
-    check_probability,
-    check_real,
     event_from_dict,
 )
-from fedfdp.accounting.protocol import append_repeated
+from fedfdp.accounting.protocol import Repeated, append_repeated
 from fedfdp.accounting.replacement import replacement_epsilon
 
+__all__ = [
+    "RELATIONS",
+    "EpsilonBound",
+    "FDPAccountant",
+    "PrivacyBudgetExhausted",
+    "Repeated",
+    "as_events",
+    "check_relation",
+    "epsilon_for",
+    "threshold_delta_cost",
+]
+
+#: The relations the FDP accountant states an ε for (Definitions 6 and 5).
 RELATIONS = ("add-remove", "replacement")
 # version 2 adds each event's participation; version-1 states load with participation 1
 # version 3 stores each entry as {"event": SubsampledGaussian.to_dict(), "count": n};
@@ -119,77 +130,11 @@ class PrivacyBudgetExhausted(RuntimeError):
         return (type(self), args)
 
 
-#: The accounting package's checks of σ and of a rate are the event vocabulary's.
-check_sigma = check_noise_multiplier
-check_rate = check_probability
-
-
-def check_count(value: Any, name: str = "count") -> int:
-    """``value`` as an int ``>= 1`` (numpy integers accepted, bool refused), else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r}: must be an integer >= 1")
-    return int(value)
-
-
-def check_delta(value: Any, name: str = "delta") -> float:
-    """``value`` as a float in ``(0, 1)``, else ``ValueError`` naming ``name``."""
-    v = check_real(name, value)
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"{name}={value!r}: must be in (0, 1)")
-    return v
-
-
 def check_relation(relation: Any) -> str:
     """``relation`` if it is one of :data:`RELATIONS`, else ``ValueError``."""
     if relation not in RELATIONS:
         raise ValueError(f"relation={relation!r}: unknown, expected one of {RELATIONS}")
     return str(relation)
-
-
-def check_eps_error(value: Any, name: str = "eps_error") -> float:
-    """``value`` as a float in ``(0, 1]``, else ``ValueError`` naming ``name``."""
-    v = check_real(name, value)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
-    return v
-
-
-@dataclass(frozen=True)
-class Repeated:
-    """``count`` rounds of one :class:`~fedfdp.accounting.events.SubsampledGaussian`
-    event: an entry of :attr:`FDPAccountant.ledger` (consecutive equal events merge).
-
-    Parameters
-    ----------
-    event : SubsampledGaussian
-        The round's mechanism (``σ``, ``q``, participation ``p``).
-    count : int
-        Number of identical rounds, ``>= 1``.
-    """
-
-    event: SubsampledGaussian | ThresholdedHistogram
-    count: int = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.event, SubsampledGaussian | ThresholdedHistogram):
-            raise ValueError(f"event={self.event!r}: the FDP accountant composes SubsampledGaussian "
-                             "and ThresholdedHistogram events")
-        object.__setattr__(self, "count", check_count(self.count))
-
-    @property
-    def noise_multiplier(self) -> float:
-        """``σ`` of the repeated event."""
-        return self.event.noise_multiplier
-
-    @property
-    def sampling_rate(self) -> float:
-        """``q`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
-        return self.event.sampling_rate
-
-    @property
-    def participation(self) -> float:
-        """``p`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
-        return self.event.participation
 
 
 @dataclass(frozen=True)
@@ -315,18 +260,12 @@ class FDPAccountant:
         delta_error: float = 1e-3,
         max_grid_points: int = 2**24,
     ) -> None:
-        self._eps_error = check_eps_error(eps_error)
-        delta_error = check_real("delta_error", delta_error)
+        self._eps_error = validate.rate("eps_error", eps_error)
+        delta_error = validate.real("delta_error", delta_error)
         if not 0.0 < delta_error <= 0.1:
             raise ValueError(f"delta_error={delta_error!r}: must be in (0, 0.1]")
         self._delta_error = delta_error
-        if (
-            isinstance(max_grid_points, bool)
-            or not isinstance(max_grid_points, (int, np.integer))
-            or max_grid_points < 1024
-        ):
-            raise ValueError(f"max_grid_points={max_grid_points!r}: must be an integer >= 1024")
-        self._max_grid_points = int(max_grid_points)
+        self._max_grid_points = validate.count("max_grid_points", max_grid_points, 1024)
         self._ledger: list[Repeated] = []
         # (events, delta, relation) -> bound: a round asks for the same ε up to three
         # times (budget check of ledger + 1 round, the charge, the metrics row)
@@ -368,7 +307,7 @@ class FDPAccountant:
         return compose_bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
 
     def _bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
-        delta = check_delta(delta)
+        delta = validate.open_unit("delta", delta)
         relation = check_relation(relation)
         if not events:
             return EpsilonBound(0.0, 0.0, 0.0, delta, relation)
@@ -448,9 +387,7 @@ class FDPAccountant:
         self, max_epsilon: float, event: SubsampledGaussian | ThresholdedHistogram, count: int
     ) -> tuple[float, list[Repeated]]:
         """The validated cap and the ledger as it would be after ``count`` more rounds."""
-        max_epsilon = check_real("max_epsilon", max_epsilon)
-        if max_epsilon < 0:
-            raise ValueError(f"max_epsilon={max_epsilon!r}: must be >= 0")
+        max_epsilon = validate.at_least("max_epsilon", max_epsilon, 0.0)
         return max_epsilon, appended(self._ledger, Repeated(event, count))
 
     def would_exceed(
@@ -532,9 +469,9 @@ class FDPAccountant:
                 f"{sorted((*_LEGACY_FIELDS, _STATE_VERSION))})"
             )
         if "eps_error" in state:
-            check_eps_error(state["eps_error"], "state eps_error")
+            validate.rate("state eps_error", state["eps_error"])
         if "delta_error" in state:
-            check_real("state delta_error", state["delta_error"])
+            validate.real("state delta_error", state["delta_error"])
         ledger = state["ledger"]
         if not isinstance(ledger, list):
             raise ValueError(f"state ledger={type(ledger).__name__}: must be a list")
@@ -587,5 +524,5 @@ def epsilon_for(
     """
     acc = FDPAccountant(eps_error=eps_error)
     event = SubsampledGaussian(noise_multiplier, sampling_rate, participation)
-    acc.compose(event, check_count(rounds, "rounds"))
+    acc.compose(event, validate.count("rounds", rounds))
     return acc.epsilon_bound(delta, relation)

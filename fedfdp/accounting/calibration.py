@@ -17,16 +17,10 @@ the target.
 
 from __future__ import annotations
 
-from fedfdp.accounting.accountant import (
-    FDPAccountant,
-    check_delta,
-    check_eps_error,
-    check_rate,
-    check_relation,
-    check_sigma,
-)
+from fedfdp import validate
+from fedfdp.accounting.accountant import FDPAccountant, check_relation
 from fedfdp.accounting.events import SubsampledGaussian
-from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, calibrate
+from fedfdp.accounting.protocol import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, calibrate
 
 __all__ = ["MIN_NOISE_MULTIPLIER", "calibrate_noise_multiplier"]
 
@@ -52,7 +46,7 @@ def calibrate_noise_multiplier(
     relation: str = "add-remove",
     eps_error: float = 0.05,
     rtol: float = 1e-3,
-    max_noise_multiplier: float = 1e4,
+    max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,
 ) -> float:
     """Smallest noise multiplier (to ``rtol``) whose *upper* epsilon is ``<= target``
     over ``rounds`` :class:`~fedfdp.accounting.events.SubsampledGaussian` rounds.
@@ -77,14 +71,14 @@ def calibrate_noise_multiplier(
     >>> round(calibrate_noise_multiplier(target_epsilon=2.0, sampling_rate=0.05, rounds=150, delta=1e-5), 3)
     1.54
     """
-    q = check_rate(sampling_rate)
-    p = check_rate(participation, "participation")
-    delta = check_delta(delta)
-    relation = check_relation(relation)
-    eps_error = check_eps_error(eps_error)
-    max_sigma = check_sigma(max_noise_multiplier, "max_noise_multiplier")
+    q = validate.rate("sampling_rate", sampling_rate)
+    p = validate.rate("participation", participation)
+    delta = validate.open_unit("delta", delta)
+    checked = check_relation(relation)
+    eps_error = validate.rate("eps_error", eps_error)
+    max_sigma = validate.positive("max_noise_multiplier", max_noise_multiplier)
     return calibrate(
-        lambda: _RelationAccountant(relation, eps_error),
+        lambda: _RelationAccountant(checked, eps_error),
         lambda sigma: SubsampledGaussian(sigma, q, p),
         target_epsilon=target_epsilon, rounds=rounds, delta=delta, rtol=rtol, max_noise_multiplier=max_sigma,
     )

@@ -75,12 +75,13 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy import fft as _fft
 
 from fedfdp.accounting.curves import ArrayCurve, CurveBase, SpectralCurve
+from fedfdp.accounting.protocol import Repeated
 from fedfdp.accounting.prv import (
     DiscretisationError,
     Group,
@@ -96,9 +97,6 @@ from fedfdp.accounting.prv import (
     support_length,
     tv_bound,
 )
-
-if TYPE_CHECKING:
-    from fedfdp.accounting.accountant import Repeated
 
 # Share of ``eps_error`` given to the discretisation; the rest absorbs the effect of
 # ``delta_error`` on the interval.

@@ -56,6 +56,12 @@ Refusals
 Device sampling by the server gives no amplification against this server (it
 knows, and could choose, which devices take part), so rounds carry no
 participation below 1. Nothing here draws random numbers.
+
+Where things live: the event, :class:`~fedfdp.accounting.events.DistributedDiscreteGaussian`,
+is part of the event vocabulary (:mod:`fedfdp.accounting.events`); its sensitivity, ``η``,
+the two lemmas and ``τ`` are :mod:`fedfdp.accounting.discrete_gaussian_bounds`. This
+module has the two accounts and :class:`DistributedAccountant`, and re-exports those
+names.
 """
 
 from __future__ import annotations
@@ -63,27 +69,37 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from scipy import special
 
-from fedfdp.accounting import EpsilonBound, FDPAccountant, SubsampledGaussian
+from fedfdp.accounting.accountant import EpsilonBound, FDPAccountant
+from fedfdp.accounting.discrete_gaussian_bounds import (
+    MAX_SLACK,
+    MIN_LOCAL_SIGMA,
+    SMOOTHING,
+    ddg_tau,
+    sensitivity,
+    smoothing_divergence_bound,
+    sum_divergence_bound,
+    theta_excess,
+)
 from fedfdp.accounting.events import (
-    EventKind,
-    PrivacyEvent,
+    DistributedDiscreteGaussian,
     Relation,
-    check_noise_multiplier,
-    check_probability,
-    check_real,
+    SubsampledGaussian,
+    event_from_dict,
 )
 from fedfdp.accounting.protocol import append_repeated
+from fedfdp.validate import count, open_unit, positive, rate
 
 __all__ = [
     "MAX_SLACK",
     "MIN_LOCAL_SIGMA",
     "ROUTE_B_ORDERS",
     "SMOOTHING",
+    "DistributedAccountant",
     "DistributedDiscreteGaussian",
     "DistributedEpsilon",
     "ddg_rdp",
@@ -101,12 +117,6 @@ __all__ = [
     "theta_excess",
 ]
 
-#: Smallest local noise std (integer units) accepted: see ``docs/secagg_accounting.md`` §5.
-MIN_LOCAL_SIGMA = 4.0
-#: Largest total slack ``Λ`` accepted (route A's ε moves by at most ``2Λ``).
-MAX_SLACK = 1e-12
-#: Default smoothing parameter ``t`` of Lemma 2 (integer units).
-SMOOTHING = 2.0
 #: Integer Rényi orders of route B (Zhu & Wang's bound holds at integer orders).
 ROUTE_B_ORDERS: tuple[int, ...] = (
     *range(2, 129),
@@ -120,49 +130,8 @@ ROUTE_B_ORDERS: tuple[int, ...] = (
 
 
 # --------------------------------------------------------------------------------------
-# validation
-# --------------------------------------------------------------------------------------
-
-
-def _real(name: str, value: Any) -> float:
-    v = check_real(name, value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name}={value!r}: must be finite")
-    return v
-
-
-def _positive(name: str, value: Any) -> float:
-    return check_noise_multiplier(value, name)
-
-
-def _count(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return int(value)
-
-
-def _rate(name: str, value: Any) -> float:
-    return check_probability(value, name)
-
-
-def _delta(value: Any) -> float:
-    v = _real("delta", value)
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"delta={value!r}: must be in (0, 1)")
-    return v
-
-
-# --------------------------------------------------------------------------------------
 # scale, sensitivity, calibration, parties
 # --------------------------------------------------------------------------------------
-
-
-def sensitivity(scale: float, dimension: int) -> float:
-    """``Δ = s + √d``: the L2 sensitivity, in integer units, of the honest parties'
-    rounded sum under add/remove of one record (clip ``C`` scaled to ``s``; unbiased
-    rounding coupled on the same ``U`` adds at most 1 per coordinate).
-    """
-    return _positive("scale", scale) + math.sqrt(_count("dimension", dimension))
 
 
 def local_noise_sigma(
@@ -176,7 +145,7 @@ def local_noise_sigma(
     ValueError
         On a non-positive ``σ`` or scale, or when ``n_min - t_c < 1``.
     """
-    sigma = _positive("noise_multiplier", noise_multiplier)
+    sigma = positive("noise_multiplier", noise_multiplier)
     n_h = honest_parties(min_survivors, colluders)
     return sigma * sensitivity(scale, dimension) / math.sqrt(n_h)
 
@@ -190,186 +159,11 @@ def honest_parties(survivors: int, colluders: int) -> int:
     ValueError
         If ``n_h < 1`` (no honest noise: nothing to account).
     """
-    n = _count("survivors", survivors, 0)
-    c = _count("colluders", colluders, 0)
+    n = count("survivors", survivors, 0)
+    c = count("colluders", colluders, 0)
     if n - c < 1:
         raise ValueError(f"honest parties n_h={n - c} (survivors={n}, colluders={c}): must be >= 1")
     return n - c
-
-
-# --------------------------------------------------------------------------------------
-# Lemma 1 (sums of discrete Gaussians) and Lemma 2 (smoothing)
-# --------------------------------------------------------------------------------------
-
-
-def theta_excess(variance: float) -> float:
-    """``η(v) = 2 Σ_{m>=1} exp(-2π² v m²)``: by Poisson summation,
-    ``Σ_{k∈Z} exp(-(k - c)²/(2v)) ∈ √(2πv) [1 - η(v), 1 + η(v)]`` for every real ``c``.
-    """
-    v = _positive("variance", variance)
-    m = np.arange(1, 2 + math.ceil(math.sqrt(40.0 / v)))
-    return float(2.0 * np.exp(-2.0 * math.pi**2 * v * m * m).sum())
-
-
-def _log_ratio_bound(eta: float) -> float:
-    """``ln((1 + η) / (1 - η))``, accurate for tiny ``η``; ``inf`` when ``η >= 1``."""
-    if eta >= 1.0:
-        return math.inf
-    return math.log1p(eta) - math.log1p(-eta)
-
-
-def sum_divergence_bound(local_sigma: float, parties: int) -> float:
-    """Lemma 1: ``D∞`` (both directions) between the sum of ``parties`` independent
-    ``N_Z(0, σ²)`` and ``N_Z(0, parties·σ²)``, per coordinate:
-    ``Σ_{k=1}^{n-1} ln((1 + η(σ²k/(k+1))) / (1 - η(σ²k/(k+1))))`` (``inf`` if some
-    ``η >= 1``, i.e. ``σ`` below about 0.27). About ``4 Σ_k exp(-2π²σ²k/(k+1))``, less
-    than the ``τ`` of Kairouz, Liu & Steinke (:func:`ddg_tau`).
-    """
-    sigma = _positive("local_sigma", local_sigma)
-    n = _count("parties", parties)
-    if n == 1:
-        return 0.0
-    k = np.arange(1, n, dtype=np.float64)
-    v = sigma * sigma * k / (k + 1.0)
-    m = np.arange(1, 2 + math.ceil(math.sqrt(40.0 / (sigma * sigma / 2.0))))
-    eta = 2.0 * np.exp(-2.0 * math.pi**2 * v[:, None] * (m * m)[None, :]).sum(axis=1)
-    if np.any(eta >= 1.0):
-        return math.inf
-    return float((np.log1p(eta) - np.log1p(-eta)).sum())
-
-
-def smoothing_divergence_bound(smoothing: float) -> float:
-    """Lemma 2: ``D∞`` (both directions) between ``N_Z(G, t²)`` with
-    ``G ~ N(0, V - t²)`` and ``N_Z(0, V)``: ``ln((1 + η(t²)) / (1 - η(t²)))``, for every
-    ``V > t²``. ``t = 2`` gives ``2.1e-34``.
-    """
-    t = _positive("smoothing", smoothing)
-    return _log_ratio_bound(theta_excess(t * t))
-
-
-def ddg_tau(local_sigma: float, parties: int) -> float:
-    """``τ = 10 Σ_{k=1}^{n-1} exp(-2π²σ²k/(k+1))``: the per-coordinate inflation of
-    Kairouz, Liu & Steinke (ICML 2021, Theorem 1), used by route B.
-    """
-    sigma = _positive("local_sigma", local_sigma)
-    n = _count("parties", parties)
-    k = np.arange(1, n, dtype=np.float64)
-    return float(10.0 * np.exp(-2.0 * math.pi**2 * sigma * sigma * k / (k + 1.0)).sum())
-
-
-# --------------------------------------------------------------------------------------
-# the event
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DistributedDiscreteGaussian(PrivacyEvent):
-    """One round of secure aggregation with distributed discrete Gaussian noise.
-
-    Each honest party adds ``N_Z(0, σ_loc²)`` per coordinate to its scaled, randomly
-    rounded clipped private sum (``C`` scaled to ``s``), over a Poisson sample of
-    rate ``q``; the server sees the sum mod 2³², ``n_h`` of whose noises it cannot
-    subtract. Add/remove sensitivity ``Δ = s + √d`` (L2, integer units).
-
-    Attributes
-    ----------
-    local_sigma : float
-        ``σ_loc``, each party's noise std in integer units, ``>= MIN_LOCAL_SIGMA``.
-    honest_parties : int
-        ``n_h = |U3| - t_c >= 1``.
-    scale : float
-        ``s > 0``: the clip norm ``C`` in integer units.
-    dimension : int
-        ``d >= 1``: coordinates summed.
-    sampling_rate : float
-        ``q`` in ``(0, 1]``: the parties' record-level Poisson rate.
-    smoothing : float
-        ``t`` of Lemma 2, ``0 < t < √n_h σ_loc`` (default 2).
-
-    Raises
-    ------
-    ValueError
-        Naming the value: ``σ_loc < MIN_LOCAL_SIGMA``, ``n_h < 1``, a round slack
-        above ``MAX_SLACK``, ``t² >= n_h σ_loc²``, or any malformed field.
-
-    Examples
-    --------
-    >>> ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19,
-    ...                                  dimension=10**5, sampling_rate=0.05)
-    >>> round(ev.noise_multiplier, 4), ev.slack < 1e-25
-    (1.9892, True)
-    """
-
-    kind: ClassVar[EventKind] = EventKind.DISTRIBUTED_DISCRETE_GAUSSIAN
-    local_sigma: float
-    honest_parties: int
-    scale: float
-    dimension: int
-    sampling_rate: float
-    smoothing: float = SMOOTHING
-
-    def __post_init__(self) -> None:
-        sigma = _real("local_sigma", self.local_sigma)
-        if not sigma >= MIN_LOCAL_SIGMA:
-            raise ValueError(
-                f"local_sigma={self.local_sigma!r}: must be >= {MIN_LOCAL_SIGMA} (integer units; "
-                "below it the distributed discrete Gaussian is not accounted)"
-            )
-        object.__setattr__(self, "local_sigma", sigma)
-        if isinstance(self.honest_parties, bool) or not isinstance(self.honest_parties, int | np.integer) or (
-            self.honest_parties < 1
-        ):
-            raise ValueError(f"honest_parties n_h={self.honest_parties!r}: must be an integer >= 1")
-        object.__setattr__(self, "honest_parties", int(self.honest_parties))
-        object.__setattr__(self, "scale", _positive("scale", self.scale))
-        object.__setattr__(self, "dimension", _count("dimension", self.dimension))
-        object.__setattr__(self, "sampling_rate", _rate("sampling_rate", self.sampling_rate))
-        t = _positive("smoothing", self.smoothing)
-        object.__setattr__(self, "smoothing", t)
-        if not t * t < self.honest_parties * sigma * sigma:
-            raise ValueError(
-                f"smoothing={t!r}: t² must be < n_h σ_loc² = {self.honest_parties * sigma * sigma!r}"
-            )
-        if not self.slack <= MAX_SLACK:
-            raise ValueError(f"round slack Λ={self.slack!r}: must be <= {MAX_SLACK} (raise local_sigma)")
-
-    @property
-    def sensitivity(self) -> float:
-        """``Δ = s + √d``."""
-        return sensitivity(self.scale, self.dimension)
-
-    @property
-    def noise_multiplier(self) -> float:
-        """``σ_eff = √(n_h σ_loc² - t²) / Δ``: the smoothed round's Gaussian noise
-        multiplier.
-        """
-        var = self.honest_parties * self.local_sigma**2 - self.smoothing**2
-        return math.sqrt(var) / self.sensitivity
-
-    @property
-    def slack(self) -> float:
-        """``Λ_r = d (τ_{n_h}(σ_loc) + ln((1+η(t²))/(1-η(t²))))``: the round's
-        log-density-ratio distance from the smoothed (Gaussian) round.
-        """
-        per_coordinate = sum_divergence_bound(self.local_sigma, self.honest_parties)
-        per_coordinate += smoothing_divergence_bound(self.smoothing)
-        return self.dimension * per_coordinate
-
-    def gaussian_event(self) -> SubsampledGaussian:
-        """The subsampled-Gaussian event that dominates the smoothed round (route A)."""
-        return SubsampledGaussian(self.noise_multiplier, self.sampling_rate)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable mapping of every field."""
-        return {
-            "kind": str(self.kind),
-            "local_sigma": self.local_sigma,
-            "honest_parties": self.honest_parties,
-            "scale": self.scale,
-            "dimension": self.dimension,
-            "sampling_rate": self.sampling_rate,
-            "smoothing": self.smoothing,
-        }
 
 
 #: An event these accounts compose: a distributed round, or a central subsampled
@@ -390,7 +184,7 @@ def _as_counted(rounds: Rounds | Charged) -> list[tuple[Charged, int]]:
             and len(item) == 2
             and isinstance(item[0], DistributedDiscreteGaussian | SubsampledGaussian)
         ):
-            out.append((item[0], _count("count", item[1])))
+            out.append((item[0], count("count", item[1])))
         else:
             raise ValueError(
                 f"round {item!r}: expected a DistributedDiscreteGaussian or SubsampledGaussian, or "
@@ -441,7 +235,7 @@ def route_a_epsilon(
         If the total slack exceeds ``MAX_SLACK`` or the input is malformed.
     """
     counted = _as_counted(rounds)
-    delta = _delta(delta)
+    delta = open_unit("delta", delta)
     slack = _total_slack(counted)
     acc = FDPAccountant(eps_error=eps_error)
     for ev, n in counted:  # a central Gaussian event is composed as it is (Λ is the distributed rounds')
@@ -477,13 +271,13 @@ def ddg_rdp(
     ``‖v‖₁ <= min(√d ‖v‖₂, ‖v‖₂²)``).
     """
     a = np.asarray(orders, dtype=np.float64)
-    sigma = _positive("local_sigma", local_sigma)
+    sigma = positive("local_sigma", local_sigma)
     if sigma < 0.5:
         raise ValueError(f"local_sigma={local_sigma!r}: Prop. 14 needs >= 0.5")
-    n = _count("parties", parties)
-    d = _count("dimension", dimension)
-    l2 = _positive("l2_sensitivity", l2_sensitivity)
-    l1 = l2 * min(math.sqrt(d), l2) if l1_sensitivity is None else _positive("l1_sensitivity", l1_sensitivity)
+    n = count("parties", parties)
+    d = count("dimension", dimension)
+    l2 = positive("l2_sensitivity", l2_sensitivity)
+    l1 = l2 * min(math.sqrt(d), l2) if l1_sensitivity is None else positive("l1_sensitivity", l1_sensitivity)
     tau = ddg_tau(sigma, n)
     sd = math.sqrt(n) * sigma
     term1 = a * l2**2 / (2.0 * sd**2) + tau * d
@@ -510,8 +304,8 @@ def poisson_subsampled_rdp(base_rdp: np.ndarray, sampling_rate: float, orders: S
     orders : sequence of int
         Integer orders ``>= 2``.
     """
-    q = _rate("sampling_rate", sampling_rate)
-    orders_i = [_count("order", o, 2) for o in orders]
+    q = rate("sampling_rate", sampling_rate)
+    orders_i = [count("order", o, 2) for o in orders]
     eps = np.asarray(base_rdp, dtype=np.float64)
     if eps.shape[0] <= max(orders_i):
         raise ValueError(f"base_rdp: needs entries up to order {max(orders_i)}, has {eps.shape[0] - 1}")
@@ -536,7 +330,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: np.ndarray, delta: float) -> fl
     """``min_α ε_α + log((α-1)/α) - (log δ + log α)/(α-1)``, at least 0
     (Canonne, Kamath & Steinke 2020, Prop. 12; the conversion dp-accounting uses).
     """
-    delta = _delta(delta)
+    delta = open_unit("delta", delta)
     a = np.asarray(orders, dtype=np.float64)
     r = np.asarray(rdp, dtype=np.float64)
     eps = r + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1.0)
@@ -550,8 +344,8 @@ def route_b_epsilon(rounds: Rounds, delta: float, orders: Sequence[int] = ROUTE_
     route A (``docs/secagg_accounting.md`` §6).
     """
     counted = _as_counted(rounds)
-    delta = _delta(delta)
-    orders_i = sorted({_count("order", o, 2) for o in orders})
+    delta = open_unit("delta", delta)
+    orders_i = sorted({count("order", o, 2) for o in orders})
     top = max(orders_i)
     ls = np.arange(top + 1)
     total = np.zeros(len(orders_i))
@@ -604,7 +398,7 @@ def distributed_epsilon(rounds: Rounds, delta: float, eps_error: float = 0.05) -
         route_a_epsilon(counted, delta, eps_error=eps_error),
         route_b_epsilon(counted, delta),
         slack,
-        _delta(delta),
+        open_unit("delta", delta),
     )
 
 
@@ -654,7 +448,7 @@ class DistributedAccountant:
         if not isinstance(event, DistributedDiscreteGaussian | SubsampledGaussian):
             raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian (and "
                              "SubsampledGaussian) events")
-        return append_repeated(rounds, event, _count("count", count))
+        return append_repeated(rounds, event, count)
 
     def compose(self, event: Charged, count: int = 1) -> None:
         """Record ``count`` rounds of ``event``."""
@@ -673,8 +467,8 @@ class DistributedAccountant:
     def epsilon_bound(self, delta: float) -> DistributedEpsilon:
         """Routes A and B of everything composed (zero rounds: ε = 0)."""
         if not self._rounds:
-            zero = EpsilonBound(0.0, 0.0, 0.0, _delta(delta), str(Relation.ADD_REMOVE))
-            return DistributedEpsilon(zero, 0.0, 0.0, _delta(delta))
+            zero = EpsilonBound(0.0, 0.0, 0.0, open_unit("delta", delta), str(Relation.ADD_REMOVE))
+            return DistributedEpsilon(zero, 0.0, 0.0, zero.delta)
         return self._bound(self._rounds, delta)
 
     def epsilon(self, delta: float) -> float:
@@ -694,8 +488,6 @@ class DistributedAccountant:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the rounds by those in ``state``; nothing changes on error."""
-        from fedfdp.accounting.events import event_from_dict
-
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"state {state!r}: not a distributed accountant's state")
         rounds: list[tuple[Charged, int]] = []

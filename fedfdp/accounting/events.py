@@ -27,12 +27,15 @@ event                        mechanism of one round (dominating pair, in units o
                              accountant, which takes ``δ_t`` off the ``δ`` it reports at)
 ``DistributedDiscrete...``   one round of secure aggregation where each of ``n_h``
                              honest parties adds ``N_Z(0, σ_loc²)``
-                             (:class:`fedfdp.accounting.distributed.\
-                             DistributedDiscreteGaussian`; its module has the maths,
-                             this one only its kind)
+                             (:class:`DistributedDiscreteGaussian`: sensitivity
+                             ``Δ = s + √d``, dominated within ``e^{±Λ_r}`` by the
+                             subsampled Gaussian of ``σ_eff``; the lemmas in
+                             :mod:`fedfdp.accounting.discrete_gaussian_bounds`, the
+                             accounts in :mod:`fedfdp.accounting.distributed`)
 ===========================  ========================================================
 
-Events are plain data: they import nothing but the standard library, validate on
+Events are plain data: they import only the number checks (:mod:`fedfdp.validate`)
+and the discrete Gaussian's bounds (numpy), nothing above them, validate on
 construction (``ValueError`` naming the field), and round-trip through JSON
 (:meth:`PrivacyEvent.to_dict`, :func:`event_from_dict`), so the ledger stores events,
 not tuples.
@@ -55,6 +58,16 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, assert_never
+
+from fedfdp.accounting.discrete_gaussian_bounds import (
+    MAX_SLACK,
+    MIN_LOCAL_SIGMA,
+    SMOOTHING,
+    sensitivity,
+    smoothing_divergence_bound,
+    sum_divergence_bound,
+)
+from fedfdp.validate import count, finite, positive, rate, real, unit
 
 
 class EventKind(StrEnum):
@@ -85,51 +98,6 @@ class Relation(StrEnum):
 
     def __repr__(self) -> str:  # the literal, as in the configuration's messages
         return repr(self.value)
-
-
-def check_real(name: str, value: Any) -> float:
-    """``value`` as a float (numpy scalars accepted; NaN refused), else ``ValueError``
-    naming ``name``. The one real-number check of the accounting package.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        try:
-            import numpy as np  # numpy scalars are accepted, nothing else
-
-            if isinstance(value, np.integer | np.floating):
-                return check_real(name, float(value))
-        except ImportError:  # pragma: no cover - numpy is a dependency
-            pass
-        raise ValueError(f"{name}={value!r}: must be a real number")
-    v = float(value)
-    if math.isnan(v):
-        raise ValueError(f"{name}={value!r}: must not be NaN")
-    return v
-
-
-def check_noise_multiplier(value: Any, name: str = "noise_multiplier", *, allow_inf: bool = False) -> float:
-    """``value`` as a float in ``(0, ∞)`` (``∞`` too with ``allow_inf``), else ``ValueError``."""
-    v = check_real(name, value)
-    if math.isinf(v) and not (allow_inf and v > 0):
-        raise ValueError(f"{name}={value!r}: must be finite")
-    if not v > 0:
-        raise ValueError(f"{name}={value!r}: must be > 0")
-    return v
-
-
-def check_probability(value: Any, name: str = "sampling_rate") -> float:
-    """``value`` as a float in ``(0, 1]``, else ``ValueError``."""
-    v = check_real(name, value)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be in (0, 1]")
-    return v
-
-
-def check_weight(value: Any, name: str) -> float:
-    """``value`` as a float in ``[0, 1]``, else ``ValueError``."""
-    v = check_real(name, value)
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name}={value!r}: must be in [0, 1]")
-    return v
 
 
 @dataclass(frozen=True)
@@ -188,9 +156,9 @@ class SubsampledGaussian(PrivacyEvent):
     participation: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
-        object.__setattr__(self, "sampling_rate", check_probability(self.sampling_rate, "sampling_rate"))
-        object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
+        object.__setattr__(self, "noise_multiplier", positive("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "sampling_rate", rate("sampling_rate", self.sampling_rate))
+        object.__setattr__(self, "participation", rate("participation", self.participation))
 
     def to_dict(self) -> dict[str, Any]:
         """``kind``, ``noise_multiplier``, ``sampling_rate`` and ``participation``."""
@@ -252,8 +220,8 @@ class ThresholdedHistogram(PrivacyEvent):
     threshold_delta: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(self.noise_multiplier))
-        d = check_real("threshold_delta", self.threshold_delta)
+        object.__setattr__(self, "noise_multiplier", positive("noise_multiplier", self.noise_multiplier))
+        d = real("threshold_delta", self.threshold_delta)
         if not 0.0 < d < 0.5:
             raise ValueError(f"threshold_delta={self.threshold_delta!r}: must be in (0, 0.5)")
         object.__setattr__(self, "threshold_delta", d)
@@ -299,9 +267,9 @@ class CorrDPClass:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"class name={self.name!r}: must be a non-empty string")
-        object.__setattr__(self, "weight", check_weight(self.weight, f"class {self.name} weight"))
-        object.__setattr__(self, "noise_multiplier", check_noise_multiplier(
-            self.noise_multiplier, f"class {self.name} noise_multiplier", allow_inf=True))
+        object.__setattr__(self, "weight", unit(f"class {self.name} weight", self.weight))
+        object.__setattr__(self, "noise_multiplier", positive(
+            f"class {self.name} noise_multiplier", self.noise_multiplier, allow_inf=True))
 
     def to_list(self) -> list[Any]:
         """``[name, weight, noise_multiplier]``, an infinite multiplier written ``"inf"``."""
@@ -347,9 +315,9 @@ class CorrDPRound(PrivacyEvent):
             raise ValueError(f"classes: duplicate names {names}")
         object.__setattr__(self, "classes", classes)
         object.__setattr__(self, "record_noise_multiplier",
-                           check_noise_multiplier(self.record_noise_multiplier, "record_noise_multiplier"))
-        object.__setattr__(self, "sampling_rate", check_probability(self.sampling_rate, "sampling_rate"))
-        object.__setattr__(self, "participation", check_probability(self.participation, "participation"))
+                           positive("record_noise_multiplier", self.record_noise_multiplier))
+        object.__setattr__(self, "sampling_rate", rate("sampling_rate", self.sampling_rate))
+        object.__setattr__(self, "participation", rate("participation", self.participation))
 
     def to_dict(self) -> dict[str, Any]:
         """``kind``, ``classes`` (each :meth:`CorrDPClass.to_list`), ``record_noise_multiplier``,
@@ -361,6 +329,116 @@ class CorrDPRound(PrivacyEvent):
             "record_noise_multiplier": self.record_noise_multiplier,
             "sampling_rate": self.sampling_rate,
             "participation": self.participation,
+        }
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussian(PrivacyEvent):
+    """One round of secure aggregation with distributed discrete Gaussian noise.
+
+    Each honest party adds ``N_Z(0, σ_loc²)`` per coordinate to its scaled, randomly
+    rounded clipped private sum (``C`` scaled to ``s``), over a Poisson sample of
+    rate ``q``; the server sees the sum mod 2³², ``n_h`` of whose noises it cannot
+    subtract. Add/remove sensitivity ``Δ = s + √d`` (L2, integer units). By Lemmas 1
+    and 2 of ``docs/secagg_accounting.md`` the round is within density ratio
+    ``e^{±Λ_r}`` of a post-processing of the Gaussian mechanism of noise multiplier
+    ``σ_eff`` (:attr:`noise_multiplier`), dominated by Theorem 5's subsampled-Gaussian
+    pair (:meth:`gaussian_event`); :mod:`fedfdp.accounting.distributed` composes it.
+
+    Attributes
+    ----------
+    local_sigma : float
+        ``σ_loc``, each party's noise std in integer units, ``>= MIN_LOCAL_SIGMA``.
+    honest_parties : int
+        ``n_h = |U3| - t_c >= 1``.
+    scale : float
+        ``s > 0``: the clip norm ``C`` in integer units.
+    dimension : int
+        ``d >= 1``: coordinates summed.
+    sampling_rate : float
+        ``q`` in ``(0, 1]``: the parties' record-level Poisson rate.
+    smoothing : float
+        ``t`` of Lemma 2, ``0 < t < √n_h σ_loc`` (default 2).
+
+    Raises
+    ------
+    ValueError
+        Naming the value: ``σ_loc < MIN_LOCAL_SIGMA``, ``n_h < 1``, a round slack
+        above ``MAX_SLACK``, ``t² >= n_h σ_loc²``, or any malformed field.
+
+    Examples
+    --------
+    >>> ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19,
+    ...                                  dimension=10**5, sampling_rate=0.05)
+    >>> round(ev.noise_multiplier, 4), ev.slack < 1e-25, event_from_dict(ev.to_dict()) == ev
+    (1.9892, True, True)
+    """
+
+    kind: ClassVar[EventKind] = EventKind.DISTRIBUTED_DISCRETE_GAUSSIAN
+    local_sigma: float
+    honest_parties: int
+    scale: float
+    dimension: int
+    sampling_rate: float
+    smoothing: float = SMOOTHING
+
+    def __post_init__(self) -> None:
+        sigma = finite("local_sigma", self.local_sigma)
+        if not sigma >= MIN_LOCAL_SIGMA:
+            raise ValueError(
+                f"local_sigma={self.local_sigma!r}: must be >= {MIN_LOCAL_SIGMA} (integer units; "
+                "below it the distributed discrete Gaussian is not accounted)"
+            )
+        object.__setattr__(self, "local_sigma", sigma)
+        object.__setattr__(self, "honest_parties", count("honest_parties n_h", self.honest_parties))
+        object.__setattr__(self, "scale", positive("scale", self.scale))
+        object.__setattr__(self, "dimension", count("dimension", self.dimension))
+        object.__setattr__(self, "sampling_rate", rate("sampling_rate", self.sampling_rate))
+        t = positive("smoothing", self.smoothing)
+        object.__setattr__(self, "smoothing", t)
+        if not t * t < self.honest_parties * sigma * sigma:
+            raise ValueError(
+                f"smoothing={t!r}: t² must be < n_h σ_loc² = {self.honest_parties * sigma * sigma!r}"
+            )
+        if not self.slack <= MAX_SLACK:
+            raise ValueError(f"round slack Λ={self.slack!r}: must be <= {MAX_SLACK} (raise local_sigma)")
+
+    @property
+    def sensitivity(self) -> float:
+        """``Δ = s + √d``."""
+        return sensitivity(self.scale, self.dimension)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``σ_eff = √(n_h σ_loc² - t²) / Δ``: the smoothed round's Gaussian noise
+        multiplier.
+        """
+        var = self.honest_parties * self.local_sigma**2 - self.smoothing**2
+        return math.sqrt(var) / self.sensitivity
+
+    @property
+    def slack(self) -> float:
+        """``Λ_r = d (τ_{n_h}(σ_loc) + ln((1+η(t²))/(1-η(t²))))``: the round's
+        log-density-ratio distance from the smoothed (Gaussian) round.
+        """
+        per_coordinate = sum_divergence_bound(self.local_sigma, self.honest_parties)
+        per_coordinate += smoothing_divergence_bound(self.smoothing)
+        return self.dimension * per_coordinate
+
+    def gaussian_event(self) -> SubsampledGaussian:
+        """The subsampled-Gaussian event that dominates the smoothed round (route A)."""
+        return SubsampledGaussian(self.noise_multiplier, self.sampling_rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable mapping of every field."""
+        return {
+            "kind": str(self.kind),
+            "local_sigma": self.local_sigma,
+            "honest_parties": self.honest_parties,
+            "scale": self.scale,
+            "dimension": self.dimension,
+            "sampling_rate": self.sampling_rate,
+            "smoothing": self.smoothing,
         }
 
 
@@ -400,8 +478,6 @@ def event_from_dict(doc: Any) -> PrivacyEvent:
             tuple(classes), f["record_noise_multiplier"], f["sampling_rate"], f["participation"]
         )
     if kind is EventKind.DISTRIBUTED_DISCRETE_GAUSSIAN:
-        from fedfdp.accounting.distributed import DistributedDiscreteGaussian  # its maths lives there
-
         names = {"local_sigma", "honest_parties", "scale", "dimension", "sampling_rate", "smoothing"}
         return DistributedDiscreteGaussian(**_fields(doc, kind, names))
     assert_never(kind)

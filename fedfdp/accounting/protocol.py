@@ -1,24 +1,32 @@
-"""The one accountant protocol, and the one calibrator.
+"""The one accountant protocol, the one merge and the one calibrator.
 
 Every accountant of fedfdp — :class:`~fedfdp.accounting.FDPAccountant` for
 :class:`~fedfdp.accounting.events.SubsampledGaussian` events,
+:class:`~fedfdp.accounting.distributed.DistributedAccountant` for
+:class:`~fedfdp.accounting.events.DistributedDiscreteGaussian` rounds,
 :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` for
 :class:`~fedfdp.accounting.events.CorrDPRound` events — implements
 :class:`Accountant`: events in, an ε with its numerical interval out, keyword
 arguments only where a float could be mistaken for another.
 
+:func:`append_repeated` is the one merge of consecutive equal events (every
+accountant's ledger); :class:`Repeated` is an entry of the FDP accountant's ledger.
+
 :func:`calibrate` is the one search for the smallest noise multiplier that meets a
-target ε, for any accountant and any family of events ``σ ↦ event``: bisection on
-``log σ`` over the certified **upper** ε, so the σ returned never overshoots.
+target ε, for any accountant and any family of events ``σ ↦ event`` (the shape of
+dp-accounting's ``calibrate_dp_mechanism``): bisection on ``log σ`` over the certified
+**upper** ε, so the σ returned never overshoots.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from fedfdp.accounting.events import PrivacyEvent
+from fedfdp import validate
+from fedfdp.accounting.events import PrivacyEvent, SubsampledGaussian, ThresholdedHistogram
 
 #: The search never goes below this noise multiplier: a target that even this σ meets
 #: returns it (ε ≤ target still holds; a smaller σ is not explored).
@@ -90,14 +98,53 @@ def append_repeated(entries: Sequence[tuple[E, int]], event: E, count: int) -> l
     >>> [n for _, n in append_repeated(append_repeated([(a, 2)], a, 3), b, 1)]
     [5, 1]
     """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count={count!r}: must be an integer >= 1")
+    n = validate.count("count", count)
     out = list(entries)
     if out and out[-1][0] == event:
-        out[-1] = (event, out[-1][1] + count)
+        out[-1] = (event, out[-1][1] + n)
     else:
-        out.append((event, count))
+        out.append((event, n))
     return out
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """``count`` rounds of one :class:`~fedfdp.accounting.events.SubsampledGaussian`
+    (or :class:`~fedfdp.accounting.events.ThresholdedHistogram`) event: an entry of
+    :attr:`fedfdp.accounting.FDPAccountant.ledger` (consecutive equal events merge,
+    :func:`append_repeated`), what :mod:`fedfdp.accounting.composition` composes.
+
+    Parameters
+    ----------
+    event : SubsampledGaussian or ThresholdedHistogram
+        The round's mechanism (``σ``, ``q``, participation ``p``).
+    count : int
+        Number of identical rounds, ``>= 1``.
+    """
+
+    event: SubsampledGaussian | ThresholdedHistogram
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event, SubsampledGaussian | ThresholdedHistogram):
+            raise ValueError(f"event={self.event!r}: the FDP accountant composes SubsampledGaussian "
+                             "and ThresholdedHistogram events")
+        object.__setattr__(self, "count", validate.count("count", self.count))
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``σ`` of the repeated event."""
+        return self.event.noise_multiplier
+
+    @property
+    def sampling_rate(self) -> float:
+        """``q`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
+        return self.event.sampling_rate
+
+    @property
+    def participation(self) -> float:
+        """``p`` of the repeated event (1 for a :class:`ThresholdedHistogram`)."""
+        return self.event.participation
 
 
 def calibrate(
@@ -128,15 +175,9 @@ def calibrate(
         On a target that is not finite and > 0, ``rounds < 1``, or a target that no
         ``σ ≤ max_noise_multiplier`` meets (the message names the target).
     """
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, int | float):
-        raise ValueError(f"target_epsilon={target_epsilon!r}: must be a real number")
-    target = float(target_epsilon)
-    if not (math.isfinite(target) and target > 0):
-        raise ValueError(f"target_epsilon={target_epsilon!r}: must be finite and > 0")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
-    if not 0.0 < rtol < 1.0:
-        raise ValueError(f"rtol={rtol!r}: must be in (0, 1)")
+    target = validate.positive("target_epsilon", target_epsilon)
+    rounds = validate.count("rounds", rounds)
+    rtol = validate.open_unit("rtol", rtol)
 
     def eps(sigma: float) -> float:
         acc = new_accountant()
@@ -169,3 +210,4 @@ def calibrate(
         else:
             lo = mid
     return hi
+

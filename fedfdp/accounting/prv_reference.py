@@ -20,14 +20,8 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from fedfdp.accounting.accountant import (
-    EpsilonBound,
-    as_events,
-    check_delta,
-    check_eps_error,
-    check_rate,
-    check_sigma,
-)
+from fedfdp import validate
+from fedfdp.accounting.accountant import EpsilonBound, as_events
 from fedfdp.accounting.composition import ledger_groups
 from fedfdp.accounting.prv import loss_inv
 
@@ -45,8 +39,8 @@ def prv_add_ordering(q: float, sigma: float) -> Any:
         PrivacyRandomVariable,
     )
 
-    q = check_rate(q)
-    sigma = check_sigma(sigma)
+    q = validate.rate("sampling_rate", q)
+    sigma = validate.positive("noise_multiplier", sigma)
 
     class _AddOrdering(PrivacyRandomVariable):
         def __init__(self) -> None:
@@ -72,7 +66,7 @@ def _prv_participation(prv: Any, p: float) -> Any:
     """
     from prv_accountant.privacy_random_variables import PrivacyRandomVariable
 
-    p = check_rate(p, "participation")
+    p = validate.rate("participation", p)
 
     class _Participation(PrivacyRandomVariable):
         def cdf(self, t: Any) -> Any:
@@ -110,8 +104,8 @@ def epsilon_prv_accountant(
         PoissonSubsampledGaussianMechanism,
     )
 
-    delta = check_delta(delta)
-    eps_error = check_eps_error(eps_error)
+    delta = validate.open_unit("delta", delta)
+    eps_error = validate.rate("eps_error", eps_error)
     groups = ledger_groups(as_events(ledger_or_accountant))
     if not groups:
         return EpsilonBound(0.0, 0.0, 0.0, delta, "add-remove")

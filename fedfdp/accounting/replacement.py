@@ -32,18 +32,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedfdp.accounting.composition import Bounds, bucket_groups, group_precision, ledger_groups
+from fedfdp.accounting.protocol import Repeated
 from fedfdp.accounting.prv import Group, gaussian_epsilon, rdp_epsilon, rdp_epsilon_log, tv_bound
 
-if TYPE_CHECKING:
-    from fedfdp.accounting.accountant import Repeated
-
 #: ``profile_for(events, delta_abs_error)``: the accountant's add/remove bounds.
-ProfileFor = Callable[[Sequence["Repeated"], float], Bounds]
+ProfileFor = Callable[[Sequence[Repeated], float], Bounds]
 
 
 def replacement_epsilon(

@@ -27,11 +27,10 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from fedfdp import validate
 from fedfdp.accounting.accountant import (
     FDPAccountant,
     as_events,
-    check_eps_error,
-    check_real,
     threshold_delta_cost,
 )
 from fedfdp.accounting.composition import DELTA_ERROR_FLOOR, DISC_SHARE, compose_bounds
@@ -98,8 +97,8 @@ def tradeoff_curve(
     if eps_error is None:
         acc = ledger_or_accountant
         eps_error = acc.eps_error if isinstance(acc, FDPAccountant) else 0.05
-    eps_error = check_eps_error(eps_error)
-    delta_error = check_real("delta_error", delta_error)
+    eps_error = validate.rate("eps_error", eps_error)
+    delta_error = validate.real("delta_error", delta_error)
     if not DELTA_ERROR_FLOOR <= delta_error <= 1e-3:
         raise ValueError(f"delta_error={delta_error!r}: must be in [{DELTA_ERROR_FLOOR}, 1e-3]")
     a = _default_alphas() if alphas is None else _check_alphas(alphas)
@@ -139,9 +138,7 @@ def attribute_inference_bound(ledger_or_accountant: Any, ball: float, **kwargs: 
     bound of :func:`tradeoff_curve` (convex, as Theorem 4 requires), so the result is
     an upper bound, in ``[ball, 1]``.  ``kwargs`` go to :func:`tradeoff_curve`.
     """
-    b = check_real("ball", ball)
-    if not 0.0 <= b <= 1.0:
-        raise ValueError(f"ball={ball!r}: must be in [0, 1]")
+    b = validate.unit("ball", ball)
     _, beta = tradeoff_curve(ledger_or_accountant, np.array([b]), **kwargs)
     return float(min(1.0, max(b, 1.0 - beta[0])))
 

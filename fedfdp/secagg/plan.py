@@ -26,13 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from fedfdp.accounting.distributed import (
-    MIN_LOCAL_SIGMA,
-    SMOOTHING,
-    DistributedDiscreteGaussian,
-    honest_parties,
-    sensitivity,
-)
+from fedfdp.accounting.discrete_gaussian_bounds import MIN_LOCAL_SIGMA, SMOOTHING, sensitivity
+from fedfdp.accounting.distributed import honest_parties
+from fedfdp.accounting.events import DistributedDiscreteGaussian
 from fedfdp.secagg.encoding import HALF, choose_scale, headroom
 
 __all__ = ["SecAggPlan", "local_sigma_for", "secagg_event", "secagg_plan"]
