@@ -57,10 +57,12 @@ import argparse
 import json
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedfdp import validate
 from fedfdp.config import ConfigError
 
 CONFIG_FILE = "config.toml"  # fedfdp.outputs.CONFIG_FILE
@@ -76,42 +78,14 @@ EPSILON_COLUMNS = {ADD_REMOVE: "epsilon", CORRDP: "epsilon_corrdp"}
 
 
 # ------------------------------------------------------------------ validation
-def _real(flag: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise ConfigError(f"{flag}={value!r}: must be a finite number")
-    return value
-
-
-def _positive(flag: str, value: float) -> float:
-    if _real(flag, value) <= 0:
-        raise ConfigError(f"{flag}={value!r}: must be > 0")
-    return value
-
-
-def _rate(flag: str, value: float) -> float:
-    if not 0.0 < _real(flag, value) <= 1.0:
-        raise ConfigError(f"{flag}={value!r}: must be in (0, 1]")
-    return value
-
-
-def _delta(flag: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{flag}={value!r}: must be a number in (0, 1)")
-    if not 0.0 < float(value) < 1.0:
-        raise ConfigError(f"{flag}={value!r}: must be in (0, 1)")
-    return float(value)
-
-
-def _unit(flag: str, value: float) -> float:
-    if not 0.0 <= _real(flag, value) <= 1.0:
-        raise ConfigError(f"{flag}={value!r}: must be in [0, 1]")
-    return value
-
-
-def _count(flag: str, value: int) -> int:
-    if value < 1:
-        raise ConfigError(f"{flag}={value!r}: must be an integer >= 1")
-    return value
+def _flag(check: Callable[..., Any], flag: str, value: Any, *args: Any) -> Any:
+    """``check(flag, value, *args)`` (a :mod:`fedfdp.validate` check, naming the flag), its
+    ``ValueError`` a :class:`~fedfdp.config.ConfigError`.
+    """
+    try:
+        return check(flag, value, *args)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -123,9 +97,9 @@ def _delta_of(args: argparse.Namespace, fallback: float | None, fallback_name: s
     if args.delta is not None and args.num_records is not None:
         raise ConfigError(f"--delta={args.delta!r} and --num-records={args.num_records!r}: give one")
     if args.delta is not None:
-        return _delta("--delta", args.delta)
+        return _flag(validate.open_unit, "--delta", args.delta)
     if args.num_records is not None:
-        return 1.0 / (2 * _count("--num-records", args.num_records))
+        return 1.0 / (2 * _flag(validate.count, "--num-records", args.num_records))
     if fallback is None:
         raise ConfigError(f"--delta is required ({fallback_name})")
     return fallback
@@ -146,16 +120,16 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     for flag, value in (("--sampling-rate", args.sampling_rate), ("--rounds", args.rounds)):
         if value is None:
             raise ConfigError(f"{flag} is required with --noise-multiplier/--target-epsilon")
-    q = _rate("--sampling-rate", args.sampling_rate)
+    q = _flag(validate.rate, "--sampling-rate", args.sampling_rate)
     p = 1.0
     if args.device_sampling_rate is not None:
-        p = _rate("--device-sampling-rate", args.device_sampling_rate)
-    rounds = _count("--rounds", args.rounds)
+        p = _flag(validate.rate, "--device-sampling-rate", args.device_sampling_rate)
+    rounds = _flag(validate.count, "--rounds", args.rounds)
     delta = _delta_of(args, None, "or --num-records N for δ = 1/(2N)")
     eps_error = args.eps_error if args.eps_error is not None else DEFAULT_EPS_ERROR
     info: dict[str, Any] = {}
     if args.target_epsilon is not None:
-        target = _positive("--target-epsilon", args.target_epsilon)
+        target = _flag(validate.positive, "--target-epsilon", args.target_epsilon)
         try:
             sigma = calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds,
                                                delta=delta, eps_error=eps_error, participation=p)
@@ -170,7 +144,7 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             ) from None
         info["target_epsilon"] = target
     else:
-        sigma = _positive("--noise-multiplier", args.noise_multiplier)
+        sigma = _flag(validate.positive, "--noise-multiplier", args.noise_multiplier)
     acc = FDPAccountant(eps_error=eps_error)
     acc.compose(SubsampledGaussian(sigma, q, p), rounds)
     info.update(noise_multiplier=sigma, sampling_rate=q, device_sampling_rate=p)
@@ -340,7 +314,7 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
                           f"{ADD_REMOVE!r} or {CORRDP!r}")
     if "delta" not in resolved:
         raise ConfigError(f"{label}: {cfg_path} has no [resolved] delta")
-    run_delta = _delta(f"{label}: {cfg_path} [resolved] delta", resolved["delta"])
+    run_delta = _flag(validate.open_unit, f"{label}: {cfg_path} [resolved] delta", resolved["delta"])
     estimation = resolved.get("corrdp-delta-estimation", 0.0)
     try:
         replayed = run_ledger(run, delta_estimation=estimation, eps_error=eps_error)
@@ -472,10 +446,10 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the report of ``fedfdp account`` (a JSON-ready dict)."""
     from fedfdp.accounting import EpsilonBound, attribute_inference_bound, plot_tradeoff, save_tradeoff_csv
 
-    if args.eps_error is not None and not 0.0 < _real("--eps-error", args.eps_error) <= 1.0:
-        raise ConfigError(f"--eps-error={args.eps_error!r}: must be in (0, 1]")
+    if args.eps_error is not None:
+        _flag(validate.rate, "--eps-error", args.eps_error)
     if args.ball is not None:
-        _unit("--ball", args.ball)
+        _flag(validate.unit, "--ball", args.ball)
     if args.tradeoff is not None and not str(args.tradeoff).strip():
         raise ConfigError(f"--tradeoff={args.tradeoff!r}: must be a path prefix")
     acc, info = _read_run(args) if args.run is not None else _direct(args)
@@ -566,8 +540,8 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     trade-off curve need the rounds' trade-off function, which route A only bounds in ε:
     ``--ball`` and ``--tradeoff`` are refused.
     """
-    from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon
-    from fedfdp.accounting.events import event_from_dict
+    from fedfdp.accounting.distributed import route_a_epsilon
+    from fedfdp.accounting.events import DistributedDiscreteGaussian, event_from_dict
 
     for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
         if value is not None:

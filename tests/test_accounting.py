@@ -978,3 +978,26 @@ def test_number_checks_accept_numpy_scalars_and_return_python_numbers() -> None:
         validate.real("x", np.float64("nan"))
     with pytest.raises(ValueError, match="must be a real number"):
         validate.real("x", np.bool_(True))
+
+
+def test_every_accounting_refusal_goes_through_the_one_family_of_checks() -> None:
+    """The events, the accountants and secure aggregation's encoding word a bad number the
+    same way (the messages of fedfdp.validate, naming their field)."""
+    from fedfdp.accounting.distributed import DistributedAccountant, route_b_epsilon
+    from fedfdp.accounting.events import DistributedDiscreteGaussian
+    from fedfdp.secagg.encoding import decode, headroom
+
+    with pytest.raises(ValueError, match=r"^noise_multiplier=True: must be a real number$"):
+        SubsampledGaussian(True, 0.1)
+    with pytest.raises(ValueError, match=r"^delta=1.5: must be in \(0, 1\)$"):
+        FDPAccountant().epsilon(1.5)
+    ddg = DistributedDiscreteGaussian(local_sigma=50.0, honest_parties=4, scale=64.0, dimension=10,
+                                      sampling_rate=0.1)
+    with pytest.raises(ValueError, match=r"^delta=0.0: must be in \(0, 1\)$"):
+        route_b_epsilon([ddg], 0.0)
+    with pytest.raises(ValueError, match=r"^count=0: must be an integer >= 1$"):
+        DistributedAccountant().compose(ddg, 0)
+    with pytest.raises(ValueError, match=r"^parties=0: must be an integer >= 1$"):
+        headroom(1.0, max_records=1, parties=0)
+    with pytest.raises(ValueError, match=r"^clip=-1.0: must be > 0$"):
+        decode(np.zeros(2, dtype=np.uint32), clip=-1.0, scale=1.0)

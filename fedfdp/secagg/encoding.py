@@ -48,6 +48,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fedfdp.entropy import BitStream, uniforms
+from fedfdp.validate import at_least, count, finite, positive
 
 #: Bits of the ring Z/2^b Z.
 MODULUS_BITS = 32
@@ -61,24 +62,9 @@ SCALE_PER_ROOT_DIM = 1000.0
 _MAX_ABS = 2.0**53
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-    return int(value)
-
-
-def _positive_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise ValueError(f"{name}={value!r}: must be a positive finite number")
-    v = float(value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}={value!r}: must be a positive finite number")
-    return v
-
-
 def default_scale(dim: int) -> float:
     """The largest candidate scale ``s = 2^⌈log₂(1000·√d)⌉`` (a power of two)."""
-    d = _positive_int("dim", dim)
+    d = count("dim", dim)
     return float(2 ** math.ceil(math.log2(SCALE_PER_ROOT_DIM * math.sqrt(d))))
 
 
@@ -113,14 +99,12 @@ def headroom(
     tail : float
         Number of standard deviations of the noise sum to leave room for.
     """
-    s = _positive_float("scale", scale)
-    b = _positive_int("max_records", max_records, 0)
-    n = _positive_int("parties", parties)
-    if not math.isfinite(local_noise_std) or local_noise_std < 0:
-        raise ValueError(f"local_noise_std={local_noise_std!r}: must be a finite number >= 0")
-    if not math.isfinite(tail) or tail < 0:
-        raise ValueError(f"tail={tail!r}: must be a finite number >= 0")
-    return s * b + n + tail * local_noise_std * math.sqrt(n)
+    s = positive("scale", scale)
+    b = count("max_records", max_records, 0)
+    n = count("parties", parties)
+    sigma = at_least("local_noise_std", finite("local_noise_std", local_noise_std), 0.0)
+    t = at_least("tail", finite("tail", tail), 0.0)
+    return s * b + n + t * sigma * math.sqrt(n)
 
 
 def choose_scale(
@@ -212,8 +196,8 @@ def quantize(x: np.ndarray, *, clip: float, scale: float, stream: BitStream) -> 
     stream : fedfdp.entropy.BitStream
         The client's secret bits (``OSBits()`` outside the reproducible test mode).
     """
-    c = _positive_float("clip", clip)
-    s = _positive_float("scale", scale)
+    c = positive("clip", clip)
+    s = positive("scale", scale)
     flat = np.asarray(x, dtype=np.float64).ravel()
     return randomized_round(flat * (s / c), uniforms(stream, flat.size))
 
@@ -244,6 +228,6 @@ def from_ring(total: np.ndarray) -> np.ndarray:
 
 def decode(total: np.ndarray, *, clip: float, scale: float) -> np.ndarray:
     """The aggregate in the original units: ``(C/s)·from_ring(total)`` (``float64``)."""
-    c = _positive_float("clip", clip)
-    s = _positive_float("scale", scale)
+    c = positive("clip", clip)
+    s = positive("scale", scale)
     return from_ring(total).astype(np.float64) * (c / s)

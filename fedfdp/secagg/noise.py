@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from fedfdp.entropy import BitStream, OSBits
+from fedfdp.validate import count
 
 __all__ = [
     "MAX_VARIANCE",
@@ -371,7 +372,7 @@ def sample_discrete_laplace(scale: int, size: int, stream: BitStream | None = No
     """
     if isinstance(scale, bool) or not isinstance(scale, int | np.integer) or not 1 <= scale <= 2**50:
         raise ValueError(f"scale={scale!r}: must be an integer in [1, 2^50]")
-    size = _check_size(size)
+    size = count("size", size, 0)
     return _laplace(_Words(stream if stream is not None else OSBits()), int(scale), size)
 
 
@@ -404,7 +405,7 @@ def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None 
     (dtype('int64'), (5,))
     """
     s2 = as_variance(variance)
-    size = _check_size(size)
+    size = count("size", size, 0)
     words = _Words(stream if stream is not None else OSBits())
     a, b = s2.numerator, s2.denominator
     t = math.isqrt(a // b) + 1  # ⌊σ⌋ + 1, exactly
@@ -444,7 +445,7 @@ def sample_discrete_gaussian_reference(
     About 50-80 µs per draw.
     """
     s2 = as_variance(variance)
-    size = _check_size(size)
+    size = count("size", size, 0)
     words = _Words(stream if stream is not None else OSBits())
     t = math.isqrt(s2.numerator // s2.denominator) + 1
     out = np.empty(size, dtype=np.int64)
@@ -487,9 +488,3 @@ def discrete_gaussian_variance(variance: Any) -> float:
     x = np.arange(-half, half + 1, dtype=np.float64)
     w = np.exp(-x * x / (2.0 * s2))
     return float((w * x * x).sum() / w.sum())
-
-
-def _check_size(size: Any) -> int:
-    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
-        raise ValueError(f"size={size!r}: must be an integer >= 0")
-    return int(size)
