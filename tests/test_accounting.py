@@ -1001,3 +1001,51 @@ def test_every_accounting_refusal_goes_through_the_one_family_of_checks() -> Non
         headroom(1.0, max_records=1, parties=0)
     with pytest.raises(ValueError, match=r"^clip=-1.0: must be > 0$"):
         decode(np.zeros(2, dtype=np.uint32), clip=-1.0, scale=1.0)
+
+
+def _imports(path) -> set[str]:
+    """The fedfdp modules a file imports (lazy imports too; ``if TYPE_CHECKING`` blocks not)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("fedfdp")}
+
+
+def test_the_accounting_secagg_and_data_packages_have_no_import_cycle() -> None:
+    """Every module of fedfdp.accounting, fedfdp.secagg and fedfdp.data, with the modules it
+    imports (a package's import is its __init__'s, a lazy import counts): none reaches itself;
+    the event vocabulary imports nothing above the number checks and the discrete Gaussian's
+    bounds, which import nothing of fedfdp."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in (root / "fedfdp").rglob("*.py")}
+    graph = {m: {i for i in _imports(p) if i in files and i != m} for m, p in files.items()}
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+        return seen
+
+    bounds = "fedfdp.accounting.discrete_gaussian_bounds"
+    assert graph["fedfdp.accounting.events"] == {"fedfdp.validate", bounds}
+    assert graph[bounds] == {"fedfdp.validate"}
+    assert graph["fedfdp.validate"] == set()
+    rooms = ("fedfdp.accounting", "fedfdp.secagg", "fedfdp.data")
+    on_a_cycle = sorted(m for m in files if m.startswith(rooms) and m in reach(m))
+    assert on_a_cycle == []

@@ -49,7 +49,6 @@ import numpy as np
 import pandas as pd
 
 from fedfdp.config import DataConfig
-from fedfdp.data.private_statistics import refuse_undeclared
 from fedfdp.data.split import DataError
 from fedfdp.features import FeatureSpec
 
@@ -84,6 +83,19 @@ def check_numeric_cells(series: pd.Series, column: str) -> None:
             f"{100 * share:.1f}% numbers); fix the cell(s), or declare the column's categories to encode "
             "it as text"
         )
+
+
+def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
+    """The one-line refusal of private columns that are neither declared nor estimated
+    (:func:`table_encoding`, and :func:`fedfdp.data.private_statistics.estimate_private_ranges`
+    under ``private-statistics = "declared"``).
+    """
+    return DataError(
+        f"private-columns: {list(columns)} have no declared encoding (private-statistics="
+        f"{str(cfg.private_statistics)!r}); declare them (private-ranges = \"col=low:high\", "
+        "private-categories = \"col=a|b\"), or set private-statistics = \"estimate\" to release noisy "
+        "ranges and categories charged to the run's ε (estimation-epsilon)"
+    )
 
 
 def _as_float(series: pd.Series) -> np.ndarray:

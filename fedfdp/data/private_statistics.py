@@ -87,6 +87,7 @@ from fedfdp.accounting import FDPAccountant
 from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
 from fedfdp.accounting.protocol import calibrate
 from fedfdp.config import DataConfig, PrivateStatistics
+from fedfdp.data.encoding import check_numeric_cells, is_numeric, refuse_undeclared
 from fedfdp.data.split import DataError
 from fedfdp.entropy import OSBits
 from fedfdp.mechanisms import standard_normals
@@ -328,16 +329,6 @@ def estimation_events(cfg: DataConfig, num_records: int) -> tuple[Estimate, ...]
     return tuple(Estimate(f"encoding of {c!r}", event) for c in columns)
 
 
-def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
-    """The one-line refusal of private columns that are neither declared nor estimated."""
-    return DataError(
-        f"private-columns: {list(columns)} have no declared encoding (private-statistics="
-        f"{str(cfg.private_statistics)!r}); declare them (private-ranges = \"col=low:high\", "
-        "private-categories = \"col=a|b\"), or set private-statistics = \"estimate\" to release noisy "
-        "ranges and categories charged to the run's ε (estimation-epsilon)"
-    )
-
-
 def estimate_private_ranges(
     cfg: DataConfig,
     frame: pd.DataFrame,
@@ -359,8 +350,6 @@ def estimate_private_ranges(
         The noise's source, ``normals(n)`` standard normals (default:
         :func:`secret_normals`, the OS CSPRNG).
     """
-    from fedfdp.data.encoding import check_numeric_cells, is_numeric
-
     declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
     done = {n for n, _, _ in cfg.estimated_ranges} | {n for n, _ in cfg.estimated_categories}
     todo = [c for c in cfg.private_columns if c not in declared and c not in done]
