@@ -444,7 +444,13 @@ def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 # ------------------------------------------------------------------ the command
 def account(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the report of ``fedfdp account`` (a JSON-ready dict)."""
-    from fedfdp.accounting import EpsilonBound, attribute_inference_bound, plot_tradeoff, save_tradeoff_csv
+    from fedfdp.accounting import (
+        EpsilonBound,
+        Relation,
+        attribute_inference_bound,
+        plot_tradeoff,
+        save_tradeoff_csv,
+    )
 
     if args.eps_error is not None:
         _flag(validate.rate, "--eps-error", args.eps_error)
@@ -464,10 +470,10 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
             if value is not None:
                 raise ConfigError(f"{flag}={value!r}: mode {info.get('mode')!r} trains on private data "
                                   "without noise (ε = ∞)")
-        bound = replacement = EpsilonBound(math.inf, math.inf, math.inf, delta, ADD_REMOVE)
+        bound = replacement = EpsilonBound(math.inf, math.inf, math.inf, delta, Relation.ADD_REMOVE)
     else:
-        bound = acc.epsilon_bound(delta, ADD_REMOVE)
-        replacement = acc.epsilon_bound(delta, "replacement")
+        bound = acc.epsilon_bound(delta, Relation.ADD_REMOVE)
+        replacement = acc.epsilon_bound(delta, Relation.REPLACEMENT)
     out: dict[str, Any] = {
         "epsilon": _finite_or_none(bound.upper),
         "epsilon_estimate": _finite_or_none(bound.estimate),
@@ -541,7 +547,7 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     ``--ball`` and ``--tradeoff`` are refused.
     """
     from fedfdp.accounting.distributed import route_a_epsilon
-    from fedfdp.accounting.events import DistributedDiscreteGaussian, event_from_dict
+    from fedfdp.accounting.events import DistributedDiscreteGaussian, Relation, event_from_dict
 
     for flag, value in (("--ball", args.ball), ("--tradeoff", args.tradeoff)):
         if value is not None:
@@ -551,7 +557,7 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
     both = acc.epsilon_bound(delta)
     charged: list[tuple[Any, int]] = [(event_from_dict(item["event"]), int(item["count"]))
                                       for item in acc.state_dict()["ledger"]]
-    replacement = route_a_epsilon(charged, delta, "replacement", eps_error=acc.eps_error)
+    replacement = route_a_epsilon(charged, delta, Relation.REPLACEMENT, eps_error=acc.eps_error)
     distributed = [e for e, _ in charged if isinstance(e, DistributedDiscreteGaussian)]
     out: dict[str, Any] = {
         "epsilon": _finite_or_none(both.epsilon),

@@ -49,6 +49,7 @@ from fedfdp.accounting import (
     EpsilonBound,
     FDPAccountant,
     PrivacyBudgetExhausted,
+    Relation,
     Repeated,
     SubsampledGaussian,
     attribute_inference_bound,
@@ -267,7 +268,7 @@ def test_empty_ledger_is_zero() -> None:
     acc = FDPAccountant()
     assert acc.epsilon(1e-5) == 0.0
     assert acc.epsilon(1e-5, "replacement") == 0.0
-    assert acc.epsilon_bound(1e-5) == EpsilonBound(0.0, 0.0, 0.0, 1e-5, "add-remove")
+    assert acc.epsilon_bound(1e-5) == EpsilonBound(0.0, 0.0, 0.0, 1e-5, Relation.ADD_REMOVE)
     _, b = tradeoff_curve(acc, np.array([0.0, 0.3, 1.0]))
     np.testing.assert_allclose(b, [1.0, 0.7, 0.0])
     assert attribute_inference_bound(acc, 0.2) == pytest.approx(0.2)
@@ -1001,6 +1002,23 @@ def test_every_accounting_refusal_goes_through_the_one_family_of_checks() -> Non
         headroom(1.0, max_records=1, parties=0)
     with pytest.raises(ValueError, match=r"^clip=-1.0: must be > 0$"):
         decode(np.zeros(2, dtype=np.uint32), clip=-1.0, scale=1.0)
+
+
+def test_relations_travel_as_the_enum_and_their_strings_are_converted() -> None:
+    from fedfdp.accounting import RELATIONS
+    from fedfdp.accounting.accountant import check_relation
+
+    assert RELATIONS == (Relation.ADD_REMOVE, Relation.REPLACEMENT)
+    assert check_relation("replacement") is Relation.REPLACEMENT
+    acc = FDPAccountant()
+    acc.compose(SubsampledGaussian(1.0, 0.05), 20)
+    by_string = acc.epsilon_bound(1e-5, "replacement")
+    assert by_string.relation is Relation.REPLACEMENT
+    assert by_string == acc.epsilon_bound(1e-5, Relation.REPLACEMENT)
+    assert acc.epsilon_bound(1e-5).relation is Relation.ADD_REMOVE
+    assert EpsilonBound(0.0, 0.0, 0.0, 1e-5, "add-remove").relation is Relation.ADD_REMOVE  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="relation='corrdp': unknown"):
+        acc.epsilon(1e-5, Relation.CORRDP)
 
 
 def _imports(path) -> set[str]:

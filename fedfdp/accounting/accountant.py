@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 #: The relations the FDP accountant states an ε for (Definitions 6 and 5).
-RELATIONS = ("add-remove", "replacement")
+RELATIONS: tuple[Relation, ...] = (Relation.ADD_REMOVE, Relation.REPLACEMENT)
 # version 2 adds each event's participation; version-1 states load with participation 1
 # version 3 stores each entry as {"event": SubsampledGaussian.to_dict(), "count": n};
 # versions 1 (no participation) and 2 (flat fields) still load
@@ -130,11 +130,13 @@ class PrivacyBudgetExhausted(RuntimeError):
         return (type(self), args)
 
 
-def check_relation(relation: Any) -> str:
-    """``relation`` if it is one of :data:`RELATIONS`, else ``ValueError``."""
+def check_relation(relation: Any) -> Relation:
+    """``relation`` as a :class:`~fedfdp.accounting.events.Relation` if it is one of
+    :data:`RELATIONS` (a member or its string), else ``ValueError``.
+    """
     if relation not in RELATIONS:
-        raise ValueError(f"relation={relation!r}: unknown, expected one of {RELATIONS}")
-    return str(relation)
+        raise ValueError(f"relation={relation!r}: unknown, expected one of {tuple(map(str, RELATIONS))}")
+    return Relation(relation)
 
 
 @dataclass(frozen=True)
@@ -143,15 +145,19 @@ class EpsilonBound:
 
     ``lower <= epsilon <= upper`` for the accounted dominating pair (the numerical
     slack is folded in); ``estimate`` is the point estimate.  ``upper`` is the number
-    to print and to compare with budgets.  ``relation`` is ``"add-remove"`` or
-    ``"replacement"``.
+    to print and to compare with budgets.  ``relation`` is the
+    :class:`~fedfdp.accounting.events.Relation` it is stated for (``"add-remove"`` or
+    ``"replacement"``; a string naming one is converted).
     """
 
     lower: float
     estimate: float
     upper: float
     delta: float
-    relation: str
+    relation: Relation
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "relation", Relation(self.relation))
 
     @property
     def error(self) -> float:
@@ -269,7 +275,7 @@ class FDPAccountant:
         self._ledger: list[Repeated] = []
         # (events, delta, relation) -> bound: a round asks for the same ε up to three
         # times (budget check of ledger + 1 round, the charge, the metrics row)
-        self._memo: dict[tuple[tuple[Repeated, ...], float, str], EpsilonBound] = {}
+        self._memo: dict[tuple[tuple[Repeated, ...], float, Relation], EpsilonBound] = {}
 
     # ------------------------------------------------------------------------- ledger
     @property
@@ -306,7 +312,7 @@ class FDPAccountant:
         eps_disc = DISC_SHARE * self._eps_error
         return compose_bounds(events, eps_disc, delta_abs_error, self._max_grid_points)
 
-    def _bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
+    def _bound(self, events: Sequence[Repeated], delta: float, relation: Relation | str) -> EpsilonBound:
         delta = validate.open_unit("delta", delta)
         relation = check_relation(relation)
         if not events:
@@ -318,11 +324,11 @@ class FDPAccountant:
             self._memo[key] = self._compute_bound(events, delta, relation)
         return self._memo[key]
 
-    def _compute_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
+    def _compute_bound(self, events: Sequence[Repeated], delta: float, relation: Relation) -> EpsilonBound:
         cost = threshold_delta_cost(events)
         if cost > 0.0:  # thresholded histograms: their Gaussian parts with the thresholds' δ set aside
             plain = self._gaussian_bound(events, delta, relation)  # a lower bound stays one
-            if relation == "replacement":
+            if relation is Relation.REPLACEMENT:
                 return self._replacement_with_cost(events, delta, cost, plain.lower)
             if delta - cost <= 0.0:
                 return EpsilonBound(plain.lower, np.inf, np.inf, delta, relation)
@@ -345,15 +351,16 @@ class FDPAccountant:
             delta_x = delta_r - cost * (1.0 + math.exp(min(guess / 2.0, 700.0)))
             if delta_x <= 0.0:
                 break
-            b = self._gaussian_bound(events, delta_x, "replacement")
+            b = self._gaussian_bound(events, delta_x, Relation.REPLACEMENT)
             if b.upper <= guess:
-                return EpsilonBound(min(lower, b.estimate), b.estimate, b.upper, delta_r, "replacement")
+                return EpsilonBound(min(lower, b.estimate), b.estimate, b.upper, delta_r,
+                                    Relation.REPLACEMENT)
             guess = b.upper * 1.001 + 1e-9
-        return EpsilonBound(lower, np.inf, np.inf, delta_r, "replacement")
+        return EpsilonBound(lower, np.inf, np.inf, delta_r, Relation.REPLACEMENT)
 
-    def _gaussian_bound(self, events: Sequence[Repeated], delta: float, relation: str) -> EpsilonBound:
+    def _gaussian_bound(self, events: Sequence[Repeated], delta: float, relation: Relation) -> EpsilonBound:
         """The bound of the events' Gaussian parts (every event's dominating pair)."""
-        if relation == "replacement":
+        if relation is Relation.REPLACEMENT:
             return self._replacement(events, delta)
         prof = self._profile_for(events, self._delta_error * delta)
         lo, est, up = prof.epsilon_bounds(delta)
@@ -364,22 +371,24 @@ class FDPAccountant:
         lower, est_r, up_r = replacement_epsilon(
             events, delta_r, self._profile_for, self._delta_error
         )
-        return EpsilonBound(lower, est_r, up_r, delta_r, "replacement")
+        return EpsilonBound(lower, est_r, up_r, delta_r, Relation.REPLACEMENT)
 
-    def epsilon_bound(self, delta: float, relation: str = "add-remove") -> EpsilonBound:
+    def epsilon_bound(self, delta: float, relation: Relation | str = Relation.ADD_REMOVE) -> EpsilonBound:
         """Epsilon of the ledger at ``delta`` with its numerical error interval.
 
         Parameters
         ----------
         delta : float
             In ``(0, 1)``.
-        relation : {"add-remove", "replacement"}
-            Definition 6 (both orderings of the dominating pair, the maximum is
-            reported) or Definition 5 (via Proposition 1, see the module docstring).
+        relation : Relation or str
+            ``Relation.ADD_REMOVE`` (Definition 6, both orderings of the dominating
+            pair, the maximum is reported) or ``Relation.REPLACEMENT`` (Definition 5
+            via Proposition 1, see the module docstring); its string
+            (``"replacement"``) is accepted and converted.
         """
         return self._bound(self._ledger, delta, relation)
 
-    def epsilon(self, delta: float, relation: str = "add-remove") -> float:
+    def epsilon(self, delta: float, relation: Relation | str = Relation.ADD_REMOVE) -> float:
         """Certified upper bound on epsilon at ``delta``: the number to print."""
         return self.epsilon_bound(delta, relation).upper
 
@@ -397,7 +406,7 @@ class FDPAccountant:
         *,
         max_epsilon: float,
         delta: float,
-        relation: str = "add-remove",
+        relation: Relation | str = Relation.ADD_REMOVE,
     ) -> bool:
         """Whether ``count`` more rounds of ``event`` would take the upper epsilon above
         ``max_epsilon``. Does not modify the ledger.
@@ -412,7 +421,7 @@ class FDPAccountant:
         *,
         max_epsilon: float,
         delta: float,
-        relation: str = "add-remove",
+        relation: Relation | str = Relation.ADD_REMOVE,
     ) -> float:
         """Compose ``count`` rounds of ``event`` if the upper epsilon stays within
         ``max_epsilon``; return the new upper epsilon.
@@ -514,7 +523,7 @@ def epsilon_for(
     sampling_rate: float,
     rounds: int,
     delta: float,
-    relation: str = "add-remove",
+    relation: Relation | str = Relation.ADD_REMOVE,
     eps_error: float = 0.05,
     *,
     participation: float = 1.0,

@@ -9,8 +9,9 @@ dominated by Theorem 5's pair (or, with participation ``p < 1``, by the mixture 
 
 Neighbouring relation
 ---------------------
-Either ``"add-remove"`` (Definition 6) or ``"replacement"`` (Definition 5, via
-Proposition 1), as accounted by :func:`fedfdp.accounting.epsilon_for`.  The search is
+Either ``Relation.ADD_REMOVE`` (Definition 6) or ``Relation.REPLACEMENT``
+(Definition 5, via Proposition 1), as accounted by
+:func:`fedfdp.accounting.epsilon_for`.  The search is
 over the certified **upper** epsilon, so the returned ``sigma`` never overshoots
 the target.
 """
@@ -19,21 +20,23 @@ from __future__ import annotations
 
 from fedfdp import validate
 from fedfdp.accounting.accountant import FDPAccountant, check_relation
-from fedfdp.accounting.events import SubsampledGaussian
+from fedfdp.accounting.events import Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER, calibrate
 
 __all__ = ["MIN_NOISE_MULTIPLIER", "calibrate_noise_multiplier"]
 
 
 class _RelationAccountant(FDPAccountant):
-    """An FDP accountant whose ``epsilon(delta)`` reports ``relation``."""
+    """An FDP accountant whose ``epsilon(delta)`` reports ``relation`` (its
+    :attr:`relation`, what :func:`~fedfdp.accounting.protocol.calibrate` compares).
+    """
 
-    def __init__(self, relation: str, eps_error: float) -> None:
+    def __init__(self, relation: Relation, eps_error: float) -> None:
         super().__init__(eps_error=eps_error)
-        self._relation = relation
+        self.relation = relation
 
-    def epsilon(self, delta: float, relation: str | None = None) -> float:
-        return super().epsilon(delta, relation or self._relation)
+    def epsilon(self, delta: float, relation: Relation | str | None = None) -> float:
+        return super().epsilon(delta, relation or self.relation)
 
 
 def calibrate_noise_multiplier(
@@ -43,7 +46,7 @@ def calibrate_noise_multiplier(
     rounds: int,
     delta: float,
     participation: float = 1.0,
-    relation: str = "add-remove",
+    relation: Relation | str = Relation.ADD_REMOVE,
     eps_error: float = 0.05,
     rtol: float = 1e-3,
     max_noise_multiplier: float = MAX_NOISE_MULTIPLIER,

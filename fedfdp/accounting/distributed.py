@@ -209,7 +209,7 @@ def _total_slack(counted: Sequence[tuple[Charged, int]]) -> float:
 
 
 def route_a_epsilon(
-    rounds: Rounds, delta: float, relation: str = "add-remove", eps_error: float = 0.05
+    rounds: Rounds, delta: float, relation: Relation | str = Relation.ADD_REMOVE, eps_error: float = 0.05
 ) -> EpsilonBound:
     """Route A: ``ε(δ) <= ε_PRV(σ_eff, q; δ e^{-Λ}) + 2Λ`` (``docs/secagg_accounting.md``).
 
@@ -224,7 +224,7 @@ def route_a_epsilon(
         The rounds charged.
     delta : float
         In ``(0, 1)``.
-    relation : {"add-remove", "replacement"}
+    relation : Relation or str
         Passed to the accountant (the density-ratio transfer holds for any relation).
     eps_error : float
         The accountant's discretisation target.
@@ -467,7 +467,7 @@ class DistributedAccountant:
     def epsilon_bound(self, delta: float) -> DistributedEpsilon:
         """Routes A and B of everything composed (zero rounds: ε = 0)."""
         if not self._rounds:
-            zero = EpsilonBound(0.0, 0.0, 0.0, open_unit("delta", delta), str(Relation.ADD_REMOVE))
+            zero = EpsilonBound(0.0, 0.0, 0.0, open_unit("delta", delta), Relation.ADD_REMOVE)
             return DistributedEpsilon(zero, 0.0, 0.0, zero.delta)
         return self._bound(self._rounds, delta)
 

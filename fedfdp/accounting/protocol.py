@@ -6,8 +6,9 @@ Every accountant of fedfdp — :class:`~fedfdp.accounting.FDPAccountant` for
 :class:`~fedfdp.accounting.events.DistributedDiscreteGaussian` rounds,
 :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` for
 :class:`~fedfdp.accounting.events.CorrDPRound` events — implements
-:class:`Accountant`: events in, an ε with its numerical interval out, keyword
-arguments only where a float could be mistaken for another.
+:class:`Accountant`: events in, an ε with its numerical interval out, for its
+:class:`~fedfdp.accounting.events.Relation`, keyword arguments only where a float
+could be mistaken for another.
 
 :func:`append_repeated` is the one merge of consecutive equal events (every
 accountant's ledger); :class:`Repeated` is an entry of the FDP accountant's ledger.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fedfdp import validate
-from fedfdp.accounting.events import PrivacyEvent, SubsampledGaussian, ThresholdedHistogram
+from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian, ThresholdedHistogram
 
 #: The search never goes below this noise multiplier: a target that even this σ meets
 #: returns it (ε ≤ target still holds; a smaller σ is not explored).
@@ -66,7 +67,7 @@ class Accountant(Protocol[E_contra]):
     restore the composed events (JSON-serialisable; nothing changes on error).
     """
 
-    relation: Any
+    relation: Relation
 
     def compose(self, event: E_contra, count: int = 1) -> None: ...
 

@@ -23,6 +23,7 @@ from scipy import special
 from fedfdp import validate
 from fedfdp.accounting.accountant import EpsilonBound, as_events
 from fedfdp.accounting.composition import ledger_groups
+from fedfdp.accounting.events import Relation
 from fedfdp.accounting.prv import loss_inv
 
 __all__ = ["epsilon_prv_accountant"]
@@ -108,7 +109,7 @@ def epsilon_prv_accountant(
     eps_error = validate.rate("eps_error", eps_error)
     groups = ledger_groups(as_events(ledger_or_accountant))
     if not groups:
-        return EpsilonBound(0.0, 0.0, 0.0, delta, "add-remove")
+        return EpsilonBound(0.0, 0.0, 0.0, delta, Relation.ADD_REMOVE)
     counts = [g.rounds for g in groups]
     out = np.zeros(3)
     for ordering in ("remove", "add"):
@@ -137,4 +138,4 @@ def epsilon_prv_accountant(
             res = acc.compute_epsilon(delta, counts)
         out = np.maximum(out, np.asarray(res, dtype=float))
     lo, est, up = (max(0.0, float(x)) for x in out)
-    return EpsilonBound(lo, est, up, delta, "add-remove")
+    return EpsilonBound(lo, est, up, delta, Relation.ADD_REMOVE)

@@ -148,7 +148,7 @@ class CorrDPEpsilon:
 
     epsilon: float
     delta: float
-    relation: str
+    relation: Relation
     binding: str
     classes: tuple[ClassEpsilon, ...]
 
@@ -212,7 +212,7 @@ def _whole_record_epsilon(rounds: Rounds, delta: float, eps_error: float) -> flo
     for event, count in rounds:
         record = SubsampledGaussian(event.record_noise_multiplier, event.sampling_rate, event.participation)
         acc.compose(record, count)
-    return float(acc.epsilon(delta, "replacement"))
+    return float(acc.epsilon(delta, Relation.REPLACEMENT))
 
 
 def _class_epsilon(events: list[tuple[float, float, int]], delta: float, eps_error: float) -> float:
