@@ -906,3 +906,46 @@ def test_secrets_are_read_from_os_urandom(monkeypatch):
     assert KeyPair.from_private_bytes(bytes(expected)).public == KeyPair.generate().public
     assert seal(bytes(32), b"x", round_=0, src=0, dst=1)[:12] == bytes([7]) * 12
     assert calls == [32, 32, 12]
+
+
+# -- the one vocabulary of stages -----------------------------------------------------
+
+
+def test_the_stages_are_one_vocabulary_from_messages_to_flower_actions():
+    """Stage names the stage in messages, its Flower train action (the ClientApp registers
+    ``train.sa_setup`` … ``train.sa_unmask``), the wire's STAGES and the stage's message
+    classes: one enum, in protocol order."""
+    from fedfdp.secagg import messages
+    from fedfdp.secagg.wire import MESSAGE_TYPES, STAGE_MESSAGES
+    from fedfdp.secagg.wire import STAGES as WIRE_STAGES
+
+    assert list(Stage) == list(STAGES)
+    assert [s.value for s in Stage] == ["setup", "share_keys", "collect", "unmask"]
+    assert WIRE_STAGES == ("sa_setup", "sa_keys", "sa_collect", "sa_unmask")
+    assert [s.message_type for s in Stage] == ["train.sa_setup", "train.sa_keys", "train.sa_collect",
+                                               "train.sa_unmask"]
+    assert all(Stage.from_action(s.action) is s for s in Stage)
+    with pytest.raises(ValueError, match="action='sa_reveal': not a secure-aggregation stage"):
+        Stage.from_action("sa_reveal")
+    pairs = {
+        Stage.SETUP: (messages.SetupRequest, messages.SetupReply),
+        Stage.SHARE_KEYS: (messages.KeysRequest, messages.KeysReply),
+        Stage.COLLECT: (messages.CollectRequest, messages.CollectReply),
+        Stage.UNMASK: (messages.UnmaskRequest, messages.UnmaskReply),
+    }
+    assert pairs == STAGE_MESSAGES
+    assert len(MESSAGE_TYPES) == 8 and MESSAGE_TYPES["UnmaskReply"] is messages.UnmaskReply
+
+
+@pytest.mark.parametrize("stage", [Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK])
+def test_a_client_refuses_a_stage_out_of_order_naming_it(stage):
+    """A fresh session answers only setup: any later stage's request is refused, naming the
+    stage as the messages name it."""
+    client = ClientSession(5)
+    with pytest.raises(RequestRefused, match=f"node 5: {stage.value} request refused, its session is new"):
+        if stage is Stage.SHARE_KEYS:
+            client.share_keys(KeysRequest(0, 5, (), (), ()))
+        elif stage is Stage.COLLECT:
+            client.collect(CollectRequest(0, 5, (), ()), np.zeros(0, np.uint32))
+        else:
+            client.unmask(UnmaskRequest(0, 5, (), ()))

@@ -51,11 +51,12 @@ class _ClientPhase(Enum):
     ABORTED = "aborted"
 
 
+#: The phase a session must be in to answer each stage's request.
 _NEXT = {
-    "setup": _ClientPhase.NEW,
-    "share_keys": _ClientPhase.SET_UP,
-    "collect": _ClientPhase.KEYS_SHARED,
-    "unmask": _ClientPhase.COLLECTED,
+    Stage.SETUP: _ClientPhase.NEW,
+    Stage.SHARE_KEYS: _ClientPhase.SET_UP,
+    Stage.COLLECT: _ClientPhase.KEYS_SHARED,
+    Stage.UNMASK: _ClientPhase.COLLECTED,
 }
 
 
@@ -106,7 +107,7 @@ class ClientSession:
 
     def setup(self, request: SetupRequest) -> SetupReply:
         """Stage 0: check the parameters and draw the two key pairs."""
-        self._enter("setup", request, SetupRequest)
+        self._enter(Stage.SETUP, request, SetupRequest)
         try:
             nbrs = frozenset(request.neighbours)
             if self.node_id in nbrs:
@@ -137,7 +138,7 @@ class ClientSession:
 
     def share_keys(self, request: KeysRequest) -> KeysReply:
         """Stage 1: draw ``b_u``, share it and the mask key, encrypt a share pair per neighbour."""
-        self._enter("share_keys", request, KeysRequest)
+        self._enter(Stage.SHARE_KEYS, request, KeysRequest)
         try:
             self._known("ids", request.ids, self._neighbours)
             self._enough(Stage.SHARE_KEYS, 1 + len(request.ids), "members with public keys")
@@ -171,7 +172,7 @@ class ClientSession:
         AuthenticationError
             A ciphertext fails authentication (names its source).
         """
-        self._enter("collect", request, CollectRequest)
+        self._enter(Stage.COLLECT, request, CollectRequest)
         try:
             if (
                 not isinstance(values, np.ndarray)
@@ -232,7 +233,7 @@ class ClientSession:
             A node listed as both live and dead, this node listed as dead, or a second
             unmask request.
         """
-        self._enter("unmask", request, UnmaskRequest)
+        self._enter(Stage.UNMASK, request, UnmaskRequest)
         try:
             both = set(request.live) & set(request.dead)
             if both:
@@ -331,19 +332,19 @@ class ClientSession:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _enter(self, stage: str, request: object, cls: type) -> None:
+    def _enter(self, stage: Stage, request: object, cls: type) -> None:
         expected = _NEXT[stage]
         if self._phase is not expected:
-            if stage == "unmask" and self._phase is _ClientPhase.FINISHED:
+            if stage is Stage.UNMASK and self._phase is _ClientPhase.FINISHED:
                 reason = "it already answered unmask in this round"
             else:
                 reason = f"its session is {self._phase.value}"
             self._abort()
-            raise RequestRefused(f"node {self.node_id}: {stage} request refused, {reason}")
+            raise RequestRefused(f"node {self.node_id}: {stage.value} request refused, {reason}")
         if not isinstance(request, cls):
             self._abort()
             raise MessageError(
-                f"{stage}: got a {type(request).__name__}, expected {cls.__name__}",
+                f"{stage.value}: got a {type(request).__name__}, expected {cls.__name__}",
                 field="type",
                 node_id=self.node_id,
             )
@@ -355,7 +356,7 @@ class ClientSession:
                 field="node_id",
                 node_id=self.node_id,
             )
-        if stage != "setup" and r.round != self._round:
+        if stage is not Stage.SETUP and r.round != self._round:
             self._abort()
             raise MessageError(
                 f"{cls.__name__}.round={r.round}: this session is round {self._round}",

@@ -12,12 +12,54 @@ from enum import Enum
 
 
 class Stage(Enum):
-    """The four stages of one SecAgg+ round, in order."""
+    """The four stages of one SecAgg+ round, in order: the one vocabulary of stages.
+
+    ``value`` is the stage's name in messages (``stage setup: …``); :attr:`action` its
+    Flower ``train`` action (``sa_setup`` …, :data:`fedfdp.secagg.wire.STAGES`) and
+    :attr:`message_type` the Flower message type (``train.sa_setup`` …); the request
+    and reply classes of each stage are :data:`fedfdp.secagg.wire.STAGE_MESSAGES`.
+
+    Examples
+    --------
+    >>> [s.action for s in Stage]
+    ['sa_setup', 'sa_keys', 'sa_collect', 'sa_unmask']
+    >>> Stage.COLLECT.message_type, Stage.from_action("sa_unmask")
+    ('train.sa_collect', <Stage.UNMASK: 'unmask'>)
+    """
 
     SETUP = "setup"
     SHARE_KEYS = "share_keys"
     COLLECT = "collect"
     UNMASK = "unmask"
+
+    @property
+    def action(self) -> str:
+        """The stage's Flower ``train`` action: ``sa_setup``, ``sa_keys``, ``sa_collect``,
+        ``sa_unmask``.
+        """
+        return _ACTIONS[self]
+
+    @property
+    def message_type(self) -> str:
+        """The Flower message type of the stage's request and reply (``train.<action>``)."""
+        return f"train.{self.action}"
+
+    @classmethod
+    def from_action(cls, action: str) -> Stage:
+        """The stage whose :attr:`action` is ``action`` (``ValueError`` otherwise)."""
+        for stage in cls:
+            if stage.action == action:
+                return stage
+        raise ValueError(f"action={action!r}: not a secure-aggregation stage "
+                         f"(expected one of {[s.action for s in cls]})")
+
+
+_ACTIONS = {
+    Stage.SETUP: "sa_setup",
+    Stage.SHARE_KEYS: "sa_keys",
+    Stage.COLLECT: "sa_collect",
+    Stage.UNMASK: "sa_unmask",
+}
 
 
 class SecAggError(Exception):

@@ -186,7 +186,7 @@ class ServerSession:
     def receive_setup(self, replies: Iterable[SetupReply]) -> dict[int, KeysRequest]:
         """Stage 0 → 1: record U1 and the public keys; one :class:`KeysRequest` per node in U1."""
         self._expect(_ServerPhase.SETUP, "receive_setup")
-        got = self._by_sender(replies, SetupReply, self.sampled, "setup")
+        got = self._by_sender(replies, SetupReply, self.sampled, Stage.SETUP)
         seen: dict[bytes, int] = {}
         for u, r in got.items():
             for name, pk in (("pk_mask", r.pk_mask), ("pk_enc", r.pk_enc)):
@@ -215,7 +215,7 @@ class ServerSession:
         it by its neighbours in U2 (ciphertexts to nodes that dropped are discarded).
         """
         self._expect(_ServerPhase.KEYS, "receive_keys")
-        got = self._by_sender(replies, KeysReply, self.u1, "share_keys")
+        got = self._by_sender(replies, KeysReply, self.u1, Stage.SHARE_KEYS)
         for u, r in got.items():
             expected = self._nbrs[u] & self.u1
             if set(r.dsts) != expected:
@@ -255,7 +255,7 @@ class ServerSession:
             dead node (U2 − U3) with a live neighbour but fewer than ``t`` live ones.
         """
         self._expect(_ServerPhase.COLLECT, "receive_collect")
-        got = self._by_sender(replies, CollectReply, self.u2, "collect")
+        got = self._by_sender(replies, CollectReply, self.u2, Stage.COLLECT)
         for u, r in got.items():
             if r.masked.shape != (self.dim,):
                 raise MessageError(
@@ -295,7 +295,7 @@ class ServerSession:
             A dead node's reconstructed key does not match its published public key.
         """
         self._expect(_ServerPhase.UNMASK, "receive_unmask")
-        got = self._by_sender(replies, UnmaskReply, self.u3, "unmask")
+        got = self._by_sender(replies, UnmaskReply, self.u3, Stage.UNMASK)
         b_shares: dict[int, list[Share]] = {u: [] for u in self.u3}
         sk_shares: dict[int, list[Share]] = {w: [] for w in self._dead}
         for v, r in got.items():
@@ -346,7 +346,8 @@ class ServerSession:
             if keys.public != self._pk_mask[w]:
                 self._fail()
                 raise ReconstructionError(
-                    f"stage unmask: the key shares of node {w} do not reconstruct its published mask key"
+                    f"stage {Stage.UNMASK.value}: the key shares of node {w} do not reconstruct its "
+                    "published mask key"
                 )
             for v in sorted(self._nbrs[w] & self.u3):
                 mask = prg_uint32(pair_mask_key(keys.agree(self._pk_mask[v]), self.round, v, w), self.dim)
@@ -367,13 +368,13 @@ class ServerSession:
             )
 
     def _by_sender(
-        self, replies: Iterable[_M], cls: type[_M], asked: frozenset[int], stage: str
+        self, replies: Iterable[_M], cls: type[_M], asked: frozenset[int], stage: Stage
     ) -> dict[int, _M]:
         out: dict[int, _M] = {}
         for r in replies:
             if not isinstance(r, cls):
                 raise MessageError(
-                    f"stage {stage}: got a {type(r).__name__}, expected {cls.__name__}", field="type"
+                    f"stage {stage.value}: got a {type(r).__name__}, expected {cls.__name__}", field="type"
                 )
             u: int = r.node_id  # type: ignore[attr-defined]
             rnd: int = r.round  # type: ignore[attr-defined]
@@ -385,13 +386,13 @@ class ServerSession:
                 )
             if u not in asked:
                 raise MessageError(
-                    f"{cls.__name__}.node_id={u}: unknown id, not asked at stage {stage}",
+                    f"{cls.__name__}.node_id={u}: unknown id, not asked at stage {stage.value}",
                     field="node_id",
                     node_id=u,
                 )
             if u in out:
                 raise MessageError(
-                    f"{cls.__name__}.node_id={u}: duplicate sender at stage {stage}",
+                    f"{cls.__name__}.node_id={u}: duplicate sender at stage {stage.value}",
                     field="node_id",
                     node_id=u,
                 )

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fedfdp.secagg.errors import MessageError
+from fedfdp.secagg.errors import MessageError, Stage
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
@@ -28,22 +28,29 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 
-__all__ = ["MASKED", "MESSAGE_TYPES", "SECAGG", "STAGES", "from_wire", "to_wire"]
+__all__ = ["MASKED", "MESSAGE_TYPES", "SECAGG", "STAGES", "STAGE_MESSAGES", "from_wire", "to_wire"]
 
 #: The record of a secure-aggregation message (a ``ConfigRecord`` of :func:`to_wire`).
 SECAGG = "secagg"
 #: The ``ArrayRecord`` (and its one array) holding a collect reply's masked vector.
 MASKED = "masked"
-#: The four stages of a round, as Flower ``train`` actions (``train.sa_setup`` ...).
-STAGES = ("sa_setup", "sa_keys", "sa_collect", "sa_unmask")
+#: The four stages of a round, as Flower ``train`` actions (``train.sa_setup`` ...), in
+#: order: :attr:`Stage.action <fedfdp.secagg.errors.Stage.action>` of every stage.
+STAGES: tuple[str, ...] = tuple(stage.action for stage in Stage)
 
 _M = TypeVar("_M")
 
+#: The request (server → client) and reply (client → server) class of every stage.
+STAGE_MESSAGES: dict[Stage, tuple[type[Any], type[Any]]] = {
+    Stage.SETUP: (SetupRequest, SetupReply),
+    Stage.SHARE_KEYS: (KeysRequest, KeysReply),
+    Stage.COLLECT: (CollectRequest, CollectReply),
+    Stage.UNMASK: (UnmaskRequest, UnmaskReply),
+}
+
 #: The eight message classes, by name.
 MESSAGE_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (SetupRequest, SetupReply, KeysRequest, KeysReply, CollectRequest, CollectReply,
-                UnmaskRequest, UnmaskReply)
+    cls.__name__: cls for pair in STAGE_MESSAGES.values() for cls in pair
 }
 
 
