@@ -99,7 +99,9 @@ def _delta_of(args: argparse.Namespace, fallback: float | None, fallback_name: s
     if args.delta is not None:
         return _flag(validate.open_unit, "--delta", args.delta)
     if args.num_records is not None:
-        return 1.0 / (2 * _flag(validate.count, "--num-records", args.num_records))
+        from fedfdp.accounting.protocol import default_delta
+
+        return default_delta(_flag(validate.count, "--num-records", args.num_records))
     if fallback is None:
         raise ConfigError(f"--delta is required ({fallback_name})")
     return fallback

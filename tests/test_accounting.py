@@ -1004,6 +1004,16 @@ def test_every_accounting_refusal_goes_through_the_one_family_of_checks() -> Non
         decode(np.zeros(2, dtype=np.uint32), clip=-1.0, scale=1.0)
 
 
+def test_the_default_delta_is_one_over_twice_the_records() -> None:
+    from fedfdp.accounting import default_delta
+    from fedfdp.data.private_statistics import estimation_delta
+
+    assert default_delta(3306) == 1 / 6612 == estimation_delta(3306)
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match=f"num_records={bad!r}: must be an integer >= 1"):
+            default_delta(bad)  # type: ignore[arg-type]
+
+
 def test_relations_travel_as_the_enum_and_their_strings_are_converted() -> None:
     from fedfdp.accounting import RELATIONS
     from fedfdp.accounting.accountant import check_relation

@@ -61,7 +61,7 @@ Modules
 :mod:`~fedfdp.accounting.protocol`
     The one accountant protocol (:class:`Accountant`), the one merge
     (:func:`~fedfdp.accounting.protocol.append_repeated`, :class:`Repeated`), the one
-    calibrator (:func:`calibrate`).
+    calibrator (:func:`calibrate`) and the default δ (:func:`default_delta`).
 :mod:`~fedfdp.accounting.accountant`
     :class:`FDPAccountant` (ledger of :class:`Repeated` events, ``epsilon``, budget
     checks, state), :class:`EpsilonBound`, :class:`PrivacyBudgetExhausted`,
@@ -113,7 +113,7 @@ from fedfdp.accounting.events import (
     ThresholdedHistogram,
     event_from_dict,
 )
-from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, calibrate
+from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, calibrate, default_delta
 from fedfdp.accounting.prv_reference import epsilon_prv_accountant
 from fedfdp.accounting.tradeoff import (
     attribute_inference_bound,
@@ -142,6 +142,7 @@ __all__ = [
     "attribute_inference_bound",
     "calibrate",
     "calibrate_noise_multiplier",
+    "default_delta",
     "epsilon_for",
     "epsilon_prv_accountant",
     "event_from_dict",

@@ -1,4 +1,4 @@
-"""The one accountant protocol, the one merge and the one calibrator.
+"""The one accountant protocol, the one merge, the one calibrator and the default δ.
 
 Every accountant of fedfdp — :class:`~fedfdp.accounting.FDPAccountant` for
 :class:`~fedfdp.accounting.events.SubsampledGaussian` events,
@@ -17,6 +17,9 @@ accountant's ledger); :class:`Repeated` is an entry of the FDP accountant's ledg
 target ε, for any accountant and any family of events ``σ ↦ event`` (the shape of
 dp-accounting's ``calibrate_dp_mechanism``): bisection on ``log σ`` over the certified
 **upper** ε, so the σ returned never overshoots.
+
+:func:`default_delta` is ``δ = 1/(2N)``, the δ of every run, estimate and CLI account
+that states none.
 """
 
 from __future__ import annotations
@@ -212,3 +215,15 @@ def calibrate(
             lo = mid
     return hi
 
+
+def default_delta(num_records: int) -> float:
+    """``δ = 1/(2N)``: the δ of a run over ``N = num_records`` training records that
+    states none (``fedfdp run``), of the estimates of ``private-statistics =
+    "estimate"``, and of ``fedfdp account --num-records N``.
+
+    Examples
+    --------
+    >>> default_delta(3306) == 1 / 6612
+    True
+    """
+    return 1.0 / (2 * validate.count("num_records", num_records))

@@ -85,7 +85,7 @@ import pandas as pd
 
 from fedfdp.accounting import FDPAccountant
 from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
-from fedfdp.accounting.protocol import calibrate
+from fedfdp.accounting.protocol import calibrate, default_delta
 from fedfdp.config import DataConfig, PrivateStatistics
 from fedfdp.data.encoding import check_numeric_cells, is_numeric, refuse_undeclared
 from fedfdp.data.split import DataError
@@ -260,10 +260,10 @@ def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
 
 
 def estimation_delta(num_records: int) -> float:
-    """``δ_e = 1/(2N)``: the δ at which ``estimation-epsilon`` is stated."""
-    if isinstance(num_records, bool) or not isinstance(num_records, int) or num_records < 1:
-        raise ValueError(f"num_records={num_records!r}: must be an integer >= 1")
-    return 1.0 / (2 * num_records)
+    """``δ_e = 1/(2N)``: the δ at which ``estimation-epsilon`` is stated (the run's default
+    δ, :func:`fedfdp.accounting.protocol.default_delta`).
+    """
+    return default_delta(num_records)
 
 
 #: The share of ``δ_e`` that all the thresholds of released categories take together.

@@ -92,7 +92,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedfdp.accounting import calibrate_noise_multiplier, epsilon_for
+from fedfdp.accounting import calibrate_noise_multiplier, default_delta, epsilon_for
 from fedfdp.clipping import METHODS as CLIP_METHODS
 from fedfdp.clipping import clipped_grad_sum
 from fedfdp.config import Mode, Optimizer
@@ -525,7 +525,7 @@ def train(
     """
     n = len(data)
     q = settings.sampling_rate
-    delta = settings.delta if settings.delta is not None else 1.0 / (2 * n)
+    delta = settings.delta if settings.delta is not None else default_delta(n)
     secret_stream: BitStream = secrets if secrets is not None else OSBits()
     reproducible = secrets is not None and not isinstance(secrets, OSBits)
     draws = PublicDraws(settings.seed)
