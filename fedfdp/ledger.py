@@ -18,8 +18,9 @@
   (:func:`fedfdp.checkpoint` and :class:`fedfdp.server.RunFiles` decide how many).
 
 The ledger stores events, not tuples: :meth:`Ledger.events` is everything ever
-charged, and :func:`fedfdp.mechanism.replay` turns it into the accountant whose ε the
-run prints — there is no second copy of the accountant's state to disagree with.
+charged, and :func:`fedfdp.ledger_replay.replay_ledger` turns it into the accountant
+whose ε the run prints — there is no second copy of the accountant's state to disagree
+with.
 Nothing here resets or shortens a ledger: appending is the only mutation, and a write
 costs one line, not the whole ledger. A final line without its newline is a write that
 never completed (its fsync did not return, so its round drew nothing): it is ignored

@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from fedfdp.accounting.protocol import Accountant, calibrate
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.data.private_statistics import Estimate, estimation_events
 from fedfdp.data.split import refuse_label_split
+from fedfdp.ledger_replay import replay
 from fedfdp.modes import Phase, phase_for_round
 from fedfdp.quantile_clipping import recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
@@ -610,11 +611,3 @@ class Budget:
 def _fresh(accountant: Accountant[Any]) -> bool:
     """Whether ``accountant`` has composed nothing yet (a new run, not a resume)."""
     return getattr(accountant, "rounds", None) == 0 and not getattr(accountant, "estimates", ())
-
-
-def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant[Any]]) -> Accountant[Any]:
-    """A fresh accountant from ``new()`` with every event of ``events`` composed."""
-    acc = new()
-    for ev in events:
-        acc.compose(ev)
-    return acc

@@ -20,7 +20,8 @@
     ``aggregation = "secagg"`` is replayed by the distributed accountant: ε is the
     smaller of route A and route B (both reported), as the run printed; ``--ball``
     and ``--tradeoff`` are refused for it.
-    :func:`run_ledger` is the one function that knows the ledger's layout.
+    :func:`run_ledger` reads it; the library replays it
+    (:func:`fedfdp.ledger_replay.replay_ledger`, as the run itself does).
 
 With any of them:
 
@@ -60,10 +61,13 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedfdp import validate
 from fedfdp.config import ConfigError
+
+if TYPE_CHECKING:
+    from fedfdp.ledger_replay import LedgerReplay
 
 CONFIG_FILE = "config.toml"  # fedfdp.outputs.CONFIG_FILE
 METRICS_FILE = "metrics.csv"  # fedfdp.outputs.METRICS_FILE
@@ -154,67 +158,24 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------ a run's ledger
-@dataclass(frozen=True)
-class RunLedger:
-    """A run's privacy ledger replayed into the accountant of its relation.
-
-    Attributes
-    ----------
-    accountant : Accountant
-        Every charge of the ledger composed in order: the run's accountant
-        (:class:`~fedfdp.accounting.FDPAccountant` for add/remove,
-        :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` for CorrDP). A round charged
-        twice, after a crash inside it, counts twice, and so do the charges a resume
-        added pessimistically.
-    events : tuple of (PrivacyEvent, int)
-        The charged events with their counts, consecutive equal ones merged.
-    charges : int
-        The number of charges.
-    charged_rounds : int
-        The number of distinct rounds charged.
-    mechanism : dict
-        The resolved mechanism the ledger starts with (relation, δ, ...).
-    """
-
-    accountant: Any
-    events: tuple[tuple[Any, int], ...]
-    charges: int
-    charged_rounds: int
-    mechanism: dict[str, Any]
-
-
-def is_secagg(mechanism: dict[str, Any]) -> bool:
-    """Whether a ledger's resolved mechanism (its first entry) is one of secure aggregation
-    (``aggregation = "secagg"``: it holds the ``secagg`` plan, and its rounds are
-    distributed discrete Gaussian events).
-    """
-    return isinstance(mechanism.get("secagg"), dict)
-
-
 class _NoLedger(ConfigError):
     """A run directory without a privacy ledger (nothing was charged)."""
 
 
 def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float | None = None
-               ) -> RunLedger | None:
-    """The ledger of ``run_dir``, read by the library, as an accountant (None: no ledger).
+               ) -> LedgerReplay | None:
+    """The ledger of ``run_dir``, read and replayed by the library (None: no ledger).
 
-    The one place that knows what the library's ledger holds. The library verifies the
-    hash chain (:func:`fedfdp.ledger.read_ledger`); the ledger must also contain the
-    head the run's last checkpoint recorded (else it was rolled back). Its events are
-    replayed (:func:`fedfdp.mechanism.replay`) into the accountant of the relation its
-    first entry (the resolved mechanism) names: add/remove — every charge a
-    Poisson-subsampled Gaussian round (Theorem 5; with participation ``p < 1`` the
-    exact mixture of Poisson device sampling), composed by
-    :class:`~fedfdp.accounting.FDPAccountant` as every DP and FDP run does; add/remove
-    with secure aggregation (the mechanism holds a ``secagg`` plan,
-    :func:`is_secagg`) — every charge a distributed discrete Gaussian round
-    (sensitivity ``Δ = s + √d`` in integer units, ``n_min − t_c`` honest parties), composed
-    by :class:`~fedfdp.accounting.distributed.DistributedAccountant` (ε the smaller of
-    route A, the PRV bound of the smoothed Gaussian rounds plus ``2Λ``, and route B,
-    Rényi DP; ``docs/secagg_accounting.md``), as the run itself does; or
-    ``corrdp`` — CorrDP-SGD rounds, by :class:`~fedfdp.corrdp.accounting.CorrDPAccountant`
-    with ``delta_estimation`` (the δ a run's in-sample TV estimate set aside).
+    The library verifies the hash chain (:func:`fedfdp.ledger.read_ledger`); the ledger
+    must also contain the head the run's last checkpoint recorded (else it was rolled
+    back). Its events are replayed by :func:`fedfdp.ledger_replay.replay_ledger` into the
+    accountant of the relation its first entry (the resolved mechanism) names, as the run
+    itself does: add/remove — :class:`~fedfdp.accounting.FDPAccountant` (every charge a
+    Poisson-subsampled Gaussian round, Theorem 5); add/remove with secure aggregation —
+    :class:`~fedfdp.accounting.distributed.DistributedAccountant` (every charge a
+    distributed discrete Gaussian round, ε the smaller of routes A and B); ``corrdp`` —
+    :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` with ``delta_estimation`` (the δ a
+    run's in-sample TV estimate set aside).
 
     Raises
     ------
@@ -223,12 +184,9 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
         checkpoint or missing beside one, of an unknown relation, or whose events its
         accountant refuses.
     """
-    from fedfdp.accounting import FDPAccountant, Relation
-    from fedfdp.accounting.distributed import DistributedAccountant
     from fedfdp.checkpoint import load_checkpoint
-    from fedfdp.corrdp.accounting import CorrDPAccountant
-    from fedfdp.ledger import LEDGER_FILE, EntryKind, LedgerError, read_ledger
-    from fedfdp.mechanism import replay
+    from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger
+    from fedfdp.ledger_replay import replay_ledger
 
     path = Path(run_dir) / LEDGER_FILE
     try:
@@ -248,34 +206,10 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
                 f"{path}: {len(ledger.charges)} charge(s), without the head its checkpoint recorded after "
                 f"round {ckpt.round} ({head.charges} charges): the ledger was rolled back or replaced"
             )
-    mechanism = ledger.mechanism
-    relation = mechanism.get("relation")
-    settings: dict[str, Any] = {} if eps_error is None else {"eps_error": eps_error}
-    if relation == Relation.ADD_REMOVE and is_secagg(mechanism):
-        def new() -> Any:
-            return DistributedAccountant(**settings)
-    elif relation == Relation.ADD_REMOVE:
-        def new() -> Any:
-            return FDPAccountant(**settings)
-    elif relation == Relation.CORRDP:
-        def new() -> Any:
-            return CorrDPAccountant(delta_estimation, **settings)
-    else:
-        raise ConfigError(f"{path}: relation={relation!r} in its mechanism: no accountant for it")
-    events = ledger.events()
     try:
-        acc = replay(events, new)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: its events do not replay ({_line(exc)})") from None
-    merged: list[tuple[Any, int]] = []
-    for ev in events:
-        if merged and merged[-1][0] == ev:
-            merged[-1] = (ev, merged[-1][1] + 1)
-        else:
-            merged.append((ev, 1))
-    charged = {e.round for e in ledger.charges if e.round is not None}
-    rounds = [e for e in ledger.charges if e.kind is not EntryKind.ESTIMATE]  # estimates: before round 1
-    return RunLedger(acc, tuple(merged), len(rounds), len(charged), mechanism)
+        return replay_ledger(ledger, delta_estimation=delta_estimation, eps_error=eps_error)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _line(exc: BaseException) -> str:
@@ -295,6 +229,8 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     ``metrics.csv`` is refused (rolled back). Every refusal is a one-line
     :class:`~fedfdp.config.ConfigError` starting with ``label`` (default ``--run='DIR'``).
     """
+    from fedfdp.ledger_replay import is_secagg
+
     label = label if label is not None else f"--run={str(run)!r}"
     if not run.is_dir():
         raise ConfigError(f"{label}: no such directory")
@@ -350,13 +286,14 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     secagg = is_secagg(mine)
     # σ of every Gaussian-like charge (a distributed round: its σ_eff), its rate and the share
     # of rounds that touch a record (a distributed round: 1, secagg draws no devices)
+    events: list[tuple[Any, int]] = list(replayed.events)  # each kind's own fields, read below
     gaussian = [(e.noise_multiplier, e.sampling_rate, getattr(e, "participation", 1.0), n)
-                for e, n in replayed.events
+                for e, n in events
                 if hasattr(e, "noise_multiplier")
                 and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
     sigmas = {e[0] for e in gaussian}
-    rates = {e.sampling_rate for e, _ in replayed.events}
-    shares = {getattr(e, "participation", 1.0) for e, _ in replayed.events}
+    rates = {e.sampling_rate for e, _ in events}
+    shares = {getattr(e, "participation", 1.0) for e, _ in events}
     info: dict[str, Any] = {
         "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
         "sampling_rate": rates.pop() if len(rates) == 1 else None,

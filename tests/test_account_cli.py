@@ -793,3 +793,55 @@ def test_pathological_input_bounded(argv: list[str], reference, status: int, nee
         assert r["epsilon"] <= r["target_epsilon"]
     if "attribute_inference_bound" in r:
         assert r["ball"] <= r["attribute_inference_bound"] <= 1.0
+
+
+# ------------------------------------------------------------------ the library's ledger replay
+def _ledger(mechanism: dict, charges: list[tuple[int | None, object]]):
+    from fedfdp.ledger import Ledger
+
+    ledger = Ledger.start(mechanism, "d" * 64)
+    for round_, event in charges:
+        if round_ is None:
+            ledger.append_unrecorded(event, 1, "crashed")  # type: ignore[arg-type]
+        else:
+            ledger.append_charge(round_, ledger.attempts(round_), event)  # type: ignore[arg-type]
+    return ledger
+
+
+def test_a_ledger_replays_into_the_accountant_its_mechanism_names() -> None:
+    """add-remove: every charge (a re-run round and a pessimistic one included) composed by
+    the FDP accountant, its ε the Gaussian closed form of all of them; consecutive equal
+    events merged; secure aggregation and CorrDP pick their accountants."""
+    from fedfdp.accounting import FDPAccountant, SubsampledGaussian
+    from fedfdp.accounting.distributed import DistributedAccountant
+    from fedfdp.accounting.events import DistributedDiscreteGaussian
+    from fedfdp.corrdp.accounting import CorrDPAccountant
+    from fedfdp.ledger_replay import replay_ledger
+
+    a, b = SubsampledGaussian(2.0, 1.0), SubsampledGaussian(3.0, 1.0)
+    got = replay_ledger(_ledger({"relation": "add-remove"}, [(1, a), (2, a), (2, a), (None, a), (3, b)]))
+    assert isinstance(got.accountant, FDPAccountant)
+    assert got.events == ((a, 4), (b, 1))
+    assert (got.charges, got.charged_rounds) == (5, 3)
+    mu = math.sqrt(4 / 2.0**2 + 1 / 3.0**2)  # Gaussian mechanisms compose to μ = √(Σ 1/σ²)
+    ref = gaussian_eps_ref(mu, 1e-5)
+    assert ref <= got.accountant.epsilon(1e-5) <= ref + 2e-9 * (1 + ref)
+    ddg = DistributedDiscreteGaussian(local_sigma=50.0, honest_parties=4, scale=64.0, dimension=10,
+                                      sampling_rate=0.1)
+    secagg = replay_ledger(_ledger({"relation": "add-remove", "secagg": {}}, [(1, ddg)]), eps_error=0.1)
+    assert isinstance(secagg.accountant, DistributedAccountant) and secagg.accountant.eps_error == 0.1
+    corrdp = replay_ledger(_ledger({"relation": "corrdp"}, []), delta_estimation=1e-7)
+    assert isinstance(corrdp.accountant, CorrDPAccountant) and corrdp.accountant.delta_estimation == 1e-7
+
+
+def test_a_ledger_without_an_accountant_or_with_foreign_events_is_refused_in_one_line() -> None:
+    from fedfdp.accounting.events import DistributedDiscreteGaussian
+    from fedfdp.ledger_replay import replay_ledger
+
+    with pytest.raises(ValueError, match=r"^relation='replacement' in its mechanism: no accountant for it$"):
+        replay_ledger(_ledger({"relation": "replacement"}, []))
+    ddg = DistributedDiscreteGaussian(local_sigma=50.0, honest_parties=4, scale=64.0, dimension=10,
+                                      sampling_rate=0.1)
+    with pytest.raises(ValueError, match=r"^its events do not replay \(event=Dis") as err:
+        replay_ledger(_ledger({"relation": "add-remove"}, [(1, ddg)]))
+    assert "\n" not in str(err.value)

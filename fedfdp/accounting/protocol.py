@@ -11,7 +11,8 @@ Every accountant of fedfdp — :class:`~fedfdp.accounting.FDPAccountant` for
 could be mistaken for another.
 
 :func:`append_repeated` is the one merge of consecutive equal events (every
-accountant's ledger); :class:`Repeated` is an entry of the FDP accountant's ledger.
+accountant's ledger, the ledger replay's event list); :class:`Repeated` is an entry of
+the FDP accountant's ledger.
 
 :func:`calibrate` is the one search for the smallest noise multiplier that meets a
 target ε, for any accountant and any family of events ``σ ↦ event`` (the shape of
