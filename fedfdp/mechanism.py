@@ -43,7 +43,7 @@ from typing import Any
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
 from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
-from fedfdp.accounting.protocol import Accountant, calibrate
+from fedfdp.accounting.protocol import Accountant, NoEvent, calibrate
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.data.private_statistics import Estimate, estimation_events
 from fedfdp.data.split import refuse_label_split
@@ -513,28 +513,20 @@ def _naming_target(target: float, exc: ValueError) -> str:
 
 def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., ResolvedMechanism],
                     sub: Subsampling, delta: float, rounds: int) -> ResolvedMechanism:
-    """``aggregation = "secagg"``: σ (given, or the central calibration at the target), a fixed
-    ``C``, the plan of :func:`fedfdp.secagg.plan.secagg_plan` and its event at ``n_min − t_c``.
-    A calibrated σ is raised by 10⁻⁶ steps until the distributed accountant's ε of the private
-    rounds is at most the target (route A adds ``2Λ`` and moves δ by ``e^{−Λ}``).
+    """``aggregation = "secagg"``: σ (given, or calibrated to the target), a fixed ``C``, the
+    plan of :func:`fedfdp.secagg.plan.secagg_plan` and its event at ``n_min − t_c``. A target
+    is met by :func:`calibrate` over the distributed accountant's route A (an upper bound of
+    the printed ε, the smaller of routes A and B) and the event family
+    ``σ ↦ secagg_event(secagg_plan(σ, …), q)``: route A's ``2Λ`` and ``δe^{−Λ}`` are part of
+    the ε calibrated (below the σ where ``σ_loc`` reaches its minimum the family has no event).
     """
     p = cfg.privacy
     if sub.participation != 1.0:
         raise ConfigError(f"device-sampling-rate={p.device_sampling_rate}: aggregation='secagg' credits no "
                           "participation below 1 (the server draws the devices)")
     target = p.calibration_target
-    if p.noise_multiplier is not None:
-        sigma = float(p.noise_multiplier)
-    else:
-        if target is None:  # pragma: no cover - a target exists whenever σ is unset
-            raise ConfigError("noise-multiplier and target-epsilon are both unset")
-        try:
-            sigma = calibrate(_fdp_accountant, lambda s: _gaussian_family(s, sub.rate, 1.0),
-                              target_epsilon=target, rounds=rounds, delta=delta)
-        except ValueError as exc:
-            raise ConfigError(_naming_target(target, exc)) from None
 
-    def plan_event(sig: float) -> tuple[SecAggPlan, PrivacyEvent]:
+    def planned(sig: float) -> tuple[SecAggPlan, PrivacyEvent]:
         try:
             plan = secagg_plan(
                 sig, dimension=facts.num_params, num_records=facts.num_records, max_parties=facts.num_devices,
@@ -542,18 +534,32 @@ def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., Resolv
                 neighbours=p.secagg_neighbours, threshold=p.secagg_threshold, scale=p.secagg_scale,
             )
             return plan, secagg_event(plan, sub.rate)
+        except NoEvent:
+            raise  # σ_loc below its minimum: no event at this σ (the calibration searches above it)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
-    plan, event = plan_event(sigma)
-    if target is not None:
-        for _ in range(64):
-            acc = DistributedAccountant()
-            acc.compose(event, rounds)  # type: ignore[arg-type]
-            if acc.epsilon(delta) <= target:
-                break
-            sigma *= 1 + 1e-6
-            plan, event = plan_event(sigma)
+    if p.noise_multiplier is not None:
+        sigma = float(p.noise_multiplier)
+    elif target is None:  # pragma: no cover - a target exists whenever σ is unset
+        raise ConfigError("noise-multiplier and target-epsilon are both unset")
+    else:
+        def route_a() -> Accountant[Any]:  # min(route A, route B) <= route A: never above the target
+            return DistributedAccountant(route_b=False)
+
+        try:
+            sigma = calibrate(route_a, lambda s: planned(s)[1], target_epsilon=target, rounds=rounds,
+                              delta=delta)
+        except ConfigError:
+            raise  # the plan's refusal
+        except NoEvent as exc:  # the target is met only below the σ the plan accounts
+            raise ConfigError(str(exc)) from None
+        except ValueError as exc:
+            raise ConfigError(_naming_target(target, exc)) from None
+    try:
+        plan, event = planned(sigma)
+    except NoEvent as exc:
+        raise ConfigError(str(exc)) from None
     return build(
         private=True, unbounded=False, noise_multiplier=sigma, accounted_noise_multiplier=sigma,
         clipping=Clipping(p.clipping_norm), event=event, private_rounds=rounds, max_epsilon=p.epsilon_cap,

@@ -1031,6 +1031,46 @@ def test_relations_travel_as_the_enum_and_their_strings_are_converted() -> None:
         acc.epsilon(1e-5, Relation.CORRDP)
 
 
+def test_the_one_calibrator_evaluates_each_noise_multiplier_once() -> None:
+    from fedfdp.accounting import calibrate
+
+    seen: list[float] = []
+
+    def family(sigma: float) -> SubsampledGaussian:
+        seen.append(sigma)
+        return SubsampledGaussian(sigma, 0.05)
+
+    sigma = calibrate(FDPAccountant, family, target_epsilon=2.0, rounds=150, delta=1e-5)
+    assert len(seen) == len(set(seen))
+    assert sigma == cal(2.0, 0.05, 150, 1e-5)  # the public wrapper is the same search
+
+
+def test_a_family_without_events_below_an_edge_is_calibrated_above_it() -> None:
+    """σ ↦ SubsampledGaussian(σ, q) refusing σ < edge (NoEvent): an edge far below the answer
+    changes nothing (the central answer, bit for bit); an edge above it is refused with the
+    family's refusal at the smallest σ it refused."""
+    from fedfdp.accounting import NoEvent, calibrate
+
+    central = cal(2.0, 0.05, 150, 1e-5)
+
+    def family(edge: float):
+        def event_for(sigma: float) -> SubsampledGaussian:
+            if sigma < edge:
+                raise NoEvent(f"sigma={sigma!r}: below the edge {edge}")
+            return SubsampledGaussian(sigma, 0.05)
+        return event_for
+
+    far = calibrate(FDPAccountant, family(central / 3), target_epsilon=2.0, rounds=150, delta=1e-5)
+    assert far == central
+    loose = cal(8.0, 0.05, 150, 1e-5)  # < 1: the search also tries 2^-10, below the edge here
+    assert calibrate(FDPAccountant, family(0.01), target_epsilon=8.0, rounds=150, delta=1e-5) == loose
+    with pytest.raises(NoEvent, match=r"^sigma=1.0: below the edge 3"):
+        calibrate(FDPAccountant, family(3.0), target_epsilon=2.0, rounds=150, delta=1e-5)
+    # no event up to the largest σ: its refusal
+    with pytest.raises(NoEvent, match=r"^sigma=10000.0: below the edge 100000.0$"):
+        calibrate(FDPAccountant, family(1e5), target_epsilon=2.0, rounds=150, delta=1e-5)
+
+
 def _imports(path) -> set[str]:
     """The fedfdp modules a file imports (lazy imports too; ``if TYPE_CHECKING`` blocks not)."""
     import ast

@@ -357,3 +357,20 @@ def test_the_event_lives_in_the_vocabulary_and_the_accounts_re_export_its_maths(
                  "sum_divergence_bound", "smoothing_divergence_bound", "ddg_tau"):
         assert getattr(distributed, name) is getattr(bounds, name), name
     assert sensitivity(2.0**10, 10**4) == 2.0**10 + 100.0  # Δ = s + √d
+
+
+def test_route_a_alone_is_the_accountant_a_target_is_calibrated_over():
+    """route_b=False: ε is route A's upper bound (route B not computed, inf), never below
+    the printed ε of the full accountant (the smaller of the two routes)."""
+    from fedfdp.accounting.distributed import DistributedAccountant
+
+    ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19, dimension=10**5,
+                                     sampling_rate=0.05)
+    both, route_a = DistributedAccountant(), DistributedAccountant(route_b=False)
+    for acc in (both, route_a):
+        acc.compose(ev, 150)
+    alone = route_a.epsilon_bound(1e-5)
+    assert alone.route_b == math.inf and route_a.epsilon(1e-5) == alone.route_a.upper
+    assert alone.route_a == both.epsilon_bound(1e-5).route_a
+    assert both.epsilon(1e-5) <= route_a.epsilon(1e-5)
+    assert route_a.epsilon(1e-5) == route_a_epsilon([(ev, 150)], 1e-5).upper

@@ -60,7 +60,7 @@ def test_resolution_charges_n_min_minus_colluders_with_sigma_eff_equal_sigma():
                        "num-rounds": 10})
     m = resolve_mechanism(cfg, _facts())
     ev, plan = m.event, m.secagg
-    assert isinstance(ev, DistributedDiscreteGaussian) and ev.honest_parties == 6
+    assert isinstance(ev, DistributedDiscreteGaussian) and ev.honest_parties == 6 and plan is not None
     assert ev.noise_multiplier == pytest.approx(1.3, rel=1e-12)  # σ_eff = √(n_h σ_loc² − t²)/(s+√d)
     delta_s = plan.scale + math.sqrt(1000)
     assert plan.local_sigma == pytest.approx(math.sqrt((1.3**2 * delta_s**2 + 4) / 6), rel=1e-12)
@@ -70,6 +70,7 @@ def test_resolution_charges_n_min_minus_colluders_with_sigma_eff_equal_sigma():
 def test_a_calibrated_run_stays_within_its_target_under_the_distributed_accountant():
     cfg = load_config({**SECAGG, "target-epsilon": 2.0, "num-rounds": 40})
     m = resolve_mechanism(cfg, _facts())
+    assert isinstance(m.event, DistributedDiscreteGaussian)
     acc = DistributedAccountant()
     acc.compose(m.event, 40)
     assert acc.epsilon(m.delta) <= 2.0
@@ -124,3 +125,62 @@ def test_the_distributed_accountant_composes_a_central_gaussian_event_too():
     acc2.compose(est)
     acc2.compose(ev, 50)
     assert acc2.epsilon(delta) == pytest.approx(both.epsilon, rel=1e-12)
+
+
+def _central(target, rounds, n=1600, q=0.05):
+    """The central calibration at δ = 1/(2N): what a secure-aggregation σ is whenever the
+    slack does not push route A above the target (the pinned configurations)."""
+    from fedfdp.accounting import calibrate_noise_multiplier
+
+    return calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds,
+                                      delta=1 / (2 * n))
+
+
+@pytest.mark.parametrize(("target", "d"), [(2.0, 1000), (8.0, 1000), (8.0, 20), (8.0, 3)])
+def test_a_target_is_calibrated_over_the_distributed_accountant_and_meets_it(target, d):
+    """The one calibrator over route A and σ ↦ secagg_event(secagg_plan(σ)): the central σ
+    (route A is the central ε up to 2Λ ≈ 0), even for a small model whose plan has no event
+    at the smallest σ the search tries (σ_loc < 4 at σ = 2⁻¹⁰); route A at σ·(1 − 2·10⁻³)
+    is above the target."""
+    from fedfdp.secagg.plan import secagg_event, secagg_plan
+
+    cfg = load_config({**SECAGG, "target-epsilon": target, "num-rounds": 40})
+    m = resolve_mechanism(cfg, _facts(d=d))
+    assert isinstance(m.event, DistributedDiscreteGaussian) and m.noise_multiplier is not None
+    assert m.noise_multiplier == _central(target, 40)
+    acc = DistributedAccountant()
+    acc.compose(m.event, 40)
+    assert acc.epsilon(m.delta) <= target
+    lower = secagg_event(secagg_plan(m.noise_multiplier * (1 - 2e-3), dimension=d, num_records=1600,
+                                     max_parties=10, min_survivors=4, colluders=0), 0.05)
+    below = DistributedAccountant(route_b=False)
+    below.compose(lower, 40)
+    assert below.epsilon(m.delta) > target
+
+
+@pytest.mark.parametrize(
+    ("extra", "facts", "start"),
+    [
+        # the target is met at σ ≈ 1.3, where σ_loc = √((σ²(1 + 1)² + 4)/4) < 4: raise the scale
+        ({"secagg-scale": 1.0, "target-epsilon": 2.0}, _facts(d=1), "secagg-scale=1: each party's noise std"),
+        ({"secagg-min-survivors": 12, "target-epsilon": 2.0}, _facts(), "secagg-min-survivors=12: more than"),
+        ({"secagg-scale": 2.0**30, "target-epsilon": 2.0}, _facts(),
+         "secagg-scale=1073741824.0: the aggregate"),
+        # route B alone would reach it (RDP at tiny δ), route A not: refused like the central one
+        ({"delta": 1e-300, "target-epsilon": 2.0}, _facts(),
+         "target-epsilon=2: unreachable with noise-multiplier"),
+    ],
+)
+def test_calibration_refusals(extra, facts, start):
+    cfg = load_config({**SECAGG, **extra})
+    with pytest.raises(ConfigError) as err:
+        resolve_mechanism(cfg, facts)
+    assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_target_met_only_with_small_local_noise_names_a_local_sigma_below_the_minimum():
+    cfg = load_config({**SECAGG, "secagg-scale": 1.0, "target-epsilon": 2.0})
+    with pytest.raises(ConfigError) as err:
+        resolve_mechanism(cfg, _facts(d=1))
+    sigma_loc = float(str(err.value).split("σ_loc=")[1].split()[0])
+    assert sigma_loc < 4.0

@@ -113,7 +113,7 @@ from fedfdp.accounting.events import (
     ThresholdedHistogram,
     event_from_dict,
 )
-from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, calibrate, default_delta
+from fedfdp.accounting.protocol import MIN_NOISE_MULTIPLIER, Accountant, NoEvent, calibrate, default_delta
 from fedfdp.accounting.prv_reference import epsilon_prv_accountant
 from fedfdp.accounting.tradeoff import (
     attribute_inference_bound,
@@ -133,6 +133,7 @@ __all__ = [
     "EpsilonBound",
     "EventKind",
     "FDPAccountant",
+    "NoEvent",
     "PrivacyBudgetExhausted",
     "PrivacyEvent",
     "Relation",

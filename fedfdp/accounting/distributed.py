@@ -373,7 +373,7 @@ class DistributedEpsilon:
         PRV of the smoothed Gaussian rounds plus the slack (proved; ``upper`` is the
         number to print).
     route_b : float
-        Rényi-DP route of the papers (valid, looser).
+        Rényi-DP route of the papers (valid, looser; ``inf`` when not computed).
     slack : float
         ``Λ``, the total log-density-ratio distance to the smoothed rounds.
     delta : float
@@ -390,13 +390,17 @@ class DistributedEpsilon:
         return min(self.route_a.upper, self.route_b)
 
 
-def distributed_epsilon(rounds: Rounds, delta: float, eps_error: float = 0.05) -> DistributedEpsilon:
-    """Route A and route B side by side (add/remove)."""
+def distributed_epsilon(
+    rounds: Rounds, delta: float, eps_error: float = 0.05, *, route_b: bool = True
+) -> DistributedEpsilon:
+    """Route A and route B side by side (add/remove); route A alone (route B ``inf``)
+    with ``route_b=False``.
+    """
     counted = _as_counted(rounds)
     slack = _total_slack(counted)
     return DistributedEpsilon(
         route_a_epsilon(counted, delta, eps_error=eps_error),
-        route_b_epsilon(counted, delta),
+        route_b_epsilon(counted, delta) if route_b else math.inf,
         slack,
         open_unit("delta", delta),
     )
@@ -417,6 +421,16 @@ class DistributedAccountant:
     ``docs/secagg_accounting.md``) and route B's; both are upper bounds, so is their
     minimum. :meth:`epsilon_bound` returns both (:class:`DistributedEpsilon`).
 
+    Parameters
+    ----------
+    eps_error : float
+        Route A's discretisation target (:class:`~fedfdp.accounting.FDPAccountant`).
+    route_b : bool
+        False: ``epsilon(δ)`` is route A's alone, an upper bound of the printed ε (the
+        accountant a target ε is calibrated over, :func:`fedfdp.secagg.plan.secagg_plan`'s
+        family: σ never overshoots the target, whatever route B says, and a round costs
+        route A's composition only).
+
     Examples
     --------
     >>> ev = DistributedDiscreteGaussian(local_sigma=3.3e5, honest_parties=10, scale=2**19,
@@ -430,8 +444,9 @@ class DistributedAccountant:
 
     relation = Relation.ADD_REMOVE
 
-    def __init__(self, eps_error: float = 0.05) -> None:
+    def __init__(self, eps_error: float = 0.05, *, route_b: bool = True) -> None:
         self.eps_error = float(eps_error)
+        self.route_b = bool(route_b)
         self._rounds: list[tuple[Charged, int]] = []
         self._memo: dict[tuple[Any, ...], DistributedEpsilon] = {}
 
@@ -461,11 +476,13 @@ class DistributedAccountant:
         if key not in self._memo:
             if len(self._memo) >= 8:
                 self._memo.pop(next(iter(self._memo)))
-            self._memo[key] = distributed_epsilon(list(rounds), delta, self.eps_error)
+            self._memo[key] = distributed_epsilon(list(rounds), delta, self.eps_error, route_b=self.route_b)
         return self._memo[key]
 
     def epsilon_bound(self, delta: float) -> DistributedEpsilon:
-        """Routes A and B of everything composed (zero rounds: ε = 0)."""
+        """Routes A and B of everything composed (zero rounds: ε = 0; route B ``inf`` when
+        the accountant computes route A only).
+        """
         if not self._rounds:
             zero = EpsilonBound(0.0, 0.0, 0.0, open_unit("delta", delta), Relation.ADD_REMOVE)
             return DistributedEpsilon(zero, 0.0, 0.0, zero.delta)

@@ -17,7 +17,9 @@ the FDP accountant's ledger.
 :func:`calibrate` is the one search for the smallest noise multiplier that meets a
 target ε, for any accountant and any family of events ``σ ↦ event`` (the shape of
 dp-accounting's ``calibrate_dp_mechanism``): bisection on ``log σ`` over the certified
-**upper** ε, so the σ returned never overshoots.
+**upper** ε, so the σ returned never overshoots. A family defined on part of the σ
+axis only (secure aggregation's, :mod:`fedfdp.secagg.plan`) raises :class:`NoEvent`
+where it has no event.
 
 :func:`default_delta` is ``δ = 1/(2N)``, the δ of every run, estimate and CLI account
 that states none.
@@ -152,6 +154,14 @@ class Repeated:
         return self.event.participation
 
 
+class NoEvent(ValueError):
+    """An event family has no accounted event at this noise multiplier (the message says
+    why, naming the value): :func:`calibrate` counts such a ``σ`` as one that does not
+    meet the target, and raises this error when the target may only be met where the
+    family has no event.
+    """
+
+
 def calibrate(
     new_accountant: Callable[[], Accountant[E]],
     event_for: Callable[[float], E],
@@ -165,32 +175,54 @@ def calibrate(
     """Smallest noise multiplier ``σ`` (to ``rtol``) whose upper ε is ``≤ target``.
 
     ``rounds`` rounds of ``event_for(σ)`` are composed by a fresh
-    ``new_accountant()`` and its ``epsilon(delta)`` (the certified upper end) is
-    compared with the target; ε must decrease in ``σ`` (true of every event family
-    here: each is a post-processing of a Gaussian whose noise grows with ``σ``). The
-    accountant's ε already takes off the δ of thresholded histograms
-    (:class:`~fedfdp.accounting.events.ThresholdedHistogram`, composed before the
-    family or in it), so the σ found meets the target at ``δ`` with them included. The
-    result satisfies ``ε(σ) ≤ target`` and ``ε(σ/(1 + rtol)) > target`` (up to the
-    bracketing); the search stays in ``[MIN_NOISE_MULTIPLIER, max_noise_multiplier]``.
+    ``new_accountant()`` and its ``epsilon(delta)`` (the certified upper end, for the
+    accountant's relation) is compared with the target; ε must decrease in ``σ`` (true
+    of every event family here: each is a post-processing of a Gaussian whose noise
+    grows with ``σ``). Whatever the event's own terms are — the δ of thresholded
+    histograms (:class:`~fedfdp.accounting.events.ThresholdedHistogram`, composed
+    before the family or in it), the slack ``2Λ`` and ``δe^{−Λ}`` of a distributed
+    discrete Gaussian round — they are part of the ε compared, so the σ found meets
+    the target at ``δ`` with them included. The result satisfies ``ε(σ) ≤ target`` and
+    ``ε(σ/(1 + rtol)) > target`` (up to the bracketing); the search stays in
+    ``[MIN_NOISE_MULTIPLIER, max_noise_multiplier]``, and evaluates each ``σ`` once.
+
+    A ``σ`` for which ``event_for`` raises :class:`NoEvent` does not meet the target;
+    when the search ends just above such a ``σ`` (the smallest ``σ`` with an event that
+    meets the target is the family's edge, and a smaller one might meet it where the
+    family has no event), the family's refusal at the smallest ``σ`` it refused is
+    raised.
 
     Raises
     ------
     ValueError
         On a target that is not finite and > 0, ``rounds < 1``, or a target that no
         ``σ ≤ max_noise_multiplier`` meets (the message names the target).
+    NoEvent
+        As above.
     """
     target = validate.positive("target_epsilon", target_epsilon)
     rounds = validate.count("rounds", rounds)
     rtol = validate.open_unit("rtol", rtol)
+    known: dict[float, float] = {}
+    refused: dict[float, NoEvent] = {}
 
     def eps(sigma: float) -> float:
-        acc = new_accountant()
-        acc.compose(event_for(sigma), rounds)
-        return float(acc.epsilon(delta))
+        if sigma not in known:
+            try:
+                event = event_for(sigma)
+            except NoEvent as exc:
+                refused[sigma] = exc
+                known[sigma] = math.inf
+            else:
+                acc = new_accountant()
+                acc.compose(event, rounds)
+                known[sigma] = float(acc.epsilon(delta))
+        return known[sigma]
 
     hi = 1.0
     if math.isinf(eps(hi)) and math.isinf(eps(max_noise_multiplier)):
+        if max_noise_multiplier in refused:  # no event at the largest σ either: the family's refusal
+            raise refused[max_noise_multiplier]
         # no σ helps: a δ not spent by the Gaussian parts (thresholded histograms' δ_t) is >= delta
         raise ValueError(
             f"target-epsilon={target:g}: unreachable at delta={delta:g}: epsilon is infinite at every "
@@ -214,6 +246,8 @@ def calibrate(
             hi = mid
         else:
             lo = mid
+    if lo in refused:  # the target may be met below the family's edge: its refusal (the first σ refused)
+        raise refused[min(refused)]
     return hi
 
 

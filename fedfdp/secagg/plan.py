@@ -8,7 +8,7 @@ charged: :class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian` for
 with ``n_h``, so this event dominates every round that unmasks; a round with fewer
 than ``n_min`` survivors aborts before unmasking and is not charged).
 
-Calibration: each party's discrete Gaussian has std
+Each party's discrete Gaussian has std
 
 ``σ_loc = √((σ² Δ² + t²) / n_h)``, ``Δ = s + √d`` (add/remove sensitivity of the
 rounded sum in integer units, one record clipped to ``C`` scaled to ``s``),
@@ -18,6 +18,12 @@ so that the smoothed round's Gaussian noise multiplier
 ``s`` is ``secagg-scale`` or :func:`fedfdp.secagg.encoding.choose_scale` over public
 bounds: ``N`` records and at most ``num-devices`` parties (every SuperNode serves at
 least one device).
+
+Calibration to a target ε: ``σ ↦ secagg_event(secagg_plan(σ, …), q)`` is the event
+family the one calibrator (:func:`fedfdp.accounting.protocol.calibrate`) searches over
+the distributed accountant, so route A's slack (``2Λ``, ``δe^{−Λ}``) is part of what
+is calibrated; below the ``σ`` at which ``σ_loc`` reaches ``MIN_LOCAL_SIGMA`` the
+family has no event (:class:`~fedfdp.accounting.protocol.NoEvent`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 from fedfdp.accounting.discrete_gaussian_bounds import MIN_LOCAL_SIGMA, SMOOTHING, sensitivity
 from fedfdp.accounting.distributed import honest_parties
 from fedfdp.accounting.events import DistributedDiscreteGaussian
+from fedfdp.accounting.protocol import NoEvent
 from fedfdp.secagg.encoding import HALF, choose_scale, headroom
 
 __all__ = ["SecAggPlan", "local_sigma_for", "secagg_event", "secagg_plan"]
@@ -104,9 +111,13 @@ def secagg_plan(
     Raises
     ------
     ValueError
-        One line naming the value: more survivors required than parties can exist, a
-        failed headroom check (no scale keeps the aggregate within ±2³¹), or
-        ``σ_loc < MIN_LOCAL_SIGMA``.
+        One line naming the value: more survivors required than parties can exist, or
+        a failed headroom check (no scale keeps the aggregate within ±2³¹).
+    NoEvent
+        ``σ_loc < MIN_LOCAL_SIGMA`` (a :class:`ValueError` too): σ is too small for the
+        distributed discrete Gaussian to be accounted at this scale, so the family
+        ``σ ↦ secagg_event(secagg_plan(σ, …), q)`` has no event there
+        (:func:`fedfdp.accounting.protocol.calibrate` searches above it).
     """
     if min_survivors > max_parties:
         raise ValueError(
@@ -134,7 +145,7 @@ def secagg_plan(
             )
     local = sigma_of(s)
     if not local >= MIN_LOCAL_SIGMA:
-        raise ValueError(
+        raise NoEvent(
             f"secagg-scale={s:g}: each party's noise std σ_loc={local:.3g} is below {MIN_LOCAL_SIGMA} "
             "integer units (the distributed discrete Gaussian is not accounted there); raise the scale"
         )
