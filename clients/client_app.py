@@ -49,6 +49,7 @@ from fedfdp import protocol as P
 from fedfdp.contribution import ClientParts, client_update
 from fedfdp.data import DeviceData
 from fedfdp.losses import FeatureMap
+from fedfdp.secagg import Stage
 
 
 def _runtime(fixed: Mapping[str, Any] | None, context: Context, simulation: bool) -> NodeRuntime:
@@ -182,20 +183,20 @@ def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: 
         return reply_message(msg, private, public, metrics)
 
     # secure aggregation (aggregation = "secagg"): one round in four stages (clients/secagg_handlers.py)
-    @app.train("sa_setup")
+    @app.train(Stage.SETUP.action)
     def sa_setup(msg: Message, context: Context) -> Message:
         return secagg_handlers.sa_setup(msg, context)
 
-    @app.train("sa_keys")
+    @app.train(Stage.SHARE_KEYS.action)
     def sa_keys(msg: Message, context: Context) -> Message:
         return secagg_handlers.sa_keys(msg, context)
 
-    @app.train("sa_collect")
+    @app.train(Stage.COLLECT.action)
     def sa_collect(msg: Message, context: Context) -> Message:
         runtime = _runtime(fixed, context, simulation)
         return secagg_handlers.sa_collect(msg, context, runtime)
 
-    @app.train("sa_unmask")
+    @app.train(Stage.UNMASK.action)
     def sa_unmask(msg: Message, context: Context) -> Message:
         return secagg_handlers.sa_unmask(msg, context)
 

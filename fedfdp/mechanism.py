@@ -43,7 +43,7 @@ from typing import Any
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
 from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
-from fedfdp.accounting.protocol import Accountant, NoEvent, calibrate
+from fedfdp.accounting.protocol import Accountant, NoEvent, calibrate, default_delta
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
 from fedfdp.data.private_statistics import Estimate, estimation_events
 from fedfdp.data.split import refuse_label_split
@@ -119,8 +119,9 @@ def _distributed_accountant() -> Accountant[Any]:
 
 #: The accounting of ``aggregation = "secagg"`` (add/remove): every private round a
 #: :class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian`, ε the smaller of
-#: routes A and B (``docs/secagg_accounting.md``). Its ``family`` is the central one,
-#: used only to calibrate ``σ`` (route A of a round at ``σ_eff = σ`` is that ε).
+#: routes A and B (``docs/secagg_accounting.md``). ``σ`` is calibrated over the secure
+#: aggregation plan's own event family (:func:`resolve_mechanism`); this accounting's
+#: ``family`` is never used.
 DISTRIBUTED_ACCOUNTING = Accounting(new=_distributed_accountant, resolved={"aggregation": "secagg"})
 
 
@@ -349,8 +350,10 @@ def canonical_json(doc: Any) -> str:
 
 
 def run_delta(cfg: Config, num_records: int) -> float:
-    """δ of a run: ``delta``, or ``1/(2N)`` when unset."""
-    return cfg.privacy.delta if cfg.privacy.delta is not None else 1.0 / (2 * num_records)
+    """δ of a run: ``delta``, or ``1/(2N)`` when unset (the accounting's one default,
+    :func:`fedfdp.accounting.protocol.default_delta`).
+    """
+    return cfg.privacy.delta if cfg.privacy.delta is not None else default_delta(num_records)
 
 
 def tv_estimation_delta(cfg: Config, num_records: int) -> float:

@@ -50,7 +50,8 @@ from fedfdp.config import TrainingConfig
 from fedfdp.entropy import SecretSource, SystemEntropy
 from fedfdp.health import RunDiverged, finite_or_raise
 from fedfdp.ledger import Head, Ledger
-from fedfdp.mechanism import FDP_ACCOUNTING, Accounting, Budget, ResolvedMechanism, replay
+from fedfdp.ledger_replay import replay
+from fedfdp.mechanism import FDP_ACCOUNTING, Accounting, Budget, ResolvedMechanism
 from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
 from fedfdp.modes import Phase
 from fedfdp.quantile_clipping import next_clipping_norm

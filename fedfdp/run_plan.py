@@ -55,11 +55,11 @@ from fedfdp.data.private_statistics import estimated_columns
 from fedfdp.data.split import refuse_label_split
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, secret_source
 from fedfdp.evaluation import EvaluateFn, held_out_evaluation
+from fedfdp.ledger_replay import replay
 from fedfdp.losses import BlurSettings, FeatureMap, build_decomposition
 from fedfdp.mechanism import (
     PublicFacts,
     ResolvedMechanism,
-    replay,
     resolve_mechanism,
     run_accounting,
     sampling_settings,

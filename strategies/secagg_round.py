@@ -47,18 +47,16 @@ from fedfdp.config import ConfigError
 from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome, RoundStats
 from fedfdp.secagg import (
     CollectReply,
-    KeysReply,
     MessageError,
     ReconstructionError,
     ServerSession,
-    SetupReply,
+    Stage,
     ThresholdError,
     TooFewSurvivors,
-    UnmaskReply,
     decode,
 )
 from fedfdp.secagg.plan import SecAggPlan
-from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
+from fedfdp.secagg.wire import MASKED, SECAGG, STAGE_MESSAGES, from_wire, to_wire
 from strategies.orders import TrainOrders
 from strategies.transport import exchange
 
@@ -154,9 +152,9 @@ class SecAggRound:
             raise ConfigError(f"aggregation='secagg' with {len(nodes)} SuperNodes: {exc}") from None
         asked = len(nodes)
         try:
-            setup = self._stage("sa_setup", session.setup_requests(), SetupReply)
+            setup = self._stage(Stage.SETUP, session.setup_requests())
             keys_req = self._receive(session.receive_setup, setup)
-            keys = self._stage("sa_keys", keys_req, KeysReply)
+            keys = self._stage(Stage.SHARE_KEYS, keys_req)
             collect_req = self._receive(session.receive_keys, keys)
             extra = {"scale": plan.scale, "local-sigma": plan.local_sigma}
             public: dict[int, P.ValidReply] = {}
@@ -164,7 +162,7 @@ class SecAggRound:
             def parse_public(node: int, reply: Message) -> None:
                 public[node] = self._public(node, reply)
 
-            collected = self._stage("sa_collect", collect_req, CollectReply, extra=extra,
+            collected = self._stage(Stage.COLLECT, collect_req, extra=extra,
                                     content={n: train[n].content for n in collect_req}, check=parse_public)
             unmask_req = self._receive(session.receive_collect, collected)
         except _Aborted as exc:
@@ -175,7 +173,7 @@ class SecAggRound:
         stats = RoundStats(replies=len(u3), rejected=0, asked=asked)
         server.charge_round()  # write-ahead: before anything of the round is released
         try:
-            shares = self._stage("sa_unmask", unmask_req, UnmaskReply)
+            shares = self._stage(Stage.UNMASK, unmask_req)
             result = self._receive(session.receive_unmask, shares)
         except _Aborted as exc:
             log.warning("round %d: unmask failed after the charge (%s): charged, no step", server_round, exc)
@@ -222,9 +220,8 @@ class SecAggRound:
 
     def _stage(
         self,
-        stage: str,
+        stage: Stage,
         requests: Mapping[int, Any],
-        cls: type[Any],
         *,
         extra: Mapping[str, float] | None = None,
         content: Mapping[int, RecordDict] | None = None,
@@ -233,21 +230,23 @@ class SecAggRound:
         """Send one stage's requests; the parsed replies by node (an error reply, a malformed
         or unexpected one is a dropout, logged).
         """
+        cls = STAGE_MESSAGES[stage][1]
         messages = []
         for node, request in requests.items():
             body = RecordDict(dict(content[node]) if content is not None else {})
             body[SECAGG] = ConfigRecord({**to_wire(request), **(extra or {})})
-            messages.append(Message(body, message_type=f"train.{stage}", dst_node_id=node))
+            messages.append(Message(body, message_type=stage.message_type, dst_node_id=node))
         got: dict[int, Any] = {}
         for reply in exchange(self.grid, messages, self.timeout):
             node = reply.metadata.src_node_id
             if self.keep_replies:
-                self.received.append((stage, node, reply))
+                self.received.append((stage.action, node, reply))
             if node not in requests or node in got:
-                log.warning("%s: dropped a reply from node %s (not asked, or a duplicate)", stage, node)
+                log.warning("%s: dropped a reply from node %s (not asked, or a duplicate)", stage.action,
+                            node)
                 continue
             if reply.has_error():
-                log.warning("%s: node %s dropped out: %s", stage, node, reply.error.reason)
+                log.warning("%s: node %s dropped out: %s", stage.action, node, reply.error.reason)
                 continue
             try:
                 masked = None
@@ -258,7 +257,7 @@ class SecAggRound:
                     check(node, reply)
             except (KeyError, TypeError, ValueError, MessageError, P.InvalidReply) as exc:
                 got.pop(node, None)
-                log.warning("%s: rejected the reply of node %s: %s", stage, node, exc)
+                log.warning("%s: rejected the reply of node %s: %s", stage.action, node, exc)
         return got
 
     @staticmethod

@@ -94,7 +94,7 @@ from torch import nn
 
 from fedfdp.accounting import calibrate_noise_multiplier, default_delta, epsilon_for
 from fedfdp.clipping import METHODS as CLIP_METHODS
-from fedfdp.clipping import clipped_grad_sum
+from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.config import Mode, Optimizer
 from fedfdp.entropy import BitStream, OSBits, SeededBits
 from fedfdp.images.blur import GaussianBlur, PublicMap
@@ -329,8 +329,8 @@ class TrainSettings:
     optimizer : {"sgd", "adam"}
     momentum : float
         SGD momentum.
-    clip_method : str
-        Engine of :func:`fedfdp.clipping.clipped_grad_sum`.
+    clip_method : ClipMethod
+        Engine of :func:`fedfdp.clipping.clipped_grad_sum` (its string is accepted).
     chunk_size : int
         Records per clipping call (memory only; the clipped sum is the same).
     seed : int
@@ -353,7 +353,7 @@ class TrainSettings:
     pretrain_learning_rate: float | None = None
     optimizer: Optimizer = Optimizer.SGD
     momentum: float = 0.9
-    clip_method: str = "auto"
+    clip_method: ClipMethod = ClipMethod.AUTO
     chunk_size: int = 128
     seed: int = 0
     eval_every: int = 0
@@ -392,7 +392,9 @@ class TrainSettings:
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum={self.momentum!r}: must be in [0, 1)")
         if self.clip_method not in CLIP_METHODS:
-            raise ValueError(f"clip_method={self.clip_method!r}: must be one of {CLIP_METHODS}")
+            raise ValueError(f"clip_method={self.clip_method!r}: must be one of "
+                             f"{tuple(str(m) for m in CLIP_METHODS)}")
+        object.__setattr__(self, "clip_method", ClipMethod(self.clip_method))
 
     @property
     def private(self) -> bool:
