@@ -780,6 +780,7 @@ def test_pathological_input_bounded(argv: list[str], reference, status: int, nee
     assert proc.returncode == status, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     if status == 2:
+        assert needle is not None  # every refusal case names its flag
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
         return

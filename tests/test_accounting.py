@@ -40,6 +40,7 @@ import random
 import subprocess
 import sys
 import warnings
+from typing import TypedDict, Unpack
 
 import numpy as np
 import pytest
@@ -79,12 +80,30 @@ from dp_accounting.pld import privacy_loss_distribution as dp_pld  # noqa: E402
 EPS_ERROR = 0.05
 
 
-def ev(sigma, q, count=1, p=1.0):
+class AccountantKnobs(TypedDict, total=False):
+    """The keyword arguments of :class:`FDPAccountant`."""
+
+    eps_error: float
+    delta_error: float
+    max_grid_points: int
+
+
+class CalibrationKnobs(TypedDict, total=False):
+    """The optional keyword arguments of :func:`calibrate_noise_multiplier`."""
+
+    participation: float
+    relation: Relation | str
+    eps_error: float
+    rtol: float
+    max_noise_multiplier: float
+
+
+def ev(sigma: float, q: float, count: int = 1, p: float = 1.0) -> Repeated:
     """``count`` rounds of the subsampled Gaussian ``(σ, q, p)``."""
     return Repeated(SubsampledGaussian(sigma, q, p), count)
 
 
-def cal(target, q, rounds, delta, **kw):
+def cal(target: float, q: float, rounds: int, delta: float, **kw: Unpack[CalibrationKnobs]) -> float:
     return calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds, delta=delta,
                                       **kw)
 
@@ -95,7 +114,7 @@ def cal(target, q, rounds, delta, **kw):
 # --------------------------------------------------------------------------- #
 
 
-def composed(events: list[tuple[float, float, int]], **kw: float) -> FDPAccountant:
+def composed(events: list[tuple[float, float, int]], **kw: Unpack[AccountantKnobs]) -> FDPAccountant:
     acc = FDPAccountant(**kw)
     for sigma, q, count in events:
         acc.compose(SubsampledGaussian(sigma, q), count)
@@ -189,8 +208,8 @@ def test_each_ordering(sigma: float, q: float, rounds: int) -> None:
     assert ref_remove > ref_add  # remove dominates here
     prof = composition._profile(((sigma, q, rounds),), 0.045, 1e-8, 2**24)
     remove, add = prof.curves
-    assert abs(float(remove.epsilon(1e-5)[0]) - ref_remove) <= 5e-3
-    assert abs(float(add.epsilon(1e-5)[0]) - ref_add) <= 5e-3
+    assert abs(float(remove.epsilon(np.array([1e-5]))[0]) - ref_remove) <= 5e-3
+    assert abs(float(add.epsilon(np.array([1e-5]))[0]) - ref_add) <= 5e-3
 
 
 def test_prv_accountant_covers_remove_ordering() -> None:
@@ -207,7 +226,7 @@ def test_prv_accountant_covers_remove_ordering() -> None:
         )
         lo, est, up = prv.compute_epsilon(1e-5, [100])
     prof = composition._profile(((0.8, 1 / 16, 100),), 0.045, 1e-8, 2**24)
-    ours = float(prof.curves[0].epsilon(1e-5)[0])
+    ours = float(prof.curves[0].epsilon(np.array([1e-5]))[0])
     assert abs(ours - est) <= 2e-3
     assert lo <= ours <= up
 
@@ -517,12 +536,19 @@ def test_add_ordering_renyi_is_dominated() -> None:
             assert d_pq <= d_qp + 1e-9
 
 
+def _global_mt19937_key() -> np.ndarray:
+    """The key of numpy's global MT19937 generator (its legacy state's second item)."""
+    state = np.random.get_state(legacy=True)
+    assert isinstance(state, tuple), type(state)
+    return state[1]
+
+
 def test_no_global_rng_and_no_flwr() -> None:
-    np_state = np.random.get_state()[1].copy()
+    np_state = _global_mt19937_key().copy()
     py_state = random.getstate()
     epsilon_for(1.0, 0.01, 100, 1e-5)
     tradeoff_curve([ev(1.0, 0.01, 100)])
-    assert np.array_equal(np.random.get_state()[1], np_state)
+    assert np.array_equal(_global_mt19937_key(), np_state)
     assert random.getstate() == py_state
     code = "import sys, fedfdp.accounting; assert 'flwr' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -565,12 +591,13 @@ def test_input_validation() -> None:
         acc.epsilon(1e-5, relation="foo")
     with pytest.raises(ValueError, match="relation='replace'"):
         acc.would_exceed(SubsampledGaussian(1.0, 0.1), max_epsilon=1.0, delta=1e-5, relation="replace")
-    for kw, needle in [
+    knobs: list[tuple[AccountantKnobs, str]] = [
         ({"eps_error": 0.0}, "eps_error=0.0"),
         ({"eps_error": 2.0}, "eps_error=2.0"),
         ({"delta_error": 0.5}, "delta_error=0.5"),
         ({"max_grid_points": 10}, "max_grid_points=10"),
-    ]:
+    ]
+    for kw, needle in knobs:
         with pytest.raises(ValueError, match=needle):
             FDPAccountant(**kw)
     with pytest.raises(ValueError, match="max_epsilon=-1.0"):
@@ -676,7 +703,7 @@ def test_participation_ledger_and_state() -> None:
         {"version": [2], "ledger": []},
     ):
         with pytest.raises(ValueError, match="state"):
-            other.load_state_dict(bad)  # type: ignore[arg-type]
+            other.load_state_dict(bad)
     # budget checks carry the participation
     assert acc.would_exceed(SubsampledGaussian(1.0, 0.05, 0.2), max_epsilon=100.0, delta=1e-5) is False
     spent = acc.spend(SubsampledGaussian(1.0, 0.05, 0.2), max_epsilon=100.0, delta=1e-5)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fedfdp.accounting import calibrate_noise_multiplier, epsilon_for
-from fedfdp.clipping import clipped_grad_sum
+from fedfdp.clipping import ClipMethod, clipped_grad_sum
+from fedfdp.config import Mode, Optimizer
 from fedfdp.entropy import SeededBits
 from fedfdp.images.blur import GaussianBlur
 from fedfdp.images.data import ImageSet, ImageShape
@@ -25,6 +26,7 @@ from fedfdp.images.train import (
     METHODS,
     ClassificationTask,
     DiffusionTask,
+    LossPart,
     TrainSettings,
     evaluate_classifier,
     train,
@@ -70,8 +72,16 @@ class CountingBits:
         return self.inner.words(n)
 
 
+def _metric(row: dict[str, float | int | str], key: str) -> float:
+    """The metric ``key`` of a history row (what ``evaluate`` returned); fails the test if
+    it is not a float."""
+    value = row[key]
+    assert isinstance(value, float), (key, value)
+    return value
+
+
 @pytest.mark.parametrize("method", METHODS)
-def test_classifier_every_method_runs_and_reports_epsilon(digits, method: str) -> None:
+def test_classifier_every_method_runs_and_reports_epsilon(digits, method: Mode) -> None:
     data, test = digits
     model = build_classifier(data.shape, 10, width=8, features=16, generator=torch.Generator().manual_seed(0))
     before = [p.detach().clone() for p in model.parameters()]
@@ -94,7 +104,7 @@ def test_classifier_every_method_runs_and_reports_epsilon(digits, method: str) -
         secrets=_secrets(),
     )
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert result.history[-1]["phase"] == "final" and 0 <= result.history[-1]["accuracy"] <= 1
+    assert result.history[-1]["phase"] == "final" and 0 <= _metric(result.history[-1], "accuracy") <= 1
     assert result.reproducible_secrets and result.delta == pytest.approx(1 / (2 * 240))
     if method == "nonprivate":
         assert result.epsilon == math.inf and result.noise_multiplier is None
@@ -109,8 +119,8 @@ def test_classifier_every_method_runs_and_reports_epsilon(digits, method: str) -
     assert summary["epsilon_relation"] == "add-remove (upper bound)" and "model" not in summary
 
 
-@pytest.mark.parametrize("method", ["dp", "fdp"])
-def test_secret_stream_only_feeds_coins_and_noise(digits, method: str) -> None:
+@pytest.mark.parametrize("method", [Mode.DP, Mode.FDP])
+def test_secret_stream_only_feeds_coins_and_noise(digits, method: Mode) -> None:
     """Per private step the secret stream gives N coin words and the noise words,
     nothing else: the public batch of Algorithm 1 is drawn independently (Prop. 3)."""
     data, _ = digits
@@ -147,14 +157,14 @@ def test_dp_step_equals_a_hand_computed_step(digits) -> None:
     expected = [w - lr * g / (q * len(data)) for w, g in zip(start, noisy, strict=True)]
     double_data = ImageSet("d", np.array(data.x), np.array(data.y), data.class_names)
     settings = TrainSettings(
-        method="dp",
+        method=Mode.DP,
         steps=1,
         sampling_rate=q,
         clipping_norm=c,
         noise_multiplier=sigma,
         learning_rate=lr,
         momentum=0.0,
-        clip_method="ghost",
+        clip_method=ClipMethod.GHOST,
         chunk_size=1000,
     )
 
@@ -178,7 +188,7 @@ def test_diffusion_end_to_end_in_seconds(digits) -> None:
     def held_out_loss(model: torch.nn.Module) -> dict[str, float]:
         gens = [torch.Generator().manual_seed(123 + i) for i in range(100)]
         with torch.no_grad():
-            inputs, targets, loss_fn = task.parts("full", xt[:100], yt[:100], gens)
+            inputs, targets, loss_fn = task.parts(LossPart.FULL, xt[:100], yt[:100], gens)
             return {"loss": float(loss_fn([model(v) for v in inputs], targets).mean())}
 
     shape = ImageShape(1, 8, 8)
@@ -195,19 +205,19 @@ def test_diffusion_end_to_end_in_seconds(digits) -> None:
             pretrain_steps=2,
             public_batch_size=24,
             learning_rate=2e-3,
-            optimizer="adam",
+            optimizer=Optimizer.ADAM,
         )
         first = held_out_loss(model)["loss"]
         result = train(model, task, data, settings, evaluate=held_out_loss, secrets=_secrets(2))
-        last = result.history[-1]["loss"]
+        last = _metric(result.history[-1], "loss")
         assert math.isfinite(last)
         if method == "nonprivate":
             assert last < first
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("method", ["nonprivate", "dp", "fdp"])
-def test_cuda_run_matches_the_cpu_run(digits, method: str) -> None:
+@pytest.mark.parametrize("method", [Mode.NONPRIVATE, Mode.DP, Mode.FDP])
+def test_cuda_run_matches_the_cpu_run(digits, method: Mode) -> None:
     """The same run (float64, plain SGD, identically seeded secret stream) on the CPU
     and on CUDA: the secret stream is asked for the same words (coins and noise
     only, drawn on the CPU), the model stays on its device and ends at the same

@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
 from fedfdp.config import ConfigError, load_config
+from tests.mechanism_helpers import events_as, fdp_event, written_ledger
 
 CLI = [sys.executable, "-m", "simulations.cli"]
 
@@ -73,6 +75,7 @@ def test_a_text_column_is_estimated_under_estimate_and_the_release_is_written_on
     data = load_dataset(cfg.data)
     assert data.estimated_categories == (("city", ("Lyon", "Paris")),)
     assert [c for c, _, _ in data.estimated_ranges] == ["age"]
+    assert data.spec is not None
     assert data.spec.private == ("age", "city=Lyon", "city=Paris")
     resolved = resolve_released(cfg, data)
     assert resolved.data.estimated_categories == data.estimated_categories
@@ -234,7 +237,7 @@ def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path)
     estimates right after the mechanism, config.toml the released ranges, and the printed
     epsilon is dp-accounting's composition of every ledger event (independent reference),
     above the rounds alone; the estimates' own epsilon at 1/(2N) is the declared share."""
-    from fedfdp.ledger import EntryKind, read_ledger
+    from fedfdp.ledger import EntryKind
     from tests.references import dp_ref_eps, gaussian_eps_ref
 
     path = _table(tmp_path / "t.csv", n=600)
@@ -246,12 +249,12 @@ def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = float(proc.stdout.split("epsilon=")[1].split()[0])
-    ledger = read_ledger(out)
+    ledger = written_ledger(out)
     kinds = [e.kind for e in ledger.entries]
     assert kinds[:3] == [EntryKind.MECHANISM, EntryKind.ESTIMATE, EntryKind.ESTIMATE]
     assert [e.body["statistic"] for e in ledger.entries[1:3]] == ["encoding of 'age'", "encoding of 'income'"]
-    estimates = [e.event for e in ledger.entries[1:3]]
-    rounds = [e.event for e in ledger.entries[3:]]
+    estimates = events_as(ThresholdedHistogram, (e.event for e in ledger.entries[1:3]))
+    rounds = events_as(SubsampledGaussian, (e.event for e in ledger.entries[3:]))
     assert len(rounds) == 4 and all(e.sampling_rate == 1.0 for e in estimates)
     config = (out / "config.toml").read_text()
     assert 'private-statistics = "estimate"' in config and "estimated-ranges = \"age=" in config
@@ -295,9 +298,12 @@ def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_
     estimated = resolve_mechanism(load_config({**base, "private-statistics": "estimate"}), facts)
     assert declared.estimates == () and "estimates" not in declared.to_dict()
     assert [e.statistic for e in estimated.estimates] == ["encoding of 'income'"]  # age is declared
+    assert estimated.noise_multiplier is not None and declared.noise_multiplier is not None
     assert estimated.noise_multiplier > declared.noise_multiplier
     budget = Budget(estimated, FDPAccountant())
+    assert isinstance(budget.accountant, FDPAccountant)
     assert budget.accountant.rounds == 1  # a fresh run starts with its estimate
+    assert estimated.event is not None
     budget.spend(estimated.event, 30)
     assert budget.epsilon() <= 2.0
     ledger = Ledger.start(estimated.to_dict(), estimated.digest())
@@ -307,6 +313,7 @@ def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_
     from fedfdp.mechanism import replay
 
     resumed = Budget(estimated, replay(ledger.events(), FDPAccountant))
+    assert isinstance(resumed.accountant, FDPAccountant)
     assert resumed.accountant.rounds == 1
 
 
@@ -325,6 +332,7 @@ def test_an_edited_estimate_entry_is_refused(tmp_path):
         Ledger.from_dict(doc)
     short = Ledger.start(m.to_dict(), m.digest())
     short.entries = short.entries[:1]
+    assert m.event is not None
     short.append_charge(1, 0, m.event)
     with pytest.raises(ValueError, match="estimate entries differ from the estimates its mechanism lists"):
         Ledger.from_dict(short.to_dict())
@@ -378,7 +386,7 @@ def test_the_flower_path_estimates_once_and_every_process_encodes_with_the_relea
     is the ledger's (fedfdp account --run recomputes it)."""
     import json
 
-    from fedfdp.ledger import EntryKind, read_ledger
+    from fedfdp.ledger import EntryKind
 
     path = _table(tmp_path / "t.csv", n=400)
     out = tmp_path / "run"
@@ -387,7 +395,7 @@ def test_the_flower_path_estimates_once_and_every_process_encodes_with_the_relea
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = float(proc.stdout.split("epsilon=")[1].split()[0])
-    ledger = read_ledger(out)
+    ledger = written_ledger(out)
     assert [e.kind for e in ledger.entries].count(EntryKind.ESTIMATE) == 1
     assert 'estimated-ranges = "age=' in (out / "config.toml").read_text()
     account = subprocess.run([*CLI, "account", "--run", str(out), "--json"], capture_output=True, text=True,
@@ -440,9 +448,9 @@ def test_the_accountant_reports_the_gaussian_parts_at_delta_minus_the_thresholds
     for ev in thresholded:
         acc.compose(ev)
         plain.compose(ev.gaussian())
-    for ev in gaussians:
-        acc.compose(ev)
-        plain.compose(ev)
+    for g in gaussians:
+        acc.compose(g)
+        plain.compose(g)
     cost = sum(-np.log1p(-_ref_threshold_delta(ev)) for ev in thresholded)
     assert cost > sum(ev.threshold_delta for ev in thresholded)  # −ln(1 − δ_t) ≥ δ_t
     got = acc.epsilon_bound(delta, relation)
@@ -548,9 +556,11 @@ def test_estimation_events_charge_every_estimated_column_one_thresholded_histogr
     assert [e.statistic for e in events] == ["encoding of 'age'", "encoding of 'city'", "encoding of 'job'"]
     assert all(isinstance(e.event, ThresholdedHistogram) for e in events)
     assert len({e.event for e in events}) == 1
-    sigma = events[0].event.noise_multiplier
+    first = events[0].event
+    assert isinstance(first, ThresholdedHistogram)
+    sigma = first.noise_multiplier
     delta_e = 1 / (2 * n)
-    assert events[0].event.threshold_delta == pytest.approx(delta_e / 30)
+    assert first.threshold_delta == pytest.approx(delta_e / 30)
     cost = sum(-np.log1p(-_ref_threshold_delta(e.event)) for e in events)
     ref = gaussian_eps_ref(np.sqrt(3) / sigma, delta_e - cost)
     assert 0.49 <= ref <= 0.5 + 1e-6
@@ -566,8 +576,6 @@ def test_a_text_column_run_is_charged_its_categories_and_replayed_by_fedfdp_acco
     fresh process replays it to the ε the run printed, which is above that of the same ledger
     with the plain Gaussian (the thresholds' δ is charged)."""
     from fedfdp.accounting import FDPAccountant
-    from fedfdp.accounting.events import ThresholdedHistogram
-    from fedfdp.ledger import read_ledger
 
     path = _table(tmp_path / "t.csv", n=600)
     out = tmp_path / "run"
@@ -579,7 +587,7 @@ def test_a_text_column_run_is_charged_its_categories_and_replayed_by_fedfdp_acco
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = float(proc.stdout.split("epsilon=")[1].split()[0])
     assert 'estimated-categories = "city=Lyon|Paris"' in (out / "config.toml").read_text()
-    ledger = read_ledger(out)
+    ledger = written_ledger(out)
     estimate = ledger.entries[1]
     assert estimate.body["statistic"] == "encoding of 'city'"
     assert isinstance(estimate.event, ThresholdedHistogram)
@@ -590,6 +598,6 @@ def test_a_text_column_run_is_charged_its_categories_and_replayed_by_fedfdp_acco
     assert replayed == pytest.approx(printed, abs=1e-4)
     delta = float(ledger.mechanism["delta"])
     plain = FDPAccountant()
-    for e in ledger.events():
+    for e in map(fdp_event, ledger.events()):
         plain.compose(e.gaussian() if isinstance(e, ThresholdedHistogram) else e)
     assert replayed > plain.epsilon(delta)
