@@ -232,6 +232,7 @@ def test_replacing_one_private_value_changes_the_release_only_through_the_noisy_
 # ----------------------------------------------------------------- charged, in the printed ε
 
 
+@pytest.mark.slow
 def test_an_estimate_run_prints_an_epsilon_that_includes_the_estimates(tmp_path):
     """The real CLI with two estimated columns and a fixed sigma: the ledger holds the two
     estimates right after the mechanism, config.toml the released ranges, and the printed
@@ -570,6 +571,7 @@ def test_estimation_events_charge_every_estimated_column_one_thresholded_histogr
     assert acc.epsilon(delta_e) <= 0.5 + 1e-6
 
 
+@pytest.mark.slow
 def test_a_text_column_run_is_charged_its_categories_and_replayed_by_fedfdp_account(tmp_path):
     """The real CLI with a text column under estimate: config.toml holds the released
     categories, the ledger a ThresholdedHistogram estimate, and `fedfdp account --run` in a
