@@ -38,7 +38,7 @@ plan.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any
@@ -385,19 +385,22 @@ class RunPlan:
         return client_parts_for(self.config, self.data)
 
     # ---------------------------------------------------------------- resolution
-    def resolve(self, device_sizes: Any, device_nodes: Any = ()) -> tuple[ResolvedMechanism, SamplingPlan]:
+    def resolve(
+        self, device_sizes: Iterable[Any], device_nodes: Iterable[Any] = ()
+    ) -> tuple[ResolvedMechanism, SamplingPlan]:
         """The sampling plan over the public device sizes (and the node serving each
         device) and the mechanism resolved for the event it charges
         (:func:`fedfdp.mechanism.resolve_mechanism`: σ, q, p, C, γ, δ, the event).
         """
         sizes = tuple(int(s) for s in device_sizes)
-        sampling = self.server_parts.sampling_plan(sampling_settings(self.config), sizes, tuple(device_nodes))
+        nodes = tuple(int(n) for n in device_nodes)
+        sampling = self.server_parts.sampling_plan(sampling_settings(self.config), sizes, nodes)
         facts = PublicFacts(tuple(sampling.device_sizes), sum(int(t.numel()) for t in trainable(self.model)))
         mechanism = resolve_mechanism(self.config, facts, accounting=self.server_parts.accounting,
                                       subsampling=sampling.subsampling)
         return mechanism, sampling
 
-    def engine(self, device_sizes: Any, device_nodes: Any = ()) -> RoundEngine:
+    def engine(self, device_sizes: Iterable[Any], device_nodes: Iterable[Any] = ()) -> RoundEngine:
         """The round engine of this run over the public device sizes (:meth:`resolve`):
         its ledger starts with the mechanism; every charge is written through
         :attr:`files` before the round draws anything.
@@ -410,7 +413,7 @@ class RunPlan:
     # ---------------------------------------------------------------- the record
     def resolved_table(self, engine: RoundEngine, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The ``[resolved]`` table of ``config.toml``: the engine's resolved mechanism
-        (and, with released statistics, the budget split: :meth:`budget_split`).
+        (and, with released statistics, the budget split: :func:`budget_split`).
         """
         m, accounting, p = engine.mechanism, engine.accounting, self.config.privacy
         values: dict[str, Any] = {
