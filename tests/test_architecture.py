@@ -153,6 +153,16 @@ def test_no_import_cycles():
     assert cycles(graph()) == []
 
 
+def test_the_event_vocabulary_imports_nothing_above_it():
+    """The events import only the number checks and the discrete Gaussian's bounds, which
+    import nothing of the project but the checks; the checks import nothing of it."""
+    edges = graph()
+    bounds = "fedfdp.accounting.discrete_gaussian_bounds"
+    assert edges["fedfdp.accounting.events"] == {"fedfdp.validate", bounds}
+    assert edges[bounds] == {"fedfdp.validate"}
+    assert edges["fedfdp.validate"] == set()
+
+
 def config_importers() -> set[str]:
     return {
         m for m in MODULES
