@@ -152,7 +152,7 @@ def reply_message(
     public: dict[str, torch.Tensor] | None,
     metrics: Mapping[str, MetricValues],
 ) -> Message:
-    """The reply to a train message, built from ``handle_train``'s three results."""
+    """The reply to a train message, built from :meth:`NodeRuntime.train`'s three results."""
     content = RecordDict({P.METRICS: MetricRecord(dict(metrics))})
     if private is not None:
         content[P.PRIVATE] = ArrayRecord(private)

@@ -15,7 +15,7 @@
   temporary file, fsync, rename, fsync of the directory);
 * ``unrecorded``: charges that a crashed session may have written after the last
   checkpoint but that are missing from the ledger, charged pessimistically on resume
-  (:func:`fedfdp.checkpoint` and :class:`fedfdp.server.RunFiles` decide how many).
+  (:func:`fedfdp.checkpoint` and :class:`fedfdp.run_files.RunFiles` decide how many).
 
 The ledger stores events, not tuples: :meth:`Ledger.events` is everything ever
 charged, and :func:`fedfdp.ledger_replay.replay_ledger` turns it into the accountant
