@@ -14,9 +14,9 @@
     re-run rounds included), replayed into the accountant of the relation the
     run names, at δ and relation from ``[resolved]`` in ``DIR/config.toml``
     (``--delta`` overrides δ). It equals the ε of the run's last ``metrics.csv``
-    row when the run ended normally. A CorrDP run (relation ``corrdp``) is
-    refused: its accountant needs the run's CorrDP design, which the ledger does
-    not record (read ``epsilon_corrdp`` in its ``metrics.csv``). A run with
+    row when the run ended normally. A CorrDP run (relation ``corrdp``) is replayed
+    by the CorrDP accountant (its per-class events and the TV estimate's δ from
+    ``[resolved]``) and reports ``epsilon_corrdp``, a CorrDP ε. A run with
     ``aggregation = "secagg"`` is replayed by the distributed accountant: ε is the
     smaller of route A and route B (both reported), as the run printed; ``--ball``
     and ``--tradeoff`` are refused for it.
