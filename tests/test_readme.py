@@ -55,10 +55,16 @@ PYTHON_BLOCKS = blocks("python")
 COMMANDS = fedfdp_commands()
 
 
-def test_ci_runs_the_readme_test_command():
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3")]
-    assert len(ci) == 1
-    assert ci[0] in README
+def test_ci_runs_the_readme_test_commands():
+    """CI runs the README's test command (the fast tier, with ruff and mypy over every tree)
+    and the README's end-to-end tier, each as the README writes it."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    tests = [line for line in lines if "pytest" in line and not line.startswith("#")]
+    assert len(tests) == 2
+    assert tests[0].startswith("python3 -m venv") and tests[0].endswith('-m "not slow"')
+    assert "mypy fedfdp clients strategies simulations tests" in tests[0]
+    assert tests[1].endswith("-m slow")
+    assert all(line in README for line in tests)
 
 
 def test_readme_names_relation_and_delta_for_every_epsilon_table():
