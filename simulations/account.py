@@ -20,7 +20,7 @@
     ``aggregation = "secagg"`` is replayed by the distributed accountant: ε is the
     smaller of route A and route B (both reported), as the run printed; ``--ball``
     and ``--tradeoff`` are refused for it.
-    :func:`run_ledger` reads it; the library replays it
+    :func:`simulations.run_budget.read_run` reads it; the library replays it
     (:func:`fedfdp.ledger_replay.replay_ledger`, as the run itself does).
 
 With any of them:
@@ -57,39 +57,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedfdp import validate
 from fedfdp.config import ConfigError
+from simulations.run_budget import ADD_REMOVE, CORRDP, flag_check, read_run
 
-if TYPE_CHECKING:
-    from fedfdp.ledger_replay import LedgerReplay
-
-CONFIG_FILE = "config.toml"  # fedfdp.outputs.CONFIG_FILE
-METRICS_FILE = "metrics.csv"  # fedfdp.outputs.METRICS_FILE
 #: ``eps_error`` of ``--noise-multiplier`` / ``--target-epsilon`` when not given
 #: (a run's ledger is replayed at the run's own).
 DEFAULT_EPS_ERROR = 0.05
-#: The relations a run's ε is stated for (the values of ``fedfdp.accounting.Relation``), and
-#: the ``metrics.csv`` column of each.
-ADD_REMOVE = "add-remove"
-CORRDP = "corrdp"
-EPSILON_COLUMNS = {ADD_REMOVE: "epsilon", CORRDP: "epsilon_corrdp"}
 
 
 # ------------------------------------------------------------------ validation
-def _flag(check: Callable[..., Any], flag: str, value: Any, *args: Any) -> Any:
-    """``check(flag, value, *args)`` (a :mod:`fedfdp.validate` check, naming the flag), its
-    ``ValueError`` a :class:`~fedfdp.config.ConfigError`.
-    """
-    try:
-        return check(flag, value, *args)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -101,11 +81,11 @@ def _delta_of(args: argparse.Namespace, fallback: float | None, fallback_name: s
     if args.delta is not None and args.num_records is not None:
         raise ConfigError(f"--delta={args.delta!r} and --num-records={args.num_records!r}: give one")
     if args.delta is not None:
-        return _flag(validate.open_unit, "--delta", args.delta)
+        return flag_check(validate.open_unit, "--delta", args.delta)
     if args.num_records is not None:
         from fedfdp.accounting.protocol import default_delta
 
-        return default_delta(_flag(validate.count, "--num-records", args.num_records))
+        return default_delta(flag_check(validate.count, "--num-records", args.num_records))
     if fallback is None:
         raise ConfigError(f"--delta is required ({fallback_name})")
     return fallback
@@ -126,16 +106,16 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     for flag, value in (("--sampling-rate", args.sampling_rate), ("--rounds", args.rounds)):
         if value is None:
             raise ConfigError(f"{flag} is required with --noise-multiplier/--target-epsilon")
-    q = _flag(validate.rate, "--sampling-rate", args.sampling_rate)
+    q = flag_check(validate.rate, "--sampling-rate", args.sampling_rate)
     p = 1.0
     if args.device_sampling_rate is not None:
-        p = _flag(validate.rate, "--device-sampling-rate", args.device_sampling_rate)
-    rounds = _flag(validate.count, "--rounds", args.rounds)
+        p = flag_check(validate.rate, "--device-sampling-rate", args.device_sampling_rate)
+    rounds = flag_check(validate.count, "--rounds", args.rounds)
     delta = _delta_of(args, None, "or --num-records N for δ = 1/(2N)")
     eps_error = args.eps_error if args.eps_error is not None else DEFAULT_EPS_ERROR
     info: dict[str, Any] = {}
     if args.target_epsilon is not None:
-        target = _flag(validate.positive, "--target-epsilon", args.target_epsilon)
+        target = flag_check(validate.positive, "--target-epsilon", args.target_epsilon)
         try:
             sigma = calibrate_noise_multiplier(target_epsilon=target, sampling_rate=q, rounds=rounds,
                                                delta=delta, eps_error=eps_error, participation=p)
@@ -150,222 +130,11 @@ def _direct(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             ) from None
         info["target_epsilon"] = target
     else:
-        sigma = _flag(validate.positive, "--noise-multiplier", args.noise_multiplier)
+        sigma = flag_check(validate.positive, "--noise-multiplier", args.noise_multiplier)
     acc = FDPAccountant(eps_error=eps_error)
     acc.compose(SubsampledGaussian(sigma, q, p), rounds)
     info.update(noise_multiplier=sigma, sampling_rate=q, device_sampling_rate=p)
     return acc, dict(info, delta=delta)
-
-
-# ------------------------------------------------------------------ a run's ledger
-class _NoLedger(ConfigError):
-    """A run directory without a privacy ledger (nothing was charged)."""
-
-
-def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float | None = None
-               ) -> LedgerReplay | None:
-    """The ledger of ``run_dir``, read and replayed by the library (None: no ledger).
-
-    The library verifies the hash chain (:func:`fedfdp.ledger.read_ledger`); the ledger
-    must also contain the head the run's last checkpoint recorded (else it was rolled
-    back). Its events are replayed by :func:`fedfdp.ledger_replay.replay_ledger` into the
-    accountant of the relation its first entry (the resolved mechanism) names, as the run
-    itself does: add/remove — :class:`~fedfdp.accounting.FDPAccountant` (every charge a
-    Poisson-subsampled Gaussian round, Theorem 5); add/remove with secure aggregation —
-    :class:`~fedfdp.accounting.distributed.DistributedAccountant` (every charge a
-    distributed discrete Gaussian round, ε the smaller of routes A and B); ``corrdp`` —
-    :class:`~fedfdp.corrdp.accounting.CorrDPAccountant` with ``delta_estimation`` (the δ a
-    run's in-sample TV estimate set aside).
-
-    Raises
-    ------
-    ConfigError
-        A ledger the library refuses (malformed, edited), rolled back below its
-        checkpoint or missing beside one, of an unknown relation, or whose events its
-        accountant refuses.
-    """
-    from fedfdp.checkpoint import load_checkpoint
-    from fedfdp.ledger import LEDGER_FILE, LedgerError, read_ledger
-    from fedfdp.ledger_replay import replay_ledger
-
-    path = Path(run_dir) / LEDGER_FILE
-    try:
-        ledger = read_ledger(run_dir)
-        ckpt = load_checkpoint(run_dir)
-    except LedgerError as exc:
-        raise ConfigError(_line(exc)) from None
-    if ledger is None:
-        if ckpt is not None:
-            raise ConfigError(f"{path}: missing, but the run's checkpoint after round {ckpt.round} records "
-                              f"{ckpt.head.charges} charges in it: the ledger was deleted")
-        return None
-    if ckpt is not None:
-        head = ckpt.head
-        if len(ledger.entries) < head.entries or ledger.entries[head.entries - 1].hash != head.hash:
-            raise ConfigError(
-                f"{path}: {len(ledger.charges)} charge(s), without the head its checkpoint recorded after "
-                f"round {ckpt.round} ({head.charges} charges): the ledger was rolled back or replaced"
-            )
-    try:
-        return replay_ledger(ledger, delta_estimation=delta_estimation, eps_error=eps_error)
-    except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def read_run(run: Path, *, delta: float | None = None, eps_error: float | None = None,
-             label: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """The accountant of a run directory's ledger (:func:`run_ledger`) and what
-    :func:`account` reports of it.
-
-    δ and the relation come from ``[resolved]`` in ``run/config.toml`` and must be
-    those of the ledger's mechanism, as must every charged event be the run's
-    ``[resolved] event`` (else the ledger or the configuration was edited); ``delta``
-    overrides δ. A ledger that composes to less than the last ε the run reported in
-    ``metrics.csv`` is refused (rolled back). Every refusal is a one-line
-    :class:`~fedfdp.config.ConfigError` starting with ``label`` (default ``--run='DIR'``).
-    """
-    from fedfdp.ledger_replay import is_secagg
-
-    label = label if label is not None else f"--run={str(run)!r}"
-    if not run.is_dir():
-        raise ConfigError(f"{label}: no such directory")
-    cfg_path = run / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise ConfigError(
-            f"{label}: no {CONFIG_FILE} there (the run's relation and δ are read from its [resolved] table)"
-        )
-    try:
-        doc = tomllib.loads(cfg_path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{label}: {cfg_path} is not valid TOML ({_line(exc)})") from None
-    resolved = doc.get("resolved", {})
-    if not isinstance(resolved, dict):
-        raise ConfigError(f"{label}: [resolved] in {cfg_path} is not a table")
-    relation = resolved.get("relation")
-    if relation not in (ADD_REMOVE, CORRDP):
-        raise ConfigError(f"{label}: {cfg_path} [resolved] relation={relation!r}: expected "
-                          f"{ADD_REMOVE!r} or {CORRDP!r}")
-    if "delta" not in resolved:
-        raise ConfigError(f"{label}: {cfg_path} has no [resolved] delta")
-    run_delta = _flag(validate.open_unit, f"{label}: {cfg_path} [resolved] delta", resolved["delta"])
-    estimation = resolved.get("corrdp-delta-estimation", 0.0)
-    try:
-        replayed = run_ledger(run, delta_estimation=estimation, eps_error=eps_error)
-    except (ConfigError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{label}: {_line(exc)}") from None
-    if replayed is None:
-        mode = doc.get("mode")
-        why = f"mode={mode!r}; " if mode is not None else ""
-        raise _NoLedger(
-            f"{label}: no privacy ledger there ({why}a run writes one before its first private round; "
-            "a public or non-private run has none)"
-        )
-    mine = replayed.mechanism
-    for key, value in (("relation", relation), ("delta", run_delta)):
-        if mine.get(key) != value:
-            raise ConfigError(
-                f"{label}: {cfg_path} [resolved] {key}={value!r}, the ledger's mechanism has "
-                f"{mine.get(key)!r}: the ledger or the configuration was edited"
-            )
-    planned = resolved.get("event")
-    estimated = [e.get("event") for e in mine.get("estimates", [])]  # charged before round 1
-    for event, _ in replayed.events:
-        if planned is not None and event.to_dict() != planned and event.to_dict() not in estimated:
-            raise ConfigError(
-                f"{label}: the ledger charges {event.to_dict()}, {cfg_path} [resolved] event is "
-                f"{planned}: the ledger or the configuration was edited"
-            )
-    acc = replayed.accountant
-    if delta is None:
-        _not_rolled_back(acc.epsilon(run_delta), run / METRICS_FILE, relation, label)
-    secagg = is_secagg(mine)
-    # σ of every Gaussian-like charge (a distributed round: its σ_eff), its rate and the share
-    # of rounds that touch a record (a distributed round: 1, secagg draws no devices)
-    events: list[tuple[Any, int]] = list(replayed.events)  # each kind's own fields, read below
-    gaussian = [(e.noise_multiplier, e.sampling_rate, getattr(e, "participation", 1.0), n)
-                for e, n in events
-                if hasattr(e, "noise_multiplier")
-                and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
-    sigmas = {e[0] for e in gaussian}
-    rates = {e.sampling_rate for e, _ in events}
-    shares = {getattr(e, "participation", 1.0) for e, _ in events}
-    info: dict[str, Any] = {
-        "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
-        "sampling_rate": rates.pop() if len(rates) == 1 else None,
-        "device_sampling_rate": shares.pop() if len(shares) == 1 else (None if shares else 1.0),
-        "delta": run_delta if delta is None else delta,
-        "relation": relation,
-        "run": str(run),
-        "mode": doc.get("mode"),
-        "charges": replayed.charges,
-        "charged_rounds": replayed.charged_rounds,
-        "estimates": [e.get("statistic") for e in mine.get("estimates", [])],
-        "planned_private_rounds": resolved.get("private-rounds"),
-        "unbounded": bool(mine.get("unbounded", False)),
-        "ledger": [{"noise_multiplier": s, "sampling_rate": q, "count": n, "participation": p}
-                   for s, q, p, n in gaussian]
-        if relation == ADD_REMOVE and not secagg
-        else [{**e.to_dict(), "count": n} for e, n in replayed.events],
-    }
-    if secagg:
-        info["aggregation"] = "secagg"
-    return acc, info
-
-
-def _not_rolled_back(epsilon: float, metrics: Path, relation: str, label: str) -> None:
-    """Refuse a ledger whose ε is below the last ε the run reported in ``metrics``
-    (a rolled-back or truncated ledger: every reported ε was computed from charges
-    the ledger held at the time).
-    """
-    import csv
-
-    column = EPSILON_COLUMNS[relation]
-    if not metrics.is_file():
-        return
-    try:
-        with metrics.open(newline="") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get(column) not in (None, "", "nan")]
-        reported = float(rows[-1][column]) if rows else None
-    except (OSError, UnicodeDecodeError, ValueError, csv.Error):
-        return  # the ledger, not this cross-check, is what is accounted
-    if reported is not None and epsilon < reported - 1e-9 * (1.0 + reported):
-        raise ConfigError(
-            f"{label}: the ledger composes to {column}={epsilon:.6g}, below the {reported:.6g} the run "
-            f"reported in {metrics} round {rows[-1].get('round', '?')}: the ledger was rolled back or edited"
-        )
-
-
-@dataclass(frozen=True)
-class SpentBudget:
-    """What a run's ledger says it spent: the upper bound of ε at the run's δ, under
-    the relation the run names (``corrdp``: a CorrDP ε), over ``charges`` charges.
-    """
-
-    epsilon: float
-    delta: float
-    relation: str
-    charges: int
-
-
-def spent_budget(run: str | Path) -> SpentBudget | None:
-    """The budget a run directory's ledger records (:func:`read_run`), None when it has
-    no ledger (a run writes one before its first private round: nothing was charged);
-    raises a one-line :class:`~fedfdp.config.ConfigError` naming why a ledger cannot be
-    accounted (malformed, edited, rolled back, no ``config.toml``).
-    """
-    path = Path(run)
-    try:
-        acc, info = read_run(path, label=str(path))
-    except _NoLedger:
-        return None
-    delta = info["delta"]
-    epsilon = math.inf if info["unbounded"] else acc.epsilon(delta)
-    return SpentBudget(epsilon, delta, info["relation"], info["charges"])
 
 
 def _read_run(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -392,9 +161,9 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
     )
 
     if args.eps_error is not None:
-        _flag(validate.rate, "--eps-error", args.eps_error)
+        flag_check(validate.rate, "--eps-error", args.eps_error)
     if args.ball is not None:
-        _flag(validate.unit, "--ball", args.ball)
+        flag_check(validate.unit, "--ball", args.ball)
     if args.tradeoff is not None and not str(args.tradeoff).strip():
         raise ConfigError(f"--tradeoff={args.tradeoff!r}: must be a path prefix")
     acc, info = _read_run(args) if args.run is not None else _direct(args)

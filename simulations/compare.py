@@ -396,12 +396,12 @@ def _relative(path: Path, out: Path) -> str:
 
 def record_kept_aside(out: Path, reasons: Mapping[str, str] | None = None) -> None:
     """Add every kept-aside run directory under ``out/runs`` that ``interrupted.csv``
-    lacks, with the budget its ledger records (:func:`simulations.account.spent_budget`:
+    lacks, with the budget its ledger records (:func:`simulations.run_budget.spent_budget`:
     the ledger read by the library, replayed into the run's accountant, at the run's δ).
     ``reasons`` (directory name → why it was not resumed) — a directory found without
     one (kept aside by a compare that stopped before recording it) says so.
     """
-    from simulations.account import spent_budget
+    from simulations.run_budget import spent_budget
 
     runs_dir = out / "runs"
     if not runs_dir.is_dir():
