@@ -183,3 +183,73 @@ def test_seeded_stream_is_reproducible() -> None:
     b = sample_discrete_gaussian(16, 1000, stream(42))
     assert np.array_equal(a, b)
     assert sample_discrete_gaussian(16, 0, stream(1)).shape == (0,)
+
+
+class CountingBits:
+    """A seeded stream that counts the words read (the sampler's work, in words)."""
+
+    def __init__(self, seed: int) -> None:
+        self.inner = stream(seed)
+        self.read = 0
+
+    def words(self, n: int) -> np.ndarray:
+        self.read += n
+        return self.inner.words(n)
+
+
+@pytest.mark.parametrize(("variance", "size"), [(0.25, 1), (16, 3_000), (1e10, 3_000), (16, 70_000)])
+def test_words_read_per_call_are_a_public_count(variance: float, size: int) -> None:
+    """Fixed work: 12 calls with different draws read the same number of words, though
+    the magnitude of what they drew (Σ|x|) varies; two sizes read different counts."""
+    reads, magnitudes = set(), []
+    for seed in range(12):
+        bits = CountingBits(1000 + seed)
+        x = sample_discrete_gaussian(variance, size, bits)
+        reads.add(bits.read)
+        magnitudes.append(int(np.abs(x).sum()))
+    assert len(reads) == 1
+    assert size == 1 or len(set(magnitudes)) > 1
+    other = CountingBits(1)
+    sample_discrete_gaussian(variance, size + 1000, other)
+    assert other.read != next(iter(reads))
+
+
+def test_a_large_draw_costs_no_more_words_than_a_small_one() -> None:
+    """The words read do not follow the values: one draw at σ = 4, over 200 calls, reads
+    the same count whether it came out 0 or beyond 3σ."""
+    reads: dict[bool, set[int]] = {True: set(), False: set()}
+    for seed in range(200):
+        bits = CountingBits(5000 + seed)
+        (x,) = sample_discrete_gaussian(16, 1, bits)
+        reads[abs(int(x)) >= 6].add(bits.read)
+    assert reads[True] and reads[False] and reads[True] == reads[False] and len(reads[True]) == 1
+
+
+def test_the_work_failure_bound_is_negligible() -> None:
+    """At d = 10⁵ the probability that a call exceeds its public amount of work is
+    below 2⁻⁶⁰ (each public count is exceeded with probability at most 2⁻⁸⁰)."""
+    from fedfdp.secagg.noise import STEP_FAILURE, work_failure_bound
+
+    assert STEP_FAILURE <= 2.0**-80
+    for variance in (0.25, 16, 1e10):
+        assert 0 < work_failure_bound(variance, 100_000) < 2.0**-60
+
+
+def test_the_law_stays_exact_when_the_public_counts_are_exceeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the tail allowed per public count raised to 0.3, the secret counts exceed
+    their public sizes often (more trials, longer loops, longer geometric pools): the
+    draws still fit N_Z(0, σ²) (χ² and KS as above), and the words read now vary."""
+    from fedfdp.secagg import noise
+
+    monkeypatch.setattr(noise, "STEP_FAILURE", 0.3)
+    n, sigma2 = 100_000, 6.25
+    samples = sample_discrete_gaussian(sigma2, n, stream(77))
+    x, pmf = dg_pmf(sigma2)
+    assert chi2_pvalue(samples, x, pmf) > ALPHA
+    assert ks_distance(samples, x, pmf) < math.sqrt(math.log(2 / ALPHA) / (2 * n))
+    reads = set()
+    for seed in range(8):
+        bits = CountingBits(seed)
+        sample_discrete_gaussian(sigma2, 2_000, bits)
+        reads.add(bits.read)
+    assert len(reads) > 1

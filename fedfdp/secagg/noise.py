@@ -62,9 +62,39 @@ The bits come from a :class:`~fedfdp.entropy.BitStream`: by default the party's 
 CSPRNG (:class:`~fedfdp.entropy.OSBits`, ``os.urandom``), never a configured seed;
 tests may pass a :class:`~fedfdp.entropy.SeededBits` stream.
 
-Cost (measured on the shared 2-core development machine): 65-80 ms for ``d = 10⁵``
-draws at ``σ`` from 4 to ``3.5·10⁵``, about half of it reading ``os.urandom``
-(``docs/secagg_accounting.md`` §7.3).
+Fixed work (a timing side channel)
+----------------------------------
+Under secure aggregation the server sees when each party's reply arrives. A rejection
+sampler whose running time depends on the values it draws leaks them (Jin et al.,
+"Are we there yet? Timing and floating-point attacks on differential privacy
+systems", IEEE S&P 2022): here the loops of CKS Algorithms 1-3 run longer for larger
+``|Y|`` and for larger ``γ``. So every step works on arrays of **public** sizes:
+
+* a block of ``b`` draws runs a public number ``m`` of independent candidate trials,
+  the smallest for which ``Bin(m, p) >= b`` except with probability
+  :data:`STEP_FAILURE` (Chernoff; ``p`` a closed-form lower bound on a trial's success
+  probability), and keeps the first ``b`` successes by position;
+* each step ``K`` of a von Neumann loop draws for the running candidates padded to a
+  public count (a draw is still running at step ``K`` with probability at most
+  ``1/(K-1)!``);
+* the geometric counts (CKS's ``V``, and ``⌊γ⌋`` of the acceptance, drawn as
+  ``[G >= ⌊γ⌋]``) are the runs of a public number of ``Bernoulli(exp(-1))`` draws;
+* undecided comparisons (probability about ``2⁻³¹`` each) read their extra words
+  from a reserve of :data:`RESERVE_WORDS` drawn with every block.
+
+If a secret count ever exceeds its public size (probability at most
+:func:`work_failure_bound`, below ``2⁻⁶⁰`` per call at ``d = 10⁵``), the step does the
+extra work and **the law stays exact**: candidates are i.i.d. trials and a trial's
+outcome never depends on the public sizes, so the first ``b`` successes are i.i.d.
+``N_Z(0, σ²)`` whichever trials they are; only the running time then shows that the
+rare event happened. What remains value-dependent is the Python work of an exact
+refinement (a few µs, about ``2⁻¹⁰`` per ``10⁵`` draws, for an event nearly independent
+of the values) and numpy's own data-dependent costs (``flatnonzero``, fancy indexing).
+``benchmarks/reply_timing.py`` measures the time against the magnitude of the draws.
+
+Cost (measured on the shared 2-core development machine): about 170 ms for
+``d = 10⁵`` draws at ``σ = 4`` and at ``σ = 10⁵`` (was 65-80 ms with value-dependent
+work), a good part of it reading ``os.urandom``.
 """
 
 from __future__ import annotations
@@ -72,21 +102,26 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
+from fedfdp.binomial_tails import trials_for, upper_count
 from fedfdp.entropy import BitStream, OSBits
 from fedfdp.validate import count
 
 __all__ = [
     "MAX_VARIANCE",
     "MIN_VARIANCE",
+    "RESERVE_WORDS",
+    "STEP_FAILURE",
     "as_variance",
     "discrete_gaussian_variance",
     "sample_discrete_gaussian",
     "sample_discrete_gaussian_reference",
     "sample_discrete_laplace",
+    "work_failure_bound",
 ]
 
 #: Smallest and largest ``σ²`` the sampler accepts.
@@ -100,6 +135,15 @@ _ROUND_SLACK = 2.0**-50
 _GAMMA_ERR = 2.0**-46  # relative margin on the acceptance exponent (≈ 20x the analysis)
 _EXACT_INT = 2.0**52  # |Y| below this is exact in float64 with room to spare
 _BLOCK = 1 << 16  # draws per block (keeps the working arrays in cache)
+_MARGIN = 1.0 - 1e-9  # relative margin on the success probabilities computed in float64
+_EXP_MINUS_ONE_FAILS = 0.6321  # below P(Bernoulli(exp(-1)) = 0) = 1 - e⁻¹ = 0.63212...
+
+#: The probability allowed, per public count the sampler relies on, that the secret
+#: count it stands for exceeds it (the work then grows, the law stays exact).
+STEP_FAILURE = 2.0**-80
+#: Words set aside per block for exact refinements (each needed with probability about
+#: ``2⁻³¹`` per comparison), so that the words a call reads stay a public count.
+RESERVE_WORDS = 16
 
 ExactRatio = Callable[[int], tuple[int, int]]
 
@@ -130,10 +174,17 @@ def as_variance(value: Any) -> Fraction:
 
 
 class _Words:
-    """Random words from a bit stream: 64-bit, 32-bit halves, single bits."""
+    """Random words from a bit stream: 64-bit, 32-bit halves, single bits, and a reserve.
+
+    The vectorised sampler asks for public amounts only (:meth:`take`, :meth:`take32`,
+    :meth:`bits`); the rare exact refinements read single words (:meth:`one`) from a
+    reserve of :data:`RESERVE_WORDS` words drawn with each block (:meth:`refill`), so the
+    words a call reads stay a public count unless more refinements than that are needed.
+    """
 
     def __init__(self, stream: BitStream) -> None:
         self._stream = stream
+        self._reserve: list[int] = []
 
     def take(self, n: int) -> np.ndarray:
         return self._stream.words(n) if n > 0 else np.empty(0, dtype=np.uint64)
@@ -145,7 +196,13 @@ class _Words:
         raw = self.take((n + 63) // 64).view(np.uint8)
         return np.unpackbits(raw)[:n].astype(bool)
 
+    def refill(self, n: int) -> None:
+        """Set aside ``n`` fresh words for :meth:`one` (the unused ones are dropped)."""
+        self._reserve = [int(w) for w in self.take(n)][::-1]
+
     def one(self) -> int:
+        if self._reserve:
+            return self._reserve.pop()
         return int(self._stream.words(1)[0])
 
 
@@ -184,56 +241,91 @@ def _bernoulli(words: _Words, x: np.ndarray, err: np.ndarray, exact: ExactRatio)
     return out
 
 
-def _bernoulli_exp_fraction(words: _Words, f: np.ndarray, err: np.ndarray, exact: ExactRatio) -> np.ndarray:
-    """Exact ``Bernoulli(exp(-f_i))`` for ``f_i ∈ [0, 1]`` (CKS Algorithm 1, von Neumann).
+@lru_cache(maxsize=256)
+def _alive_sizes(m: int, beta: float) -> tuple[int, ...]:
+    """The public sizes of the von Neumann loop's steps ``K = 2, 3, ...`` for ``m`` draws.
 
-    ``|f̂_i - f_i| <= err_i``; ``exact(i)`` is ``f_i`` as ``(num, den)``.
+    A draw is still running at step ``K`` only if ``A_1, ..., A_{K-1}`` all succeeded:
+    probability ``Π_{i<K} f/i <= 1/(K-1)!`` whatever ``f ∈ [0, 1]``; the size of step
+    ``K`` is the count the running draws exceed with probability at most ``beta``
+    (:data:`STEP_FAILURE`; :func:`~fedfdp.binomial_tails.upper_count`), and the steps
+    end where that count is 0.
     """
-    # K = 1: A_1 ~ Bernoulli(f)
-    a = _bernoulli(words, f, err + 2.0 * _UNIT * f, exact)
-    odd = ~a  # stopped at K = 1
-    idx = np.flatnonzero(a)
+    sizes: list[int] = []
     k = 2
-    while idx.size:
-        x = f[idx] / k
-        e = err[idx] / k + 2.0 * _UNIT * x
+    while True:
+        size = upper_count(m, math.exp(-math.lgamma(k)), beta)
+        if size == 0:
+            return tuple(sizes)
+        sizes.append(size)
+        k += 1
 
-        def exact_k(j: int, idx: np.ndarray = idx, k: int = k) -> tuple[int, int]:
-            num, den = exact(int(idx[j]))
+
+def _bernoulli_exp_fraction(
+    words: _Words, f: np.ndarray, err: np.ndarray, exact: ExactRatio, *, first: bool | None = None
+) -> np.ndarray:
+    """Exact ``Bernoulli(exp(-f_i))`` for ``f_i ∈ [0, 1]`` (CKS Algorithm 1, von Neumann),
+    with a public amount of work.
+
+    ``|f̂_i - f_i| <= err_i``; ``exact(i)`` is ``f_i`` as ``(num, den)``; ``first=True``
+    when every ``f_i = 1`` (``A_1`` succeeds surely and is not drawn). Step ``K`` draws
+    ``A_K ~ Bernoulli(f/K)`` for the running draws padded to the public size of
+    :func:`_alive_sizes` (the padding's outcomes are discarded); a draw still running
+    after the last public step (probability at most :data:`STEP_FAILURE` per step) is
+    finished by the same loop without padding, so the law is exactly CKS's.
+    """
+    m = f.size
+    a = np.ones(m, dtype=bool) if first else _bernoulli(words, f, err + 2.0 * _UNIT * f, exact)
+    odd = ~a  # stopped at K = 1
+    alive = a
+    sizes = _alive_sizes(m, STEP_FAILURE)
+    k = 2
+    while True:
+        idx = np.flatnonzero(alive)
+        public = sizes[k - 2] if k - 2 < len(sizes) else 0
+        if public == 0 and not idx.size:
+            return odd
+        padded = np.zeros(max(public, idx.size), dtype=np.int64)
+        padded[: idx.size] = idx
+        x = f[padded] / k
+        e = err[padded] / k + 2.0 * _UNIT * x
+
+        def exact_k(j: int, padded: np.ndarray = padded, k: int = k) -> tuple[int, int]:
+            num, den = exact(int(padded[j]))
             return num, den * k
 
-        a = _bernoulli(words, x, e, exact_k)
+        stop = idx[~_bernoulli(words, x, e, exact_k)[: idx.size]]
         if k % 2:
-            odd[idx[~a]] = True
-        idx = idx[a]
+            odd[stop] = True
+        alive[stop] = False
         k += 1
-    return odd
 
 
-def _bernoulli_exp_minus_one(words: _Words, n: int) -> np.ndarray:
-    """``n`` exact ``Bernoulli(exp(-1))`` draws (CKS Algorithm 1 with ``γ = 1``).
+def _one(i: int) -> tuple[int, int]:
+    return 1, 1
 
-    ``A_1 ~ Bernoulli(1)`` always succeeds, so the loop starts at ``K = 2``; each
-    ``A_K = [U < 1/K]`` is decided in integers from 32 random bits ``W``: with
-    ``m = ⌊2³²/K⌋``, ``W < m`` means ``U < 1/K`` and ``W > m`` means ``U > 1/K``;
-    ``W = m`` is refined exactly.
+
+def _geometric(words: _Words, n: int) -> np.ndarray:
+    """``n`` independent draws of ``G`` with ``P(G >= k) = e^{-k}`` (the successes of
+    ``Bernoulli(exp(-1))`` before the first failure; CKS Algorithm 2's ``V``), with a
+    public amount of work.
+
+    A public number of ``Bernoulli(exp(-1))`` draws (enough for ``n`` failures except with
+    probability :data:`STEP_FAILURE`) is cut at its failures; the runs of successes
+    between them are independent geometric draws (renewal). Too few failures: more
+    draws are appended, so the law is exact.
     """
-    odd = np.zeros(n, dtype=bool)
-    idx: np.ndarray | None = None  # None: every draw is still running
-    k = 2
-    while idx is None or idx.size:
-        size = n if idx is None else idx.size
-        w = words.take32(size)
-        m = (1 << 32) // k
-        a = w < np.uint32(m)
-        for i in np.flatnonzero(w == np.uint32(m)):
-            a[i] = _uniform_below(int(w[i]), 32, 1, k, words)
-        if k % 2:
-            stopped = np.flatnonzero(~a) if idx is None else idx[~a]
-            odd[stopped] = True
-        idx = np.flatnonzero(a) if idx is None else idx[a]
-        k += 1
-    return odd
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    length = trials_for(n, _EXP_MINUS_ONE_FAILS, STEP_FAILURE)
+    fails = np.flatnonzero(~_bernoulli_exp_fraction(
+        words, np.ones(length), np.zeros(length), _one, first=True))
+    while fails.size < n:  # probability <= STEP_FAILURE
+        more = _bernoulli_exp_fraction(words, np.ones(n), np.zeros(n), _one, first=True)
+        fails = np.concatenate([fails, length + np.flatnonzero(~more)])
+        length += n
+    ends = fails[:n]
+    return (np.diff(ends, prepend=-1) - 1).astype(np.int64)
 
 
 def _scalar_bernoulli_exp(gamma: Fraction, words: _Words) -> bool:
@@ -252,52 +344,36 @@ def _scalar_bernoulli_exp(gamma: Fraction, words: _Words) -> bool:
     return frac_draw(gamma - whole)
 
 
-def _uniform_ints(words: _Words, t: int, n: int) -> np.ndarray:
-    """``n`` exact uniform draws from ``{0, ..., t-1}`` (rejection of the top partial block)."""
-    w = words.take(n)
+def _laplace_trials(words: _Words, t: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` independent trials of CKS Algorithm 2 (discrete Laplace of scale ``t``), as
+    ``(value, success)``: a successful trial's value is an exact draw of
+    ``P(x) ∝ exp(-|x|/t)``.
+
+    A trial reads one 64-bit word ``W``: ``U = W mod t`` is uniform on ``{0..t-1}`` given
+    ``W`` below the largest multiple of ``t`` (otherwise the trial fails, probability
+    below ``t/2⁶⁴``, where Algorithm 2 would redraw); ``U`` is kept with probability
+    ``exp(-U/t)``; ``V`` is geometric (:func:`_geometric`); ``X = U + tV``; a fair sign
+    ``B``; the trial fails if ``B = 1`` and ``X = 0``. Every step runs on all ``m`` trials.
+    """
+    w = words.take(m)
+    ok = np.ones(m, dtype=bool)
     limit = _TWO64 - _TWO64 % t  # multiples of t below 2⁶⁴
     if limit < _TWO64:
-        bad = np.flatnonzero(w >= np.uint64(limit))
-        while bad.size:  # probability t/2⁶⁴ per draw
-            w[bad] = words.take(bad.size)
-            bad = bad[w[bad] >= np.uint64(limit)]
-    return (w % np.uint64(t)).astype(np.int64)
+        ok &= w < np.uint64(limit)
+    u = (w % np.uint64(t)).astype(np.int64)
+    f = u.astype(np.float64) / t  # u, t < 2⁵³: one rounding
 
+    def exact(i: int) -> tuple[int, int]:
+        return int(u[i]), t
 
-def _laplace(words: _Words, t: int, n: int) -> np.ndarray:
-    """``n`` draws of the discrete Laplace ``P(x) ∝ exp(-|x|/t)`` (CKS Algorithm 2).
-
-    Candidates are drawn in batches somewhat larger than needed (a draw is kept with
-    probability about 0.6); the first ``n`` kept ones are returned: kept candidates are
-    i.i.d. from the target, and which ones are returned depends only on positions.
-    """
-    parts: list[np.ndarray] = []
-    need = n
-    while need > 0:
-        m = int(need / 0.55) + 16
-        u = _uniform_ints(words, t, m)
-        f = u.astype(np.float64) / t  # u, t < 2⁵³: one rounding
-
-        def exact(i: int, u: np.ndarray = u) -> tuple[int, int]:
-            return int(u[i]), t
-
-        keep = _bernoulli_exp_fraction(words, f, 2.0 * _UNIT * f, exact)
-        u = u[keep]
-        v = np.zeros(u.size, dtype=np.int64)
-        alive = np.arange(u.size)
-        while alive.size:
-            a = _bernoulli_exp_minus_one(words, alive.size)
-            v[alive[a]] += 1
-            alive = alive[a]
-        if v.size and int(v.max()) > (2**62) // t:  # probability < exp(-2^20): never
-            raise RuntimeError("discrete Laplace draw out of int64 range")
-        x = u + t * v
-        negative = words.bits(u.size)
-        ok = ~(negative & (x == 0))
-        got = np.where(negative[ok], -x[ok], x[ok])[:need]
-        parts.append(got)
-        need -= got.size
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    ok &= _bernoulli_exp_fraction(words, f, 2.0 * _UNIT * f, exact)
+    v = _geometric(words, m)
+    if v.size and int(v.max()) > (2**62) // t:  # probability < exp(-2^12): never
+        raise RuntimeError("discrete Laplace draw out of int64 range")
+    x = u + t * v
+    negative = words.bits(m)
+    ok &= ~(negative & (x == 0))
+    return np.where(negative, -x, x), ok
 
 
 def _acceptance_exponent(y: np.ndarray, s2: float, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -317,49 +393,90 @@ def _acceptance_exponent(y: np.ndarray, s2: float, t: int) -> tuple[np.ndarray, 
     return gamma, err
 
 
-def _bernoulli_exp(
-    words: _Words, gamma: np.ndarray, err: np.ndarray, exact: Callable[[int], Fraction], unsafe: np.ndarray
-) -> np.ndarray:
-    """Exact ``Bernoulli(exp(-γ_i))``; ``|γ̂_i - γ_i| <= err_i``, ``exact(i)`` is ``γ_i``.
+def _gaussian_acceptance(words: _Words, y: np.ndarray, a: int, b: int, t: int, s2f: float) -> np.ndarray:
+    """Exact ``Bernoulli(exp(-γ_i))``, ``γ_i = (|y_i| - σ²/t)²/(2σ²)``, ``σ² = a/b``
+    (CKS Algorithm 3's acceptance), with a public amount of work.
 
-    Elements whose ``⌊γ⌋`` is not certain from the float (or flagged ``unsafe``) are
-    drawn by the scalar exact algorithm.
+    ``exp(-γ) = exp(-⌊γ⌋)·exp(-(γ - ⌊γ⌋))``: the first factor is ``[G >= ⌊γ⌋]`` for a
+    geometric ``G`` (:func:`_geometric`, ``P(G >= k) = e^{-k}``), the second the von
+    Neumann draw of the fraction; both run on every candidate. A candidate whose
+    ``⌊γ⌋`` is not certain from the float (or whose ``|y|`` is beyond float64's exact
+    integers) is drawn by the scalar exact algorithm instead (probability about
+    ``2⁻⁴⁰`` per candidate at ``σ`` below ``2⁴⁰``).
     """
-    out = np.zeros(gamma.size, dtype=bool)
-    whole_lo = np.floor(np.maximum(gamma - err, 0.0))
-    whole_hi = np.floor(gamma + err)
-    slow = unsafe | (whole_lo != whole_hi) | ~np.isfinite(gamma)
-    for i in np.flatnonzero(slow):
-        out[i] = _scalar_bernoulli_exp(exact(int(i)), words)
-    fast = np.flatnonzero(~slow)
-    if not fast.size:
-        return out
-    whole = whole_lo[fast]
-    frac = gamma[fast] - whole  # exact (Sterbenz) for whole >= 1; identity for whole = 0
-    frac = np.clip(frac, 0.0, 1.0)
+    ay = np.abs(y)
+    gamma, err = _acceptance_exponent(ay.astype(np.float64), s2f, t)
+    whole = np.floor(np.maximum(gamma - err, 0.0))
+    slow = (ay >= _EXACT_INT) | (whole != np.floor(gamma + err)) | ~np.isfinite(gamma)
+    whole = np.where(slow, 0.0, whole)
+    frac = np.where(slow, 0.0, np.clip(gamma - whole, 0.0, 1.0))  # exact (Sterbenz) for whole >= 1
+    err = np.where(slow, 0.0, err)
 
-    def exact_frac(j: int) -> tuple[int, int]:
-        g = exact(int(fast[j]))
-        rest = g - math.floor(g)
+    def exact(i: int) -> Fraction:
+        return Fraction((int(ay[i]) * b * t - a) ** 2, 2 * a * b * t * t)
+
+    def exact_frac(i: int) -> tuple[int, int]:
+        rest = exact(i) if slow[i] else exact(i) - int(whole[i])
+        rest = rest - math.floor(rest)
         return rest.numerator, rest.denominator
 
-    ok = _bernoulli_exp_fraction(words, frac, err[fast], exact_frac)
-    need = whole.astype(np.int64)
-    alive = np.flatnonzero(ok & (need > 0))
-    step = 0
-    while alive.size:
-        a = _bernoulli_exp_minus_one(words, alive.size)
-        ok[alive[~a]] = False
-        alive = alive[a]
-        step += 1
-        alive = alive[need[alive] > step]
-    out[fast] = ok
-    return out
+    g = _geometric(words, y.size)
+    accept = (g >= whole) & _bernoulli_exp_fraction(words, frac, err, exact_frac)
+    for i in np.flatnonzero(slow):
+        accept[i] = _scalar_bernoulli_exp(exact(int(i)), words)
+    return accept
+
+
+def _laplace_success(t: int) -> float:
+    """A lower bound on the probability that one trial of :func:`_laplace_trials`
+    succeeds: ``P(W < limit)·P(keep U)·P(not (B = 1 and X = 0))`` with
+    ``P(keep U) = (1 - e⁻¹)/(t(1 - e^{-1/t}))`` and, given ``U`` kept,
+    ``P(X = 0) = 1 - e^{-1/t}``.
+    """
+    limit = _TWO64 - _TWO64 % t
+    lam = -math.expm1(-1.0 / t)  # 1 - e^{-1/t}
+    keep = -math.expm1(-1.0) / (t * lam)
+    return (limit / _TWO64) * min(keep, 1.0) * (1.0 - lam / 2.0) * _MARGIN
+
+
+def _gaussian_success(s2f: float, t: int) -> float:
+    """A lower bound on the probability that one Laplace trial is accepted as a discrete
+    Gaussian draw: :func:`_laplace_success` times
+    ``Σ_y L(y)·exp(-(|y| - σ²/t)²/(2σ²)) = C_L·e^{-σ²/(2t²)}·Σ_y e^{-y²/(2σ²)}`` with
+    ``C_L = (1 - e^{-1/t})/(1 + e^{-1/t})``, and ``Σ_y e^{-y²/(2σ²)} >= max(√(2π)σ,
+    1 + 2e^{-1/(2σ²)})`` (Poisson summation; the terms at 0 and ±1).
+    """
+    lam = -math.expm1(-1.0 / t)
+    c_l = lam / (2.0 - lam)
+    total = max(math.sqrt(2.0 * math.pi * s2f), 1.0 + 2.0 * math.exp(-0.5 / s2f))
+    return _laplace_success(t) * c_l * math.exp(-s2f / (2.0 * t * t)) * total * _MARGIN
+
+
+def _draws(words: _Words, size: int, success: float, trials: Callable[[int], tuple[np.ndarray, np.ndarray]],
+           ) -> np.ndarray:
+    """``size`` draws from blocks of a public number of independent ``trials`` each
+    (enough successes for the block except with probability :data:`STEP_FAILURE`;
+    :func:`~fedfdp.binomial_tails.trials_for` at the lower bound ``success`` on a
+    trial's success probability). The first successes by position are kept: i.i.d. from
+    the target, whichever they are. A block short of successes draws more trials.
+    """
+    parts: list[np.ndarray] = []
+    for start in range(0, size, _BLOCK):
+        need = min(_BLOCK, size - start)
+        words.refill(RESERVE_WORDS)
+        m = trials_for(need, success, STEP_FAILURE)
+        while need > 0:
+            y, ok = trials(m)
+            got = y[ok][:need]
+            parts.append(got)
+            need -= got.size
+            m = trials_for(need, success, STEP_FAILURE) if need else 0
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
 def sample_discrete_laplace(scale: int, size: int, stream: BitStream | None = None) -> np.ndarray:
     """``size`` exact draws of the discrete Laplace ``P(x) ∝ exp(-|x|/scale)`` on ``Z``
-    (CKS Algorithm 2), as ``int64``.
+    (CKS Algorithm 2), as ``int64``, with a public amount of work (module docstring).
 
     Parameters
     ----------
@@ -373,11 +490,16 @@ def sample_discrete_laplace(scale: int, size: int, stream: BitStream | None = No
     if isinstance(scale, bool) or not isinstance(scale, int | np.integer) or not 1 <= scale <= 2**50:
         raise ValueError(f"scale={scale!r}: must be an integer in [1, 2^50]")
     size = count("size", size, 0)
-    return _laplace(_Words(stream if stream is not None else OSBits()), int(scale), size)
+    t = int(scale)
+    words = _Words(stream if stream is not None else OSBits())
+    return _draws(words, size, _laplace_success(t), lambda m: _laplace_trials(words, t, m))
 
 
 def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None = None) -> np.ndarray:
-    """``size`` independent exact draws of ``N_Z(0, σ²)`` as ``int64`` (CKS Algorithm 3).
+    """``size`` independent exact draws of ``N_Z(0, σ²)`` as ``int64`` (CKS Algorithm 3),
+    with a public amount of work: the words read and the sizes of the arrays worked on
+    depend on ``σ²`` and ``size`` only, except with probability at most
+    :func:`work_failure_bound` (module docstring, "Fixed work").
 
     Parameters
     ----------
@@ -410,29 +532,30 @@ def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None 
     a, b = s2.numerator, s2.denominator
     t = math.isqrt(a // b) + 1  # ⌊σ⌋ + 1, exactly
     s2f = float(s2)  # correctly rounded
-    blocks = [_dg_block(words, min(_BLOCK, size - i), a, b, t, s2f) for i in range(0, size, _BLOCK)]
-    return np.concatenate(blocks) if blocks else np.empty(0, dtype=np.int64)
+
+    def trials(m: int) -> tuple[np.ndarray, np.ndarray]:
+        y, ok = _laplace_trials(words, t, m)
+        return y, ok & _gaussian_acceptance(words, y, a, b, t, s2f)
+
+    return _draws(words, size, _gaussian_success(s2f, t), trials)
 
 
-def _dg_block(words: _Words, size: int, a: int, b: int, t: int, s2f: float) -> np.ndarray:
-    """``size`` draws of ``N_Z(0, a/b)`` (CKS Algorithm 3), ``t = ⌊σ⌋ + 1``, ``s2f = fl(a/b)``."""
-    parts: list[np.ndarray] = []
-    need = size
-    while need > 0:
-        # a Laplace candidate is accepted with probability >= about 0.6; the first
-        # ``need`` accepted ones are kept (i.i.d. N_Z(0, σ²), chosen by position only)
-        y = _laplace(words, t, int(need / 0.6) + 16)
-        ay = np.abs(y)
-        gamma, err = _acceptance_exponent(ay.astype(np.float64), s2f, t)
-
-        def exact(i: int, ay: np.ndarray = ay) -> Fraction:
-            return Fraction((int(ay[i]) * b * t - a) ** 2, 2 * a * b * t * t)
-
-        accept = _bernoulli_exp(words, gamma, err, exact, ay >= _EXACT_INT)
-        got = y[accept][:need]
-        parts.append(got)
-        need -= got.size
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+def work_failure_bound(variance: Any, size: int) -> float:
+    """An upper bound on the probability that one :func:`sample_discrete_gaussian` call
+    does more than its public amount of work: :data:`STEP_FAILURE` times the number of
+    public counts the call relies on (per block: the trials, and each public step of
+    its von Neumann loops and geometric pools).
+    """
+    s2 = as_variance(variance)
+    size = count("size", size, 0)
+    t = math.isqrt(s2.numerator // s2.denominator) + 1
+    success = _gaussian_success(float(s2), t)
+    steps = 0
+    for start in range(0, size, _BLOCK):
+        m = trials_for(min(_BLOCK, size - start), success, STEP_FAILURE)
+        pool = trials_for(m, _EXP_MINUS_ONE_FAILS, STEP_FAILURE)
+        steps += 1 + 2 * len(_alive_sizes(m, STEP_FAILURE)) + 2 * (1 + len(_alive_sizes(pool, STEP_FAILURE)))
+    return steps * STEP_FAILURE
 
 
 def sample_discrete_gaussian_reference(
