@@ -425,11 +425,10 @@ def resolve_mechanism(
     delta = run_delta(cfg, facts.num_records)
     rounds = p.num_rounds - p.public_pretrain_rounds
     estimates = estimation_events(cfg.data, facts.num_records)
-    if estimates and (accounting.relation is Relation.CORRDP or accounting is DISTRIBUTED_ACCOUNTING):
+    if estimates and accounting.relation is Relation.CORRDP:
         raise ConfigError(
-            f"private-statistics='estimate' (columns {[e.statistic for e in estimates]}): only the FDP "
-            "accountant composes the estimates with training (not mode='corrdp' nor aggregation='secagg'); "
-            "declare private-ranges"
+            f"private-statistics='estimate' (columns {[e.statistic for e in estimates]}): the CorrDP "
+            "accountant does not compose the estimates with training (mode='corrdp'); declare private-ranges"
         )
     estimates = (*estimates, *accounting.estimates)
 
@@ -467,7 +466,7 @@ def resolve_mechanism(
         return accounting.family(sigma, sub.rate, sub.participation)
 
     if accounting is DISTRIBUTED_ACCOUNTING:  # σ calibrated centrally, then σ_loc (fedfdp.secagg.plan)
-        return _resolve_secagg(cfg, facts, build, sub, delta, rounds)
+        return _resolve_secagg(cfg, facts, build, sub, delta, rounds, estimates)
 
     given = p.noise_multiplier  # σ of the gradient when configured (then target is None)
     if given is not None:
@@ -515,13 +514,17 @@ def _naming_target(target: float, exc: ValueError) -> str:
 
 
 def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., ResolvedMechanism],
-                    sub: Subsampling, delta: float, rounds: int) -> ResolvedMechanism:
+                    sub: Subsampling, delta: float, rounds: int,
+                    estimates: tuple[Estimate, ...] = ()) -> ResolvedMechanism:
     """``aggregation = "secagg"``: σ (given, or calibrated to the target), a fixed ``C``, the
     plan of :func:`fedfdp.secagg.plan.secagg_plan` and its event at ``n_min − t_c``. A target
     is met by :func:`calibrate` over the distributed accountant's route A (an upper bound of
     the printed ε, the smaller of routes A and B) and the event family
     ``σ ↦ secagg_event(secagg_plan(σ, …), q)``: route A's ``2Λ`` and ``δe^{−Λ}`` are part of
     the ε calibrated (below the σ where ``σ_loc`` reaches its minimum the family has no event).
+    The ``estimates`` (``private-statistics = "estimate"``, released once before training by
+    the party holding the table) are composed first, as in the trusted-server path: training
+    gets what their composition leaves (:mod:`fedfdp.accounting.distributed`).
     """
     p = cfg.privacy
     if sub.participation != 1.0:
@@ -548,7 +551,7 @@ def _resolve_secagg(cfg: Config, facts: PublicFacts, build: Callable[..., Resolv
         raise ConfigError("noise-multiplier and target-epsilon are both unset")
     else:
         def route_a() -> Accountant[Any]:  # min(route A, route B) <= route A: never above the target
-            return DistributedAccountant(route_b=False)
+            return replay([e.event for e in estimates], lambda: DistributedAccountant(route_b=False))
 
         try:
             sigma = calibrate(route_a, lambda s: planned(s)[1], target_epsilon=target, rounds=rounds,

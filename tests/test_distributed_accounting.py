@@ -11,6 +11,7 @@ quadrature), for the two density-ratio lemmas route A rests on.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -374,3 +375,173 @@ def test_route_a_alone_is_the_accountant_a_target_is_calibrated_over():
     assert alone.route_a == both.epsilon_bound(1e-5).route_a
     assert both.epsilon(1e-5) <= route_a.epsilon(1e-5)
     assert route_a.epsilon(1e-5) == route_a_epsilon([(ev, 150)], 1e-5).upper
+
+
+# --------------------------------------------------------------------------------------
+# estimates released before training (private-statistics = "estimate") under secure
+# aggregation: their own events, composed with the rounds by both routes
+# --------------------------------------------------------------------------------------
+
+
+def _threshold_cost(events: list[tuple[Any, int]]) -> float:
+    """Σ count·(−ln(1 − δ_t)), written out here from the event's definition."""
+    from fedfdp.accounting.events import ThresholdedHistogram
+
+    return sum(-math.log1p(-e.threshold_delta) * n for e, n in events if isinstance(e, ThresholdedHistogram))
+
+
+def test_route_a_composes_estimates_with_the_rounds_as_dp_accountings_pld() -> None:
+    """Four thresholded histograms (σ_e = 12) and 150 distributed rounds: route A's upper ε
+    is the PLD composition (dp-accounting, an independent accountant) of the Gaussian parts
+    and the smoothed rounds at δe^{−Λ} minus the thresholds' δ, plus 2Λ, within the
+    accountant's eps_error (0.05) and above it (an upper bound)."""
+    from fedfdp.accounting.events import ThresholdedHistogram
+
+    pld = pytest.importorskip("dp_accounting.pld")
+    rounds = event(1.1, 0.05)
+    estimate = ThresholdedHistogram(12.0, 1e-7)
+    charged: list[tuple[Any, int]] = [(estimate, 4), (rounds, 150)]
+    delta = 1e-5
+    lam = rounds.slack * 150
+    acc = pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.GaussianDpEvent(12.0), 4)
+    smoothed = dp_accounting.GaussianDpEvent(rounds.noise_multiplier)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.05, smoothed), 150)
+    reference = acc.get_epsilon(delta * math.exp(-lam) - _threshold_cost(charged)) + 2 * lam
+    got = route_a_epsilon(charged, delta).upper
+    assert reference - 1e-3 <= got <= reference + 0.06
+    alone = route_a_epsilon([(rounds, 150)], delta).upper
+    assert got > alone + 0.01  # the estimates are in it
+
+
+def test_route_b_of_estimates_is_gaussian_rdp_converted_at_delta_minus_the_thresholds() -> None:
+    """Estimates alone (no subsampling): route B is dp-accounting's RDP of the Gaussian
+    parts over the same orders, converted at δ − Σ −ln(1 − δ_t); with a δ the thresholds
+    exhaust, no finite ε."""
+    from fedfdp.accounting.events import ThresholdedHistogram
+
+    estimate = ThresholdedHistogram(8.0, 2e-6)
+    charged: list[tuple[Any, int]] = [(estimate, 3)]
+    delta = 1e-4
+    rdp = dp_accounting.rdp.RdpAccountant(list(ROUTE_B_ORDERS))
+    rdp.compose(dp_accounting.GaussianDpEvent(8.0), 3)
+    reference = float(rdp.get_epsilon(delta - _threshold_cost(charged)))
+    assert route_b_epsilon(charged, delta) == pytest.approx(reference, rel=1e-9)
+    assert route_b_epsilon(charged, 5e-6) == math.inf  # 3 thresholds take 6e-6 of it
+
+
+def test_the_distributed_accountant_composes_estimates_and_restores_them() -> None:
+    """The accountant takes thresholded histograms beside the rounds: its ε is the smaller
+    of the two routes of everything composed, above the rounds alone, and it survives a
+    state round trip; a CorrDP round is still refused."""
+    from fedfdp.accounting.distributed import DistributedAccountant
+    from fedfdp.accounting.events import CorrDPClass, CorrDPRound, ThresholdedHistogram
+
+    estimate = ThresholdedHistogram(10.0, 1e-7)
+    rounds = event(1.2, 0.05)
+    acc = DistributedAccountant()
+    acc.compose(estimate, 2)
+    acc.compose(rounds, 100)
+    both = distributed_epsilon([(estimate, 2), (rounds, 100)], 1e-5)
+    assert acc.epsilon(1e-5) == both.epsilon == min(both.route_a.upper, both.route_b)
+    assert acc.epsilon(1e-5) > distributed_epsilon([(rounds, 100)], 1e-5).epsilon
+    clone = DistributedAccountant()
+    clone.load_state_dict(acc.state_dict())
+    assert clone.epsilon(1e-5) == acc.epsilon(1e-5) and clone.rounds == 102
+    with pytest.raises(ValueError, match="composes DistributedDiscreteGaussian"):
+        acc.compose(CorrDPRound((CorrDPClass("s", 1.0, 1.0),), 1.0, 0.1))  # type: ignore[arg-type]
+
+
+def _secagg_estimate_keys(path, **extra: object) -> dict[str, object]:
+    return {"dataset": "csv", "data-path": str(path), "public-columns": "speed,heading",
+            "private-columns": "age,city", "label-column": "label", "num-devices": 4, "num-rounds": 3,
+            "progress": False, "private-statistics": "estimate", "aggregation": "secagg",
+            "secagg-min-survivors": 3, "clipping-quantile": 0, **extra}
+
+
+def _estimate_table(path, n: int = 600):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"speed": rng.normal(size=n), "heading": rng.normal(size=n), "age": rng.integers(18, 66, n),
+                  "city": rng.choice(["Paris", "Lyon"], n),
+                  "label": rng.integers(0, 2, n)}).to_csv(path, index=False)
+    return path
+
+
+def test_secure_aggregation_calibrates_training_on_what_the_estimates_leave() -> None:
+    """aggregation = "secagg" with estimated columns is no longer refused: the estimates are
+    listed in the mechanism, the target is met by the distributed accountant's composition of
+    the estimates and every planned round (both routes), and σ is larger than with the
+    columns declared."""
+    from fedfdp.accounting.distributed import DistributedAccountant
+    from fedfdp.config import load_config
+    from tests.mechanism_helpers import resolve
+
+    keys = _secagg_estimate_keys("unused.csv", **{"target-epsilon": 2.0, "num-rounds": 40})
+    estimated = resolve(load_config(keys), 480, devices=4)
+    declarations = {"private-ranges": "age=0:120", "private-categories": "city=Lyon|Paris"}
+    declared = resolve(load_config({**keys, **declarations}), 480, devices=4)
+    assert [e.statistic for e in estimated.estimates] == ["encoding of 'age'", "encoding of 'city'"]
+    assert declared.estimates == ()
+    assert estimated.noise_multiplier is not None and declared.noise_multiplier is not None
+    assert estimated.noise_multiplier > declared.noise_multiplier
+    assert isinstance(estimated.event, DistributedDiscreteGaussian)
+    acc = DistributedAccountant()
+    for e in estimated.estimates:
+        acc.compose(e.event)
+    acc.compose(estimated.event, 40)
+    assert acc.epsilon(estimated.delta) <= 2.0
+
+
+def test_a_secagg_run_with_estimates_replays_to_the_printed_epsilon(tmp_path) -> None:
+    """A centralised secure-aggregation run with two estimated columns: its ledger holds the
+    two estimates after the mechanism and three distributed rounds, and the ledger replayed
+    (what ``fedfdp account --run`` does) gives the ε of metrics.csv's last row."""
+    import pandas as pd
+
+    from fedfdp.accounting.events import ThresholdedHistogram
+    from fedfdp.algorithm import run_centralised
+    from fedfdp.config import load_config
+    from fedfdp.ledger_replay import replay_ledger
+    from tests.mechanism_helpers import events_as, written_ledger
+
+    path = _estimate_table(tmp_path / "t.csv")
+    out = tmp_path / "run"
+    cfg = load_config(_secagg_estimate_keys(path, **{"target-epsilon": 3.0, "out-dir": str(out),
+                                                      "reproducible-noise": False}))
+    run_centralised(cfg)
+    ledger = written_ledger(out)
+    estimates = events_as(ThresholdedHistogram, (e.event for e in ledger.entries[1:3]))
+    rounds = events_as(DistributedDiscreteGaussian, (e.event for e in ledger.entries[3:]))
+    assert len(estimates) == 2 and len(rounds) == 3
+    printed = float(pd.read_csv(out / "metrics.csv")["epsilon"].iloc[-1])
+    replayed = replay_ledger(ledger).accountant.epsilon(float(ledger.mechanism["delta"]))
+    assert replayed == pytest.approx(printed, abs=1e-9)
+    assert printed <= 3.0
+
+
+@pytest.mark.slow
+def test_fedfdp_account_run_equals_the_printed_epsilon_of_a_secagg_run_with_estimates(tmp_path) -> None:
+    """The real CLI: ``fedfdp run --centralised`` with secure aggregation and estimated
+    columns prints ε; ``fedfdp account --run`` in a fresh process replays the ledger to it."""
+    import json
+    import subprocess
+    import sys
+
+    path = _estimate_table(tmp_path / "t.csv")
+    out = tmp_path / "run"
+    keys = _secagg_estimate_keys(path, **{"target-epsilon": 3.0, "reproducible-noise": False})
+    flat = {k: str(v).lower() if isinstance(v, bool) else v for k, v in keys.items()}
+    sets = [a for k, v in flat.items() for a in ("--set", f"{k}={v}")]
+    cli = [sys.executable, "-m", "simulations.cli"]
+    proc = subprocess.run([*cli, "run", "--centralised", "--out", str(out), *sets], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = float(proc.stdout.split("epsilon=")[1].split()[0])
+    account = subprocess.run([*cli, "account", "--run", str(out), "--json"], capture_output=True, text=True,
+                             timeout=600)
+    assert account.returncode == 0, account.stderr[-2000:]
+    doc = json.loads(account.stdout)
+    assert doc["aggregation"] == "secagg" and doc["estimates"] == ["encoding of 'age'", "encoding of 'city'"]
+    assert doc["epsilon"] == pytest.approx(printed, abs=1e-3)  # printed to 4 significant digits

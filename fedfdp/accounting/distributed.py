@@ -48,6 +48,26 @@ the exact subsampled-Gaussian formula is not valid here, the round is not a
 Gaussian mechanism — composed additively and converted to ``(ε, δ)`` with
 Canonne, Kamath & Steinke (2020), Prop. 12 (:func:`route_b_epsilon`).
 
+Statistics released before training
+-----------------------------------
+A run may release statistics of the data once, before round 1, with central noise
+(``private-statistics = "estimate"``: each estimated column's range or categories,
+:class:`~fedfdp.accounting.events.ThresholdedHistogram`; a Gaussian-noised statistic,
+:class:`~fedfdp.accounting.events.SubsampledGaussian`). Under secure aggregation the
+party that holds the data (the central table's owner, ``data-location = "central"``)
+releases them, and no node estimates anything alone; they are charged as their own
+events and composed with the rounds by both routes:
+
+* route A composes them as they are with the smoothed rounds
+  (:class:`~fedfdp.accounting.FDPAccountant`: PRV composition of the Gaussian parts; a
+  thresholded histogram's ``−ln(1 − δ_t)`` taken off the ``δ e^{−Λ}`` it reports at).
+  The density-ratio transfer is unchanged: the estimates are the same in the real and
+  the smoothed run, so the run stays within ``e^{±Λ}`` of the smoothed one;
+* route B adds their Rényi DP ``α/(2σ²)`` (the Gaussian parts, rate 1) to the rounds'
+  and converts at ``δ − Σ −ln(1 − δ_t)``: the thresholds add at most that to the
+  hockey-stick divergence of the composition of everything else (the event's
+  docstring), of which the CKS conversion is an upper bound.
+
 Refusals
 --------
 ``σ_loc < MIN_LOCAL_SIGMA`` (4), ``n_h < 1``, ``Λ > MAX_SLACK`` (1e-12) and
@@ -89,6 +109,7 @@ from fedfdp.accounting.events import (
     DistributedDiscreteGaussian,
     Relation,
     SubsampledGaussian,
+    ThresholdedHistogram,
     event_from_dict,
 )
 from fedfdp.accounting.protocol import append_repeated
@@ -166,33 +187,41 @@ def honest_parties(survivors: int, colluders: int) -> int:
     return n - c
 
 
-#: An event these accounts compose: a distributed round, or a central subsampled
-#: Gaussian (e.g. a Gaussian-noised statistic released before the rounds) in the same run.
-Charged = DistributedDiscreteGaussian | SubsampledGaussian
+#: An event these accounts compose: a distributed round, or an event released centrally
+#: in the same run before the rounds (a Gaussian-noised statistic, a
+#: :class:`~fedfdp.accounting.events.ThresholdedHistogram` of ``private-statistics =
+#: "estimate"``: the ranges and categories released once, before training, by the party
+#: that holds the data, and charged as their own events).
+Charged = DistributedDiscreteGaussian | SubsampledGaussian | ThresholdedHistogram
 Rounds = Iterable[Charged | tuple[Charged, int]]
+_CHARGED = (DistributedDiscreteGaussian, SubsampledGaussian, ThresholdedHistogram)
 
 
 def _as_counted(rounds: Rounds | Charged) -> list[tuple[Charged, int]]:
-    if isinstance(rounds, DistributedDiscreteGaussian | SubsampledGaussian):
+    if isinstance(rounds, _CHARGED):
         rounds = [rounds]
     out: list[tuple[Charged, int]] = []
     for item in rounds:
-        if isinstance(item, DistributedDiscreteGaussian | SubsampledGaussian):
+        if isinstance(item, _CHARGED):
             out.append((item, 1))
-        elif (
-            isinstance(item, tuple)
-            and len(item) == 2
-            and isinstance(item[0], DistributedDiscreteGaussian | SubsampledGaussian)
-        ):
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], _CHARGED):
             out.append((item[0], count("count", item[1])))
         else:
             raise ValueError(
-                f"round {item!r}: expected a DistributedDiscreteGaussian or SubsampledGaussian, or "
-                "(event, count)"
+                f"round {item!r}: expected a DistributedDiscreteGaussian, SubsampledGaussian or "
+                "ThresholdedHistogram, or (event, count)"
             )
     if not out:
         raise ValueError("rounds: empty (nothing to account)")
     return out
+
+
+def _threshold_cost(counted: Sequence[tuple[Charged, int]]) -> float:
+    """``Σ count · (−ln(1 − δ_t))`` over the thresholded histograms: the δ their thresholds
+    add to the composition of everything else (:class:`ThresholdedHistogram`'s docstring;
+    0 without any).
+    """
+    return math.fsum(ev.delta_cost * n for ev, n in counted if isinstance(ev, ThresholdedHistogram))
 
 
 def _total_slack(counted: Sequence[tuple[Charged, int]]) -> float:
@@ -238,7 +267,8 @@ def route_a_epsilon(
     delta = open_unit("delta", delta)
     slack = _total_slack(counted)
     acc = FDPAccountant(eps_error=eps_error)
-    for ev, n in counted:  # a central Gaussian event is composed as it is (Λ is the distributed rounds')
+    for ev, n in counted:  # a central event is composed as it is (Λ is the distributed rounds'); the
+        # FDP accountant takes a thresholded histogram's δ off the δ it reports at
         acc.compose(ev.gaussian_event() if isinstance(ev, DistributedDiscreteGaussian) else ev, n)
     b = acc.epsilon_bound(delta * math.exp(-slack), relation)
     return EpsilonBound(
@@ -352,10 +382,14 @@ def route_b_epsilon(rounds: Rounds, delta: float, orders: Sequence[int] = ROUTE_
     for ev, n in counted:
         if isinstance(ev, DistributedDiscreteGaussian):
             base = ddg_rdp(ls, ev.local_sigma, ev.honest_parties, ev.sensitivity, ev.dimension)
-        else:  # the Gaussian mechanism, α/(2σ²); its participation p ≤ 1 is not credited (an upper bound)
+        else:  # the Gaussian mechanism (a thresholded histogram's Gaussian part at rate 1), α/(2σ²);
+            # a participation p ≤ 1 is not credited (an upper bound)
             base = ls.astype(np.float64) / (2.0 * ev.noise_multiplier**2)
         total += n * poisson_subsampled_rdp(base, ev.sampling_rate, orders_i)
-    return rdp_to_epsilon(orders_i, total, delta)
+    cost = _threshold_cost(counted)  # the thresholds' δ, added to the rest's δ(ε) (as in route A)
+    if not delta - cost > 0.0:
+        return math.inf
+    return rdp_to_epsilon(orders_i, total, delta - cost)
 
 
 # --------------------------------------------------------------------------------------
@@ -412,10 +446,13 @@ _STATE_VERSION = 1
 class DistributedAccountant:
     """The :class:`~fedfdp.accounting.protocol.Accountant` of
     :class:`DistributedDiscreteGaussian` rounds (add/remove, FDP paper Definition 6),
-    and of central :class:`~fedfdp.accounting.SubsampledGaussian` events charged in the
-    same run (route A composes them as they are, outside ``Λ``; route B takes their RDP
-    ``α/(2σ²)`` through the same Poisson-subsampling bound at rate ``q``, not crediting a
-    participation ``p < 1``, which only lowers the true ε).
+    and of central :class:`~fedfdp.accounting.SubsampledGaussian` and
+    :class:`~fedfdp.accounting.events.ThresholdedHistogram` events charged in the same run
+    (the estimates of ``private-statistics = "estimate"``; module docstring: route A
+    composes them as they are, outside ``Λ``, with the thresholds' δ set aside; route B
+    takes their RDP ``α/(2σ²)`` through the same Poisson-subsampling bound at rate ``q``,
+    not crediting a participation ``p < 1``, which only lowers the true ε, and converts at
+    ``δ`` minus the thresholds' δ).
 
     ``epsilon(δ)`` is the smaller of route A's certified upper bound (proved in
     ``docs/secagg_accounting.md``) and route B's; both are upper bounds, so is their
@@ -460,9 +497,9 @@ class DistributedAccountant:
         event: Charged,
         count: int,
     ) -> list[tuple[Charged, int]]:
-        if not isinstance(event, DistributedDiscreteGaussian | SubsampledGaussian):
+        if not isinstance(event, _CHARGED):
             raise ValueError(f"event={event!r}: this accountant composes DistributedDiscreteGaussian (and "
-                             "SubsampledGaussian) events")
+                             "SubsampledGaussian or ThresholdedHistogram) events")
         return append_repeated(rounds, event, count)
 
     def compose(self, event: Charged, count: int = 1) -> None:
@@ -512,8 +549,8 @@ class DistributedAccountant:
             if not isinstance(item, dict) or set(item) != {"event", "count"}:
                 raise ValueError(f"state ledger[{i}]={item!r}: expected event and count")
             event = event_from_dict(item["event"])
-            if not isinstance(event, DistributedDiscreteGaussian | SubsampledGaussian):
-                raise ValueError(f"state ledger[{i}]: not a distributed-discrete-gaussian or "
-                                 "subsampled-gaussian event")
+            if not isinstance(event, _CHARGED):
+                raise ValueError(f"state ledger[{i}]: not a distributed-discrete-gaussian, "
+                                 "subsampled-gaussian or thresholded-histogram event")
             rounds = self._appended(rounds, event, item["count"])
         self._rounds = rounds
