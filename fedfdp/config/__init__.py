@@ -70,6 +70,7 @@ from fedfdp.config.keys import (
     Section,
     guarantee_keys_of,
 )
+from fedfdp.config.protection import Protected, protected
 from fedfdp.config.reference import KeyReference, key_reference
 from fedfdp.config.schema import (
     Config,
@@ -116,6 +117,7 @@ __all__ = [
     "PrivacyConfig",
     "PrivacyUnit",
     "PrivateStatistics",
+    "Protected",
     "PublicLoss",
     "RunConfig",
     "Section",
@@ -199,8 +201,10 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
         # fdp-dpsgd needs public pre-training: unless the key is given, its default is the
         # paper's recipe scaled to the run (50 of the default 150 rounds, at most a third)
         privacy["public_pretrain_rounds"] = fdp_dpsgd_pretrain_rounds(privacy["num_rounds"])
+    privacy_config = PrivacyConfig(**sections[Section.PRIVACY])
+    sections[Section.DATA]["protected"] = protected(privacy_config)  # before the data section's checks
     return Config(
-        privacy=PrivacyConfig(**sections[Section.PRIVACY]),
+        privacy=privacy_config,
         training=TrainingConfig(**sections[Section.TRAINING]),
         data=DataConfig(**sections[Section.DATA]),
         run=RunConfig(**sections[Section.RUN]),

@@ -15,6 +15,7 @@ from fedfdp.config.choices import (
     PrivateStatistics,
     PublicLoss,
 )
+from fedfdp.config.protection import undeclared_columns
 from fedfdp.config.values import ConfigError
 
 if TYPE_CHECKING:
@@ -354,10 +355,11 @@ def check_data(d: DataConfig) -> None:
 
 def _check_estimates(d: DataConfig) -> None:
     """``estimated-ranges`` and ``estimated-categories``: what ``private-statistics =
-    "estimate"`` released, for undeclared private columns only, each column once, and
-    only through the central table.
+    "estimate"`` released, for undeclared protected columns only
+    (:func:`fedfdp.config.protection.undeclared_columns`: the private columns, and under
+    ``dp`` every column and the label), each column once, and only through the central table.
     """
-    declared = {n for n, _, _ in d.private_ranges} | {n for n, _ in d.private_categories}
+    estimable = set(undeclared_columns(d))
     both = {n for n, _, _ in d.estimated_ranges} & {n for n, _ in d.estimated_categories}
     if both:
         raise ConfigError(
@@ -372,11 +374,11 @@ def _check_estimates(d: DataConfig) -> None:
                 f"{key} names {estimated}: {what} released by private-statistics='estimate' "
                 f"(got {str(d.private_statistics)!r}); declare them in private-{what} instead"
             )
-        wrong = sorted((set(estimated) - set(d.private_columns)) | (set(estimated) & declared))
+        wrong = sorted(set(estimated) - estimable)
         if wrong:
             raise ConfigError(
-                f"{key} names {wrong}: only private columns without a declared encoding "
-                f"are estimated (private-columns={list(d.private_columns)})"
+                f"{key} names {wrong}: only private columns without a declared encoding are "
+                f"estimated (every column and the label under mode='dp'; here {sorted(estimable)})"
             )
     if d.private_statistics is PrivateStatistics.ESTIMATE and d.data_location is not DataLocation.CENTRAL:
         raise ConfigError(

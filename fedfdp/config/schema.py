@@ -30,7 +30,7 @@ settings that only make sense together (:mod:`fedfdp.config.checks`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from fedfdp.config.checks import check_config, check_data, check_privacy
@@ -52,7 +52,8 @@ from fedfdp.config.keys import (
     Section,
     guarantee_keys_of,
 )
-from fedfdp.config.values import flat_value, validated_value
+from fedfdp.config.protection import Protected, protected
+from fedfdp.config.values import ConfigError, flat_value, validated_value
 
 __all__ = ["ORCHESTRATION_KEYS", "Config", "DataConfig", "PrivacyConfig", "RunConfig", "TrainingConfig"]
 
@@ -60,6 +61,8 @@ __all__ = ["ORCHESTRATION_KEYS", "Config", "DataConfig", "PrivacyConfig", "RunCo
 def _validate_fields(obj: Any, section: Section) -> None:
     """Check and normalise every field of a frozen section dataclass in place."""
     for f in fields(obj):
+        if f.metadata.get("derived"):  # not a key: derived from another section (DataConfig.protected)
+            continue
         object.__setattr__(obj, f.name, validated_value(section, f.name, getattr(obj, f.name)))
 
 
@@ -452,6 +455,10 @@ class DataConfig:
         sensitive and ``m_u`` insensitive columns, each insensitive column a copy of
         a sensitive sign with probability ``ρ = correlation`` (its TV, in closed form);
         ``label_signal``: how strongly the signs determine the label (``a``).
+    protected : Protected
+        Not a key: what the mode's relation protects of every record
+        (:func:`fedfdp.config.protection.protected`), set by :class:`Config` from its
+        privacy section; the loaders read no statistic of a protected column or label.
     """
 
     dataset: str = "fleet"
@@ -488,8 +495,11 @@ class DataConfig:
     num_insensitive: int = 18
     correlation: float = 0.5
     label_signal: float = 4.0
+    protected: Protected = field(default=Protected.PRIVATE_COLUMNS, metadata={"derived": True})
 
     def __post_init__(self) -> None:
+        if not isinstance(self.protected, Protected):
+            raise ConfigError(f"protected={self.protected!r}: expected a Protected")
         _validate_fields(self, Section.DATA)
         check_data(self)
 
@@ -540,6 +550,9 @@ class Config:
     run: RunConfig = RunConfig()
 
     def __post_init__(self) -> None:
+        scope = protected(self.privacy)  # the data section reads what the relation protects
+        if self.data.protected is not scope:
+            object.__setattr__(self, "data", replace(self.data, protected=scope))
         check_config(self)
 
     def to_flat(self) -> dict[str, Any]:

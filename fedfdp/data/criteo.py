@@ -54,8 +54,9 @@ CAT_FIELDS = tuple(f"C{i}" for i in range(1, 27))
 FIELDS = ("label", *INT_FIELDS, *CAT_FIELDS)
 
 
-def read_criteo(path: str | Path, max_records: int = 0) -> pd.DataFrame:
-    """Read a Criteo TSV file as strings (``""`` = missing), columns :data:`FIELDS`.
+def read_criteo(path: str | Path, max_records: int = 0, protected: bool = False) -> pd.DataFrame:
+    """Read a Criteo TSV file as strings (``""`` = missing), columns :data:`FIELDS`;
+    ``protected``: the label is protected (``dp``), a bad one is counted, not quoted.
 
     Raises
     ------
@@ -87,6 +88,8 @@ def read_criteo(path: str | Path, max_records: int = 0) -> pd.DataFrame:
         )
     frame.columns = list(FIELDS)
     bad = frame.loc[~frame["label"].isin(["0", "1"]), "label"]
+    if len(bad) and protected:  # a protected label (dp) is never quoted: the count only
+        raise DataError(f"data-path={str(path)!r}: {len(bad)} label(s) are not 0 or 1")
     if len(bad):
         raise DataError(f"data-path={str(path)!r}: label {bad.iloc[0]!r} is not 0 or 1")
     return frame
@@ -127,9 +130,12 @@ def _bucket(field: str, value: str, buckets: int) -> int:
 
 
 def encode_criteo(
-    frame: pd.DataFrame, test: np.ndarray, buckets: int
+    frame: pd.DataFrame, test: np.ndarray, buckets: int, standardise: bool = True
 ) -> tuple[np.ndarray, np.ndarray, FeatureSpec]:
-    """Encode Criteo lines (see the module docstring): ``(x, y, spec)``."""
+    """Encode Criteo lines (see the module docstring): ``(x, y, spec)``; ``standardise =
+    False`` (the inputs are protected, ``dp``) keeps the integers' declared transform
+    ``sign(v)·log(1 + |v|)`` without the training split's mean and std.
+    """
     n = len(frame)
     y = frame["label"].astype(np.int64).to_numpy()
     public_cols, blocks = [], []
@@ -139,13 +145,17 @@ def encode_criteo(
         missing = raw == ""
         try:
             values = np.where(missing, "0", raw).astype(np.float64)
-        except ValueError as exc:
-            raise DataError(f"criteo field {name}: a value is not an integer ({exc})") from exc
+        except ValueError:  # the value is not quoted (under dp every field is protected)
+            bad = sum(not v.lstrip("+-").isdigit() for v in raw[~missing])
+            raise DataError(f"criteo field {name}: {bad} value(s) are not integers") from None
         z = np.sign(values) * np.log1p(np.abs(values))
         ref = z[~test & ~missing]
-        mean = ref.mean() if len(ref) else 0.0
-        std = ref.std() if len(ref) else 1.0
-        z = np.where(missing, 0.0, (z - mean) / (std if std > 0 else 1.0))
+        if standardise:
+            mean = ref.mean() if len(ref) else 0.0
+            std = ref.std() if len(ref) else 1.0
+            z = np.where(missing, 0.0, (z - mean) / (std if std > 0 else 1.0))
+        else:  # the inputs are protected (dp): the declared transform alone, no statistic of the data
+            z = np.where(missing, 0.0, z)
         blocks.append(z)
         public_cols.append(name)
         missing_cols.append(missing.astype(np.float64))
@@ -170,11 +180,11 @@ def load_criteo(cfg: DataConfig) -> FederatedData:
     if cfg.hash_buckets < 2:
         raise DataError(f"hash-buckets={cfg.hash_buckets}: must be at least 2")
     if cfg.data_path:
-        frame = read_criteo(cfg.data_path, cfg.max_records)
+        frame = read_criteo(cfg.data_path, cfg.max_records, protected=cfg.protected.label)
     else:
         frame = synthetic_criteo(cfg.num_devices * cfg.records_per_device, cfg.data_seed)
     test = holdout_records(np.zeros(len(frame)), cfg.test_fraction, data_rng(cfg.data_seed, 1))
-    x, y, spec = encode_criteo(frame, test, cfg.hash_buckets)
+    x, y, spec = encode_criteo(frame, test, cfg.hash_buckets, standardise=not cfg.protected.inputs)
     device = np.full(len(y), -1, dtype=np.int64)
     device[~test] = split_records(
         y[~test], cfg.num_devices, cfg.dirichlet_alpha, data_rng(cfg.data_seed, 2), dataset="criteo"

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fedfdp.config import DataConfig
+from fedfdp.config import DataConfig, Protected
 from fedfdp.data.split import DataError
 from fedfdp.features import FeatureSpec
 
@@ -63,9 +63,31 @@ def is_numeric(series: pd.Series) -> bool:
 NUMERIC_SHARE = 0.9
 
 
-def check_numeric_cells(series: pd.Series, column: str) -> None:
-    """Refuse a column read as text although (nearly) all its values are numbers:
-    name the column, the first bad cell's row and its value.
+def bad_cells(column: str, problem: str, series: pd.Series, bad: np.ndarray, protected: bool,
+              context: str = "", advice: str = "") -> DataError:
+    """The one-line refusal of the cells ``bad`` (a boolean mask over ``series``) of ``column``
+    that are ``problem`` (``"not numbers"``).
+
+    A cell of a **protected** column (:func:`fedfdp.config.protection.protected_columns`: a
+    private column; under ``dp`` every column and the label) is never quoted, nor its row:
+    the message names the column, the problem and the number of such cells, so no private
+    value, and no record's position, leaves the run through it. A cell of a column the
+    relation discloses (Ψ under FDP) is quoted with its data row, to help fix the file.
+    """
+    rows = np.flatnonzero(bad)
+    tail = (f"; {context}" if context else "") + ")" + (f"; {advice}" if advice else "")
+    if protected:
+        return DataError(f"column {column!r}: {len(rows)} cell(s) are {problem} (a protected column: its "
+                         f"values and rows are not shown{tail}")
+    row = int(rows[0])
+    examples = sorted({str(series.iloc[i]) for i in rows[:5]})
+    return DataError(f"column {column!r}: value(s) {examples} are {problem} (first at data row {row + 1}: "
+                     f"{str(series.iloc[row])!r}; {len(rows)} such cell(s){tail}")
+
+
+def check_numeric_cells(series: pd.Series, column: str, protected: bool) -> None:
+    """Refuse a column read as text although (nearly) all its values are numbers
+    (:func:`bad_cells`: the column and the count; a disclosed column's first bad cell too).
     """
     if is_numeric(series):
         return
@@ -75,27 +97,42 @@ def check_numeric_cells(series: pd.Series, column: str) -> None:
     numbers = pd.to_numeric(series, errors="coerce").notna().to_numpy()
     share = numbers[present].mean()
     if share >= NUMERIC_SHARE and share < 1.0:
-        bad = np.flatnonzero(present & ~numbers)
-        row = int(bad[0])
-        raise DataError(
-            f"column {column!r}: value(s) {sorted({str(series.iloc[i]) for i in bad[:5]})} are not numbers "
-            f"(first at data row {row + 1}: {str(series.iloc[row])!r}; {len(bad)} such cell(s) in a column "
-            f"{100 * share:.1f}% numbers); fix the cell(s), or declare the column's categories to encode "
-            "it as text"
+        raise bad_cells(
+            column, "not numbers", series, present & ~numbers, protected,
+            f"in a column {100 * share:.1f}% numbers",
+            "fix the cell(s), or declare the column's categories to encode it as text",
         )
 
 
 def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
-    """The one-line refusal of private columns that are neither declared nor estimated
-    (:func:`table_encoding`, and :func:`fedfdp.data.private_statistics.estimate_private_ranges`
-    under ``private-statistics = "declared"``).
+    """The one-line refusal of protected columns (:func:`fedfdp.config.protection.protected_columns`)
+    that are neither declared nor estimated (:func:`table_encoding`, and
+    :func:`fedfdp.data.private_statistics.estimate_private_ranges` under ``private-statistics =
+    "declared"``): it names them and both ways out (only the declaration under ``corrdp``, whose
+    accountant composes no estimate).
     """
-    return DataError(
-        f"private-columns: {list(columns)} have no declared encoding (private-statistics="
-        f"{str(cfg.private_statistics)!r}); declare them (private-ranges = \"col=low:high\", "
-        "private-categories = \"col=a|b\"), or set private-statistics = \"estimate\" to release noisy "
-        "ranges and categories charged to the run's ε (estimation-epsilon)"
-    )
+    private = [c for c in columns if c in cfg.private_columns]
+    public = [c for c in columns if c in cfg.public_columns]
+    label = [c for c in columns if c == cfg.label_column]
+    if not public and not label:
+        head = f"private-columns: {list(columns)} have no declared encoding"
+    else:
+        scope = {Protected.WHOLE_RECORD: "the whole record", Protected.INPUTS: "every input column",
+                 Protected.PRIVATE_COLUMNS_AND_LABEL: "the label"}.get(cfg.protected, "the private columns")
+        head = (f"the mode's relation protects {scope}, and {list(columns)} have no declared encoding (no "
+                "statistic of a protected column or label is read off the data)")
+    declare = []
+    if private:
+        declare.append("private-ranges = \"col=low:high\", private-categories = \"col=a|b\"")
+    if public:
+        declare.append("public-ranges = \"col=low:high\", public-categories = \"col=a|b\"")
+    if label:
+        declare.append("label-classes = \"a,b\"")
+    out = f"declare them ({', '.join(declare)})"
+    if cfg.protected is not Protected.INPUTS:
+        out += (", or set private-statistics = \"estimate\" to release noisy ranges and categories "
+                "charged to the run's ε (estimation-epsilon)")
+    return DataError(f"{head} (private-statistics={str(cfg.private_statistics)!r}); {out}")
 
 
 def _as_float(series: pd.Series) -> np.ndarray:
@@ -114,7 +151,8 @@ class ColumnEncoding:
     ``kind`` is ``range`` (``2(v − low)/(high − low) − 1``, clipped to
     [−1, 1] when ``clip``), ``standard`` (``(v − low)/high``: ``low`` is the
     mean and ``high`` the standard deviation) or ``onehot`` (over
-    ``categories``).
+    ``categories``). ``protected``: the relation protects the column, so a refusal of its
+    cells quotes neither a value nor a row (:func:`bad_cells`).
     """
 
     column: str
@@ -123,6 +161,7 @@ class ColumnEncoding:
     high: float = 1.0
     clip: bool = False
     categories: tuple[str, ...] = ()
+    protected: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -144,19 +183,13 @@ class ColumnEncoding:
         v = _as_float(series)
         bad = np.isnan(v) & ~series.isna().to_numpy()
         if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            examples = sorted({str(x) for x in series[bad].head(5)})
-            raise DataError(
-                f"column {self.column!r}: value(s) {examples} are not numbers (first at data row {row + 1}: "
-                f"{str(series.iloc[row])!r}; the column is encoded as numeric: "
-                f"{'declared range' if self.kind == 'range' else 'numeric data'})"
+            raise bad_cells(
+                self.column, "not numbers", series, bad, self.protected, "the column is encoded as numeric: "
+                f"{'declared range' if self.kind == 'range' else 'numeric data'}",
             )
         inf = np.isinf(v)
         if inf.any():
-            row = int(np.flatnonzero(inf)[0])
-            raise DataError(
-                f"column {self.column!r}: non-finite input values (data row {row + 1} holds {v[row]})"
-            )
+            raise bad_cells(self.column, "non-finite input values", series, inf, self.protected)
         if self.kind == "standard":
             scaled = (v - self.low) / (self.high if self.high > 0 else 1.0)
         else:
@@ -183,6 +216,7 @@ class TableEncoding:
     private: tuple[ColumnEncoding, ...]
     label_column: str
     classes: tuple[str, ...]
+    label_protected: bool = False
 
     @property
     def spec(self) -> FeatureSpec:
@@ -202,10 +236,10 @@ class TableEncoding:
 
     def labels(self, frame: pd.DataFrame, where: str) -> np.ndarray:
         """Class indices of the (non-missing) labels of ``frame``."""
-        return encode_label_values(frame[self.label_column], self.classes, where)
+        return encode_label_values(frame[self.label_column], self.classes, where, self.label_protected)
 
 
-def _label_text(value: object) -> str:
+def label_text(value: object) -> str:
     """A label as text; an integral float (a numeric column pandas read as float) as an integer."""
     if isinstance(value, float | np.floating) and float(value).is_integer():
         return str(int(value))
@@ -216,15 +250,29 @@ def _label_text(value: object) -> str:
 MAX_UNDECLARED_CLASSES = 100
 
 
+#: The class of every label value a categories estimate did not release (a rare value):
+#: with ``private-statistics = "estimate"`` and a protected label, the classes are the
+#: released values and this one, always, so the model's shape is a function of the noisy
+#: release alone and no record is refused for holding a rare label.
+UNRELEASED_LABEL = "(unreleased)"
+
+
 def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...]:
-    """``label-classes`` if declared, else the sorted distinct labels of ``frame``
-    (at least two); ``frame = None`` (strict) requires the declaration.
+    """``label-classes`` if declared; a protected label (``cfg.protected.label``) otherwise
+    takes the classes its charged estimate released (``estimated-categories``) and
+    :data:`UNRELEASED_LABEL`, or is refused; a disclosed label the sorted distinct labels
+    of ``frame`` (at least two); ``frame = None`` (strict) requires the declaration.
     """
     if cfg.label_classes:
         return cfg.label_classes
+    if cfg.protected.label:
+        released = dict(cfg.estimated_categories).get(cfg.label_column)
+        if released is None:
+            raise refuse_undeclared([cfg.label_column], cfg)
+        return (*released, UNRELEASED_LABEL)
     if frame is None:
         raise DataError("label-classes='': needed where every site encodes its own file")
-    values = sorted({_label_text(v) for v in frame[cfg.label_column].to_numpy()})
+    values = sorted({label_text(v) for v in frame[cfg.label_column].to_numpy()})
     if len(values) > MAX_UNDECLARED_CLASSES:
         raise DataError(
             f"label-column={cfg.label_column!r}: {len(values)} distinct values (e.g. {values[:3]}): a "
@@ -239,14 +287,25 @@ def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...
     return tuple(values)
 
 
-def encode_label_values(series: pd.Series, classes: Sequence[str], where: str) -> np.ndarray:
-    """Class index of every label; a value outside ``classes`` is refused,
-    naming the values and ``where`` they come from.
+def encode_label_values(series: pd.Series, classes: Sequence[str], where: str,
+                        protected: bool = False) -> np.ndarray:
+    """Class index of every label. A value outside ``classes`` is :data:`UNRELEASED_LABEL`'s
+    when the classes end with it (an estimate's), else refused: naming the values and
+    ``where`` they come from, or, for a ``protected`` label, only their number.
     """
-    text = [_label_text(v) for v in series.to_numpy()]
+    text = [label_text(v) for v in series.to_numpy()]
     index = {c: i for i, c in enumerate(classes)}
     unknown = sorted({v for v in text if v not in index})
+    if unknown and classes and classes[-1] == UNRELEASED_LABEL:
+        other = len(classes) - 1
+        return np.array([index.get(v, other) for v in text], dtype=np.int64)
     if unknown:
+        if protected:
+            count = sum(v not in index for v in text)
+            raise DataError(
+                f"label-classes={list(classes)}: {where} has {count} label(s) that are not declared (the "
+                "label is protected: its values and rows are not shown)"
+            )
         raise DataError(
             f"label-classes={list(classes)}: {where} has label value(s) {unknown[:10]} that are not declared"
         )
@@ -263,20 +322,22 @@ def table_encoding(
     Parameters
     ----------
     cfg : DataConfig
-        Column lists and declarations; a private column's range may also come from
-        ``estimated-ranges`` (released with accounted noise,
+        Column lists and declarations; a protected column's encoding may also come from
+        ``estimated-ranges`` / ``estimated-categories`` (released with accounted noise,
         :func:`fedfdp.data.private_statistics.estimate_private_ranges`).
     frame : DataFrame, optional
-        The reference table for undeclared **public** columns (statistics of its
-        ``train`` rows) and the label classes. ``None``: strict, every column and the
-        label classes must be declared. Private columns never read it.
+        The reference table for undeclared **disclosed** columns (statistics of its
+        ``train`` rows) and a disclosed label's classes. ``None``: strict, every column
+        and the label classes must be declared. Protected columns
+        (:func:`fedfdp.config.protection.protected_columns`: the private ones; under ``dp``
+        every column and the label, under ``corrdp`` every input column) never read it.
     train : np.ndarray of bool, optional
         Training rows of ``frame`` (default: all).
 
     Raises
     ------
     DataError
-        A private column neither declared nor estimated (one line naming the
+        A protected column neither declared nor estimated (one line naming the
         columns and both ways out); strict mode with an undeclared column or label
         classes.
     """
@@ -289,18 +350,28 @@ def table_encoding(
             f"{side}-categories); needed where every site encodes its own file"
         )
 
+    estimated_ranges = {n: (lo, hi) for n, lo, hi in cfg.estimated_ranges}
+    estimated_categories = dict(cfg.estimated_categories)
+    inputs = cfg.protected.inputs
+    missing: list[str] = []
     public: list[ColumnEncoding] = []
     ranges = {n: (lo, hi) for n, lo, hi in cfg.public_ranges}
     cats = dict(cfg.public_categories)
     for col in cfg.public_columns:
         if col in ranges:
-            public.append(ColumnEncoding(col, "range", *ranges[col]))
+            public.append(ColumnEncoding(col, "range", *ranges[col], protected=inputs))
         elif col in cats:
-            public.append(ColumnEncoding(col, "onehot", categories=cats[col]))
+            public.append(ColumnEncoding(col, "onehot", categories=cats[col], protected=inputs))
+        elif inputs and col in estimated_ranges:
+            public.append(ColumnEncoding(col, "range", *estimated_ranges[col], clip=True, protected=True))
+        elif inputs and col in estimated_categories:
+            public.append(ColumnEncoding(col, "onehot", categories=estimated_categories[col], protected=True))
         elif frame is None or train is None:  # strict
             raise undeclared(col, "public")
+        elif inputs:
+            missing.append(col)
         else:
-            check_numeric_cells(frame[col], col)
+            check_numeric_cells(frame[col], col, protected=False)
             if is_numeric(frame[col]):
                 ref = _as_float(frame[col])[train]
                 ref = ref[~np.isnan(ref)]
@@ -312,20 +383,23 @@ def table_encoding(
                 public.append(ColumnEncoding(col, "onehot", categories=categories))
 
     private: list[ColumnEncoding] = []
-    ranges = {n: (lo, hi) for n, lo, hi in (*cfg.private_ranges, *cfg.estimated_ranges)}
-    cats = dict((*cfg.private_categories, *cfg.estimated_categories))
-    missing = [c for c in cfg.private_columns if c not in ranges and c not in cats]
+    ranges = {n: (lo, hi) for n, lo, hi in cfg.private_ranges} | estimated_ranges
+    cats = dict(cfg.private_categories) | estimated_categories
+    missing += [c for c in cfg.private_columns if c not in ranges and c not in cats]
+    if cfg.protected.label and not cfg.label_classes and cfg.label_column not in estimated_categories:
+        missing.append(cfg.label_column)
     if missing:
         if frame is None:  # strict
             raise undeclared(missing[0], "private")
         raise refuse_undeclared(missing, cfg)
     for col in cfg.private_columns:
         if col in ranges:
-            private.append(ColumnEncoding(col, "range", *ranges[col], clip=True))
+            private.append(ColumnEncoding(col, "range", *ranges[col], clip=True, protected=True))
         else:
-            private.append(ColumnEncoding(col, "onehot", categories=cats[col]))
+            private.append(ColumnEncoding(col, "onehot", categories=cats[col], protected=True))
 
-    enc = TableEncoding(tuple(public), tuple(private), cfg.label_column, label_classes(cfg, frame))
+    enc = TableEncoding(tuple(public), tuple(private), cfg.label_column, label_classes(cfg, frame),
+                        cfg.protected.label)
     names = list(enc.spec.columns)
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})

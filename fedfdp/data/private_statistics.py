@@ -87,7 +87,8 @@ from fedfdp.accounting import FDPAccountant
 from fedfdp.accounting.events import SubsampledGaussian, ThresholdedHistogram
 from fedfdp.accounting.protocol import calibrate, default_delta
 from fedfdp.config import DataConfig, PrivateStatistics
-from fedfdp.data.encoding import check_numeric_cells, is_numeric, refuse_undeclared
+from fedfdp.config.protection import undeclared_columns
+from fedfdp.data.encoding import check_numeric_cells, is_numeric, label_text, refuse_undeclared
 from fedfdp.data.split import DataError
 from fedfdp.entropy import OSBits
 from fedfdp.mechanisms import standard_normals
@@ -249,14 +250,15 @@ def released_categories(
 
 
 def estimated_columns(cfg: DataConfig) -> tuple[str, ...]:
-    """The private columns charged an estimate: under ``private-statistics = "estimate"``,
-    every private column without ``private-ranges`` or ``private-categories`` (estimated
-    now, or read back from ``estimated-ranges``); none otherwise.
+    """The columns charged an estimate: under ``private-statistics = "estimate"``, every
+    protected column without a declared encoding
+    (:func:`fedfdp.config.protection.undeclared_columns`: the private columns; under ``dp``
+    the public columns and the label too, under ``corrdp`` the public ones), estimated now
+    or read back from ``estimated-ranges`` / ``estimated-categories``; none otherwise.
     """
     if cfg.private_statistics is not PrivateStatistics.ESTIMATE:
         return ()
-    declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
-    return tuple(c for c in cfg.private_columns if c not in declared)
+    return undeclared_columns(cfg)
 
 
 def estimation_delta(num_records: int) -> float:
@@ -335,10 +337,12 @@ def estimate_private_ranges(
     train: np.ndarray,
     normals: Normals | None = None,
 ) -> DataConfig:
-    """``cfg`` with every private column it neither declares nor has an estimate of
-    released now: a numeric column's range (``estimated-ranges``, :func:`released_range`),
-    a text column's categories (``estimated-categories``, :func:`released_categories`);
-    refused (:func:`refuse_undeclared`) under ``private-statistics = "declared"``.
+    """``cfg`` with every protected column (:func:`estimated_columns`) it neither declares
+    nor has an estimate of released now: a numeric column's range (``estimated-ranges``,
+    :func:`released_range`), a text column's or a protected label's categories
+    (``estimated-categories``, :func:`released_categories`; a label's values as text,
+    :func:`fedfdp.data.encoding.label_text`); refused (:func:`refuse_undeclared`) under
+    ``private-statistics = "declared"``.
 
     Parameters
     ----------
@@ -350,15 +354,15 @@ def estimate_private_ranges(
         The noise's source, ``normals(n)`` standard normals (default:
         :func:`secret_normals`, the OS CSPRNG).
     """
-    declared = {n for n, _, _ in cfg.private_ranges} | {n for n, _ in cfg.private_categories}
     done = {n for n, _, _ in cfg.estimated_ranges} | {n for n, _ in cfg.estimated_categories}
-    todo = [c for c in cfg.private_columns if c not in declared and c not in done]
+    todo = [c for c in undeclared_columns(cfg) if c not in done]
     if not todo:
         return cfg
     if cfg.private_statistics is not PrivateStatistics.ESTIMATE:
         raise refuse_undeclared(todo, cfg)
     for col in todo:
-        check_numeric_cells(frame[col], col)
+        if col != cfg.label_column:
+            check_numeric_cells(frame[col], col, protected=True)
     num_records = int(np.count_nonzero(train))
     event = estimation_events(cfg, num_records)[0].event
     if not isinstance(event, ThresholdedHistogram):  # every estimate is charged one (estimation_events)
@@ -366,13 +370,17 @@ def estimate_private_ranges(
     sigma = event.noise_multiplier
     ranges, categories = list(cfg.estimated_ranges), list(cfg.estimated_categories)
     for col in todo:
-        if not is_numeric(frame[col]):
-            found_categories = released_categories(frame[col][train], event, normals)
+        label = col == cfg.label_column
+        if label or not is_numeric(frame[col]):
+            cells = frame[col][train]
+            found_categories = released_categories([label_text(v) for v in cells] if label else cells,
+                                                   event, normals)
             if not found_categories:
+                where = "label-classes" if label else "private-categories"
                 raise DataError(
                     f"private-statistics='estimate': column {col!r}: no category's noisy count clears the "
                     f"threshold {event.threshold():.3g} (noise multiplier {sigma:.3g}: too few records for "
-                    f"estimation-epsilon={cfg.estimation_epsilon}); declare them in private-categories"
+                    f"estimation-epsilon={cfg.estimation_epsilon}); declare them in {where}"
                 )
             categories.append((col, found_categories))
             continue
@@ -382,7 +390,8 @@ def estimate_private_ranges(
             raise DataError(
                 f"private-statistics='estimate': column {col!r}: no bucket of its noisy histogram clears "
                 f"the threshold {threshold(sigma):.3g} (noise multiplier {sigma:.3g}: too few records for "
-                f"estimation-epsilon={cfg.estimation_epsilon}); declare its range in private-ranges"
+                f"estimation-epsilon={cfg.estimation_epsilon}); declare its range in "
+                f"{'public' if col in cfg.public_columns else 'private'}-ranges"
             )
         ranges.append((col, *found))
     return replace(cfg, estimated_ranges=tuple(ranges), estimated_categories=tuple(categories))

@@ -51,8 +51,11 @@ COLUMNS = tuple(f"f{i:03d}" for i in range(NUM_FEATURES))
 CLASS_NAMES = tuple(str(c) for c in range(1, NUM_CLASSES + 1))
 
 
-def read_purchase(path: str | Path, max_records: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Read a ``dataset_purchase`` file: ``(x (n, 600) float32, y (n,) in 0..99)``.
+def read_purchase(
+    path: str | Path, max_records: int = 0, protected: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read a ``dataset_purchase`` file: ``(x (n, 600) float32, y (n,) in 0..99)``;
+    ``protected``: the label is protected (``dp``), a bad one is counted, not quoted.
 
     Raises
     ------
@@ -65,11 +68,11 @@ def read_purchase(path: str | Path, max_records: int = 0) -> tuple[np.ndarray, n
         raise DataError(f"data-path={str(path)!r}: no such file")
     try:
         frame = pd.read_csv(path, header=None, nrows=max_records or None, dtype=np.float64)
-    except (ValueError, pd.errors.ParserError) as exc:
+    except (ValueError, pd.errors.ParserError) as exc:  # the parser's text may quote a cell: not shown
         raise DataError(
             f"data-path={str(path)!r}: not a Purchase100 file (601 numeric comma-separated "
-            f"fields per line: label 1-100, then 600 features): {exc}"
-        ) from exc
+            f"fields per line: label 1-100, then 600 features; {type(exc).__name__})"
+        ) from None
     if frame.shape[1] != NUM_FEATURES + 1:
         raise DataError(
             f"data-path={str(path)!r}: {frame.shape[1]} fields per line; Purchase100 has 601 "
@@ -79,6 +82,8 @@ def read_purchase(path: str | Path, max_records: int = 0) -> tuple[np.ndarray, n
         raise DataError(f"data-path={str(path)!r}: empty fields; Purchase100 has none")
     labels = frame.iloc[:, 0].to_numpy()
     bad = labels[(labels != np.round(labels)) | (labels < 1) | (labels > NUM_CLASSES)]
+    if len(bad) and protected:
+        raise DataError(f"data-path={str(path)!r}: {len(bad)} label(s) outside 1-100")
     if len(bad):
         raise DataError(f"data-path={str(path)!r}: label {float(bad[0]):g} outside 1-100")
     return frame.iloc[:, 1:].to_numpy(dtype=np.float32), labels.astype(np.int64) - 1
@@ -108,7 +113,7 @@ def public_features(num_public: int, seed: int) -> tuple[str, ...]:
 def load_purchase100(cfg: DataConfig) -> FederatedData:
     """Load ``data-path`` or generate the synthetic table (see the module docstring)."""
     if cfg.data_path:
-        x, y = read_purchase(cfg.data_path, cfg.max_records)
+        x, y = read_purchase(cfg.data_path, cfg.max_records, protected=cfg.protected.label)
     else:
         x, y = synthetic_purchase(cfg.num_devices * cfg.records_per_device, cfg.data_seed)
     public = public_features(cfg.num_public_features, cfg.data_seed)

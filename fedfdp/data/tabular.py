@@ -66,6 +66,7 @@ from fedfdp.data.encoding import (
     check_columns,
     encode_label_values,
     label_classes,
+    label_text,
     table_encoding,
 )
 from fedfdp.data.private_statistics import estimate_private_ranges
@@ -143,8 +144,12 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
     """
     check_columns(frame, cfg, where, [cfg.device_column] if cfg.device_column else [])
     frame = _labelled(frame, cfg, where)
-    classes = label_classes(cfg, frame)
-    y = encode_label_values(frame[cfg.label_column], classes, where)
+    known = bool(cfg.label_classes) or not cfg.protected.label  # else estimated after the hold-out
+    if known:
+        y = encode_label_values(frame[cfg.label_column], label_classes(cfg, frame), where,
+                                cfg.protected.label)
+    else:  # the split's label codes (only dirichlet-alpha reads them): sorted values, never released
+        y = np.unique([label_text(v) for v in frame[cfg.label_column]], return_inverse=True)[1]
     if cfg.device_column:
         units = frame[cfg.device_column]
         if units.isna().any():
@@ -162,6 +167,8 @@ def load_frame(frame: pd.DataFrame, cfg: DataConfig, where: str, name: str) -> F
     test = holdout_records(device, cfg.test_fraction, data_rng(cfg.data_seed, 1))
     cfg = estimate_private_ranges(cfg, frame, ~test)  # refuses what is neither declared nor estimated
     enc = table_encoding(cfg, frame, ~test)
+    if not known:
+        y = enc.labels(frame, where)
     data = assemble(
         name,
         enc.spec,
