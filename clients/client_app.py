@@ -25,12 +25,14 @@ depends on ``data-location``, :mod:`clients.node_runtime`).
 from __future__ import annotations
 
 import threading
+import tomllib
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -49,16 +51,56 @@ from fedfdp import protocol as P
 from fedfdp.contribution import ClientParts, client_update
 from fedfdp.data import DeviceData
 from fedfdp.losses import FeatureMap
+from fedfdp.node_policy import POLICY_KEY, STATE_KEY, RoundRefused
 from fedfdp.secagg import Stage
 
+#: The file ``fedfdp run`` stages at the root of its simulation app when it was given
+#: ``--node-policy``/``--node-state``: what the owner of every simulated node configured
+#: (Flower's simulation engine gives virtual SuperNodes no node config of their own).
+SIMULATED_NODES_FILE = "simulated_nodes.toml"
 
-def _runtime(fixed: Mapping[str, Any] | None, context: Context, simulation: bool) -> NodeRuntime:
-    """The node's runtime for the fixed run config, or Flower's (which refuses the
-    reproducible opt-in outside ``fedfdp run``'s simulation).
+
+def simulated_node_config(node_config: Mapping[str, Any], nodes: Mapping[str, Any]) -> dict[str, Any]:
+    """A simulated node's config: Flower's (``partition-id``, ``num-partitions``) with the
+    staged ``node-policy`` and its own state folder, ``node-state/node-<partition-id>``
+    (one folder per node, kept across runs).
     """
+    out = dict(node_config)
+    if nodes.get(POLICY_KEY):
+        out[POLICY_KEY] = str(nodes[POLICY_KEY])
+        out[STATE_KEY] = str(Path(str(nodes[STATE_KEY])) / f"node-{node_config.get('partition-id', 0)}")
+    return out
+
+
+def staged_nodes(root: Path | None = None) -> dict[str, Any]:
+    """The simulated nodes' settings staged beside this app (:data:`SIMULATED_NODES_FILE`
+    at ``root``, default the app's root); empty when there is none.
+    """
+    path = (root if root is not None else Path(__file__).resolve().parents[1]) / SIMULATED_NODES_FILE
+    if not path.is_file():
+        return {}
+    return dict(tomllib.loads(path.read_text(encoding="utf-8")))
+
+
+def _runtime(fixed: Mapping[str, Any] | None, context: Context, simulation: bool,
+             nodes: Mapping[str, Any] | None = None) -> NodeRuntime:
+    """The node's runtime for the fixed run config, or Flower's (which refuses the
+    reproducible opt-in outside ``fedfdp run``'s simulation); ``nodes``: the simulated
+    nodes' own settings (:func:`simulated_node_config`).
+    """
+    node_config = simulated_node_config(context.node_config, nodes) if nodes else context.node_config
     if fixed is not None:
-        return node_runtime(fixed, context.node_config)
-    return node_runtime(context.run_config, context.node_config, refuse_seeded=not simulation)
+        return node_runtime(fixed, node_config)
+    return node_runtime(context.run_config, node_config, refuse_seeded=not simulation)
+
+
+def refused(msg: Message, exc: RoundRefused) -> Message:
+    """The error reply of a request the node's policy refuses: its reason, for the server."""
+    return Message(error=Error(code=REFUSED_CODE, reason=str(exc)), reply_to=msg)
+
+
+#: The error code of a reply refused by the node's own policy.
+REFUSED_CODE = 403
 
 
 def handle_query(records: NodeRecords) -> dict[str, MetricValues]:
@@ -161,31 +203,46 @@ def reply_message(
     return Message(content, reply_to=msg)
 
 
-def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: bool = False) -> ClientApp:
+def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: bool = False,
+                    nodes: Mapping[str, Any] | None = None) -> ClientApp:
     """Build the ClientApp; ``run_config`` (flat keys, as ``Config.to_flat()`` gives
     them) fixes the configuration, otherwise it is read from Flower's run config.
     ``simulation``: the ClientApp of ``fedfdp run`` (Flower's Simulation Runtime, whose
     ServerApp refuses every other grid), which accepts the reproducible opt-in from the
-    run config.
+    run config. ``nodes``: every simulated node's ``node-policy`` and ``node-state``
+    (:func:`simulated_node_config`; a SuperNode reads its own from its node config).
+
+    A node whose config names a ``node-policy`` enforces it (:class:`clients.node_runtime.NodeGuard`):
+    a request it refuses is answered with an error whose reason the server sees.
     """
     app = ClientApp()
     fixed = dict(run_config) if run_config is not None else None
+    own = dict(nodes) if nodes else None
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
-        return fdp_query(msg, _runtime(fixed, context, simulation).records.devices)
+        return fdp_query(msg, _runtime(fixed, context, simulation, own).records.devices)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        runtime = _runtime(fixed, context, simulation)
+        runtime = _runtime(fixed, context, simulation, own)
+        config = msg.content.config_records[P.CONFIG]
+        if runtime.guard is not None:  # charged write-ahead, or refused
+            try:
+                runtime.guard.charge_plain(int(context.run_id), P.TrainInstruction.from_config(config))
+            except RoundRefused as exc:
+                return refused(msg, exc)
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
-        private, public, metrics = runtime.train(state, msg.content.config_records[P.CONFIG])
+        private, public, metrics = runtime.train(state, config)
         return reply_message(msg, private, public, metrics)
 
     # secure aggregation (aggregation = "secagg"): one round in four stages (clients/secagg_handlers.py)
     @app.train(Stage.SETUP.action)
     def sa_setup(msg: Message, context: Context) -> Message:
-        return secagg_handlers.sa_setup(msg, context)
+        try:
+            return secagg_handlers.sa_setup(msg, context, _runtime(fixed, context, simulation, own).guard)
+        except RoundRefused as exc:
+            return refused(msg, exc)
 
     @app.train(Stage.SHARE_KEYS.action)
     def sa_keys(msg: Message, context: Context) -> Message:
@@ -193,8 +250,11 @@ def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: 
 
     @app.train(Stage.COLLECT.action)
     def sa_collect(msg: Message, context: Context) -> Message:
-        runtime = _runtime(fixed, context, simulation)
-        return secagg_handlers.sa_collect(msg, context, runtime)
+        runtime = _runtime(fixed, context, simulation, own)
+        try:
+            return secagg_handlers.sa_collect(msg, context, runtime)
+        except RoundRefused as exc:
+            return refused(msg, exc)
 
     @app.train(Stage.UNMASK.action)
     def sa_unmask(msg: Message, context: Context) -> Message:
@@ -204,5 +264,6 @@ def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: 
 
 
 app = make_client_app()
-#: The ClientApp of ``fedfdp run`` (see :func:`make_client_app`).
-simulation_app = make_client_app(simulation=True)
+#: The ClientApp of ``fedfdp run`` (see :func:`make_client_app`), with the simulated nodes'
+#: own policy and state when ``fedfdp run`` staged them (:func:`staged_nodes`).
+simulation_app = make_client_app(simulation=True, nodes=staged_nodes())

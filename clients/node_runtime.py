@@ -30,18 +30,39 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from fedfdp import protocol as P
-from fedfdp.config import ConfigError, DataConfig, DataLocation, load_config
+from fedfdp.accounting.events import PrivacyEvent, SubsampledGaussian
+from fedfdp.config import (
+    Aggregation,
+    ConfigError,
+    DataConfig,
+    DataLocation,
+    PrivacyConfig,
+    PrivacyUnit,
+    load_config,
+)
 from fedfdp.contribution import Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
-from fedfdp.run_plan import NodePlan, build_node_plan
+from fedfdp.mechanism import ResolvedMechanism
+from fedfdp.node_ledger import NodeLedger
+from fedfdp.node_policy import (
+    POLICY_KEY,
+    STATE_KEY,
+    NodePolicy,
+    RoundRefused,
+    load_node_policy,
+    node_event,
+    required_local_sigma,
+)
+from fedfdp.run_plan import NodePlan, build_node_plan, node_mechanism
 
 #: The values of a metric record (what Flower's MetricRecord holds).
 MetricValues = int | float | list[int] | list[float]
@@ -153,6 +174,141 @@ def contribution_arrays(
 
 
 @dataclass(frozen=True)
+class NodeGuard:
+    """A node's own policy and ledger, enforced before it answers a round
+    (:mod:`fedfdp.node_policy`, :mod:`fedfdp.node_ledger`).
+
+    Attributes
+    ----------
+    policy : NodePolicy
+        What the node's owner allows (the node config's ``node-policy`` file).
+    ledger : NodeLedger
+        Its ledger in the node config's ``node-state`` directory.
+    noise_multiplier : float or None
+        Secure aggregation: the run's ``σ`` as this node resolves it with its own
+        ``n_h = min-honest-shares`` (:func:`fedfdp.run_plan.mechanism_for`, the server's
+        resolver); None when it cannot (``unresolved`` says why).
+    plain_event : PrivacyEvent or None
+        Plain aggregation with ``trust-server``: the resolved event the node charges.
+    unresolved : str
+        Why the node cannot resolve the run (then it refuses every round).
+    """
+
+    policy: NodePolicy
+    ledger: NodeLedger
+    noise_multiplier: float | None
+    plain_event: PrivacyEvent | None
+    unresolved: str = ""
+
+    def check_setup(self, threshold: int) -> None:
+        """Refuse a Shamir threshold that ``max-colluders`` parties could meet alone."""
+        if threshold <= self.policy.max_colluders:
+            raise RoundRefused(f"node policy: threshold={threshold} <= max-colluders="
+                               f"{self.policy.max_colluders} (that many colluders could unmask this node's "
+                               "vector); refusing")
+
+    def charge_secagg(self, run: int, order: P.TrainInstruction, *, local_sigma: float, scale: float,
+                      dimension: int) -> float:
+        """Check a collect request against the policy and charge the node's own event
+        write-ahead (:func:`fedfdp.node_policy.node_event`); return the node's ε after it.
+
+        Raises
+        ------
+        RoundRefused
+            The reason the server sees: an unresolvable run, ``σ_loc`` below what the node
+            computes, or a budget the round would exceed.
+        """
+        if self.noise_multiplier is None:
+            raise RoundRefused(f"node policy: {self.unresolved}")
+        need = required_local_sigma(self.policy, self.noise_multiplier, scale=scale, dimension=dimension)
+        if not local_sigma >= need * (1 - 1e-12):
+            raise RoundRefused(f"node policy: local-sigma={local_sigma:.6g} is below the {need:.6g} this "
+                               f"node needs (σ={self.noise_multiplier:.6g} over min-honest-shares="
+                               f"{self.policy.min_honest_shares} at scale {scale:g}); refusing")
+        rate = order.sampling_rate if order.unit is PrivacyUnit.RECORD else 1.0  # the node's own Poisson rate
+        event = node_event(self.policy, local_sigma=local_sigma, scale=scale, dimension=dimension,
+                           sampling_rate=rate)
+        return self.ledger.charge(run, order.round, event)
+
+    def charge_plain(self, run: int, order: P.TrainInstruction) -> float:
+        """A plain round (the server adds the noise): refused unless ``trust-server``; then
+        the resolved event is charged write-ahead (refused if the node is asked to sample
+        at a higher rate than that event states).
+        """
+        if not self.policy.trust_server:
+            raise RoundRefused("node policy: a plain round (the server adds the noise, which this node "
+                               "cannot enforce) and trust-server=false; refusing")
+        event = self.plain_event
+        if event is None:
+            raise RoundRefused(f"node policy: {self.unresolved}")
+        if isinstance(event, SubsampledGaussian) and order.sampling_rate > event.sampling_rate:
+            raise RoundRefused(f"node policy: sampling-rate={order.sampling_rate:g} above the "
+                               f"{event.sampling_rate:g} the run's event states; refusing")
+        return self.ledger.charge(run, order.round, event)
+
+
+#: ``resolve(honest, colluders)``: the run's resolved mechanism as a node with that floor
+#: resolves it over the public facts it knows (:func:`fedfdp.run_plan.node_mechanism`).
+NodeResolve = Callable[[int, int], ResolvedMechanism]
+
+
+def node_guard(privacy: PrivacyConfig, location: DataLocation, node_config: Mapping[str, Any],
+               resolve: NodeResolve) -> NodeGuard | None:
+    """The node's :class:`NodeGuard` when its node config names a ``node-policy`` (and a
+    ``node-state`` directory); None without one (the node enforces nothing of its own).
+
+    The run is resolved by the server's resolver (``resolve``) over what this node knows:
+    the whole dataset's public device sizes (``data-location = "central"``) and the
+    configuration with ``secagg-min-survivors``/``secagg-colluders`` replaced by the
+    policy's own ``min-honest-shares + max-colluders``/``max-colluders``. A node holding
+    only its own records (``data-location = "node"``) does not know ``N``: it takes the
+    configured ``noise-multiplier`` (a target ε cannot be resolved there, and the node
+    refuses).
+
+    Raises
+    ------
+    ConfigError
+        One line: a policy file that does not load, or no ``node-state``.
+    """
+    path = node_config.get(POLICY_KEY)
+    if path is None or path == "":
+        return None
+    policy = load_node_policy(str(path))
+    state = node_config.get(STATE_KEY)
+    if not isinstance(state, str) or not state:
+        raise ConfigError(f"node config {POLICY_KEY}={path!r} without {STATE_KEY}: the node's ledger needs "
+                          "a directory of its own (--node-config \"node-policy='...' "
+                          "node-state='/var/lib/...'\")")
+    ledger = NodeLedger(Path(state), policy)
+    p = privacy
+    central = location is DataLocation.CENTRAL
+    sigma: float | None = None
+    plain: PrivacyEvent | None = None
+    why = ""
+    try:
+        if p.aggregation is Aggregation.SECAGG:
+            if central:
+                sigma = resolve(policy.min_honest_shares, policy.max_colluders).noise_multiplier
+            elif p.noise_multiplier is not None:
+                sigma = float(p.noise_multiplier)
+            else:
+                why = ("data-location='node' with a target ε: this node does not know the run's public facts "
+                       "to resolve σ (configure noise-multiplier)")
+        elif central:
+            plain = resolve(policy.min_honest_shares, policy.max_colluders).event
+        elif p.noise_multiplier is not None and not p.adaptive_clipping:
+            plain = SubsampledGaussian(float(p.noise_multiplier), p.sampling_rate)
+        else:
+            why = ("data-location='node': this node cannot resolve the run's event (configure "
+                   "noise-multiplier)")
+    except ConfigError as exc:
+        why = f"the run does not resolve under this node's policy ({str(exc).splitlines()[0]})"
+    if sigma is None and plain is None and not why:
+        why = "the run has no private event this node can charge"
+    return NodeGuard(policy, ledger, sigma, plain, why)
+
+
+@dataclass(frozen=True)
 class NodeRuntime:
     """What a node builds once per run and reuses every round.
 
@@ -164,10 +320,18 @@ class NodeRuntime:
         The model (each round loads the global weights into it), Ψ and the loss
         decomposition, the node's components (secret entropy as the configuration asks)
         and the public seed.
+    guard : NodeGuard or None
+        The node's own policy and ledger (node config ``node-policy``), if it has one.
     """
+
+    @property
+    def dimension(self) -> int:
+        """``d``: the trainable parameters of the node's model (what it aggregates)."""
+        return sum(int(p.numel()) for p in self.plan.model.parameters() if p.requires_grad)
 
     records: NodeRecords
     plan: NodePlan
+    guard: NodeGuard | None = None
 
     def __post_init__(self) -> None:
         check_node_inputs(self.plan.model, self.records.devices, self.records.data.num_classes)  # once
@@ -279,7 +443,10 @@ class NodeCache:
                 "SuperNode): its Poisson coins would derive from a seed every party can read"
             )
         records = node_records(cfg.data, node_config)
-        runtime = NodeRuntime(records, build_node_plan(cfg, records.data))
+        data = records.data
+        guard = node_guard(cfg.privacy, cfg.data.data_location, node_config,
+                           lambda h, c: node_mechanism(cfg, data, honest=h, colluders=c))
+        runtime = NodeRuntime(records, build_node_plan(cfg, records.data), guard)
         with self._lock:
             self._runtimes[key] = runtime
             while len(self._runtimes) > self.size:

@@ -13,6 +13,20 @@ its OS CSPRNG (:func:`fedfdp.secagg.party.noisy_contribution`) and masks it. The
 carries the masked ``uint32`` vector, the public sum in the clear (disclosed by
 design), the public count and loss — never the private sum, its batch size or the
 count of vectors within ``C``.
+
+What a node trusts from outside the server — its long-term signing key, the roster of
+the parties' keys and the smallest survivor set it unmasks for — is built in one place,
+:func:`node_trust`, from its policy (the policy's ``roster``, the key in its
+``node-state`` directory, ``min-honest-shares + max-colluders``). The session then
+refuses swapped keys, sybils, inconsistent survivor sets or models and partial sums
+(:class:`~fedfdp.secagg.ClientSession`). ``sa_unmask`` carries two exchanges: the
+consistency check (:class:`~fedfdp.secagg.messages.ConfirmRequest`, signed) and the
+unmask.
+
+A node with its own policy (node config ``node-policy``: :class:`clients.node_runtime.NodeGuard`)
+checks the setup's threshold and, in ``sa_collect``, the requested ``σ_loc`` and charges
+its own ledger before it trains, encodes or masks anything; a refusal is an error reply
+whose reason the server logs (the node drops out of the round).
 """
 
 from __future__ import annotations
@@ -21,14 +35,79 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from clients.node_runtime import NodeRuntime
+from clients.node_runtime import NodeGuard, NodeRuntime
 from fedfdp import protocol as P
 from fedfdp.secagg import ClientSession, CollectRequest, KeysRequest, SetupRequest, UnmaskRequest
+from fedfdp.secagg.identity import SIGNING_KEY_FILE, NodeTrust, Roster, SigningKey, round_digest
+from fedfdp.secagg.messages import ConfirmRequest
 from fedfdp.secagg.party import noisy_contribution
 from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
 
 #: Where a node keeps its session in ``Context.state``.
 STATE = "fedfdp.secagg"
+#: Where a node keeps what outlives a round in ``Context.state``: the last round it
+#: unmasked (a setup for a round not after it is a replay), and, without a policy, the
+#: signing key it drew for the run.
+NODE = "fedfdp.secagg.node"
+#: The smallest survivor set a node without a policy unmasks for (the protocol's minimum).
+MIN_SURVIVORS = 3
+
+
+def node_trust(context: Context, guard: NodeGuard | None) -> NodeTrust:
+    """What the node trusts from outside the server: the entry point of a node's policy
+    into secure aggregation (:class:`fedfdp.secagg.identity.NodeTrust`).
+
+    With a policy that names a ``roster``: that roster, the node's long-term signing key
+    in its ``node-state`` directory (created there from the OS CSPRNG on first use; its
+    public key must be on the roster), and the floor ``min-honest-shares +
+    max-colluders``. Without a roster (no policy, or a policy without one) the node
+    cannot tell sybils or swapped keys from parties (``NodeTrust.roster`` is None): it
+    signs with a key it drew for the run and keeps in its ``Context.state``; the graph,
+    consistency and survivor checks still hold.
+
+    Raises
+    ------
+    ValueError
+        One line: an unreadable roster or key, or a key that is not on the roster.
+    """
+    floor = MIN_SURVIVORS
+    if guard is not None:
+        policy = guard.policy
+        floor = max(MIN_SURVIVORS, policy.min_honest_shares + policy.max_colluders)
+        if policy.roster is not None:
+            path = guard.ledger.state_dir / SIGNING_KEY_FILE
+            key = SigningKey.load_or_create(path)
+            roster = Roster.from_file(policy.roster)
+            if key.public not in roster:
+                raise ValueError(f"node {context.node_id}: its signing key {str(path)!r} is not on the "
+                                 f"roster {str(policy.roster)!r}")
+            return NodeTrust(key, roster, floor)
+    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    raw = record.get("signing-key") if record is not None else None
+    key = SigningKey.from_bytes(raw) if isinstance(raw, bytes) else SigningKey.generate()
+    _remember(context, **{"signing-key": key.to_bytes()})
+    return NodeTrust(key, None, floor)
+
+
+def _remember(context: Context, **values: bytes | str) -> None:
+    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    context.state[NODE] = ConfigRecord({**(dict(record) if record is not None else {}), **values})
+
+
+def _last_unmasked(context: Context) -> int:
+    """The last round this node unmasked in this run (``-1``: none)."""
+    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    if record is None or str(record.get("run", "")) != str(context.run_id):
+        return -1
+    return int(str(record.get("unmasked", -1)))
+
+
+def received_digest(arrays: ArrayRecord, *, clipping_norm: float, scale: float, local_sigma: float) -> bytes:
+    """The digest a node signs of the model and parameters it received (the server computes
+    the same over what it sent: :func:`fedfdp.secagg.identity.round_digest`).
+    """
+    return round_digest({name: a.numpy() for name, a in arrays.items()}, clipping_norm=clipping_norm,
+                        scale=scale, local_sigma=local_sigma)
 
 
 def _record(msg: Message) -> ConfigRecord:
@@ -59,11 +138,17 @@ def _reply(msg: Message, wire: dict[str, str | bytes], **records: ArrayRecord | 
     return Message(content, reply_to=msg)
 
 
-def sa_setup(msg: Message, context: Context) -> Message:
-    """Stage 0: a fresh session (any earlier one of this node is dropped), two key pairs."""
+def sa_setup(msg: Message, context: Context, guard: NodeGuard | None = None) -> Message:
+    """Stage 0: a fresh session (any earlier one of this node is dropped), two key pairs
+    (``guard``: the node's own policy refuses a threshold its colluders could meet).
+    """
     _save(context, None)
-    session = ClientSession(int(context.node_id))
-    reply = session.setup(from_wire(SetupRequest, _record(msg)))
+    session = ClientSession(int(context.node_id), node_trust(context, guard), run=int(context.run_id),
+                            after_round=_last_unmasked(context))
+    request = from_wire(SetupRequest, _record(msg))
+    if guard is not None:
+        guard.check_setup(request.threshold)
+    reply = session.setup(request)
     _save(context, session)
     return _reply(msg, to_wire(reply))
 
@@ -99,12 +184,17 @@ def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
         scale, local_sigma = float(str(rec["scale"])), float(str(rec["local-sigma"]))
         config = msg.content.config_records[P.CONFIG]
         order = P.TrainInstruction.from_config(config)
+        digest = received_digest(msg.content.array_records[P.ARRAYS], clipping_norm=order.clipping_norm,
+                                 scale=scale, local_sigma=local_sigma)
+        if runtime.guard is not None:  # the node's own check and charge, write-ahead (clients.node_runtime)
+            runtime.guard.charge_secagg(int(context.run_id), order, local_sigma=local_sigma, scale=scale,
+                                        dimension=runtime.dimension)
         state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
         private, public, metrics = runtime.train(state, config)
         x = flat_private(runtime.model, private)
         values = noisy_contribution(x, clip=order.clipping_norm, scale=scale, local_sigma=local_sigma)
         del x, private
-        reply = session.collect(request, values)
+        reply = session.collect(request, values, digest)
     finally:
         _save(context, session)
     out: dict[str, ArrayRecord | MetricRecord] = {MASKED: ArrayRecord({MASKED: Array(reply.masked)}),
@@ -116,10 +206,20 @@ def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
 
 
 def sa_unmask(msg: Message, context: Context) -> Message:
-    """Stage 3: the shares asked for, once; the session is then wiped."""
+    """Stage 3: first the consistency check (sign the survivor set, the dead set and the
+    digest of what it received), then the shares asked for, once; the session is then wiped.
+    """
     session = _load(context)
+    record = _record(msg)
+    if record.get("type") == ConfirmRequest.__name__:
+        try:
+            confirmed = session.confirm(from_wire(ConfirmRequest, record))
+        finally:
+            _save(context, session)
+        return _reply(msg, to_wire(confirmed))
     try:
-        reply = session.unmask(from_wire(UnmaskRequest, _record(msg)))
+        reply = session.unmask(from_wire(UnmaskRequest, record))
+        _remember(context, run=str(context.run_id), unmasked=str(reply.round))
     finally:
         _save(context, None)
     return _reply(msg, to_wire(reply))

@@ -15,7 +15,10 @@
   temporary file, fsync, rename, fsync of the directory);
 * ``unrecorded``: charges that a crashed session may have written after the last
   checkpoint but that are missing from the ledger, charged pessimistically on resume
-  (:func:`fedfdp.checkpoint` and :class:`fedfdp.run_files.RunFiles` decide how many).
+  (:func:`fedfdp.checkpoint` and :class:`fedfdp.run_files.RunFiles` decide how many);
+* ``node-charge``: in a *node's* ledger (:mod:`fedfdp.node_ledger`, one per SuperNode,
+  kept across runs), one round the node charged itself before releasing its masked
+  vector — the run it belongs to, its round and its event.
 
 The ledger stores events, not tuples: :meth:`Ledger.events` is everything ever
 charged, and :func:`fedfdp.ledger_replay.replay_ledger` turns it into the accountant
@@ -61,6 +64,7 @@ class EntryKind(StrEnum):
     CHARGE = "charge"
     UNRECORDED = "unrecorded"
     ESTIMATE = "estimate"
+    NODE_CHARGE = "node-charge"
 
 
 def _canonical(doc: Any) -> str:
@@ -69,6 +73,15 @@ def _canonical(doc: Any) -> str:
 
 def _hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+#: The ``ledger`` value of a node's ledger's first entry (:mod:`fedfdp.node_ledger`).
+NODE_LEDGER = "node"
+
+
+def is_node_mechanism(mechanism: Any) -> bool:
+    """Whether a ledger's first entry is a node's (its policy's terms), not a run's mechanism."""
+    return isinstance(mechanism, dict) and mechanism.get("ledger") == NODE_LEDGER
 
 
 @dataclass(frozen=True)
@@ -188,6 +201,10 @@ class Ledger:
         """Chain one charge of ``event`` for ``round_`` (its ``attempt``-th)."""
         self._append(EntryKind.CHARGE, {"round": round_, "attempt": attempt, "event": event.to_dict()})
 
+    def append_node_charge(self, run: int, round_: int, event: PrivacyEvent) -> None:
+        """Chain one round a node charged itself (``run``: the run's id; a node's ledger)."""
+        self._append(EntryKind.NODE_CHARGE, {"run": run, "round": round_, "event": event.to_dict()})
+
     def append_unrecorded(self, event: PrivacyEvent, count: int, reason: str) -> None:
         """Chain ``count`` pessimistic charges of ``event`` (module docstring)."""
         for _ in range(count):
@@ -222,7 +239,8 @@ class Ledger:
             want = {EntryKind.MECHANISM: {"mechanism", "digest"},
                     EntryKind.CHARGE: {"round", "attempt", "event"},
                     EntryKind.UNRECORDED: {"round", "event", "reason"},
-                    EntryKind.ESTIMATE: {"round", "statistic", "event"}}[kind]
+                    EntryKind.ESTIMATE: {"round", "statistic", "event"},
+                    EntryKind.NODE_CHARGE: {"run", "round", "event"}}[kind]
             if set(body) != want:
                 raise ValueError(f"entry {i}: expected the fields {sorted(want)}")
             if item["prev"] != prev:
@@ -238,10 +256,20 @@ class Ledger:
                 if isinstance(r, bool) or not isinstance(r, int) or r < 1 or \
                         isinstance(a, bool) or not isinstance(a, int) or a < 0:
                     raise ValueError(f"entry {i}: bad round {r!r} or attempt {a!r}")
+            if kind is EntryKind.NODE_CHARGE:
+                r, run = body["round"], body["run"]
+                if isinstance(r, bool) or not isinstance(r, int) or r < 1 or \
+                        isinstance(run, bool) or not isinstance(run, int) or run < 0:
+                    raise ValueError(f"entry {i}: bad run {run!r} or round {r!r}")
             if kind is not EntryKind.MECHANISM:
                 event_from_dict(body["event"])  # validates
             entries.append(entry)
             prev = entry.hash
+        node = is_node_mechanism(entries[0].body["mechanism"])
+        for i, entry in enumerate(entries[1:], start=1):
+            if (entry.kind is EntryKind.NODE_CHARGE) != node:
+                raise ValueError(f"entry {i}: a {entry.kind.value!r} entry in a "
+                                 f"{'node' if node else 'run'}'s ledger")
         listed = entries[0].body["mechanism"].get("estimates", []) if isinstance(
             entries[0].body["mechanism"], dict) else []
         charged = [{"statistic": e.body["statistic"], "event": e.body["event"]}

@@ -20,6 +20,9 @@ relation ``add-remove`` with a        :class:`~fedfdp.accounting.distributed.\
                                       integer units, ``n_min − t_c`` honest parties),
                                       ε the smaller of routes A and B
                                       (``docs/secagg_accounting.md``)
+a node's ledger (``"ledger":           :class:`~fedfdp.accounting.distributed.\
+"node"``, :mod:`fedfdp.node_ledger`)  DistributedAccountant`: every charge a round
+                                      the node charged itself
 relation ``corrdp``                   :class:`~fedfdp.corrdp.accounting.\
                                       CorrDPAccountant` with the δ a run's in-sample
                                       TV estimate set aside (the CorrDP relation; its
@@ -41,7 +44,7 @@ from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation
 from fedfdp.accounting.protocol import Accountant, append_repeated
 from fedfdp.corrdp.accounting import CorrDPAccountant
-from fedfdp.ledger import EntryKind, Ledger
+from fedfdp.ledger import EntryKind, Ledger, is_node_mechanism
 
 __all__ = ["LedgerReplay", "accountant_for", "is_secagg", "replay", "replay_ledger"]
 
@@ -83,7 +86,7 @@ def accountant_for(
     """
     relation = mechanism.get("relation")
     settings: dict[str, Any] = {} if eps_error is None else {"eps_error": eps_error}
-    if relation == Relation.ADD_REMOVE and is_secagg(mechanism):
+    if relation == Relation.ADD_REMOVE and (is_secagg(mechanism) or is_node_mechanism(mechanism)):
         return lambda: DistributedAccountant(**settings)
     if relation == Relation.ADD_REMOVE:
         return lambda: FDPAccountant(**settings)

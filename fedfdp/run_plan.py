@@ -77,6 +77,7 @@ __all__ = [
     "client_parts_for",
     "feature_map_for",
     "mechanism_for",
+    "node_mechanism",
     "public_facts",
     "require_config",
     "require_inputs",
@@ -199,6 +200,20 @@ def mechanism_for(cfg: Config, data: FederatedData) -> ResolvedMechanism:
     'add-remove'
     """
     return resolve_mechanism(cfg, public_facts(cfg, data), accounting=server_parts_for(cfg, data).accounting)
+
+
+def node_mechanism(cfg: Config, data: FederatedData, *, honest: int, colluders: int) -> ResolvedMechanism:
+    """The run as a node with its own honest-share floor resolves it (its policy,
+    :mod:`fedfdp.node_policy`): :func:`mechanism_for` of ``cfg`` with
+    ``secagg-min-survivors = honest + colluders`` and ``secagg-colluders = colluders`` under
+    secure aggregation (plain aggregation: ``cfg`` as it is), over the public facts of
+    ``data``.
+    """
+    p = cfg.privacy
+    if p.secagg_min_survivors is not None:
+        mine = replace(p, secagg_min_survivors=honest + colluders, secagg_colluders=colluders)
+        cfg = replace(cfg, privacy=mine)
+    return mechanism_for(cfg, data)
 
 
 # --------------------------------------------------------------------------------------

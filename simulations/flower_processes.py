@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stage_simulation_app(dest: Path, cfg: Config) -> Path:
+def stage_simulation_app(dest: Path, cfg: Config, nodes: Mapping[str, str] | None = None) -> Path:
     """A Flower App for one simulated run of ``cfg``: this fedfdp's packages and a
     ``pyproject.toml`` whose ``[tool.flwr.app.config]`` is ``cfg`` itself (so the
     run needs no overrides) and whose components are the simulation apps
     (:data:`strategies.server_app.simulation_app`,
-    :data:`clients.client_app.simulation_app`).
+    :data:`clients.client_app.simulation_app`). ``nodes``: the simulated nodes' own
+    ``node-policy`` and ``node-state`` (``fedfdp run --node-policy/--node-state``), staged
+    beside the app as :data:`clients.client_app.SIMULATED_NODES_FILE` for the ClientApp
+    alone (the server is never sent them).
     """
     import importlib
 
@@ -119,6 +122,10 @@ def stage_simulation_app(dest: Path, cfg: Config) -> Path:
         }}},
     }
     (dest / "pyproject.toml").write_text(tomli_w.dumps(pyproject))
+    if nodes:
+        from clients.client_app import SIMULATED_NODES_FILE
+
+        (dest / SIMULATED_NODES_FILE).write_text(tomli_w.dumps(dict(nodes)))
     return dest
 
 
@@ -453,17 +460,19 @@ def supernodes_for(cfg: Config, requested: int | None = None) -> int:
     return count
 
 
-def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | None = None) -> None:
+def run_simulation_for(cfg: Config, *, verbose: bool = False, supernodes: int | None = None,
+                       nodes: Mapping[str, str] | None = None) -> None:
     """Run ``cfg`` on Flower's Simulation Runtime (Ray backend) through Flower's
     supported path: ``flwr run`` against a SuperLink in simulation mode, started
     for this run and always stopped (:class:`LocalSimulation`). The run uses
     ``supernodes`` virtual SuperNodes (default and checks: :func:`supernodes_for`), each
     serving its partition of the devices; the sampling plan and the accounting
-    are the same as with one SuperNode per device (tests/test_many_devices.py).
+    are the same as with one SuperNode per device (tests/test_many_devices.py);
+    ``nodes``: every simulated node's own policy and state (:func:`stage_simulation_app`).
     Raises :class:`SimulationError` if the run did not complete.
     """
     count = supernodes_for(cfg, supernodes)
     quiet_flower(verbose)
     with LocalSimulation(verbose=verbose) as sim:
-        app = stage_simulation_app(sim.root / "app", cfg)
+        app = stage_simulation_app(sim.root / "app", cfg, nodes)
         sim.run(app, count)

@@ -12,6 +12,11 @@
 ``fedfdp run --centralised ...``
     The same configuration through the single-machine reference
     (:mod:`fedfdp.algorithm`), without Flower.
+``fedfdp run ... --node-policy FILE [--node-state DIR]``
+    Every simulated SuperNode enforces the node policy ``FILE`` (:mod:`fedfdp.node_policy`)
+    and keeps its own ledger in ``DIR/node-K`` (default ``DIR = OUT/nodes``; kept across
+    runs, so a budget a node spent in one run stays spent: ``fedfdp account --run
+    DIR/node-K``). Not with ``--centralised`` (it has no nodes).
 
 The command checks everything it can before any process starts (the data, the memory a
 run needs, the run directory and a resume, the model against the data, a cap below one
@@ -276,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.out:
             raise ConfigError("--out DIR is required (or --resume DIR)")
         cfg = build_config(args.config, args.set or [], args.out)
+    nodes = _node_settings(args, cfg)  # a bad policy file: refused before anything is made
     prepare_output_dir(cfg.run.out_dir, "--out", create=False)  # a file, too long, read-only: refused
     _check_data_path(cfg)
     check_data_memory(cfg)  # a generated dataset that cannot fit: refused before it is made
@@ -302,10 +308,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         if found is not None:
             print(_resuming_line(cfg.run.out_dir, found, cfg.run.checkpoint_every), file=sys.stderr)
         try:
-            run_simulation_for(cfg, verbose=args.verbose, supernodes=supernodes)
+            run_simulation_for(cfg, verbose=args.verbose, supernodes=supernodes, nodes=nodes)
         except SimulationError as exc:
             return _simulation_failed(exc)
     return _summarise(out, cfg)
+
+
+def _node_settings(args: argparse.Namespace, cfg: Config) -> dict[str, str] | None:
+    """``--node-policy FILE`` (loaded and checked now) and ``--node-state DIR`` (default
+    ``OUT/nodes``) as every simulated node's own settings, absolute; None without a policy.
+    """
+    from fedfdp.node_policy import POLICY_KEY, STATE_KEY, load_node_policy
+
+    if args.node_policy is None:
+        if args.node_state is not None:
+            raise ConfigError(f"--node-state={args.node_state!r}: only with --node-policy FILE")
+        return None
+    if args.centralised:
+        raise ConfigError(f"--node-policy={args.node_policy!r}: not with --centralised (the centralised "
+                          "engine has no SuperNodes to enforce it)")
+    load_node_policy(args.node_policy)
+    state = Path(args.node_state) if args.node_state is not None else Path(cfg.run.out_dir) / "nodes"
+    if state.exists() and not state.is_dir():
+        raise ConfigError(f"--node-state={str(state)!r}: not a directory")
+    return {POLICY_KEY: str(Path(args.node_policy).resolve()), STATE_KEY: str(state.resolve())}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -329,4 +355,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--supernodes", type=int, metavar="N",
         help="virtual SuperNodes of the simulation (default: one per core; one per device up to 8 devices)",
     )
+    run.add_argument("--node-policy", metavar="FILE",
+                     help="every simulated SuperNode enforces this node policy (docs/node_policy.md)")
+    run.add_argument("--node-state", metavar="DIR",
+                     help="the simulated nodes' own ledgers, DIR/node-K, kept across runs "
+                     "(default OUT/nodes)")
     run.set_defaults(func=cmd_run)

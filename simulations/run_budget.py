@@ -124,6 +124,8 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     if not run.is_dir():
         raise ConfigError(f"{label}: no such directory")
     cfg_path = run / CONFIG_FILE
+    if not cfg_path.is_file() and node_ledger_in(run):
+        return read_node(run, delta=delta, eps_error=eps_error, label=label)
     if not cfg_path.is_file():
         raise ConfigError(
             f"{label}: no {CONFIG_FILE} there (the run's relation and δ are read from its [resolved] table)"
@@ -181,7 +183,7 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
                 if hasattr(e, "noise_multiplier")
                 and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
     sigmas = {e[0] for e in gaussian}
-    rates = {e.sampling_rate for e, _ in events}
+    rates = {getattr(e, "sampling_rate", None) for e, _ in events}
     shares = {getattr(e, "participation", 1.0) for e, _ in events}
     info: dict[str, Any] = {
         "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
@@ -204,6 +206,58 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     if secagg:
         info["aggregation"] = "secagg"
     return acc, info
+
+
+def node_ledger_in(run: Path) -> bool:
+    """Whether ``run`` holds a node's ledger (:mod:`fedfdp.node_ledger`) rather than a run's."""
+    from fedfdp.ledger import LEDGER_FILE, LedgerError, is_node_mechanism, read_ledger
+
+    if not (run / LEDGER_FILE).is_file():
+        return False
+    try:
+        ledger = read_ledger(run)
+    except LedgerError:
+        return False  # refused, naming the file, by the run's path
+    return ledger is not None and is_node_mechanism(ledger.mechanism)
+
+
+def read_node(run: Path, *, delta: float | None = None, eps_error: float | None = None,
+              label: str) -> tuple[Any, dict[str, Any]]:
+    """A node's state directory (``fedfdp run --node-state DIR``'s ``node-K``, or a
+    SuperNode's ``node-state``): its ledger replayed by the library into the distributed
+    accountant (every round the node charged itself, over every run), at the δ its
+    first entry states (``delta`` overrides it). What :func:`read_run` reports of it.
+    """
+    from fedfdp.ledger import EntryKind, read_ledger
+
+    try:
+        replayed = run_ledger(run, eps_error=eps_error)
+    except (ConfigError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{label}: {first_line(exc)}") from None
+    ledger = read_ledger(run)
+    if replayed is None or ledger is None:  # pragma: no cover - node_ledger_in saw one
+        raise NoLedger(f"{label}: no node ledger there")
+    runs = sorted({int(e.body["run"]) for e in ledger.entries if e.kind is EntryKind.NODE_CHARGE})
+    mine = replayed.mechanism
+    node_delta = flag_check(validate.open_unit, f"{label}: its ledger's delta", mine.get("delta"))
+    events = list(replayed.events)
+    rates = {getattr(e, "sampling_rate", None) for e, _ in events}
+    sigmas = {getattr(e, "noise_multiplier", None) for e, _ in events}
+    info: dict[str, Any] = {
+        "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
+        "sampling_rate": rates.pop() if len(rates) == 1 else None,
+        "device_sampling_rate": 1.0,
+        "delta": node_delta if delta is None else delta,
+        "relation": str(mine.get("relation")),
+        "run": str(run),
+        "node": True,
+        "runs": runs,
+        "charges": replayed.charges,
+        "charged_rounds": replayed.charged_rounds,
+        "ledger": [{**e.to_dict(), "count": n} for e, n in events],
+        "aggregation": "secagg",
+    }
+    return replayed.accountant, info
 
 
 def _not_rolled_back(epsilon: float, metrics: Path, relation: str, label: str) -> None:
