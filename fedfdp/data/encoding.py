@@ -127,7 +127,7 @@ def refuse_undeclared(columns: Sequence[str], cfg: DataConfig) -> DataError:
     if public:
         declare.append("public-ranges = \"col=low:high\", public-categories = \"col=a|b\"")
     if label:
-        declare.append("label-classes = \"a,b\"")
+        declare.append("label-classes = \"a|b\"")
     out = f"declare them ({', '.join(declare)})"
     if cfg.protected is not Protected.INPUTS:
         out += (", or set private-statistics = \"estimate\" to release noisy ranges and categories "
