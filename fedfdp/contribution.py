@@ -25,19 +25,39 @@ them for a broken variant through the same seam a normal run uses
 (:class:`ClientParts`): the :class:`BatchSampler` that draws a device's two
 batches and the :class:`PrivateAggregator` that turns the drawn private
 batches into the private sum.
+
+A public batch shape (:class:`BatchShape`, secure aggregation)
+--------------------------------------------------------------
+Under secure aggregation the server is an adversary and sees when a node's reply
+arrives; a node whose work grows with its secret Poisson batch tells it the batch
+size. With ``BatchShape.PUBLIC`` the private batch is processed in a **public**
+number of rows, :func:`batch_slots`: the count a Poisson batch of the ``n`` records
+asked for (``n`` and ``q`` public) exceeds with probability at most
+:data:`SLOT_OVERFLOW` (Chernoff, :func:`fedfdp.binomial_tails.upper_count`). The
+rows beyond the sample are zero records whose loss is multiplied by 0, so their
+gradient, hence their clipped contribution, is exactly 0 and the clipped sum is the
+unpadded one (up to the order of float additions); the count of vectors within ``C``
+counts sampled rows only; the realised count never leaves the node. Record unit: one
+slot count for the union of the node's private batches (``n`` = the records of its
+devices asked for private work); device unit: one per device. A batch beyond its
+slots (probability ≤ ``SLOT_OVERFLOW`` per node and round) is processed whole, in
+a multiple of the slot count: nothing is truncated, the released sum is the
+mechanism's, and only the reply time can show that the rare event happened.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedfdp.binomial_tails import upper_count
 from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.clipping.common import LossFn, tensor_sum
 from fedfdp.config import PRIVACY_UNITS, PrivacyUnit
@@ -156,12 +176,108 @@ class RoundSettings:
 
 @dataclass(frozen=True)
 class PrivateBatch:
-    """A device's drawn private batch with its secret padding generator."""
+    """A device's drawn private batch with its secret padding generator.
+
+    ``sampled``: how many of the rows, from the first, are the Poisson sample (None:
+    all); the rows after them are the padding of a public shape (:class:`BatchShape`)
+    and contribute exactly zero.
+    """
 
     x: torch.Tensor
     y: torch.Tensor
     padding: torch.Generator
     device_size: int
+    sampled: int | None = None
+
+    @property
+    def size(self) -> int:
+        """The realised sample size (never sent)."""
+        return len(self.y) if self.sampled is None else self.sampled
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """1 for each sampled row, 0 for each padding row."""
+        w = torch.zeros(len(self.y), dtype=torch.long)
+        w[: self.size] = 1
+        return w
+
+
+class BatchShape(Enum):
+    """How a node lays out its private batch (module docstring).
+
+    ``REALISED``: as drawn (a trusted server: no one the guarantee is against times the
+    node). ``PUBLIC``: in :func:`batch_slots` rows, whatever the sample's size (secure
+    aggregation: the server sees when each reply arrives).
+    """
+
+    REALISED = "realised"
+    PUBLIC = "public"
+
+
+#: The probability allowed, per node (device, for the device unit) and round, that a
+#: Poisson batch exceeds its public slot count.
+SLOT_OVERFLOW = 2.0**-80
+
+
+def batch_slots(records: int, rate: float) -> int:
+    """The public number of rows a Poisson batch of ``records`` records at ``rate`` is
+    processed in: the smallest count it exceeds with probability at most
+    :data:`SLOT_OVERFLOW` (Chernoff). Depends on public quantities only.
+
+    Examples
+    --------
+    >>> batch_slots(1000, 0.05), batch_slots(16, 0.05), batch_slots(0, 0.05)
+    (137, 16, 0)
+    """
+    return upper_count(records, rate, SLOT_OVERFLOW)
+
+
+def _rows(sampled: int, slots: int) -> int:
+    """``slots``, or the next multiple of it when the sample overflows."""
+    return slots * max(1, -(-sampled // slots)) if slots else sampled
+
+
+def _zero_rows(like: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.zeros((n, *like.shape[1:]), dtype=like.dtype)
+
+
+def _pad(batch: PrivateBatch, rows: int) -> PrivateBatch:
+    extra = rows - len(batch.y)
+    return replace(batch, x=torch.cat([batch.x, _zero_rows(batch.x, extra)]),
+                   y=torch.cat([batch.y, torch.zeros(extra, dtype=batch.y.dtype)]), sampled=len(batch.y))
+
+
+def public_shape(batches: Sequence[PrivateBatch], unit: PrivacyUnit, rate: float) -> list[PrivateBatch]:
+    """``batches`` laid out in public slots (module docstring): the device unit pads
+    each device's batch to :func:`batch_slots` of its size; the record unit appends one
+    batch of zero rows so that the union has :func:`batch_slots` of the records asked
+    (its padding views drawn from the last device's secret generator, after that
+    device's own).
+    """
+    if unit is PrivacyUnit.DEVICE:
+        return [_pad(b, _rows(len(b.y), batch_slots(b.device_size, rate))) for b in batches]
+    if not batches:
+        return []
+    sampled = sum(len(b.y) for b in batches)
+    extra = _rows(sampled, batch_slots(sum(b.device_size for b in batches), rate)) - sampled
+    last = batches[-1]
+    filler = PrivateBatch(_zero_rows(last.x, extra), torch.zeros(extra, dtype=last.y.dtype), last.padding,
+                          device_size=0, sampled=0)
+    return [*batches, filler]
+
+
+@dataclass(frozen=True)
+class ZeroPadded:
+    """A per-record loss over targets ``(n, 2)`` = (target, weight): ``loss · weight``,
+    so a row of weight 0 has gradient exactly 0 (clipped, still 0).
+    """
+
+    loss: LossFn
+
+    def __call__(self, outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        """Per-record ``loss(outputs, target) · weight``."""
+        per_record = self.loss(outputs, targets[:, 0])
+        return per_record * targets[:, 1].to(per_record.dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -212,7 +328,12 @@ def _loss_and_inputs(
     decomposition: FeatureMap, phase: Phase, batch: PrivateBatch
 ) -> tuple[LossFn, list[torch.Tensor]]:
     if phase.private_loss is PrivateLoss.PRIVATE:
-        return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
+        if batch.sampled is None or batch.sampled == len(batch.y):
+            return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
+        # the sample's views first, then the padding rows' (the sample's draws as unpadded)
+        head = decomposition.private_inputs(batch.x[: batch.sampled], batch.padding)
+        tail = decomposition.private_inputs(batch.x[batch.sampled :], batch.padding)
+        return decomposition.private_loss, [torch.cat([h, t]) for h, t in zip(head, tail, strict=True)]
     if phase.private_loss is PrivateLoss.FULL:
         return cross_entropy, [batch.x]
     raise ValueError(f"phase {phase.name!r} has no private part")
@@ -250,9 +371,15 @@ def private_clipped_sum(
     parts = [p for _, p in pairs]
     inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
     targets = torch.cat([b.y for b in batches])
+    sampled = None
+    if any(b.sampled is not None for b in batches):  # a public shape: padding rows weigh 0
+        sampled = torch.cat([b.weights for b in batches])
+        targets, loss_fn = torch.stack([targets, sampled], dim=1), ZeroPadded(loss_fn)
     out = clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method)
-    unclipped = int((out.norms <= clipping_norm).sum()) if clipping_norm is not None else 0
-    return PrivateSum(out.grads, unclipped)
+    if clipping_norm is None:
+        return PrivateSum(out.grads, 0)
+    within = out.norms <= clipping_norm
+    return PrivateSum(out.grads, int((within if sampled is None else within & (sampled == 1)).sum()))
 
 
 def clipped_private_sum(
@@ -281,7 +408,7 @@ def clipped_private_sum(
     unclipped = 0
     for batch in batches:
         grads = private_gradient_sum(model, decomposition, phase, [batch], None, settings.clip_method)
-        mean = [g / max(len(batch.y), 1) for g in grads]
+        mean = [g / max(batch.size, 1) for g in grads]
         if clip is not None:
             norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in mean))
             unclipped += int(norm <= clip)
@@ -302,11 +429,18 @@ class ClientParts:
         Draws each device's private and public batch.
     aggregate : PrivateAggregator
         Turns the private batches into the private sum.
+    shape : BatchShape
+        ``PUBLIC``: the private batches are laid out in public slots before
+        ``aggregate`` (:func:`public_shape`; secure aggregation).
     """
 
     secrets: SecretSource = field(default_factory=SystemEntropy)
     batches: BatchSampler = independent_batches
     aggregate: PrivateAggregator = clipped_private_sum
+    shape: BatchShape = BatchShape.REALISED
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", BatchShape(self.shape))
 
 
 # --------------------------------------------------------------------------------------
@@ -369,6 +503,8 @@ def node_contribution(
             public_batches.append((x[idx], y[idx], public.padding))
     private_sum, unclipped = None, 0
     if phase.has_private:
+        if parts.shape is BatchShape.PUBLIC:
+            private_batches = public_shape(private_batches, settings.unit, settings.sampling_rate)
         part = parts.aggregate(model, decomposition, settings, private_batches)
         private_sum, unclipped = part.grads, part.unclipped
     if not phase.public:
