@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from fedfdp.config import (
     PrivacyUnit,
     load_config,
 )
-from fedfdp.contribution import Contribution, client_update
+from fedfdp.contribution import BatchShape, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
 from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.node_ledger import NodeLedger
@@ -446,7 +446,10 @@ class NodeCache:
         data = records.data
         guard = node_guard(cfg.privacy, cfg.data.data_location, node_config,
                            lambda h, c: node_mechanism(cfg, data, honest=h, colluders=c))
-        runtime = NodeRuntime(records, build_node_plan(cfg, records.data), guard)
+        plan = build_node_plan(cfg, records.data)
+        if cfg.privacy.aggregation is Aggregation.SECAGG:  # the server times the replies: a public shape
+            plan = replace(plan, parts=replace(plan.parts, shape=BatchShape.PUBLIC))
+        runtime = NodeRuntime(records, plan, guard)
         with self._lock:
             self._runtimes[key] = runtime
             while len(self._runtimes) > self.size:

@@ -181,3 +181,20 @@ def test_a_batch_beyond_its_slots_is_processed_whole(unit: PrivacyUnit) -> None:
     again = clipped_private_sum(model(), FMAP, s, [padded, *rest])
     a, b = flat(plain.grads), flat(again.grads)
     assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
+
+
+@pytest.mark.parametrize(("aggregation", "shape"), [("plain", BatchShape.REALISED), ("secagg", BatchShape.PUBLIC)])
+def test_a_secure_aggregation_node_lays_out_its_batch_in_public_slots(aggregation: str,
+                                                                     shape: BatchShape) -> None:
+    """The node runtime a SuperNode builds from Flower's run config: under secure
+    aggregation (the server times the replies) its parts have the public shape."""
+    from clients.node_runtime import NodeCache
+    from fedfdp.config import load_config
+    from tests.flower_helpers import node_context
+
+    keys = {"num-devices": 4, "records-per-device": 20, "progress": False, "aggregation": aggregation}
+    if aggregation == "secagg":
+        keys |= {"secagg-min-survivors": 3, "mode": "dp", "noise-multiplier": 1.0}
+    cfg = load_config(keys)
+    runtime = NodeCache().runtime(cfg.to_flat(), node_context(cfg, 0, 2).node_config)
+    assert runtime.plan.parts.shape is shape
