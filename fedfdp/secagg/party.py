@@ -9,6 +9,11 @@ parties' rounded sum by at most ``Δ = s + √d`` in L2 (coupled rounding); the 
 ``n_h`` honest noises is accounted by
 :class:`~fedfdp.accounting.distributed.DistributedDiscreteGaussian`
 (``docs/secagg_accounting.md``, route A proved there, route B the papers' RDP bound).
+
+Timing: the server sees when the reply arrives. The noise is drawn first, with a
+public amount of work (:mod:`fedfdp.secagg.noise`, "Fixed work"), then the rounding,
+``d`` uniforms whatever ``x``; ``x`` itself comes from a batch laid out in public
+slots (:class:`fedfdp.contribution.BatchShape`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,5 @@ def noisy_contribution(
         raise ValueError(f"local_sigma={local_sigma!r}: below {MIN_LOCAL_SIGMA}, refused")
     bits = stream if stream is not None else OSBits()
     flat = np.asarray(x, dtype=np.float64).ravel()
-    z = quantize(flat, clip=clip, scale=scale, stream=bits)
-    z = z + sample_discrete_gaussian(float(local_sigma) ** 2, flat.size, bits)
-    return to_ring(z)
+    noise = sample_discrete_gaussian(float(local_sigma) ** 2, flat.size, bits)  # public work, first
+    return to_ring(quantize(flat, clip=clip, scale=scale, stream=bits) + noise)
