@@ -8,9 +8,13 @@ SuperNodes with work (each SuperNode one party), in four ``train`` messages
 3. ``sa_collect`` (with the model and the round's train instruction) → each node's
    *masked* ``uint32`` vector of its noisy, encoded private sum, and its public sum
    in the clear (U3);
-4. if ``|U3| ≥ n_min``: the round is **charged** (budget check, the event written
-   durably to the ledger: :meth:`fedfdp.round_engine.RoundEngine.charge_round`), and only
-   then ``sa_unmask`` → shares; the server removes the masks, decodes the noisy sum
+4. if ``|U3| ≥ n_min`` and U3's neighbour graph is connected: ``sa_unmask`` with a
+   :class:`~fedfdp.secagg.messages.ConfirmRequest` → every survivor's signature of U3,
+   the dead set and the digest of the model and parameters it received (the server
+   checks them against the digest of what it sent);
+5. then the round is **charged** (budget check, the event written durably to the
+   ledger: :meth:`fedfdp.round_engine.RoundEngine.charge_round`), and only then
+   ``sa_unmask`` → shares; the server removes the masks, decodes the noisy sum
    (:func:`fedfdp.secagg.decode`) and steps (:meth:`~fedfdp.round_engine.RoundEngine.finish_round`,
    which adds no noise under secure aggregation).
 
@@ -20,9 +24,11 @@ realised survivors (``docs/secagg_accounting.md`` §5: charging the realised cou
 valid only if who survives cannot depend on the data or on earlier outputs, which a
 timeout does not guarantee).
 
-Below ``n_min`` survivors, or when a stage leaves a node with fewer than ``t`` live
-holders of its shares, the round **aborts**: no unmask request is sent, the masked
-vectors stay one-time pads, the model, the optimizer and the ledger are unchanged
+Below ``n_min`` survivors, when a stage leaves a node with fewer than ``t`` live
+holders of its shares, when the survivors' graph is disconnected (unmasking would
+release partial sums) or when a survivor does not confirm, the round **aborts**: no
+request for shares is sent, the masked vectors stay one-time pads, the model, the
+optimizer and the ledger are unchanged
 (:meth:`~fedfdp.round_engine.RoundEngine.abort_round`). The round is tried again, up to
 :data:`ROUND_TRIES` times; then the run stops (:class:`fedfdp.round_engine.RoundAborted`).
 A round whose unmask stage fails after the charge stays charged and makes no step.
@@ -47,6 +53,7 @@ from fedfdp.config import ConfigError
 from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome, RoundStats
 from fedfdp.secagg import (
     CollectReply,
+    ConsistencyError,
     MessageError,
     ReconstructionError,
     ServerSession,
@@ -55,8 +62,9 @@ from fedfdp.secagg import (
     TooFewSurvivors,
     decode,
 )
+from fedfdp.secagg.identity import round_digest
 from fedfdp.secagg.plan import SecAggPlan
-from fedfdp.secagg.wire import MASKED, SECAGG, STAGE_MESSAGES, from_wire, to_wire
+from fedfdp.secagg.wire import MASKED, REPLY_TO, SECAGG, from_wire, to_wire
 from strategies.orders import TrainOrders
 from strategies.transport import exchange
 
@@ -164,7 +172,12 @@ class SecAggRound:
 
             collected = self._stage(Stage.COLLECT, collect_req, extra=extra,
                                     content={n: train[n].content for n in collect_req}, check=parse_public)
-            unmask_req = self._receive(session.receive_collect, collected)
+            confirm_req = self._receive(session.receive_collect, collected)
+            confirms = self._stage(Stage.UNMASK, confirm_req)
+            digest = round_digest({name: a.numpy() for name, a in arrays.items()},
+                                  clipping_norm=state.clipping_norm, scale=plan.scale,
+                                  local_sigma=plan.local_sigma)
+            unmask_req = self._receive(lambda replies: session.receive_confirm(replies, digest), confirms)
         except _Aborted as exc:
             log.warning("round %d: %s; no unmask, no step, nothing charged", server_round, exc)
             server.abort_round(RoundStats(replies=0, rejected=0, asked=asked))
@@ -230,7 +243,10 @@ class SecAggRound:
         """Send one stage's requests; the parsed replies by node (an error reply, a malformed
         or unexpected one is a dropout, logged).
         """
-        cls = STAGE_MESSAGES[stage][1]
+        kinds = {type(r) for r in requests.values()}
+        if len(kinds) > 1:  # pragma: no cover - the session sends one kind per exchange
+            raise RuntimeError(f"{stage.action}: requests of several kinds {kinds}")
+        cls = REPLY_TO[kinds.pop()] if kinds else CollectReply
         messages = []
         for node, request in requests.items():
             body = RecordDict(dict(content[node]) if content is not None else {})
@@ -274,5 +290,5 @@ class SecAggRound:
                     raise
                 log.warning("dropped the reply of node %s: %s", exc.node_id, exc)
                 del replies[exc.node_id]
-            except (TooFewSurvivors, ThresholdError, ReconstructionError) as exc:
+            except (TooFewSurvivors, ThresholdError, ConsistencyError, ReconstructionError) as exc:
                 raise _Aborted(str(exc)) from None

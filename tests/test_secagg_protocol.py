@@ -53,6 +53,7 @@ from fedfdp.secagg.encoding import (
 )
 from fedfdp.secagg.errors import (
     AuthenticationError,
+    ConsistencyError,
     MessageError,
     RequestRefused,
     SessionStateError,
@@ -60,9 +61,12 @@ from fedfdp.secagg.errors import (
     ThresholdError,
     TooFewSurvivors,
 )
+from fedfdp.secagg.graph import graph_seed, neighbour_graph, ring_order
+from fedfdp.secagg.identity import NodeTrust, Roster, SigningKey, advertisement
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
+    ConfirmRequest,
     KeysReply,
     KeysRequest,
     SetupReply,
@@ -72,8 +76,49 @@ from fedfdp.secagg.server_session import AggregateResult, ServerSession
 from fedfdp.secagg.session import default_neighbours, default_threshold
 
 U32 = 2**32
+K32, S64 = b"\x00" * 32, b"\x00" * 64
 SPECIAL = np.array([0, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32)
 STAGES = (Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK)
+
+
+#: The run of every session here, and the digest every node "received" with the model.
+RUN = 5
+DIGEST = hashlib.sha256(b"fedfdp test: the round's model").digest()
+
+
+# -- identities: every node a roster member ---------------------------------------------
+
+_SIGNING_KEYS: dict[int, SigningKey] = {}
+
+
+def signing_key(u: int) -> SigningKey:
+    """Node ``u``'s long-term key (one per id for the test process, from the OS CSPRNG)."""
+    return _SIGNING_KEYS.setdefault(u, SigningKey.generate())
+
+
+def roster_for(ids: Iterable[int]) -> Roster:
+    """The roster of the nodes ``ids``: what reaches each node outside the server."""
+    return Roster({f"node-{u}": signing_key(u).public for u in ids})
+
+
+def client_for(u: int, ids: Iterable[int], *, min_survivors: int = 3, run: int = RUN,
+               roster: Roster | None = None, after_round: int = -1) -> ClientSession:
+    """Node ``u``'s session, trusting the roster of ``ids`` (or ``roster``)."""
+    trust = NodeTrust(signing_key(u), roster or roster_for(ids), min_survivors)
+    return ClientSession(u, trust, run=run, after_round=after_round)
+
+
+def clients_for(ids: Iterable[int], **kw: object) -> dict[int, ClientSession]:
+    members = sorted(ids)
+    return {u: client_for(u, members, **kw) for u in members}  # type: ignore[arg-type]
+
+
+def confirmed(server: ServerSession, clients: dict[int, ClientSession],
+              confirms: dict[int, ConfirmRequest], skip: Iterable[int] = ()) -> dict[int, UnmaskRequest]:
+    """The unmask requests after every survivor (but ``skip``) confirmed."""
+    gone = set(skip)
+    return server.receive_confirm([clients[u].confirm(r) for u, r in confirms.items() if u not in gone],
+                                  DIGEST)
 
 
 # -- a driver: one round, in process ---------------------------------------------------
@@ -85,6 +130,7 @@ class Round:
     clients: dict[int, ClientSession]
     masked: dict[int, np.ndarray]
     unmask_requests: dict[int, UnmaskRequest]
+    confirm_requests: dict[int, ConfirmRequest] = dataclasses.field(default_factory=dict)
 
 
 def node_ids(n: int, rng: np.random.Generator) -> list[int]:
@@ -121,7 +167,7 @@ def run_round(
 ) -> tuple[AggregateResult, Round]:
     """Drive every stage; nodes in ``drop[stage]`` do not answer that stage."""
     drop = drop or {}
-    clients = {u: ClientSession(u) for u in server.sampled}
+    clients = clients_for(server.sampled)
     rnd = Round(server, clients, {}, {})
     reqs = server.setup_requests()
     reps = [clients[u].setup(r) for u, r in reqs.items() if u not in drop.get(Stage.SETUP, set())]
@@ -132,10 +178,11 @@ def run_round(
     for u, r in coll.items():
         if u in drop.get(Stage.COLLECT, set()):
             continue
-        reply = clients[u].collect(r, xs[u])
+        reply = clients[u].collect(r, xs[u], DIGEST)
         rnd.masked[u] = reply.masked
         reps3.append(reply)
-    unm = server.receive_collect(reps3)
+    rnd.confirm_requests = server.receive_collect(reps3)
+    unm = confirmed(server, clients, rnd.confirm_requests)
     rnd.unmask_requests = unm
     reps4 = [clients[u].unmask(r) for u, r in unm.items() if u not in drop.get(Stage.UNMASK, set())]
     return server.receive_unmask(reps4), rnd
@@ -191,13 +238,13 @@ def test_exact_modular_sum_with_a_dropout_at_each_stage(n):
                 assert listed_dead == set()
 
 
-@pytest.mark.parametrize("n", [8, 11, 12])
+@pytest.mark.parametrize("n", [11, 12, 16])
 def test_exact_sum_with_dropouts_at_all_stages_in_one_round(n):
     rng = np.random.default_rng(2000 + n)
     d = 40
     ids = node_ids(n, rng)
     xs = inputs(ids, d, rng)
-    server = start(ids, d, neighbours=3)
+    server = start(ids, d, neighbours=5)  # single gaps shorter than ⌊k/2⌋: the survivors stay connected
     chosen = far_apart(server, 4)
     assert len(chosen) >= 2
     drop = {stage: {u} for stage, u in zip(STAGES, chosen, strict=False)}
@@ -241,10 +288,18 @@ def test_default_parameters():
         assert all(u in s.neighbours(v) for v in s.neighbours(u))
 
 
-def test_ring_is_shuffled_by_the_server():
+def test_the_ring_is_derived_not_drawn_by_the_server():
+    """The graph is a function of (round, k, parties): the same inputs give the same graph
+    on every side, another round a different one (171 possible neighbour pairs for node 1
+    in a ring of 20 with k = 3), and every node derives its neighbours from its setup
+    request alone."""
     ids = list(range(1, 21))
-    rings = {tuple(sorted(ServerSession(0, ids, 4, neighbours=3).neighbours(1))) for _ in range(30)}
-    assert len(rings) > 5  # 171 possible neighbour pairs for node 1
+    assert len({tuple(sorted(ServerSession(0, ids, 4, neighbours=3).neighbours(1))) for _ in range(5)}) == 1
+    rings = {tuple(sorted(ServerSession(r, ids, 4, neighbours=3).neighbours(1))) for r in range(30)}
+    assert len(rings) > 5
+    server = ServerSession(3, ids, 4, neighbours=5)
+    graph = neighbour_graph(3, 5, ids)
+    assert all(graph[u] == server.neighbours(u) for u in ids)
 
 
 @pytest.mark.parametrize(
@@ -338,12 +393,12 @@ def test_server_never_holds_an_individual_input():
     xs = inputs(ids, d, rng)
     server = start(ids, d, neighbours=5)  # t = 3: any two losses leave every count >= 3
     drop = {Stage.COLLECT: {ids[0]}, Stage.UNMASK: {ids[1]}}
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
     coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
-    replies = [clients[u].collect(r, xs[u]) for u, r in coll.items() if u not in drop[Stage.COLLECT]]
+    replies = [clients[u].collect(r, xs[u], DIGEST) for u, r in coll.items() if u not in drop[Stage.COLLECT]]
     masked = {r.node_id: np.array(r.masked) for r in replies}
-    unm = server.receive_collect(replies)
+    unm = confirmed(server, clients, server.receive_collect(replies))
     del replies
     _assert_holds_no_individual(server, xs, masked)  # mid-round: only the running sum
     result = server.receive_unmask(
@@ -365,11 +420,13 @@ def _to_unmask(n: int = 7, k: int = 5, drop_collect: bool = True):
     d = 16
     xs = inputs(ids, d, np.random.default_rng(n))
     server = start(ids, d, neighbours=k)
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
     coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
     dead = ids[0] if drop_collect else None
-    unm = server.receive_collect([clients[u].collect(r, xs[u]) for u, r in coll.items() if u != dead])
+    conf = server.receive_collect([clients[u].collect(r, xs[u], DIGEST)
+                                   for u, r in coll.items() if u != dead])
+    unm = confirmed(server, clients, conf)
     return server, clients, unm, xs, dead
 
 
@@ -441,19 +498,22 @@ def test_fewer_than_t_live_neighbours_fails_the_stage(stage):
 
 
 def test_client_refuses_to_share_with_fewer_than_t():
-    c = ClientSession(5)
-    req = ServerSession(0, [1, 2, 3, 4, 5, 6, 7], 4, neighbours=5).setup_requests()[5]
-    c.setup(req)
-    one = req.neighbours[0]
-    pk = KeyPair.generate().public
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    server = start(ids, 4, neighbours=5)
+    clients = clients_for(ids)
+    keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
+    req = keys[5]
+    one = dataclasses.replace(req, ids=req.ids[:1], pk_mask=req.pk_mask[:1], pk_enc=req.pk_enc[:1],
+                              identities=req.identities[:1], signatures=req.signatures[:1])
     with pytest.raises(ThresholdError, match="node 5 has 2 members") as err:
-        c.share_keys(KeysRequest(0, 5, (one,), (pk,), (pk,)))
+        clients[5].share_keys(one)
     assert err.value.stage is Stage.SHARE_KEYS
 
 
 def test_client_refuses_minority_threshold():
-    c = ClientSession(5)
-    req = ServerSession(0, [1, 2, 3, 4, 5, 6, 7], 4, neighbours=5).setup_requests()[5]
+    ids = [1, 2, 3, 4, 5, 6, 7]
+    c = client_for(5, ids)
+    req = start(ids, 4, neighbours=5).setup_requests()[5]
     with pytest.raises(RequestRefused, match="threshold t=2"):
         c.setup(dataclasses.replace(req, threshold=2))
 
@@ -464,10 +524,10 @@ def test_below_min_survivors_no_share_is_asked():
     xs = inputs(ids, d, np.random.default_rng(4))
     server = start(ids, d, neighbours=5, min_survivors=8)
     gone = {ids[0], ids[1]}  # two losses: every neighbourhood (k = 5, t = 3) still has >= 3
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
     coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
-    replies = [clients[u].collect(r, xs[u]) for u, r in coll.items() if u not in gone]
+    replies = [clients[u].collect(r, xs[u], DIGEST) for u, r in coll.items() if u not in gone]
     with pytest.raises(TooFewSurvivors, match="7 nodes survive, fewer than min_survivors=8") as err:
         server.receive_collect(replies)
     assert (err.value.stage, err.value.survivors, err.value.minimum) == (Stage.COLLECT, 7, 8)
@@ -479,6 +539,22 @@ def test_below_min_survivors_no_share_is_asked():
         server.receive_unmask([])
     # the clients still hold their shares, unasked
     assert all(not c.finished for u, c in clients.items() if u not in gone)
+
+
+def test_disconnected_survivors_abort_before_any_unmask_request():
+    """Two gaps of ⌊k/2⌋ dead nodes cut the ring into two arcs: every threshold holds, yet
+    the server aborts at collect (ConsistencyError) and no request of the unmask stage
+    exists."""
+    ids = list(range(1, 15))
+    d = 8
+    xs = inputs(ids, d, np.random.default_rng(6))
+    server = start(ids, d, neighbours=5)  # h = 2, t = 3
+    ring = ring_order(graph_seed(7, 5, ids), ids)
+    gone = {ring[3], ring[4], ring[10], ring[11]}
+    with pytest.raises(ConsistencyError, match="disconnected"):
+        run_round(server, xs, {Stage.COLLECT: gone})
+    assert server.failed
+    assert not any(isinstance(o, ConfirmRequest | UnmaskRequest) for o in _objects(server))
 
 
 def _objects(obj: object, seen: set[int] | None = None) -> Iterable[object]:
@@ -501,7 +577,7 @@ def _objects(obj: object, seen: set[int] | None = None) -> Iterable[object]:
 def test_too_few_survivors_at_setup():
     ids = list(range(1, 8))
     server = start(ids, 4, neighbours=3, min_survivors=6)
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     reps = [clients[u].setup(r) for u, r in server.setup_requests().items() if u not in (1, 2)]
     with pytest.raises(TooFewSurvivors) as err:
         server.receive_setup(reps)
@@ -512,9 +588,9 @@ def test_out_of_order_calls_refused():
     server = start([1, 2, 3], 4)
     with pytest.raises(SessionStateError, match="receive_keys"):
         server.receive_keys([])
-    c = ClientSession(1)
+    c = client_for(1, [1, 2, 3])
     with pytest.raises(RequestRefused, match="collect request refused"):
-        c.collect(CollectRequest(7, 1, (), ()), np.zeros(4, np.uint32))
+        c.collect(CollectRequest(7, 1, (), ()), np.zeros(4, np.uint32), DIGEST)
 
 
 # -- tampering and validation ----------------------------------------------------------------
@@ -524,7 +600,7 @@ def _to_collect(n: int = 6):
     ids = list(range(1, n + 1))
     d = 8
     server = start(ids, d, neighbours=5)
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
     coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
     return server, clients, coll, d
@@ -537,7 +613,7 @@ def test_tampered_ciphertext_is_rejected():
     bad[40] ^= 0x01
     tampered = dataclasses.replace(r, ciphertexts=(r.ciphertexts[0], bytes(bad), *r.ciphertexts[2:]))
     with pytest.raises(AuthenticationError, match=f"from node {r.srcs[1]} to node {v}") as err:
-        clients[v].collect(tampered, np.zeros(d, np.uint32))
+        clients[v].collect(tampered, np.zeros(d, np.uint32), DIGEST)
     assert err.value.node_id == r.srcs[1] and err.value.field == "ciphertexts"
 
 
@@ -547,7 +623,7 @@ def test_ciphertext_under_wrong_associated_data_is_rejected():
     # swap two senders: each ciphertext is now presented as coming from the other node
     swapped = dataclasses.replace(r, ciphertexts=(r.ciphertexts[1], r.ciphertexts[0], *r.ciphertexts[2:]))
     with pytest.raises(AuthenticationError):
-        clients[v].collect(swapped, np.zeros(d, np.uint32))
+        clients[v].collect(swapped, np.zeros(d, np.uint32), DIGEST)
     # a ciphertext meant for another destination
     _, clients2, coll2, _ = _to_collect()
     a, b = sorted(coll2)[:2]
@@ -557,7 +633,7 @@ def test_ciphertext_under_wrong_associated_data_is_rejected():
         forwarded if s == shared else c for s, c in zip(coll2[b].srcs, coll2[b].ciphertexts, strict=True)
     )
     with pytest.raises(AuthenticationError):
-        clients2[b].collect(dataclasses.replace(coll2[b], ciphertexts=cts), np.zeros(d, np.uint32))
+        clients2[b].collect(dataclasses.replace(coll2[b], ciphertexts=cts), np.zeros(d, np.uint32), DIGEST)
 
 
 def test_aead_binds_round_source_destination_and_key():
@@ -584,19 +660,24 @@ def test_aead_binds_round_source_destination_and_key():
 def test_replies_are_validated_and_a_bad_reply_leaves_the_server_unchanged():
     ids = [1, 2, 3, 4, 5]
     server = start(ids, 8, neighbours=5)
-    clients = {u: ClientSession(u) for u in ids}
+    clients = clients_for(ids)
     reps = [clients[u].setup(r) for u, r in server.setup_requests().items()]
     with pytest.raises(MessageError, match="duplicate sender") as err:
         server.receive_setup([*reps, reps[0]])
     assert err.value.field == "node_id"
     with pytest.raises(MessageError, match="unknown id") as err:
-        server.receive_setup([*reps, SetupReply(7, 99, reps[0].pk_mask, reps[0].pk_enc)])
+        server.receive_setup([*reps, dataclasses.replace(reps[0], node_id=99)])
     assert err.value.field == "node_id"
     with pytest.raises(MessageError, match="round=8") as err:
         server.receive_setup([dataclasses.replace(reps[0], round=8)])
     assert err.value.field == "round"
+    copied = reps[0].pk_mask  # node 2 advertises (and signs) node 1's mask key
+    sig = signing_key(2).sign(advertisement(RUN, 7, 2, copied, reps[1].pk_enc))
     with pytest.raises(MessageError, match="repeats a public key") as err:
-        server.receive_setup([reps[0], dataclasses.replace(reps[1], pk_mask=reps[0].pk_mask)])
+        server.receive_setup([reps[0], dataclasses.replace(reps[1], pk_mask=copied, signature=sig)])
+    with pytest.raises(MessageError, match="not its identity's signature") as err:
+        server.receive_setup([reps[0], dataclasses.replace(reps[1], pk_mask=KeyPair.generate().public)])
+    assert (err.value.field, err.value.node_id) == ("signature", 2)
     keys = server.receive_setup(reps)  # unchanged by the failed calls
     kreps = [clients[u].share_keys(r) for u, r in keys.items()]
     with pytest.raises(MessageError, match="dsts") as err:
@@ -605,11 +686,16 @@ def test_replies_are_validated_and_a_bad_reply_leaves_the_server_unchanged():
         )
     assert err.value.field == "dsts" and err.value.node_id == kreps[0].node_id
     coll = server.receive_keys(kreps)
-    creps = [clients[u].collect(r, np.zeros(8, np.uint32)) for u, r in coll.items()]
+    creps = [clients[u].collect(r, np.zeros(8, np.uint32), DIGEST) for u, r in coll.items()]
     with pytest.raises(MessageError, match="length 7, expected d=8") as err:
         server.receive_collect([CollectReply(7, 1, np.zeros(7, np.uint32))])
     assert err.value.field == "masked"
-    unm = server.receive_collect(creps)
+    conf = server.receive_collect(creps)
+    crep = [clients[u].confirm(r) for u, r in conf.items()]
+    with pytest.raises(MessageError, match="not a confirmation") as err:
+        server.receive_confirm(crep, hashlib.sha256(b"another model").digest())
+    assert err.value.field == "signature"
+    unm = server.receive_confirm(crep, DIGEST)
     ureps = [clients[u].unmask(r) for u, r in unm.items()]
     first = ureps[0].b_shares[0]
     wrong_index = ((int.from_bytes(first[:2], "big") % 5) + 1).to_bytes(2, "big") + first[2:]
@@ -624,19 +710,24 @@ def test_replies_are_validated_and_a_bad_reply_leaves_the_server_unchanged():
 @pytest.mark.parametrize(
     ("make", "field"),
     [
-        (lambda: SetupReply(1, 2, b"\x00" * 31, b"\x00" * 32), "pk_mask"),
-        (lambda: SetupReply(1, 2, b"\x00" * 32, "x" * 32), "pk_enc"),  # type: ignore[arg-type]
-        (lambda: SetupReply(1, -2, b"\x00" * 32, b"\x00" * 32), "node_id"),
-        (lambda: SetupReply(2**64, 2, b"\x00" * 32, b"\x00" * 32), "round"),
-        (lambda: KeysRequest(1, 2, (3, 3), (b"\x00" * 32,) * 2, (b"\x00" * 32,) * 2), "ids"),
-        (lambda: KeysRequest(1, 2, (3, 4), (b"\x00" * 32,), (b"\x00" * 32,) * 2), "pk_mask"),
+        (lambda: SetupReply(1, 2, 0, b"\x00" * 31, b"\x00" * 32, K32, S64), "pk_mask"),
+        (lambda: SetupReply(1, 2, 0, b"\x00" * 32, "x" * 32, K32, S64), "pk_enc"),  # type: ignore[arg-type]
+        (lambda: SetupReply(1, -2, 0, b"\x00" * 32, b"\x00" * 32, K32, S64), "node_id"),
+        (lambda: SetupReply(2**64, 2, 0, b"\x00" * 32, b"\x00" * 32, K32, S64), "round"),
+        (lambda: SetupReply(1, 2, 0, K32, K32, K32, S64[:-1]), "signature"),
+        (lambda: SetupReply(1, 2, 0, K32, K32, S64, S64), "identity"),
+        (lambda: KeysRequest(1, 2, (3, 3), (K32,) * 2, (K32,) * 2, (K32,) * 2, (S64,) * 2), "ids"),
+        (lambda: KeysRequest(1, 2, (3, 4), (K32,), (K32,) * 2, (K32,) * 2, (S64,) * 2), "pk_mask"),
+        (lambda: KeysRequest(1, 2, (3, 4), (K32,) * 2, (K32,) * 2, (K32,) * 2, (S64,)), "signatures"),
+        (lambda: UnmaskRequest(1, 2, (3, 4), (), (3, 4), (S64,)), "signatures"),
         (lambda: KeysReply(1, 2, (3,), (b"\x00" * 93,)), "ciphertexts"),
         (lambda: CollectReply(1, 2, np.zeros(4, np.int64)), "masked"),
         (lambda: CollectReply(1, 2, np.zeros((2, 2), np.uint32)), "masked"),
-        (lambda: UnmaskRequest(1, 2, (True,), ()), "live"),
+        (lambda: UnmaskRequest(1, 2, (True,), (), (), ()), "live"),
     ],
 )
 def test_message_fields_are_validated(make, field):
+    """Construction checks types, lengths (keys 32 bytes, signatures 64) and parallel tuples."""
     with pytest.raises(MessageError) as err:
         make()
     assert err.value.field == field
@@ -647,11 +738,11 @@ def test_request_for_another_node_or_round_refused():
     server = start([1, 2, 3, 4, 5], 4)
     reqs = server.setup_requests()
     with pytest.raises(MessageError, match="addressed to another node"):
-        ClientSession(2).setup(reqs[1])
-    c = ClientSession(1)
+        client_for(2, [1, 2, 3, 4, 5]).setup(reqs[1])
+    c = client_for(1, [1, 2, 3, 4, 5])
     c.setup(reqs[1])
     with pytest.raises(MessageError, match="round=8"):
-        c.share_keys(KeysRequest(8, 1, (), (), ()))
+        c.share_keys(KeysRequest(8, 1, (), (), (), (), ()))
 
 
 # -- primitives against independent references ---------------------------------------------
@@ -916,7 +1007,7 @@ def test_the_stages_are_one_vocabulary_from_messages_to_flower_actions():
     ``train.sa_setup`` … ``train.sa_unmask``), the wire's STAGES and the stage's message
     classes: one enum, in protocol order."""
     from fedfdp.secagg import messages
-    from fedfdp.secagg.wire import MESSAGE_TYPES, STAGE_MESSAGES
+    from fedfdp.secagg.wire import MESSAGE_TYPES, REPLY_TO, STAGE_MESSAGES
     from fedfdp.secagg.wire import STAGES as WIRE_STAGES
 
     assert list(Stage) == list(STAGES)
@@ -934,18 +1025,20 @@ def test_the_stages_are_one_vocabulary_from_messages_to_flower_actions():
         Stage.UNMASK: (messages.UnmaskRequest, messages.UnmaskReply),
     }
     assert pairs == STAGE_MESSAGES
-    assert len(MESSAGE_TYPES) == 8 and MESSAGE_TYPES["UnmaskReply"] is messages.UnmaskReply
+    # the unmask stage's first exchange, the consistency check, travels with its action
+    assert {**dict(pairs.values()), messages.ConfirmRequest: messages.ConfirmReply} == REPLY_TO
+    assert len(MESSAGE_TYPES) == 10 and MESSAGE_TYPES["ConfirmReply"] is messages.ConfirmReply
 
 
 @pytest.mark.parametrize("stage", [Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK])
 def test_a_client_refuses_a_stage_out_of_order_naming_it(stage):
     """A fresh session answers only setup: any later stage's request is refused, naming the
     stage as the messages name it."""
-    client = ClientSession(5)
+    client = client_for(5, [4, 5, 6])
     with pytest.raises(RequestRefused, match=f"node 5: {stage.value} request refused, its session is new"):
         if stage is Stage.SHARE_KEYS:
-            client.share_keys(KeysRequest(0, 5, (), (), ()))
+            client.share_keys(KeysRequest(0, 5, (), (), (), (), ()))
         elif stage is Stage.COLLECT:
-            client.collect(CollectRequest(0, 5, (), ()), np.zeros(0, np.uint32))
+            client.collect(CollectRequest(0, 5, (), ()), np.zeros(0, np.uint32), DIGEST)
         else:
-            client.unmask(UnmaskRequest(0, 5, (), ()))
+            client.unmask(UnmaskRequest(0, 5, (), (), (), ()))

@@ -5,9 +5,14 @@ machines, its cryptographic primitives, and the fixed-point encoding into Z/2Â³Â
 module here imports Flower; the ClientApp handlers and the strategy's round driver
 wrap these objects.
 
-Security model: honest-but-curious server colluding with fewer than ``t`` clients of a
-neighbourhood; computational assumptions X25519 (CDH), HKDF-SHA256, AES-256 as a PRF,
-AES-256-GCM as an AEAD. Out of scope: a malicious server that substitutes keys.
+Security model: a server that may deviate from the protocol (swap keys, add sybils,
+send different survivor sets or models to different nodes, unmask a disconnected
+survivor set), colluding with fewer than ``t`` clients of a neighbourhood, is caught
+by the nodes: signed key advertisements against a roster the server cannot change, a
+neighbour graph nobody chooses, and a signed consistency check before unmasking
+(:mod:`fedfdp.secagg.identity`, :mod:`fedfdp.secagg.graph`; Bonawitz et al. 2017,
+Bell et al. 2020). Computational assumptions X25519 (CDH), Ed25519, HKDF-SHA256,
+SHA-256, AES-256 as a PRF, AES-256-GCM as an AEAD. Out of scope: poisoning by clients.
 """
 
 from fedfdp.secagg.client_session import ClientSession
@@ -15,6 +20,7 @@ from fedfdp.secagg.crypto import KeyPair, KeyPurpose, Share, combine_shares, prg
 from fedfdp.secagg.encoding import choose_scale, decode, default_scale, encode, from_ring, quantize, to_ring
 from fedfdp.secagg.errors import (
     AuthenticationError,
+    ConsistencyError,
     MessageError,
     ReconstructionError,
     RequestRefused,
@@ -24,9 +30,12 @@ from fedfdp.secagg.errors import (
     ThresholdError,
     TooFewSurvivors,
 )
+from fedfdp.secagg.identity import NodeTrust, Roster, SigningKey
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
+    ConfirmReply,
+    ConfirmRequest,
     KeysReply,
     KeysRequest,
     SetupReply,
@@ -43,19 +52,25 @@ __all__ = [
     "ClientSession",
     "CollectReply",
     "CollectRequest",
+    "ConfirmReply",
+    "ConfirmRequest",
+    "ConsistencyError",
     "KeyPair",
     "KeyPurpose",
     "KeysReply",
     "KeysRequest",
     "MessageError",
+    "NodeTrust",
     "ReconstructionError",
     "RequestRefused",
+    "Roster",
     "SecAggError",
     "ServerSession",
     "SessionStateError",
     "SetupReply",
     "SetupRequest",
     "Share",
+    "SigningKey",
     "Stage",
     "ThresholdError",
     "TooFewSurvivors",

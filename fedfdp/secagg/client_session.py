@@ -23,15 +23,20 @@ from fedfdp.secagg.crypto import (
     share_secret,
 )
 from fedfdp.secagg.errors import (
+    ConsistencyError,
     MessageError,
     RequestRefused,
     Stage,
     ThresholdError,
 )
+from fedfdp.secagg.graph import is_connected, neighbour_graph
+from fedfdp.secagg.identity import DIGEST_BYTES, NodeTrust, advertisement, confirmation, verify
 from fedfdp.secagg.messages import (
     SHARE_PLAINTEXT_BYTES,
     CollectReply,
     CollectRequest,
+    ConfirmReply,
+    ConfirmRequest,
     KeysReply,
     KeysRequest,
     SetupReply,
@@ -47,6 +52,7 @@ class _ClientPhase(Enum):
     SET_UP = "set up"
     KEYS_SHARED = "keys shared"
     COLLECTED = "collected"
+    CONFIRMED = "confirmed"
     FINISHED = "finished"
     ABORTED = "aborted"
 
@@ -56,36 +62,81 @@ _NEXT = {
     Stage.SETUP: _ClientPhase.NEW,
     Stage.SHARE_KEYS: _ClientPhase.SET_UP,
     Stage.COLLECT: _ClientPhase.KEYS_SHARED,
-    Stage.UNMASK: _ClientPhase.COLLECTED,
+    Stage.UNMASK: _ClientPhase.CONFIRMED,
 }
 
 
 class ClientSession:
-    """One client's side of one SecAgg+ round.
+    """One client's side of one SecAgg+ round, against a server that may deviate.
 
     Call :meth:`setup`, :meth:`share_keys`, :meth:`collect` (with the ``uint32`` input
-    ``x_u``) and :meth:`unmask` in order, once each, with the server's requests. Any
-    refused or invalid request ends the session: its secrets are wiped and every later
-    call raises :class:`~fedfdp.secagg.errors.RequestRefused`.
+    ``x_u`` and the digest of what the node received), :meth:`confirm` and
+    :meth:`unmask` in order, once each, with the server's requests. Any refused or
+    invalid request ends the session: its secrets are wiped and every later call
+    raises :class:`~fedfdp.secagg.errors.RequestRefused`.
+
+    What the node checks, so that a server that swaps keys, adds sybils, sends
+    different models or survivor sets to different nodes, or isolates a node is
+    refused before any share leaves (Bonawitz et al. 2017 §active security; Bell et
+    al. 2020):
+
+    * setup: the round is later than the last one it unmasked (no replay; the run is
+      bound into every signature, so no other run's messages verify), it is among the
+      parties, ``k`` and ``t`` are sound, and there are
+      at least ``trust.min_survivors`` parties; its neighbours are *derived*
+      (:func:`fedfdp.secagg.graph.neighbour_graph`), not taken from the server;
+    * share_keys: each neighbour's key advertisement is signed by a distinct roster
+      key other than its own (:mod:`fedfdp.secagg.identity`);
+    * confirm: the survivor set ``U3`` and dead set are disjoint, include itself as
+      live, have at least ``trust.min_survivors`` survivors, induce a connected graph
+      (no partial sums), and account exactly for the neighbours whose shares it
+      received; it then signs them with the digest of the model and parameters it
+      received;
+    * unmask: the request lists exactly its neighbourhood's part of the confirmed sets,
+      and at least ``t`` live members of its neighbourhood signed the same confirmation
+      (a node that drops after collect need not sign). It answers once.
 
     Secrets (two X25519 private keys, the seed ``b_u``, the Shamir coefficients) come
     from the OS CSPRNG; the private keys and ``b_u`` are dropped after collect, the
-    shares after unmask.
+    shares after unmask. The long-term signing key is in ``trust``; like every other
+    secret it is part of :meth:`export_state`, which stays with the node.
 
     Parameters
     ----------
     node_id : int
         This node's id (unsigned 64-bit).
+    trust : NodeTrust
+        The node's signing key, roster and survivor floor: what it brings from outside
+        the server (a node policy builds it, ``clients.secagg_handlers``).
+    run : int
+        The run this node takes part in (bound into every signature).
+    after_round : int
+        The last round this node unmasked (``-1``: none); a setup for a round not after
+        it is a replay and is refused.
     """
 
-    def __init__(self, node_id: int) -> None:
+    def __init__(self, node_id: int, trust: NodeTrust, *, run: int, after_round: int = -1) -> None:
         self.node_id = check_node_id("node_id", node_id)
+        if not isinstance(trust, NodeTrust):
+            raise ValueError(f"trust={trust!r}: must be a NodeTrust")
+        self.trust = trust
+        self.run = check_node_id("run", run)
+        if isinstance(after_round, bool) or not isinstance(after_round, int) or after_round < -1:
+            raise ValueError(f"after_round={after_round!r}: must be an integer >= -1")
+        self.after_round = after_round
         self._phase = _ClientPhase.NEW
         self._clear()
 
     def _clear(self) -> None:
         self._round = -1
+        self._parties: tuple[int, ...] = ()
+        self._degree = 0
         self._neighbours: frozenset[int] = frozenset()
+        self._identities: dict[int, bytes] = {}
+        self._srcs: frozenset[int] = frozenset()
+        self._digest: bytes | None = None
+        self._live: frozenset[int] = frozenset()
+        self._dead: frozenset[int] = frozenset()
         self._threshold = 0
         self._dim = 0
         self._index: dict[int, int] = {}
@@ -99,6 +150,11 @@ class ClientSession:
         self._held_sk: dict[int, Share] = {}
 
     @property
+    def round(self) -> int:
+        """The round of the session (``-1`` before setup and after it ends)."""
+        return self._round
+
+    @property
     def finished(self) -> bool:
         """True once the node has answered unmask (or the session was aborted)."""
         return self._phase in (_ClientPhase.FINISHED, _ClientPhase.ABORTED)
@@ -106,32 +162,43 @@ class ClientSession:
     # -- stages --------------------------------------------------------------------------
 
     def setup(self, request: SetupRequest) -> SetupReply:
-        """Stage 0: check the parameters and draw the two key pairs."""
+        """Stage 0: check the parameters, derive the neighbours, draw the two key pairs and
+        sign their advertisement.
+        """
         self._enter(Stage.SETUP, request, SetupRequest)
         try:
-            nbrs = frozenset(request.neighbours)
-            if self.node_id in nbrs:
-                raise MessageError(
-                    f"SetupRequest.neighbours: lists this node {self.node_id}",
-                    field="neighbours",
-                    node_id=self.node_id,
-                )
-            k = len(nbrs) + 1
-            t = request.threshold
+            if request.round <= self.after_round:
+                raise RequestRefused(f"node {self.node_id}: setup for round {request.round}, not after round "
+                                     f"{self.after_round} it already unmasked (a replay); refused")
+            parties = frozenset(request.parties)
+            if self.node_id not in parties:
+                raise MessageError(f"SetupRequest.parties: does not list this node {self.node_id}",
+                                   field="parties", node_id=self.node_id)
+            n, k, t = len(parties), request.degree, request.threshold
+            if k % 2 == 0 or not 3 <= k <= n:
+                raise RequestRefused(f"node {self.node_id}: degree k={k} must be odd in [3, n={n}]; refused")
             if not k // 2 + 1 <= t <= k:
                 raise RequestRefused(
                     f"node {self.node_id}: threshold t={t} for a neighbourhood of k={k} is outside "
                     f"[{k // 2 + 1}, {k}] (a minority threshold would let the server collect both shares)"
                 )
+            if n < self.trust.min_survivors:
+                raise RequestRefused(f"node {self.node_id}: {n} parties, fewer than the "
+                                     f"{self.trust.min_survivors} survivors this node requires; refused")
             self._round = request.round
-            self._neighbours = nbrs
+            self._parties = tuple(sorted(parties))
+            self._degree = k
+            self._neighbours = neighbour_graph(self._round, k, parties)[self.node_id]
             self._threshold = t
             self._dim = request.dim
-            self._index = {v: i + 1 for i, v in enumerate(sorted(nbrs | {self.node_id}))}
+            self._index = {v: i + 1 for i, v in enumerate(sorted(self._neighbours | {self.node_id}))}
             self._mask_keys = KeyPair.generate()
             self._enc_keys = KeyPair.generate()
+            signature = self.trust.signing_key.sign(advertisement(
+                self.run, self._round, self.node_id, self._mask_keys.public, self._enc_keys.public))
             self._phase = _ClientPhase.SET_UP
-            return SetupReply(self._round, self.node_id, self._mask_keys.public, self._enc_keys.public)
+            return SetupReply(self._round, self.node_id, self.run, self._mask_keys.public,
+                              self._enc_keys.public, self.trust.signing_key.public, signature)
         except BaseException:
             self._abort()
             raise
@@ -144,6 +211,22 @@ class ClientSession:
             self._enough(Stage.SHARE_KEYS, 1 + len(request.ids), "members with public keys")
             if self._mask_keys is None or self._enc_keys is None:  # pragma: no cover - phase guard
                 raise RequestRefused(f"node {self.node_id}: no key pairs")
+            own = self.trust.signing_key.public
+            seen: dict[bytes, int] = {}
+            for v, pkm, pke, who, sig in zip(request.ids, request.pk_mask, request.pk_enc, request.identities,
+                                             request.signatures, strict=True):
+                if self.trust.roster is not None and who not in self.trust.roster:
+                    raise RequestRefused(f"node {self.node_id}: neighbour {v}'s identity is not on the "
+                                         "roster (a sybil); refused")
+                if who == own or who in seen:
+                    other = "this node" if who == own else f"node {seen[who]}"
+                    raise RequestRefused(f"node {self.node_id}: neighbour {v} uses the identity of {other}; "
+                                         "refused")
+                seen[who] = v
+                if not verify(who, advertisement(self.run, self._round, v, pkm, pke), sig):
+                    raise RequestRefused(f"node {self.node_id}: the key advertisement of neighbour {v} is "
+                                         "not signed by its identity (a swapped key); refused")
+            self._identities = {v: w for w, v in seen.items()}
             self._peer_pk_mask = dict(zip(request.ids, request.pk_mask, strict=True))
             self._peer_pk_enc = dict(zip(request.ids, request.pk_enc, strict=True))
             self._seed = random_secret()
@@ -164,8 +247,11 @@ class ClientSession:
             self._abort()
             raise
 
-    def collect(self, request: CollectRequest, values: np.ndarray) -> CollectReply:
+    def collect(self, request: CollectRequest, values: np.ndarray, digest: bytes) -> CollectReply:
         """Stage 2: open the neighbours' shares and mask ``values`` (``uint32``, length ``d``).
+
+        ``digest``: :func:`fedfdp.secagg.identity.round_digest` of the model and round
+        parameters this node received with the request (it signs it at confirm).
 
         Raises
         ------
@@ -185,6 +271,8 @@ class ClientSession:
                     else type(values).__name__
                 )
                 raise ValueError(f"values: must be a uint32 array of shape ({self._dim},), got {desc}")
+            if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
+                raise ValueError(f"digest: must be {DIGEST_BYTES} bytes")
             self._known("srcs", request.srcs, frozenset(self._peer_pk_enc))
             self._enough(Stage.COLLECT, 1 + len(request.srcs), "members that sent shares")
             if self._mask_keys is None or self._enc_keys is None or self._seed is None:  # pragma: no cover
@@ -217,21 +305,72 @@ class ClientSession:
             self._seed = None
             self._peer_pk_mask = {}
             self._peer_pk_enc = {}
+            self._srcs = frozenset(request.srcs)
+            self._digest = digest
             self._phase = _ClientPhase.COLLECTED
             return CollectReply(self._round, self.node_id, masked)
         except BaseException:
             self._abort()
             raise
 
-    def unmask(self, request: UnmaskRequest) -> UnmaskReply:
-        """Stage 3: hand over the ``b``-shares of the live nodes and the key shares of the
-        dead ones, once.
+    def confirm(self, request: ConfirmRequest) -> ConfirmReply:
+        """Stage 3, first exchange: check the survivor and dead sets and sign them with the
+        round digest (class docstring).
 
         Raises
         ------
         RequestRefused
-            A node listed as both live and dead, this node listed as dead, or a second
-            unmask request.
+            A node both live and dead, this node dead, sets that contradict the shares it
+            received, or fewer survivors than ``trust.min_survivors``.
+        ConsistencyError
+            The survivors' graph is disconnected (unmasking would release partial sums).
+        """
+        self._enter(Stage.UNMASK, request, ConfirmRequest)
+        try:
+            live, dead = frozenset(request.live), frozenset(request.dead)
+            both = live & dead
+            if both:
+                raise RequestRefused(
+                    f"node {self.node_id}: confirm request lists {sorted(both)} as both live and dead; "
+                    "refused")
+            if self.node_id not in live:
+                raise RequestRefused(f"node {self.node_id}: confirm request does not list this node as live; "
+                                     "refused")
+            self._known("live", live | dead, frozenset(self._parties))
+            if len(live) < self.trust.min_survivors:
+                raise RequestRefused(f"node {self.node_id}: {len(live)} survivors, fewer than the "
+                                     f"{self.trust.min_survivors} this node requires; refused")
+            mine = self._neighbours & (live | dead)
+            if mine != self._srcs:
+                raise RequestRefused(
+                    f"node {self.node_id}: the confirmed sets list neighbours {sorted(mine)} as sharing "
+                    f"keys, but it received shares from {sorted(self._srcs)}; refused")
+            graph = neighbour_graph(self._round, self._degree, self._parties)
+            if not is_connected(graph, live):
+                raise ConsistencyError(f"node {self.node_id}: the {len(live)} survivors' graph is "
+                                       "disconnected (unmasking would release partial sums); refused")
+            if self._digest is None:  # pragma: no cover - set at collect
+                raise RequestRefused(f"node {self.node_id}: no round digest")
+            self._live, self._dead = live, dead
+            signature = self.trust.signing_key.sign(
+                confirmation(self.run, self._round, live, dead, self._digest))
+            self._phase = _ClientPhase.CONFIRMED
+            return ConfirmReply(self._round, self.node_id, signature)
+        except BaseException:
+            self._abort()
+            raise
+
+    def unmask(self, request: UnmaskRequest) -> UnmaskReply:
+        """Stage 3: hand over the ``b``-shares of the live nodes and the key shares of the
+        dead ones, once, when at least ``t`` live members of its neighbourhood confirmed the
+        same sets and digest.
+
+        Raises
+        ------
+        RequestRefused
+            A node listed as both live and dead, this node listed as dead, lists that are
+            not its neighbourhood's part of the confirmed sets, a missing or invalid
+            confirmation, or a second unmask request.
         """
         self._enter(Stage.UNMASK, request, UnmaskRequest)
         try:
@@ -246,7 +385,24 @@ class ClientSession:
                 )
             self._known("live", request.live, frozenset(self._held_b) | {self.node_id})
             self._known("dead", request.dead, frozenset(self._held_sk))
+            want_live = (self._neighbours & self._live) | {self.node_id}
+            want_dead = self._neighbours & self._dead
+            if set(request.live) != want_live or set(request.dead) != want_dead:
+                raise RequestRefused(
+                    f"node {self.node_id}: unmask request lists live {sorted(request.live)} and dead "
+                    f"{sorted(request.dead)}, not its neighbourhood's part of the confirmed sets; refused")
             self._enough(Stage.UNMASK, len(request.live), "live members listed")
+            self._known("signers", request.signers, frozenset(request.live))
+            self._enough(Stage.UNMASK, len(request.signers), "live members that confirmed")
+            if self._digest is None:  # pragma: no cover - set at collect
+                raise RequestRefused(f"node {self.node_id}: no round digest")
+            statement = confirmation(self.run, self._round, self._live, self._dead, self._digest)
+            for u, sig in zip(request.signers, request.signatures, strict=True):
+                who = self.trust.signing_key.public if u == self.node_id else self._identities.get(u, b"")
+                if not verify(who, statement, sig):
+                    raise RequestRefused(
+                        f"node {self.node_id}: live neighbour {u} did not confirm the same survivor set, "
+                        "dead set and round digest; refused")
             b_shares = []
             for u in request.live:
                 share = self._own_b_share if u == self.node_id else self._held_b[u]
@@ -257,6 +413,7 @@ class ClientSession:
             reply = UnmaskReply(
                 self._round, self.node_id, request.live, tuple(b_shares), request.dead, tuple(sk_shares)
             )
+            self.after_round = self._round
             self._clear()
             self._phase = _ClientPhase.FINISHED
             return reply
@@ -280,6 +437,11 @@ class ClientSession:
 
         doc = {
             "node_id": str(self.node_id), "phase": self._phase.value, "round": self._round,
+            "run": str(self.run), "after_round": self.after_round, "trust": self.trust.to_dict(),
+            "parties": [str(v) for v in self._parties], "degree": self._degree,
+            "identities": hexmap(self._identities), "srcs": [str(v) for v in sorted(self._srcs)],
+            "digest": self._digest.hex() if self._digest is not None else None,
+            "live": [str(v) for v in sorted(self._live)], "dead": [str(v) for v in sorted(self._dead)],
             "neighbours": [str(v) for v in sorted(self._neighbours)], "threshold": self._threshold,
             "dim": self._dim,
             "mask_sk": self._mask_keys.private_bytes().hex() if self._mask_keys is not None else None,
@@ -302,9 +464,16 @@ class ClientSession:
         """
         try:
             doc = json.loads(raw.decode())
-            session = cls(int(doc["node_id"]))
+            session = cls(int(doc["node_id"]), NodeTrust.from_dict(doc["trust"]), run=int(doc["run"]),
+                          after_round=int(doc["after_round"]))
             session._phase = _ClientPhase(doc["phase"])
             session._round = int(doc["round"])
+            session._parties = tuple(int(v) for v in doc["parties"])
+            session._degree = int(doc["degree"])
+            session._identities = {int(k): bytes.fromhex(v) for k, v in doc["identities"].items()}
+            session._srcs = frozenset(int(v) for v in doc["srcs"])
+            session._live = frozenset(int(v) for v in doc["live"])
+            session._dead = frozenset(int(v) for v in doc["dead"])
             session._neighbours = frozenset(int(v) for v in doc["neighbours"])
             session._threshold = int(doc["threshold"])
             session._dim = int(doc["dim"])
@@ -320,6 +489,7 @@ class ClientSession:
             session._mask_keys = KeyPair.from_private_bytes(mask_sk) if mask_sk is not None else None
             session._enc_keys = KeyPair.from_private_bytes(enc_sk) if enc_sk is not None else None
             session._seed = blob(doc["seed"])
+            session._digest = blob(doc["digest"])
             session._peer_pk_mask = {int(k): bytes.fromhex(v) for k, v in doc["pk_mask"].items()}
             session._peer_pk_enc = {int(k): bytes.fromhex(v) for k, v in doc["pk_enc"].items()}
             own = blob(doc["own_b"])
@@ -333,7 +503,7 @@ class ClientSession:
     # -- helpers -------------------------------------------------------------------------
 
     def _enter(self, stage: Stage, request: object, cls: type) -> None:
-        expected = _NEXT[stage]
+        expected = _ClientPhase.COLLECTED if cls is ConfirmRequest else _NEXT[stage]
         if self._phase is not expected:
             if stage is Stage.UNMASK and self._phase is _ClientPhase.FINISHED:
                 reason = "it already answered unmask in this round"

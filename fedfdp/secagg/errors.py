@@ -141,6 +141,14 @@ class TooFewSurvivors(SecAggError):
         self.minimum = minimum
 
 
+class ConsistencyError(SecAggError):
+    """The round's survivor set cannot be confirmed: its nodes' graph is disconnected
+    (unmasking would release the sums of its parts), or some survivor did not sign the
+    same survivor set, dead set and round digest. The server aborts before unmasking
+    (nothing charged); a node refuses to unmask.
+    """
+
+
 class ReconstructionError(SecAggError):
     """Shares combined to a secret that contradicts the node's published key."""
 

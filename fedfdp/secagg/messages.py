@@ -2,14 +2,22 @@
 
 Each stage is a request from the server to one client and the client's reply:
 
-========== ===================== ==================== =================================
-stage      server → client       client → server      content
-========== ===================== ==================== =================================
-setup      :class:`SetupRequest` :class:`SetupReply`  neighbours, t, d / two public keys
-share_keys :class:`KeysRequest`  :class:`KeysReply`   neighbours' keys / share ciphertexts
-collect    :class:`CollectRequest` :class:`CollectReply` ciphertexts for it / masked vector
-unmask     :class:`UnmaskRequest` :class:`UnmaskReply` live and dead lists / shares
-========== ===================== ==================== =================================
+========== ======================= ====================== ===================================
+stage      server → client         client → server        content
+========== ======================= ====================== ===================================
+setup      :class:`SetupRequest`   :class:`SetupReply`    parties, k, t, d / run and two public
+                                                          keys, signed with the node's identity
+share_keys :class:`KeysRequest`    :class:`KeysReply`     neighbours' signed keys / share
+                                                          ciphertexts
+collect    :class:`CollectRequest` :class:`CollectReply`  ciphertexts for it / masked vector
+unmask     :class:`ConfirmRequest` :class:`ConfirmReply`  survivor and dead sets / signature
+           :class:`UnmaskRequest`  :class:`UnmaskReply`   live and dead lists with the live
+                                                          members' signatures / shares
+========== ======================= ====================== ===================================
+
+The unmask stage is two exchanges: the consistency check (every survivor signs the
+survivor set, the dead set and the digest of what it received) and then the unmask
+proper, which a node answers only with its live neighbours' matching signatures.
 
 Fields are ints, bytes, tuples of ints or bytes (parallel tuples instead of
 mappings) and one ``uint32`` array, so the Flower layer can serialise them into a
@@ -29,6 +37,7 @@ import numpy as np
 
 from fedfdp.secagg.crypto import KEY_BYTES, MAX_NODE_ID, NONCE_BYTES, SHARE_BYTES, TAG_BYTES
 from fedfdp.secagg.errors import MessageError
+from fedfdp.secagg.identity import IDENTITY_BYTES, SIGNATURE_BYTES
 
 #: Plaintext of one encrypted share: share index (2 bytes), b-share and sk-share halves.
 SHARE_PLAINTEXT_BYTES = 2 + 2 * KEY_BYTES
@@ -78,15 +87,21 @@ def _header(msg: Any) -> None:
 
 @dataclass(frozen=True)
 class SetupRequest:
-    """Stage 0, server → client: the round's parameters and the node's neighbours.
+    """Stage 0, server → client: the round's parameters and who takes part.
+
+    The node derives its neighbours itself
+    (:func:`fedfdp.secagg.graph.neighbour_graph` of ``round``, ``degree`` and
+    ``parties``).
 
     Attributes
     ----------
     round : int
     node_id : int
         The addressee.
-    neighbours : tuple of int
-        Its ``k − 1`` neighbours on the ring (itself excluded).
+    parties : tuple of int
+        Every node sampled for the round (the addressee included).
+    degree : int
+        ``k``: each node's neighbourhood size (itself included; odd).
     threshold : int
         Shamir threshold ``t``.
     dim : int
@@ -95,44 +110,60 @@ class SetupRequest:
 
     round: int
     node_id: int
-    neighbours: tuple[int, ...]
+    parties: tuple[int, ...]
+    degree: int
     threshold: int
     dim: int
 
     def __post_init__(self) -> None:
         _header(self)
-        object.__setattr__(self, "neighbours", _ids(self, "neighbours", self.neighbours))
+        object.__setattr__(self, "parties", _ids(self, "parties", self.parties))
+        object.__setattr__(self, "degree", _int(self, "degree", self.degree, 3, 2**16 - 1))
         object.__setattr__(self, "threshold", _int(self, "threshold", self.threshold, 1, 2**16 - 1))
         object.__setattr__(self, "dim", _int(self, "dim", self.dim, 1, 2**40))
 
 
 @dataclass(frozen=True)
 class SetupReply:
-    """Stage 0, client → server: the node's two X25519 public keys (32 bytes each).
+    """Stage 0, client → server: the node's two X25519 public keys (32 bytes each), signed.
 
     Attributes
     ----------
     round, node_id : int
+    run : int
+        The node's run (bound into its signatures: another run's messages are refused).
     pk_mask : bytes
         Public key of the pairwise-mask key pair.
     pk_enc : bytes
         Public key of the share-encryption key pair.
+    identity : bytes
+        The node's long-term Ed25519 public key (on the roster).
+    signature : bytes
+        ``identity``'s signature of :func:`fedfdp.secagg.identity.advertisement`
+        (run, round, node id, both keys).
     """
 
     round: int
     node_id: int
+    run: int
     pk_mask: bytes
     pk_enc: bytes
+    identity: bytes
+    signature: bytes
 
     def __post_init__(self) -> None:
         _header(self)
+        object.__setattr__(self, "run", _int(self, "run", self.run, 0, MAX_NODE_ID))
         _blob(self, "pk_mask", self.pk_mask, KEY_BYTES)
         _blob(self, "pk_enc", self.pk_enc, KEY_BYTES)
+        _blob(self, "identity", self.identity, IDENTITY_BYTES)
+        _blob(self, "signature", self.signature, SIGNATURE_BYTES)
 
 
 @dataclass(frozen=True)
 class KeysRequest:
-    """Stage 1, server → client: public keys of the neighbours that answered setup.
+    """Stage 1, server → client: the signed key advertisements of the neighbours that
+    answered setup.
 
     Attributes
     ----------
@@ -141,6 +172,8 @@ class KeysRequest:
         Neighbours in U1.
     pk_mask, pk_enc : tuple of bytes
         Their public keys, parallel to ``ids``.
+    identities, signatures : tuple of bytes
+        Their Ed25519 identities and advertisement signatures, parallel to ``ids``.
     """
 
     round: int
@@ -148,6 +181,8 @@ class KeysRequest:
     ids: tuple[int, ...]
     pk_mask: tuple[bytes, ...]
     pk_enc: tuple[bytes, ...]
+    identities: tuple[bytes, ...]
+    signatures: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
         _header(self)
@@ -155,6 +190,10 @@ class KeysRequest:
         n = len(self.ids)
         object.__setattr__(self, "pk_mask", _blobs(self, "pk_mask", self.pk_mask, KEY_BYTES, n, "ids"))
         object.__setattr__(self, "pk_enc", _blobs(self, "pk_enc", self.pk_enc, KEY_BYTES, n, "ids"))
+        object.__setattr__(self, "identities",
+                           _blobs(self, "identities", self.identities, IDENTITY_BYTES, n, "ids"))
+        object.__setattr__(self, "signatures",
+                           _blobs(self, "signatures", self.signatures, SIGNATURE_BYTES, n, "ids"))
 
 
 @dataclass(frozen=True)
@@ -245,17 +284,17 @@ class CollectReply:
 
 
 @dataclass(frozen=True)
-class UnmaskRequest:
-    """Stage 3, server → client: which neighbours survived collect and which died.
+class ConfirmRequest:
+    """Stage 3 (first exchange), server → client: the round's survivor and dead sets,
+    for the node to check and sign.
 
     Attributes
     ----------
     round, node_id : int
     live : tuple of int
-        Members of the node's neighbourhood in U3 (the node itself included): their
-        self-mask seed shares are asked for.
+        U3: every node whose masked vector is in the sum.
     dead : tuple of int
-        Neighbours in U2 − U3: their mask-key shares are asked for.
+        U2 − U3: every node that shared its keys but sent no masked vector.
     """
 
     round: int
@@ -267,6 +306,62 @@ class UnmaskRequest:
         _header(self)
         object.__setattr__(self, "live", _ids(self, "live", self.live))
         object.__setattr__(self, "dead", _ids(self, "dead", self.dead))
+
+
+@dataclass(frozen=True)
+class ConfirmReply:
+    """Stage 3 (first exchange), client → server: the node's signature of
+    :func:`fedfdp.secagg.identity.confirmation` (run, round, both sets, the digest of
+    the model and parameters it received).
+
+    Attributes
+    ----------
+    round, node_id : int
+    signature : bytes
+    """
+
+    round: int
+    node_id: int
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _header(self)
+        _blob(self, "signature", self.signature, SIGNATURE_BYTES)
+
+
+@dataclass(frozen=True)
+class UnmaskRequest:
+    """Stage 3, server → client: which neighbours survived collect and which died, with
+    the confirmations of the live ones.
+
+    Attributes
+    ----------
+    round, node_id : int
+    live : tuple of int
+        Members of the node's neighbourhood in U3 (the node itself included): their
+        self-mask seed shares are asked for.
+    dead : tuple of int
+        Neighbours in U2 − U3: their mask-key shares are asked for.
+    signers : tuple of int
+        The live members that confirmed (at least ``t``; none: the node refuses).
+    signatures : tuple of bytes
+        Their :class:`ConfirmReply` signatures, parallel to ``signers``.
+    """
+
+    round: int
+    node_id: int
+    live: tuple[int, ...]
+    dead: tuple[int, ...]
+    signers: tuple[int, ...] = ()
+    signatures: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        _header(self)
+        object.__setattr__(self, "live", _ids(self, "live", self.live))
+        object.__setattr__(self, "dead", _ids(self, "dead", self.dead))
+        object.__setattr__(self, "signers", _ids(self, "signers", self.signers))
+        object.__setattr__(self, "signatures", _blobs(self, "signatures", self.signatures, SIGNATURE_BYTES,
+                                                      len(self.signers), "signers"))
 
 
 @dataclass(frozen=True)

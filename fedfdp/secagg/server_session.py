@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -19,6 +18,7 @@ from fedfdp.secagg.crypto import (
     self_mask_key,
 )
 from fedfdp.secagg.errors import (
+    ConsistencyError,
     MessageError,
     ReconstructionError,
     SessionStateError,
@@ -26,9 +26,13 @@ from fedfdp.secagg.errors import (
     ThresholdError,
     TooFewSurvivors,
 )
+from fedfdp.secagg.graph import is_connected, neighbour_graph
+from fedfdp.secagg.identity import advertisement, confirmation, verify
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
+    ConfirmReply,
+    ConfirmRequest,
     KeysReply,
     KeysRequest,
     SetupReply,
@@ -36,7 +40,7 @@ from fedfdp.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
-from fedfdp.secagg.session import check_node_id, default_neighbours, default_threshold, ring_neighbours
+from fedfdp.secagg.session import check_node_id, default_neighbours, default_threshold
 
 _M = TypeVar("_M")
 
@@ -71,6 +75,7 @@ class _ServerPhase(Enum):
     SETUP = "awaiting setup replies"
     KEYS = "awaiting share_keys replies"
     COLLECT = "awaiting collect replies"
+    CONFIRM = "awaiting confirm replies"
     UNMASK = "awaiting unmask replies"
     DONE = "done"
     FAILED = "failed"
@@ -80,9 +85,13 @@ class ServerSession:
     """The server's side of one SecAgg+ round.
 
     Usage: :meth:`setup_requests`, then :meth:`receive_setup`, :meth:`receive_keys`,
-    :meth:`receive_collect` and :meth:`receive_unmask`, each given the replies that
-    arrived (a missing reply is a dropout) and returning the next requests, keyed by
-    addressee; the last returns the :class:`AggregateResult`.
+    :meth:`receive_collect`, :meth:`receive_confirm` and :meth:`receive_unmask`, each
+    given the replies that arrived (a missing reply is a dropout) and returning the next
+    requests, keyed by addressee; the last returns the :class:`AggregateResult`.
+
+    The neighbour graph is not the server's choice: it is
+    :func:`fedfdp.secagg.graph.neighbour_graph` of the round, ``k`` and the sampled
+    nodes, which every node recomputes.
 
     Parameters
     ----------
@@ -102,6 +111,9 @@ class ServerSession:
     min_survivors : int, optional
         The server refuses to unmask (and aborts at any stage) with fewer survivors;
         ``t ≤ min_survivors ≤ n``, default ``t``.
+    run : int, optional
+        The run the nodes sign for (their setup replies must name it); default: the run
+        most setup replies name (:attr:`run` once setup is received).
 
     Raises
     ------
@@ -118,8 +130,10 @@ class ServerSession:
         neighbours: int | None = None,
         threshold: int | None = None,
         min_survivors: int | None = None,
+        run: int | None = None,
     ) -> None:
         self.round = check_node_id("round_", round_)
+        self.run: int | None = None if run is None else check_node_id("run", run)
         ids = [check_node_id("node_ids", u) for u in node_ids]
         if len(set(ids)) != len(ids):
             dup = sorted({u for u in ids if ids.count(u) > 1})
@@ -143,11 +157,11 @@ class ServerSession:
         self.threshold = t
         self.min_survivors = m
         self.sampled: frozenset[int] = frozenset(ids)
-        ring = sorted(ids)
-        secrets.SystemRandom().shuffle(ring)
-        self._nbrs = ring_neighbours(ring, k)
+        self._nbrs = neighbour_graph(self.round, k, ids)
         self._phase = _ServerPhase.NEW
         self._pk_mask: dict[int, bytes] = {}
+        self._identity: dict[int, bytes] = {}
+        self._confirm_sig: dict[int, bytes] = {}
         self._unmask_asked: dict[int, UnmaskRequest] = {}
         self._masked_sum: np.ndarray | None = None
         self.u1: frozenset[int] = frozenset()
@@ -158,7 +172,7 @@ class ServerSession:
     # -- public views ------------------------------------------------------------------
 
     def neighbours(self, node_id: int) -> frozenset[int]:
-        """The ``k − 1`` neighbours of ``node_id`` on the ring (itself excluded)."""
+        """The ``k − 1`` neighbours of ``node_id`` in the round's graph (itself excluded)."""
         if node_id not in self._nbrs:
             raise ValueError(f"node_id={node_id!r}: not sampled in this round")
         return self._nbrs[node_id]
@@ -179,17 +193,30 @@ class ServerSession:
         self._expect(_ServerPhase.NEW, "setup_requests")
         self._phase = _ServerPhase.SETUP
         return {
-            u: SetupRequest(self.round, u, tuple(sorted(self._nbrs[u])), self.threshold, self.dim)
+            u: SetupRequest(self.round, u, tuple(sorted(self.sampled)), self.neighbour_count, self.threshold,
+                            self.dim)
             for u in sorted(self.sampled)
         }
 
     def receive_setup(self, replies: Iterable[SetupReply]) -> dict[int, KeysRequest]:
-        """Stage 0 → 1: record U1 and the public keys; one :class:`KeysRequest` per node in U1."""
+        """Stage 0 → 1: record U1 and the signed public keys; one :class:`KeysRequest` per
+        node in U1 (a reply whose advertisement is not signed by its identity, or whose
+        identity or keys repeat another's, is refused as malformed).
+        """
         self._expect(_ServerPhase.SETUP, "receive_setup")
         got = self._by_sender(replies, SetupReply, self.sampled, Stage.SETUP)
+        runs = sorted(r.run for r in got.values())
+        run = self.run if self.run is not None else max(runs, key=runs.count, default=0)
         seen: dict[bytes, int] = {}
         for u, r in got.items():
-            for name, pk in (("pk_mask", r.pk_mask), ("pk_enc", r.pk_enc)):
+            if r.run != run:
+                raise MessageError(f"SetupReply.run={r.run} of node {u}: the round's run is {run}",
+                                   field="run", node_id=u)
+            signed = advertisement(run, self.round, u, r.pk_mask, r.pk_enc)
+            if not verify(r.identity, signed, r.signature):
+                raise MessageError(f"SetupReply.signature of node {u}: not its identity's signature of its "
+                                   "keys", field="signature", node_id=u)
+            for name, pk in (("pk_mask", r.pk_mask), ("pk_enc", r.pk_enc), ("identity", r.identity)):
                 if pk in seen:
                     raise MessageError(
                         f"SetupReply.{name} of node {u} repeats a public key of node {seen[pk]}",
@@ -200,13 +227,16 @@ class ServerSession:
         u1 = frozenset(got)
         self._guard(Stage.SETUP, u1, {u: self.neighbourhood(u) & u1 for u in u1}, "live members")
         self.u1 = u1
+        self.run = run
         self._pk_mask = {u: r.pk_mask for u, r in got.items()}
+        self._identity = {u: r.identity for u, r in got.items()}
         self._phase = _ServerPhase.KEYS
         out = {}
         for u in sorted(u1):
             ids = tuple(sorted(self._nbrs[u] & u1))
             out[u] = KeysRequest(
-                self.round, u, ids, tuple(got[v].pk_mask for v in ids), tuple(got[v].pk_enc for v in ids)
+                self.round, u, ids, tuple(got[v].pk_mask for v in ids), tuple(got[v].pk_enc for v in ids),
+                tuple(got[v].identity for v in ids), tuple(got[v].signature for v in ids),
             )
         return out
 
@@ -241,18 +271,21 @@ class ServerSession:
             for v in sorted(u2)
         }
 
-    def receive_collect(self, replies: Iterable[CollectReply]) -> dict[int, UnmaskRequest]:
-        """Stage 2 → 3: record U3 and add up the masked vectors; one :class:`UnmaskRequest`
-        per node in U3.
+    def receive_collect(self, replies: Iterable[CollectReply]) -> dict[int, ConfirmRequest]:
+        """Stage 2 → 3: record U3 and add up the masked vectors; one :class:`ConfirmRequest`
+        per node in U3 (the survivor set U3 and the dead set U2 − U3, for every survivor to
+        check and sign).
 
         Raises
         ------
         TooFewSurvivors
-            ``|U3| < min_survivors``: raised before any unmask request exists; the
-            session is over and the masked sum is discarded.
+            ``|U3| < min_survivors``: raised before any request of the unmask stage
+            exists; the session is over and the masked sum is discarded.
         ThresholdError
             A node of U3 with fewer than ``t`` members of its neighbourhood in U3, or a
             dead node (U2 − U3) with a live neighbour but fewer than ``t`` live ones.
+        ConsistencyError
+            U3's graph is disconnected: unmasking would release the sums of its parts.
         """
         self._expect(_ServerPhase.COLLECT, "receive_collect")
         got = self._by_sender(replies, CollectReply, self.u2, Stage.COLLECT)
@@ -268,18 +301,57 @@ class ServerSession:
         holders = {u: self.neighbourhood(u) & u3 for u in u3}
         holders.update({w: self._nbrs[w] & u3 for w in dead})
         self._guard(Stage.COLLECT, u3, holders, "live holders of its shares")
+        if not is_connected(self._nbrs, u3):
+            self._fail()
+            raise ConsistencyError(f"stage {Stage.COLLECT.value}: the {len(u3)} survivors' graph is "
+                                   "disconnected (unmasking would release partial sums); round aborted")
         total = np.zeros(self.dim, dtype=np.uint32)
         for u in sorted(u3):
             np.add(total, got[u].masked, out=total)
         self.u3 = u3
         self._dead = dead
         self._masked_sum = total
-        self._unmask_asked = {
-            v: UnmaskRequest(
-                self.round, v, tuple(sorted(self.neighbourhood(v) & u3)), tuple(sorted(self._nbrs[v] & dead))
-            )
-            for v in sorted(u3)
-        }
+        live, gone = tuple(sorted(u3)), tuple(sorted(self.u2 - u3))
+        self._phase = _ServerPhase.CONFIRM
+        return {v: ConfirmRequest(self.round, v, live, gone) for v in live}
+
+    def receive_confirm(self, replies: Iterable[ConfirmReply], digest: bytes) -> dict[int, UnmaskRequest]:
+        """Stage 3, first exchange → second: check the survivors' signatures of the survivor
+        set, the dead set and ``digest`` (the :func:`~fedfdp.secagg.identity.round_digest`
+        of what the server sent); one :class:`UnmaskRequest` per survivor that confirmed,
+        carrying the signatures of the members of its neighbourhood that confirmed (a
+        survivor that dropped after collect stays in U3: its seed is reconstructed).
+
+        Raises
+        ------
+        MessageError
+            A reply whose signature does not verify (the state is unchanged; drop it and
+            call again).
+        ConsistencyError
+            A survivor that confirmed has fewer than ``t`` confirmations in its
+            neighbourhood (it would refuse): the round is aborted before anything is
+            unmasked.
+        """
+        self._expect(_ServerPhase.CONFIRM, "receive_confirm")
+        got = self._by_sender(replies, ConfirmReply, self.u3, Stage.UNMASK)
+        statement = confirmation(self.run or 0, self.round, self.u3, self.u2 - self.u3, digest)
+        for u, r in got.items():
+            if not verify(self._identity[u], statement, r.signature):
+                raise MessageError(f"ConfirmReply.signature of node {u}: not a confirmation of this round's "
+                                   "sets and digest", field="signature", node_id=u)
+        confirmed = frozenset(got)
+        self._unmask_asked = {}
+        for v in sorted(confirmed):
+            signers = tuple(sorted(self.neighbourhood(v) & confirmed))
+            if len(signers) < self.threshold:
+                self._fail()
+                raise ConsistencyError(f"stage {Stage.UNMASK.value}: node {v} has {len(signers)} "
+                                       f"confirmations in its neighbourhood, fewer than t={self.threshold}; "
+                                       "round aborted")
+            live = tuple(sorted(self.neighbourhood(v) & self.u3))
+            dead = tuple(sorted(self._nbrs[v] & self._dead))
+            self._unmask_asked[v] = UnmaskRequest(self.round, v, live, dead, signers,
+                                                  tuple(got[u].signature for u in signers))
         self._phase = _ServerPhase.UNMASK
         return dict(self._unmask_asked)
 
@@ -412,6 +484,7 @@ class ServerSession:
 
     def _wipe(self) -> None:
         self._pk_mask = {}
+        self._identity = {}
         self._unmask_asked = {}
         self._masked_sum = None
         self._dead = frozenset()

@@ -66,7 +66,6 @@ Arithmetic is in ``uint32`` with numpy's wrap-around, i.e. modulo 2³².
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -93,15 +92,6 @@ def default_threshold(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r}: must be an integer >= 1")
     return k // 2 + 1
-
-
-def ring_neighbours(ring: Sequence[int], k: int) -> dict[int, frozenset[int]]:
-    """Each node's ``k − 1`` neighbours: the ``⌊k/2⌋`` nodes on either side on ``ring``."""
-    n = len(ring)
-    half = k // 2
-    return {
-        u: frozenset(ring[(i + j) % n] for j in range(-half, half + 1) if j != 0) for i, u in enumerate(ring)
-    }
 
 
 def check_node_id(name: str, value: Any) -> int:

@@ -20,6 +20,8 @@ from fedfdp.secagg.errors import MessageError, Stage
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
+    ConfirmReply,
+    ConfirmRequest,
     KeysReply,
     KeysRequest,
     SetupReply,
@@ -28,7 +30,8 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 
-__all__ = ["MASKED", "MESSAGE_TYPES", "SECAGG", "STAGES", "STAGE_MESSAGES", "from_wire", "to_wire"]
+__all__ = ["MASKED", "MESSAGE_TYPES", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES", "from_wire",
+           "to_wire"]
 
 #: The record of a secure-aggregation message (a ``ConfigRecord`` of :func:`to_wire`).
 SECAGG = "secagg"
@@ -48,9 +51,16 @@ STAGE_MESSAGES: dict[Stage, tuple[type[Any], type[Any]]] = {
     Stage.UNMASK: (UnmaskRequest, UnmaskReply),
 }
 
-#: The eight message classes, by name.
+#: The reply class of every request class, the unmask stage's consistency check
+#: (:class:`ConfirmRequest`, sent with the unmask stage's action) included.
+REPLY_TO: dict[type[Any], type[Any]] = {
+    **{request: reply for request, reply in STAGE_MESSAGES.values()},
+    ConfirmRequest: ConfirmReply,
+}
+
+#: The ten message classes, by name.
 MESSAGE_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls for pair in STAGE_MESSAGES.values() for cls in pair
+    cls.__name__: cls for pair in REPLY_TO.items() for cls in pair
 }
 
 
