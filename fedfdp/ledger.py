@@ -16,6 +16,11 @@
 * ``unrecorded``: charges that a crashed session may have written after the last
   checkpoint but that are missing from the ledger, charged pessimistically on resume
   (:func:`fedfdp.checkpoint` and :class:`fedfdp.run_files.RunFiles` decide how many);
+* ``session``: a session's ``checkpoint-every`` (how many private rounds it may charge
+  before its next checkpoint, hence how many a resume charges pessimistically), written
+  when a session starts with a value other than the one the chain already says (1 until a
+  ``session`` entry says otherwise); a checkpoint whose ``checkpoint-every`` differs from
+  the one its head's chain records was edited (:meth:`Ledger.checkpoint_every`);
 * ``node-charge``: in a *node's* ledger (:mod:`fedfdp.node_ledger`, one per SuperNode,
   kept across runs), one round the node charged itself before releasing its masked
   vector — the run it belongs to, its round and its event.
@@ -65,6 +70,11 @@ class EntryKind(StrEnum):
     UNRECORDED = "unrecorded"
     ESTIMATE = "estimate"
     NODE_CHARGE = "node-charge"
+    SESSION = "session"
+
+
+#: ``checkpoint-every`` as a chain says it until a ``session`` entry records another value.
+DEFAULT_CHECKPOINT_EVERY = 1
 
 
 def _canonical(doc: Any) -> str:
@@ -96,7 +106,7 @@ class Entry:
     @property
     def event(self) -> PrivacyEvent | None:
         """The event a charge (or unrecorded charge) composed."""
-        if self.kind is EntryKind.MECHANISM:
+        if self.kind in (EntryKind.MECHANISM, EntryKind.SESSION):
             return None
         return event_from_dict(self.body["event"])
 
@@ -181,7 +191,7 @@ class Ledger:
     @property
     def charges(self) -> list[Entry]:
         """Every charge entry, recorded or pessimistic, in order."""
-        return [e for e in self.entries if e.kind is not EntryKind.MECHANISM]
+        return [e for e in self.entries if e.kind not in (EntryKind.MECHANISM, EntryKind.SESSION)]
 
     def events(self) -> list[PrivacyEvent]:
         """The event of every charge ever written (what the accountant composes)."""
@@ -192,7 +202,20 @@ class Ledger:
         return sum(1 for e in self.charges if e.round == round_)
 
     def head(self) -> Head:
-        return Head(len(self.entries), self.entries[-1].hash, len(self.entries) - 1)
+        return Head(len(self.entries), self.entries[-1].hash, len(self.charges))
+
+    def checkpoint_every(self, entries: int | None = None) -> int:
+        """``checkpoint-every`` as the chain's first ``entries`` entries (default all) record
+        it: the last ``session`` entry's, else :data:`DEFAULT_CHECKPOINT_EVERY`.
+        """
+        for e in reversed(self.entries[:entries]):
+            if e.kind is EntryKind.SESSION:
+                return int(e.body["checkpoint_every"])
+        return DEFAULT_CHECKPOINT_EVERY
+
+    def append_session(self, checkpoint_every: int) -> None:
+        """Chain a session's ``checkpoint-every`` (module docstring)."""
+        self._append(EntryKind.SESSION, {"checkpoint_every": int(checkpoint_every)})
 
     def _append(self, kind: EntryKind, body: dict[str, Any]) -> None:
         self.entries.append(_entry(kind, body, self.entries[-1].hash))
@@ -240,7 +263,8 @@ class Ledger:
                     EntryKind.CHARGE: {"round", "attempt", "event"},
                     EntryKind.UNRECORDED: {"round", "event", "reason"},
                     EntryKind.ESTIMATE: {"round", "statistic", "event"},
-                    EntryKind.NODE_CHARGE: {"run", "round", "event"}}[kind]
+                    EntryKind.NODE_CHARGE: {"run", "round", "event"},
+                    EntryKind.SESSION: {"checkpoint_every"}}[kind]
             if set(body) != want:
                 raise ValueError(f"entry {i}: expected the fields {sorted(want)}")
             if item["prev"] != prev:
@@ -261,13 +285,18 @@ class Ledger:
                 if isinstance(r, bool) or not isinstance(r, int) or r < 1 or \
                         isinstance(run, bool) or not isinstance(run, int) or run < 0:
                     raise ValueError(f"entry {i}: bad run {run!r} or round {r!r}")
-            if kind is not EntryKind.MECHANISM:
+            if kind is EntryKind.SESSION:
+                every = body["checkpoint_every"]
+                if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+                    raise ValueError(f"entry {i}: bad checkpoint_every {every!r}")
+            elif kind is not EntryKind.MECHANISM:
                 event_from_dict(body["event"])  # validates
             entries.append(entry)
             prev = entry.hash
         node = is_node_mechanism(entries[0].body["mechanism"])
         for i, entry in enumerate(entries[1:], start=1):
-            if (entry.kind is EntryKind.NODE_CHARGE) != node:
+            charged_by_node = entry.kind is EntryKind.NODE_CHARGE
+            if charged_by_node != node:
                 raise ValueError(f"entry {i}: a {entry.kind.value!r} entry in a "
                                  f"{'node' if node else 'run'}'s ledger")
         listed = entries[0].body["mechanism"].get("estimates", []) if isinstance(

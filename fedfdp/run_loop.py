@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fedfdp.accounting import PrivacyBudgetExhausted
-from fedfdp.checkpoint import Checkpoint
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointMismatch
 from fedfdp.entropy import REPRODUCIBLE_WARNING, noise_source
 from fedfdp.evaluation import EvaluateFn
 from fedfdp.health import RunDiverged
@@ -78,6 +78,13 @@ class RunLoop:
         if files is None:
             return 1
         found = files.verify(engine.mechanism)
+        if found.checkpoint is not None and found.ledger is not None:
+            recorded = found.ledger.checkpoint_every(found.checkpoint.head.entries)
+            if found.checkpoint.every != recorded:
+                raise CheckpointMismatch(
+                    f"{files.out / CHECKPOINT_FILE}: checkpoint-every={found.checkpoint.every}, but the "
+                    f"ledger's chain records {recorded} for the session that wrote it: the checkpoint was "
+                    "edited; refusing to resume")
         first = 1
         if found.ledger is not None:
             engine.restore_ledger(found.ledger, found.unrecorded)
@@ -86,6 +93,9 @@ class RunLoop:
                 self.rows = list(found.checkpoint.rows)
                 first = found.checkpoint.round + 1
         else:  # a new run: the mechanism is the ledger's first entry
+            self.record_session()
+            files.write_ledger(engine.ledger)
+        if found.ledger is not None and self.record_session():
             files.write_ledger(engine.ledger)
         if found.checkpoint is not None or found.ledger is not None:
             log.warning("resuming %s after round %d: epsilon so far %.4g (%d charges in the ledger)",
@@ -93,6 +103,20 @@ class RunLoop:
         # every session starts from a checkpoint of the head it continues from
         files.checkpoint(self.checkpoint(first - 1))
         return first
+
+    def record_session(self) -> bool:
+        """Chain this session's ``checkpoint-every`` into the ledger when it differs from what
+        the chain says (:meth:`fedfdp.ledger.Ledger.checkpoint_every`), before the session's
+        first checkpoint: a resume then bounds the rounds a crashed session may have charged
+        by the value the chain holds, not by the checkpoint's (editable) copy. Whether it
+        appended.
+        """
+        every = self.plan.settings.checkpoint_every
+        ledger = self.engine.ledger
+        if ledger.checkpoint_every() == every:
+            return False
+        ledger.append_session(every)
+        return True
 
     def checkpoint(self, round_: int) -> Checkpoint:
         """The run's state after ``round_``."""

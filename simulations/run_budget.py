@@ -100,6 +100,10 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
                 f"{path}: {len(ledger.charges)} charge(s), without the head its checkpoint recorded after "
                 f"round {ckpt.round} ({head.charges} charges): the ledger was rolled back or replaced"
             )
+        recorded = ledger.checkpoint_every(head.entries)
+        if ckpt.every != recorded:
+            raise ConfigError(f"{path}: its chain records checkpoint-every={recorded}, the run's checkpoint "
+                              f"says {ckpt.every}: the checkpoint was edited")
     try:
         return replay_ledger(ledger, delta_estimation=delta_estimation, eps_error=eps_error)
     except ValueError as exc:

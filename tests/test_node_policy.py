@@ -425,3 +425,62 @@ def test_simulated_nodes_get_one_state_folder_each() -> None:
                                 {"node-policy": "/p.toml", "node-state": "/s"})
     assert got == {"partition-id": 3, "num-partitions": 4, "node-policy": "/p.toml",
                    "node-state": "/s/node-3"}
+
+
+# ----------------------------------------------------------------- the server's own ledger
+
+
+def test_attack_the_checkpoint_every_edit_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A session with ``checkpoint-every = 10`` crashes after round 13 (checkpoint after round
+    10); the operator rolls the ledger back to the checkpoint's head and edits the
+    checkpoint's ``checkpoint-every`` to 1, so a resume would charge 1 round pessimistically
+    instead of the 10 the session may have charged."""
+    from fedfdp.algorithm import run_centralised
+    from fedfdp.checkpoint import CHECKPOINT_FILE, CheckpointMismatch, load_checkpoint
+
+    run_dir = tmp_path / "run"
+    keys = {"num-devices": 3, "records-per-device": 50, "sampling-rate": 0.2, "public-batch-size": 20,
+            "noise-multiplier": 1.0, "clipping-quantile": 0, "num-rounds": 14, "progress": False,
+            "checkpoint-every": 10, "out-dir": str(run_dir)}
+
+    def crash_after_13(r: int, model: Any) -> dict[str, float]:
+        if r == 13:
+            raise RuntimeError("crash after round 13")
+        return {}
+
+    with pytest.raises(RuntimeError, match="crash after round 13"):
+        run_centralised(load_config(keys), evaluate_fn=crash_after_13)
+    ckpt = load_checkpoint(run_dir)
+    ledger = read_ledger(run_dir)
+    assert ckpt is not None and ledger is not None and ckpt.round == 10 and len(ledger.charges) == 13
+    assert ledger.checkpoint_every() == 10  # the session's value, in the chain
+    # the rollback: the ledger cut back to the head the checkpoint recorded
+    rolled = Ledger(ledger.entries[: ckpt.head.entries])
+    (run_dir / "ledger.jsonl").unlink()
+    write_ledger(run_dir, rolled)
+    # the edit: checkpoint-every 10 -> 1 inside checkpoint.pt (its JSON metadata)
+    import torch
+
+    doc = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
+    meta = json.loads(doc["meta"])
+    meta["checkpoint-every"] = 1
+    doc["meta"] = json.dumps(meta)
+    torch.save(doc, run_dir / CHECKPOINT_FILE)
+    resumed = load_config({**keys, "resume": True, "checkpoint-every": 1})
+
+    def pessimistic() -> int:  # the resume checks, as the run loop calls them
+        data = load_dataset(resumed.data)
+        plan = build_plan(resumed, data)
+        mechanism, _ = plan.resolve([len(d) for d in data.devices])
+        assert plan.files is not None
+        return plan.files.verify(mechanism).unrecorded
+
+    # today's arithmetic: the edited checkpoint would have the resume charge 1 round, not 10
+    assert pessimistic() == 1
+    # now: resume and fedfdp account both refuse the edited checkpoint, naming it
+    with pytest.raises(CheckpointMismatch, match="checkpoint-every=1, but the ledger's chain records 10"):
+        run_centralised(resumed)
+    capsys.readouterr()
+    assert fedfdp_main(["account", "--run", str(run_dir), "--json"]) == 2
+    assert "the checkpoint was edited" in capsys.readouterr().err
