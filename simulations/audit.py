@@ -325,19 +325,29 @@ def _quantile(text: str) -> float | None:
 
 
 def _print_one_run(rows: Sequence[dict[str, Any]]) -> None:
-    print(f"{'bug':<24}{'eps_lower':>10}{'eps_claimed':>12}{'guesses':>9}{'correct':>9}  verdict")
+    print(f"{'bug':<24}{'eps_lower':>10}{'eps_claimed':>12}{'mu_lower':>9}{'mu(claim)':>10}"
+          f"{'f-DP right/needed':>19}  verdict")
     for r in rows:
+        f = r["fdp"]
+        k = f["guesses_in"] + f["guesses_out"]
+        need = "-" if f["needed"] is None else str(f["needed"])
+        right = f"{f['correct']}/{need} of {k}"
         print(
             f"{r['bug'] or 'none (correct)':<24}{_fmt(r['epsilon_lower']):>10}"
-            f"{_fmt(r['epsilon_claimed']):>12}{r['guesses']:>9}{r['correct']:>9}  {r['verdict']}"
+            f"{_fmt(r['epsilon_claimed']):>12}{f['mu_lower']:>9.2f}{f['mu_of_claimed_epsilon']:>10.2f}"
+            f"{right:>19}  {r['verdict']}"
         )
     if rows:
         r = rows[0]
         print(
             f"(one run of {r['rounds']} rounds, {r['num_records']} records of which {r['canaries']} canaries "
             f"({r['included']} in by the coins); relation {r['relation']}, delta={r['delta']:.3g}: the run's "
-            f"printed epsilon; {r['confidence']:.0%} lower bound of Steinke, Nasr, Jagielski 2023 with its "
-            f"delta term, best of {len(r['patterns'])} guess patterns (Bonferroni); score: {r['score']}; "
+            f"printed epsilon. Two analyses, each at {r['confidence']:.0%} with half the error: the "
+            f"epsilon-delta lower bound of Steinke, Nasr, Jagielski 2023 (best of {len(r['patterns'])} "
+            f"guess patterns); the "
+            f"f-DP test of Mahloujifar, Melis, Chaudhuri 2024 against the run's own trade-off curve "
+            f"(mu_lower: the largest GDP mu the guesses reject; mu(claim): the Gaussian mechanism with the "
+            f"claimed epsilon), best of {len(r['fdp']['patterns'])} patterns; score: {r['score']}; "
             f"q={r['sampling_rate']}, sigma={r['noise_multiplier']:.3g}, clipping-quantile "
             f"{r['clipping']['quantile']:.3g}; secret randomness: {r['secrets']})"
         )
@@ -364,8 +374,8 @@ def _cmd_one_run(args: argparse.Namespace) -> int:
     if args.seed:
         config.setdefault("seed", args.seed)
     setup = OneRunSetup(
-        canaries=300 if args.canaries is None else args.canaries,
-        amplitude=1000.0 if args.amplitude is None else args.amplitude,
+        canaries=OneRunSetup.canaries if args.canaries is None else args.canaries,
+        amplitude=OneRunSetup.amplitude if args.amplitude is None else args.amplitude,
         config=config,
         score=Score(args.score or "rounds"),
     )
@@ -411,9 +421,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--one-run", action="store_true",
                    help="one-run auditing of a whole training run (Steinke, Nasr, Jagielski 2023)")
-    p.add_argument("--canaries", type=int, default=None, metavar="M", help="with --one-run: canaries (300)")
+    p.add_argument("--canaries", type=int, default=None, metavar="M", help="with --one-run: canaries (5000)")
     p.add_argument("--amplitude", type=float, default=None,
-                   help="with --one-run: each canary's private value (1000)")
+                   help="with --one-run: each canary's private value (30)")
     p.add_argument("--score", choices=["rounds", "final"], default=None,
                    help="with --one-run: score each round's release (rounds, default) or the final model")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",

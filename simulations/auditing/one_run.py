@@ -68,8 +68,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedfdp.accounting import FDPAccountant, SubsampledGaussian
+from fedfdp.accounting.prv import gaussian_epsilon
 from fedfdp.algorithm import run_centralised
-from fedfdp.audit import ALPHA, GUESS_PATTERNS, one_run_bound
+from fedfdp.audit import ALPHA, GUESS_PATTERNS, one_run_bound, one_run_epsilon
 from fedfdp.config import Config, ConfigError, Mode, Optimizer, PrivacyUnit, load_config
 from fedfdp.contribution import (
     ClientParts,
@@ -84,8 +86,10 @@ from fedfdp.entropy import OSBits, noise_source, uniforms
 from fedfdp.evaluation import held_out_metrics
 from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap
+from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
+from fedfdp.one_run_fdp import InverseCurve, OneRunFDP, epsilon_delta_curve, needed_correct, one_run_fdp
 from fedfdp.run_plan import feature_map_for, mechanism_for, run_secrets
 from simulations.auditing.bugs import planted
 
@@ -123,18 +127,22 @@ class OneRunSetup:
     alpha : float
         1 − confidence of the bound.
     patterns : tuple of (float, float)
-        Guess patterns tried, ``(in, out)`` as shares of ``m`` (:func:`fedfdp.audit.one_run_bound`).
+        Guess patterns of the ε–δ analysis, ``(in, out)`` as shares of ``m``
+        (:func:`fedfdp.audit.one_run_bound`).
+    fdp_patterns : tuple of (float, float)
+        Guess patterns of the f-DP analysis (:func:`fedfdp.one_run_fdp.one_run_fdp`).
     coin_seed : int or None
         None (default): the coins come from the OS CSPRNG; an integer makes them
         repeatable (the run's own secret randomness is the OS CSPRNG either way).
     """
 
-    canaries: int = 300
-    amplitude: float = 1000.0
+    canaries: int = 5000
+    amplitude: float = 30.0
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     score: Score = Score.ROUNDS
     alpha: float = ALPHA
     patterns: tuple[tuple[float, float], ...] = GUESS_PATTERNS
+    fdp_patterns: tuple[tuple[float, float], ...] = ((0.01, 0.0), (0.02, 0.0), (0.03, 0.0), (0.05, 0.0))
     coin_seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -328,9 +336,86 @@ def canary_scores(
     return total
 
 
+#: The δ grid of the claim's curve (:func:`claim_curve`): the accountant's certified
+#: ``ε(δ)`` at each point gives one line of the curve.
+CLAIM_DELTAS = np.geomspace(1e-12, 0.5, 60)
+
+
+def claim_curve(mechanism: ResolvedMechanism, rounds: int) -> InverseCurve:
+    """The claim the f-DP analysis tests: a lower bound on the run's trade-off curve
+    from the run's own accountant — the mechanism's event charged ``rounds`` times,
+    what every round of the audited run charges — through its certified ``ε(δ)`` on
+    :data:`CLAIM_DELTAS` (:func:`fedfdp.one_run_fdp.epsilon_delta_curve`).
+    """
+    event = mechanism.event
+    if not isinstance(event, SubsampledGaussian):
+        raise ConfigError(f"the one-run audit's run charges {event!r}: need a subsampled Gaussian")
+    accountant = FDPAccountant()
+    accountant.compose(event, rounds)
+    deltas = [float(d) for d in CLAIM_DELTAS]
+    return epsilon_delta_curve([accountant.epsilon(d) for d in deltas], deltas)
+
+
+def matching_mu(epsilon: float, delta: float) -> float:
+    """The ``μ`` of the Gaussian mechanism whose ``ε`` at ``delta`` is ``epsilon`` (bisection
+    on :func:`fedfdp.accounting.prv.gaussian_epsilon`, increasing in ``μ``).
+    """
+    lo, hi = 0.0, 1.0
+    while gaussian_epsilon(hi, delta) < epsilon:
+        hi *= 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if gaussian_epsilon(mid, delta) < epsilon else (lo, mid)
+    return hi
+
+
+@dataclass(frozen=True)
+class Power:
+    """What the audit could see before the run, from public quantities only.
+
+    ``fdp_needed``: for each f-DP pattern, the right guesses (out of its ``k``) that
+    reject the claim (None: not even all of them); ``steinke_ceiling``: the ε–δ bound
+    with every guess of the best pattern right. ``any``: some analysis can refute the
+    claim at all.
+    """
+
+    fdp_needed: tuple[int | None, ...]
+    fdp_guesses: tuple[int, ...]
+    steinke_ceiling: float
+    claimed: float
+
+    @property
+    def any(self) -> bool:
+        return any(n is not None for n in self.fdp_needed) or self.steinke_ceiling > self.claimed
+
+    def line(self, canaries: int) -> str:
+        """The one line printed instead of "pass" when the run has no power."""
+        most = max(self.fdp_guesses, default=0)
+        return (f"no power: with {canaries} canaries, even {most} of {most} guesses right could not "
+                f"refute the claim {self.claimed:.3g} (ε–δ ceiling {self.steinke_ceiling:.3g}); "
+                "more canaries")
+
+
+def audit_power(setup: OneRunSetup, claim: InverseCurve, claimed: float, delta: float) -> Power:
+    """:class:`Power` of ``setup`` against ``claim`` (the f-DP analysis at ``alpha/2``, the
+    ε–δ one at ``alpha/2``, each Bonferroni over its patterns).
+    """
+    m, half = setup.canaries, setup.alpha / 2
+    guesses = tuple(round(a * m) + round(b * m) for a, b in setup.fdp_patterns)
+    beta = half / len(setup.fdp_patterns)
+    needed = tuple(needed_correct(claim, m, k, beta) if k else None for k in guesses)
+    ceiling = 0.0
+    for a, b in setup.patterns:
+        k = round(a * m) + round(b * m)
+        if 0 < k <= m:
+            ceiling = max(ceiling, one_run_epsilon(m, k, k, delta, half / len(setup.patterns)))
+    return Power(needed, guesses, ceiling, claimed)
+
+
 def run_one_run_audit(setup: OneRunSetup | None = None, bug: str | None = None) -> dict[str, Any]:
-    """Train once with ``m`` canaries (module docstring) and bound ε; the result record
-    (:func:`one_run_result`).
+    """Train once with ``m`` canaries (module docstring) and analyse the guesses twice:
+    the ε–δ bound of Steinke et al. and the f-DP test of Mahloujifar et al. against the
+    run's own curve; the result record (:func:`one_run_result`).
     """
     setup = setup or OneRunSetup()
     component = planted(bug)
@@ -361,21 +446,37 @@ def run_one_run_audit(setup: OneRunSetup | None = None, bug: str | None = None) 
         raise RuntimeError(f"the audited run stopped after {len(rows)} of {cfg.privacy.num_rounds} rounds")
     scores = canary_scores(cfg, fleet, recorder.states, rows, setup.score)
     last = rows[-1]
-    bound = one_run_bound(scores, included, float(last["delta"]), setup.alpha, setup.patterns)
+    delta = float(last["delta"])
+    half = setup.alpha / 2
+    bound = one_run_bound(scores, included, delta, half, setup.patterns)
     mechanism = mechanism_for(cfg, fleet.data)
+    claim = claim_curve(mechanism, len(rows))
+    fdp = one_run_fdp(scores, included, claim, delta, half, setup.fdp_patterns)
+    power = audit_power(setup, claim, float(last["epsilon"]), delta)
     seconds = time.perf_counter() - start
-    return one_run_result(setup, cfg, bug, bound, last, mechanism, seconds, scores, included)
+    return one_run_result(setup, cfg, bug, bound, last, mechanism, seconds, scores, included, fdp, power)
 
 
 def one_run_result(
     setup: OneRunSetup, cfg: Config, bug: str | None, bound: Any, last: Mapping[str, Any], mechanism: Any,
-    seconds: float, scores: np.ndarray, included: np.ndarray,
+    seconds: float, scores: np.ndarray, included: np.ndarray, fdp: OneRunFDP, power: Power,
 ) -> dict[str, Any]:
-    """The JSON record of a one-run audit. ``violated``: the lower bound exceeds the
-    run's printed ε.
+    """The JSON record of a one-run audit. ``violated``: the ε–δ lower bound exceeds the
+    run's printed ε, or the f-DP analysis rejects the run's curve (each at ``alpha/2``:
+    together a ``1 − alpha`` statement). ``power``: whether the run could have refuted
+    the claim at all (public quantities only); without it the verdict says so.
     """
     claimed = float(last["epsilon"])
-    violated = bound.epsilon > claimed
+    delta = float(last["delta"])
+    violated = bound.epsilon > claimed or fdp.claim_rejected
+    if fdp.claim_rejected:
+        verdict = "FAIL: the f-DP analysis rejects the run's curve"
+    elif violated:
+        verdict = "FAIL: lower bound above the claim"
+    elif not power.any:
+        verdict = power.line(setup.canaries)
+    else:
+        verdict = "pass"
     clip = mechanism.clipping
     in_scores, out_scores = scores[included], scores[~included]
     return {
@@ -384,13 +485,29 @@ def one_run_result(
         "epsilon_lower": round(bound.epsilon, 4),
         "epsilon_claimed": round(claimed, 4),
         "relation": str(last["relation"]),
-        "delta": float(last["delta"]),
+        "delta": delta,
         "violated": violated,
-        "verdict": "FAIL: lower bound above the claim" if violated else "pass",
+        "verdict": verdict,
         "confidence": 1.0 - setup.alpha,
         "bound": ("Steinke, Nasr, Jagielski 2023: P[W >= v] <= P[Bin(r, e^eps/(1+e^eps)) >= v] "
-                  "+ 2 m delta max_i P[v-i <= Bin < v]/i; the largest eps rejected at level alpha/patterns, "
-                  "the best over the guess patterns (Bonferroni)"),
+                  "+ 2 m delta max_i P[v-i <= Bin < v]/i; the largest eps rejected at level "
+                  "alpha/2/patterns, the best over the guess patterns (Bonferroni)"),
+        "fdp": {
+            "analysis": ("Mahloujifar, Melis, Chaudhuri 2024: the least mass an f-DP mechanism needs for "
+                         "P[C >= c] >= beta, by their recursion; each pattern at alpha/2/patterns"),
+            "claim_rejected": fdp.claim_rejected,
+            "mu_lower": fdp.mu_lower,
+            "epsilon_of_mu_lower": round(fdp.epsilon_of_mu, 4),
+            "mu_of_claimed_epsilon": round(matching_mu(claimed, delta), 4),
+            "guesses_in": fdp.guesses_in,
+            "guesses_out": fdp.guesses_out,
+            "correct": fdp.correct,
+            "needed": fdp.needed,
+            "patterns": [list(p) for p in setup.fdp_patterns],
+            "needed_per_pattern": list(power.fdp_needed),
+        },
+        "power": power.any,
+        "steinke_ceiling": round(power.steinke_ceiling, 4),
         "canaries": bound.canaries,
         "included": bound.included,
         "guesses": bound.guesses,
@@ -417,5 +534,6 @@ def one_run_result(
     }
 
 
-__all__ = ["ONE_RUN_DEFAULTS", "CanaryFleet", "OneRunSetup", "Recorder", "Score", "WithoutAbsent",
-           "canary_scores", "one_run_result", "run_one_run_audit", "with_canaries"]
+__all__ = ["CLAIM_DELTAS", "ONE_RUN_DEFAULTS", "CanaryFleet", "OneRunSetup", "Power", "Recorder", "Score",
+           "WithoutAbsent", "audit_power", "canary_scores", "claim_curve", "matching_mu", "one_run_result",
+           "run_one_run_audit", "with_canaries"]
