@@ -35,18 +35,19 @@ resume added pessimistically: the replay composes every charge ever written, in 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fedfdp.accounting import FDPAccountant
 from fedfdp.accounting.distributed import DistributedAccountant
-from fedfdp.accounting.events import PrivacyEvent, Relation
+from fedfdp.accounting.events import PrivacyEvent, Relation, ThresholdedHistogram
 from fedfdp.accounting.protocol import Accountant, append_repeated
 from fedfdp.corrdp.accounting import CorrDPAccountant
 from fedfdp.ledger import EntryKind, Ledger, is_node_mechanism
 
-__all__ = ["LedgerReplay", "accountant_for", "is_secagg", "replay", "replay_ledger"]
+__all__ = ["LedgerReplay", "accountant_for", "is_secagg", "replay", "replay_ledger", "why_infinite"]
 
 
 def replay(events: Sequence[PrivacyEvent], new: Callable[[], Accountant[Any]]) -> Accountant[Any]:
@@ -149,3 +150,50 @@ def replay_ledger(
     rounds = [e for e in ledger.charges if e.kind is not EntryKind.ESTIMATE]  # estimates: before round 1
     charged = {e.round for e in ledger.charges if e.round is not None}
     return LedgerReplay(acc, tuple(merged), len(rounds), len(charged), mechanism)
+
+
+def why_infinite(
+    events: Sequence[tuple[PrivacyEvent, int]],
+    delta: float,
+    relation: Relation,
+    *,
+    mode: str | None = None,
+    unbounded: bool = False,
+    add_remove: float | None = None,
+) -> str:
+    """One line saying why a replayed ledger has no finite ε at ``delta`` under ``relation``
+    (``fedfdp account`` prints it beside every ∞): which events have no bound, and why.
+
+    Parameters
+    ----------
+    events : sequence of (event, count)
+        The ledger's charges, merged.
+    unbounded : bool
+        The run trained on private data without noise (``mode = "nonprivate"``).
+    add_remove : float, optional
+        The finite add/remove ε of the same events, if any (a replacement ∞ then comes from
+        Proposition 1's δ, which this line quantifies).
+    """
+    if unbounded:
+        return (f"mode {mode or 'nonprivate'!r} trains on the private data without noise: no event bounds "
+                "it, under any relation")
+    thresholded = [(e, n) for e, n in events if isinstance(e, ThresholdedHistogram)]
+    cost = float(sum(n * e.delta_cost for e, n in thresholded))
+    k = sum(n for _, n in thresholded)
+    if cost > 0.0 and cost >= delta:
+        return (f"{relation}: the {k} thresholded histogram(s) of the released estimates take δ = {cost:.3g} "
+                f"(a category held by one record is released with probability δ_t), at least the run's "
+                f"δ = {delta:.3g}: nothing is left for the Gaussian parts; declare the encodings or raise δ")
+    if cost > 0.0 and relation is Relation.REPLACEMENT:
+        share = ""
+        if add_remove is not None and math.isfinite(add_remove):
+            factor = 1.0 + math.exp(min(add_remove, 700.0))
+            share = (f" (≥ {factor:.3g} at the add/remove ε {add_remove:.3g}: {cost * factor:.3g} of "
+                     f"δ = {delta:.3g})")
+        return (f"replacement (Prop. 1 from add/remove): the {k} thresholded histogram(s) of the released "
+                f"estimates take δ = {cost:.3g}, which Proposition 1 multiplies by 1 + e^ε{share}, and the "
+                f"rest of the run's δ = {delta:.3g} is too small for their Gaussian parts at any such ε; "
+                "declare the encodings (no estimate), or read the add/remove ε")
+    charges = sum(n for _, n in events)
+    return (f"{relation}: the accountant finds no finite ε at δ = {delta:.3g} for these {charges} charge(s) "
+            "(the noise is too small for this δ: the numerical curves and the Rényi-DP bound both fail)")

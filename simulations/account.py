@@ -196,6 +196,7 @@ def account(args: argparse.Namespace) -> dict[str, Any]:
         "eps_error": acc.eps_error,
     }
     out.update({k: v for k, v in info.items() if k != "delta"})
+    _explain_infinities(out, acc, delta, ADD_REMOVE)
     if args.ball is not None:
         out["ball"] = args.ball
         out["attribute_inference_bound"] = attribute_inference_bound(acc, args.ball)
@@ -236,6 +237,7 @@ def _corrdp_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
         "eps_error": acc.eps_error,
     }
     out.update(info)
+    _explain_infinities(out, acc, delta, CORRDP)
     return out
 
 
@@ -287,12 +289,47 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
         "eps_error": acc.eps_error,
     }
     out.update(info)
+    _explain_infinities(out, acc, delta, ADD_REMOVE)
     return out
+
+
+#: The ε columns of a report, and the relation each is stated for.
+_EPSILON_COLUMNS = {"epsilon": ADD_REMOVE, "epsilon_replacement": "replacement",
+                    "epsilon_route_a": ADD_REMOVE, "epsilon_route_b": ADD_REMOVE, "epsilon_corrdp": CORRDP}
+
+
+def _explain_infinities(out: dict[str, Any], acc: Any, delta: float, relation: str) -> None:
+    """``out["why_infinite"]``: for every ε column of ``out`` that is ∞ (``None``), one line
+    saying which events have no bound under which relation, and why
+    (:func:`fedfdp.ledger_replay.why_infinite`); absent when every ε is finite. A CorrDP
+    report's ``epsilon`` is not ∞ but not applicable (its ε is ``epsilon_corrdp``).
+    """
+    from fedfdp.accounting.events import Relation, event_from_dict
+    from fedfdp.ledger_replay import why_infinite
+
+    infinite = [c for c in _EPSILON_COLUMNS if c in out and out[c] is None
+                and not (relation == CORRDP and c == "epsilon")]
+    if not infinite:
+        return
+    try:
+        events = [(event_from_dict(item["event"]), int(item["count"])) for item in acc.state_dict()["ledger"]]
+    except (AttributeError, KeyError, TypeError, ValueError):  # an accountant that keeps no event list
+        events = []
+    why = {}
+    for column in infinite:
+        rel = Relation(_EPSILON_COLUMNS[column])
+        why[column] = why_infinite(events, delta, rel, mode=out.get("mode"),
+                                   unbounded=bool(out.get("unbounded")), add_remove=out.get("epsilon"))
+    out["why_infinite"] = why
 
 
 def _one(values: set[Any]) -> Any:
     """The one value of ``values``, else None (none, or several)."""
     return values.pop() if len(values) == 1 else None
+
+
+_WHY_LABEL = {"epsilon": "add/remove", "epsilon_replacement": "replacement", "epsilon_route_a": "route A",
+              "epsilon_route_b": "route B", "epsilon_corrdp": "CorrDP"}
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -344,6 +381,7 @@ def format_report(r: dict[str, Any]) -> str:
     if r["relation"] == CORRDP:
         rows.append(("ε CorrDP", f"{_fmt(r['epsilon_corrdp'])}  (upper bound, CorrDP relation, {d}; "
                                  "not a DP or FDP ε)"))
+        rows += [("  why ∞", why) for why in r.get("why_infinite", {}).values()]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     route = "the smaller of routes A and B; route A's " if r.get("aggregation") == "secagg" else ""
@@ -359,6 +397,7 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         rows.append(("ε replacement", f"{_fmt(r['epsilon_replacement'])}  (upper bound, replacement "
                                       f"via Prop. 1, {d})"))
+    rows += [(f"  why ∞ ({_WHY_LABEL.get(c, c)})", why) for c, why in r.get("why_infinite", {}).items()]
     if "ball" in r:
         rows.append(("attribute inference", f"{r['attribute_inference_bound']:.4f}  (upper bound on "
                                             f"success, Theorem 4, Ball = {r['ball']:g}; add/remove)"))

@@ -291,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help=f"write {REFERENCE}")
     parser.add_argument("--check", action="store_true", help=f"compare with {REFERENCE}")
     parser.add_argument("--only", nargs="*", default=[], help="these cases only")
+    parser.add_argument("--update", action="store_true",
+                        help=f"re-record the --only cases in {REFERENCE}, leaving every other entry as it is")
     args = parser.parse_args(argv)
     got: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -298,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and name not in args.only:
                 continue
             got[f"{name}/{engine}"] = run_case(name, engine, Path(tmp))
+    if args.update:
+        if not args.only:
+            parser.error("--update needs --only CASE ...")
+        merged = {**json.loads(REFERENCE.read_text()), **got}
+        lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(merged.items())]
+        REFERENCE.write_text("{\n" + ",\n".join(lines) + "\n}\n")
     if args.write:
         REFERENCE.parent.mkdir(exist_ok=True)
         write_mechanisms()
