@@ -92,9 +92,10 @@ refinement (a few µs, about ``2⁻¹⁰`` per ``10⁵`` draws, for an event nea
 of the values) and numpy's own data-dependent costs (``flatnonzero``, fancy indexing).
 ``benchmarks/reply_timing.py`` measures the time against the magnitude of the draws.
 
-Cost (measured on the shared 2-core development machine): about 170 ms for
-``d = 10⁵`` draws at ``σ = 4`` and at ``σ = 10⁵`` (was 65-80 ms with value-dependent
-work), a good part of it reading ``os.urandom``.
+Cost (CPU time, measured on the shared 2-core development machine): 110-120 ms for
+``d = 10⁵`` draws at ``σ = 4`` and at ``σ = 10⁵``, against 70-80 ms for the sampler
+whose work followed the values (1.5×), a quarter of it reading ``os.urandom``; a call
+for a handful of draws costs a few ms (the public steps are Python loops).
 """
 
 from __future__ import annotations
@@ -261,48 +262,71 @@ def _alive_sizes(m: int, beta: float) -> tuple[int, ...]:
         k += 1
 
 
-def _bernoulli_exp_fraction(
-    words: _Words, f: np.ndarray, err: np.ndarray, exact: ExactRatio, *, first: bool | None = None
-) -> np.ndarray:
-    """Exact ``Bernoulli(exp(-f_i))`` for ``f_i ∈ [0, 1]`` (CKS Algorithm 1, von Neumann),
-    with a public amount of work.
+def _von_neumann(first: np.ndarray, step: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """CKS Algorithm 1's loop with a public amount of work: ``Bernoulli(exp(-f_i))`` from
+    ``first`` (the draws ``A_1``) and ``step(K, rows)`` (``A_K ~ Bernoulli(f/K)`` for each
+    of ``rows``); the draw stops at its first failure and is 1 iff that ``K`` is odd.
 
-    ``|f̂_i - f_i| <= err_i``; ``exact(i)`` is ``f_i`` as ``(num, den)``; ``first=True``
-    when every ``f_i = 1`` (``A_1`` succeeds surely and is not drawn). Step ``K`` draws
-    ``A_K ~ Bernoulli(f/K)`` for the running draws padded to the public size of
+    Step ``K`` draws for the running draws padded to the public size of
     :func:`_alive_sizes` (the padding's outcomes are discarded); a draw still running
     after the last public step (probability at most :data:`STEP_FAILURE` per step) is
     finished by the same loop without padding, so the law is exactly CKS's.
     """
-    m = f.size
-    a = np.ones(m, dtype=bool) if first else _bernoulli(words, f, err + 2.0 * _UNIT * f, exact)
-    odd = ~a  # stopped at K = 1
-    alive = a
-    sizes = _alive_sizes(m, STEP_FAILURE)
+    odd = ~first  # stopped at K = 1
+    alive = first.copy()
+    sizes = _alive_sizes(first.size, STEP_FAILURE)
     k = 2
     while True:
         idx = np.flatnonzero(alive)
         public = sizes[k - 2] if k - 2 < len(sizes) else 0
         if public == 0 and not idx.size:
             return odd
-        padded = np.zeros(max(public, idx.size), dtype=np.int64)
-        padded[: idx.size] = idx
-        x = f[padded] / k
-        e = err[padded] / k + 2.0 * _UNIT * x
-
-        def exact_k(j: int, padded: np.ndarray = padded, k: int = k) -> tuple[int, int]:
-            num, den = exact(int(padded[j]))
-            return num, den * k
-
-        stop = idx[~_bernoulli(words, x, e, exact_k)[: idx.size]]
+        rows = np.zeros(max(public, idx.size), dtype=np.int64)
+        rows[: idx.size] = idx
+        stop = idx[~step(k, rows)[: idx.size]]
         if k % 2:
             odd[stop] = True
         alive[stop] = False
         k += 1
 
 
-def _one(i: int) -> tuple[int, int]:
-    return 1, 1
+def _bernoulli_exp_fraction(words: _Words, f: np.ndarray, err: np.ndarray, exact: ExactRatio) -> np.ndarray:
+    """Exact ``Bernoulli(exp(-f_i))`` for ``f_i ∈ [0, 1]`` (CKS Algorithm 1, von Neumann),
+    with a public amount of work (:func:`_von_neumann`).
+
+    ``|f̂_i - f_i| <= err_i``; ``exact(i)`` is ``f_i`` as ``(num, den)``.
+    """
+
+    def step(k: int, rows: np.ndarray) -> np.ndarray:
+        x = f[rows] / k
+
+        def exact_k(j: int) -> tuple[int, int]:
+            num, den = exact(int(rows[j]))
+            return num, den * k
+
+        return _bernoulli(words, x, err[rows] / k + 2.0 * _UNIT * x, exact_k)
+
+    return _von_neumann(_bernoulli(words, f, err + 2.0 * _UNIT * f, exact), step)
+
+
+def _bernoulli_exp_minus_one(words: _Words, n: int) -> np.ndarray:
+    """``n`` exact ``Bernoulli(exp(-1))`` draws (CKS Algorithm 1 with ``γ = 1``), with a
+    public amount of work.
+
+    ``A_1 ~ Bernoulli(1)`` always succeeds; each ``A_K = [U < 1/K]`` is decided in
+    integers from 32 random bits ``W``: with ``m = ⌊2³²/K⌋``, ``W < m`` means ``U < 1/K``
+    and ``W > m`` means ``U > 1/K``; ``W = m`` is refined exactly.
+    """
+
+    def step(k: int, rows: np.ndarray) -> np.ndarray:
+        w = words.take32(rows.size)
+        m = (1 << 32) // k
+        a = w < np.uint32(m)
+        for i in np.flatnonzero(w == np.uint32(m)):
+            a[i] = _uniform_below(int(w[i]), 32, 1, k, words)
+        return a
+
+    return _von_neumann(np.ones(n, dtype=bool), step)
 
 
 def _geometric(words: _Words, n: int) -> np.ndarray:
@@ -318,10 +342,9 @@ def _geometric(words: _Words, n: int) -> np.ndarray:
     if n == 0:
         return np.empty(0, dtype=np.int64)
     length = trials_for(n, _EXP_MINUS_ONE_FAILS, STEP_FAILURE)
-    fails = np.flatnonzero(~_bernoulli_exp_fraction(
-        words, np.ones(length), np.zeros(length), _one, first=True))
+    fails = np.flatnonzero(~_bernoulli_exp_minus_one(words, length))
     while fails.size < n:  # probability <= STEP_FAILURE
-        more = _bernoulli_exp_fraction(words, np.ones(n), np.zeros(n), _one, first=True)
+        more = _bernoulli_exp_minus_one(words, n)
         fails = np.concatenate([fails, length + np.flatnonzero(~more)])
         length += n
     ends = fails[:n]
