@@ -1,4 +1,5 @@
-"""Black-box tests of every mode's round mechanism (issue 22, item 6).
+"""Black-box tests of every mode's round mechanism (issue 22, item 6), and of one
+round of secure aggregation (issue 30, point 6; the section at the end).
 
 In the style of Google's dp_auditorium: two neighbouring inputs under the mode's
 relation, ONE real round of the production code on each many times, the released
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,17 +66,24 @@ import torch
 from scipy.stats import norm
 from torch import nn
 
+from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.audit import AuditResult, audit_trials, hockey_stick_lower_bound
 from fedfdp.config import Config, load_config
 from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, node_contribution, trainable
 from fedfdp.data import DeviceData, FederatedData
-from fedfdp.entropy import SeededEntropy
+from fedfdp.entropy import BitStream, SeededBits, SeededEntropy
 from fedfdp.features import FeatureSpec
 from fedfdp.losses import FeatureMap, private_cross_entropy
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.models import build_model_for
 from fedfdp.round_engine import RoundEngine
 from fedfdp.run_plan import build_plan, client_parts_for, server_parts_for
+from fedfdp.secagg.client_session import ClientSession
+from fedfdp.secagg.encoding import from_ring, quantize, to_ring
+from fedfdp.secagg.identity import NodeTrust, Roster, SigningKey
+from fedfdp.secagg.party import noisy_contribution
+from fedfdp.secagg.plan import SecAggPlan, secagg_event, secagg_plan
+from fedfdp.secagg.server_session import ServerSession
 from tests.model_helpers import linear_layer
 
 #: Canaries per round; the private value of a canary in world 1.
@@ -431,3 +439,125 @@ def test_round_mechanism_within_its_claim_with_more_trials(name: str) -> None:
     relation = "corrdp" if name == "corrdp" else "add-remove"
     result = audit(collect(case, rounds=4 * case.rounds), relation)
     assert not result.violated, _describe(name, result)
+
+
+# --------------------------------------------------------------------------------------
+# the distributed round: secure aggregation (aggregation = "secagg")
+# --------------------------------------------------------------------------------------
+#
+# ONE round of the real protocol per trial batch: three parties' ClientSessions and the
+# ServerSession (fedfdp.secagg: setup, share keys, collect, confirm, unmask), each party's
+# collect value made by the real noisy encoding (fedfdp.secagg.party.noisy_contribution:
+# randomized rounding and the exact discrete Gaussian of std σ_loc), σ_loc from the
+# secure-aggregation plan of the run (fedfdp.secagg.plan.secagg_plan, t_c = 0 colluders so
+# every party's noise is counted) and the claim from the distributed accountant the run
+# uses (DistributedAccountant over secagg_event(plan, q = 1): one round, no subsampling).
+# Party 0 holds the canaries: coordinate j carries one record whose clipped gradient is
+# C·e_j in world 1 and is absent in world 2 (add/remove); the parties' noise and rounding
+# are independent per coordinate, so the d coordinates of a round are d independent
+# trials. The statistic is the unmasked aggregate on the coordinate. A planted
+# under-noised party (no noise, or σ_loc/2) enters through the same seam as the honest
+# one: the contribution function each party is given.
+
+#: Party ids, the dimension (trials per round), s, σ (accounted noise multiplier), C.
+SECAGG_IDS = (11, 12, 13)
+SECAGG_DIM, SECAGG_SCALE, SECAGG_SIGMA, SECAGG_CLIP = 2**16, 2.0**14, 1.0, 1.0
+SECAGG_DIGEST = bytes(32)  # the digest every party "received" with the round's model
+_SECAGG_KEYS: dict[int, SigningKey] = {}
+
+
+def secagg_plan_and_claim() -> tuple[SecAggPlan, float]:
+    """The plan of the audited round and the distributed accountant's ε of it at ``DELTA``."""
+    n = len(SECAGG_IDS)
+    plan = secagg_plan(SECAGG_SIGMA, dimension=SECAGG_DIM, num_records=SECAGG_DIM, max_parties=n,
+                       min_survivors=n, colluders=0, scale=SECAGG_SCALE)
+    accountant = DistributedAccountant()
+    accountant.compose(secagg_event(plan, 1.0))
+    return plan, accountant.epsilon(DELTA)
+
+
+def no_noise(
+    x: np.ndarray, *, clip: float, scale: float, local_sigma: float, stream: BitStream
+) -> np.ndarray:
+    """Planted bug: a party that rounds its value but adds no noise (σ_loc accounted)."""
+    return to_ring(quantize(np.asarray(x, dtype=np.float64), clip=clip, scale=scale, stream=stream))
+
+
+def half_local_noise(
+    x: np.ndarray, *, clip: float, scale: float, local_sigma: float, stream: BitStream
+) -> np.ndarray:
+    """Planted bug: a party adding ``σ_loc/2`` (``σ_loc`` accounted)."""
+    return noisy_contribution(x, clip=clip, scale=scale, local_sigma=local_sigma / 2, stream=stream)
+
+
+def secagg_round(
+    plan: SecAggPlan, canaries: np.ndarray, contributions: Sequence[Callable[..., np.ndarray]],
+    seq: np.random.SeedSequence, round_: int,
+) -> np.ndarray:
+    """One round of the real sessions; the unmasked aggregate in units of ``s`` (one
+    canary's clipped gradient)."""
+    ids = list(SECAGG_IDS)
+    keys = {u: _SECAGG_KEYS.setdefault(u, SigningKey.generate()) for u in ids}
+    roster = Roster({f"node-{u}": keys[u].public for u in ids})
+    clients = {u: ClientSession(u, NodeTrust(keys[u], roster, len(ids)), run=1) for u in ids}
+    server = ServerSession(round_, ids, SECAGG_DIM, min_survivors=len(ids))
+    keys_asked = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
+    collect = server.receive_keys([clients[u].share_keys(r) for u, r in keys_asked.items()])
+    inputs = [SECAGG_CLIP * canaries.astype(np.float64)] + [np.zeros(SECAGG_DIM)] * (len(ids) - 1)
+    values = {u: make(x, clip=SECAGG_CLIP, scale=plan.scale, local_sigma=plan.local_sigma,
+                      stream=SeededBits(s))
+              for u, make, x, s in zip(ids, contributions, inputs, seq.spawn(len(ids)), strict=True)}
+    replies = [clients[u].collect(r, values[u], SECAGG_DIGEST) for u, r in collect.items()]
+    confirm = server.receive_collect(replies)
+    unmask = server.receive_confirm([clients[u].confirm(r) for u, r in confirm.items()], SECAGG_DIGEST)
+    result = server.receive_unmask([clients[u].unmask(r) for u, r in unmask.items()])
+    assert result.u3 == frozenset(ids)  # every party's value is in the sum
+    return from_ring(result.total).astype(np.float64) / plan.scale
+
+
+def secagg_audit(bad: Callable[..., np.ndarray] | None, rounds: int, seed: int) -> AuditResult:
+    """``rounds`` rounds × ``SECAGG_DIM`` trials; party 1 uses ``bad`` if given."""
+    plan, claim = secagg_plan_and_claim()
+    parties: list[Callable[..., np.ndarray]] = [noisy_contribution] * len(SECAGG_IDS)
+    if bad is not None:
+        parties[1] = bad
+    seq = np.random.SeedSequence([seed, 0x5EC])
+    rng = np.random.default_rng(seq.spawn(1)[0])
+    pos, neg = [], []
+    for r, s in enumerate(seq.spawn(rounds)):
+        world1 = rng.random(SECAGG_DIM) < 0.5
+        released = secagg_round(plan, world1, parties, s, round_=r + 1)
+        pos.append(released[world1])
+        neg.append(released[~world1])
+    return audit_trials({"coordinate": np.concatenate(pos)}, {"coordinate": np.concatenate(neg)},
+                        claimed_epsilon=claim, delta=DELTA, relation="add-remove")
+
+
+def test_secagg_claim_is_the_gaussian_closed_form() -> None:
+    """The claim the secagg round is held to is not inflated: with σ_eff = σ = 1 and
+    sensitivity Δ = s + √d the round is within the accountant's error of the Gaussian
+    mechanism with shift 1 (route A, no subsampling)."""
+    _, claim = secagg_plan_and_claim()
+    exact = gaussian_epsilon(1.0 / SECAGG_SIGMA, DELTA)
+    assert exact - 1e-6 <= claim <= exact + 0.05
+
+
+def test_secagg_round_stays_within_its_claim_and_an_under_noised_party_is_caught() -> None:
+    """The honest round: the 95% lower bound stays below the claimed ε (per coordinate the
+    shift is s/Δ = 0.985 of what the claim allows); one party without noise (the total
+    variance 2/3 of the accounted one: true ε ≈ 3.95 against 3.14) is caught."""
+    honest = secagg_audit(None, rounds=12, seed=1)
+    print(_describe("secagg", honest))
+    assert not honest.violated, _describe("secagg", honest)
+    assert hockey_stick_lower_bound(honest.bound, honest.epsilon_claimed) <= DELTA
+    broken = secagg_audit(no_noise, rounds=12, seed=2)
+    print(_describe("secagg + a party without noise", broken))
+    assert broken.violated, _describe("secagg + a party without noise", broken)
+    assert hockey_stick_lower_bound(broken.bound, broken.epsilon_claimed) > DELTA
+
+
+@pytest.mark.slow
+def test_secagg_party_with_half_its_noise_is_caught() -> None:
+    """A party adding σ_loc/2 (total variance 3/4 of the accounted one: true ε ≈ 3.7)."""
+    broken = secagg_audit(half_local_noise, rounds=40, seed=3)
+    assert broken.violated, _describe("secagg + a party with half its noise", broken)
