@@ -142,7 +142,7 @@ class OneRunSetup:
     score: Score = Score.ROUNDS
     alpha: float = ALPHA
     patterns: tuple[tuple[float, float], ...] = GUESS_PATTERNS
-    fdp_patterns: tuple[tuple[float, float], ...] = ((0.01, 0.0), (0.02, 0.0), (0.03, 0.0), (0.05, 0.0))
+    fdp_patterns: tuple[tuple[float, float], ...] = ((0.015, 0.0), (0.03, 0.0))
     coin_seed: int | None = None
 
     def __post_init__(self) -> None:
