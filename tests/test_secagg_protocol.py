@@ -771,16 +771,17 @@ def test_distinct_keys_give_distinct_masks():
     assert np.mean(a != b) > 0.99
     # pair keys: symmetric in the pair, distinct across pairs, rounds and purposes
     s = random_secret()
-    assert pair_mask_key(s, 1, 5, 9) == pair_mask_key(s, 1, 9, 5)
+    assert pair_mask_key(s, 1, 5, 9, digest=DIGEST) == pair_mask_key(s, 1, 9, 5, digest=DIGEST)
     derived = {
-        pair_mask_key(s, 1, 5, 9),
-        pair_mask_key(s, 2, 5, 9),
-        pair_mask_key(s, 1, 5, 10),
-        self_mask_key(s, 1, 5),
+        pair_mask_key(s, 1, 5, 9, digest=DIGEST),
+        pair_mask_key(s, 2, 5, 9, digest=DIGEST),
+        pair_mask_key(s, 1, 5, 10, digest=DIGEST),
+        pair_mask_key(s, 1, 5, 9, digest=bytes(32)),  # another model: another mask
+        self_mask_key(s, 1, 5, digest=DIGEST),
         encryption_key(s, 1, 5, 9),
         encryption_key(s, 1, 9, 5),
     }
-    assert len(derived) == 6
+    assert len(derived) == 7
 
 
 def test_hkdf_matches_rfc5869_with_the_documented_info_layout():
@@ -797,6 +798,10 @@ def test_hkdf_matches_rfc5869_with_the_documented_info_layout():
         + (2**64 - 1).to_bytes(8, "big")
     )
     assert derive_key(ikm, KeyPurpose.MASK, 3, 4, 2**64 - 1) == hkdf(ikm, info)
+    # mask keys: the round digest is the HKDF salt (RFC 5869's PRK = HMAC(salt, ikm))
+    prk = hmac.new(DIGEST, ikm, hashlib.sha256).digest()
+    assert pair_mask_key(ikm, 3, 2**64 - 1, 4, digest=DIGEST) == hmac.new(prk, info + b"\x01",
+                                                                           hashlib.sha256).digest()
 
 
 def test_x25519_agreement_is_symmetric_and_keyed():

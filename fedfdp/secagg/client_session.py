@@ -294,12 +294,13 @@ class ClientSession:
             masked = values.copy()
             np.add(
                 masked,
-                prg_uint32(self_mask_key(self._seed, self._round, self.node_id), self._dim),
+                prg_uint32(self_mask_key(self._seed, self._round, self.node_id, digest=digest), self._dim),
                 out=masked,
             )
             for v in request.srcs:
                 secret = self._mask_keys.agree(self._peer_pk_mask[v])
-                mask = prg_uint32(pair_mask_key(secret, self._round, self.node_id, v), self._dim)
+                key = pair_mask_key(secret, self._round, self.node_id, v, digest=digest)
+                mask = prg_uint32(key, self._dim)
                 (np.add if v > self.node_id else np.subtract)(masked, mask, out=masked)
             self._mask_keys = self._enc_keys = None
             self._seed = None

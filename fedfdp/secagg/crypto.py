@@ -30,7 +30,12 @@ Every symmetric key is ``HKDF-SHA256(ikm, salt=None, info)`` with
 ``info = b"fedfdp/secagg/v1/" + purpose + b"/" + round ‖ first ‖ second`` (three
 8-byte big-endian integers), so keys for different purposes, rounds or node pairs are
 independent. Pairwise mask keys use the *sorted* pair (both ends derive the same
-key); encryption keys use the directed pair (source, destination).
+key); encryption keys use the directed pair (source, destination). Mask keys (pairwise
+and self) take the round digest — the hash of the model and parameters the node
+received (:func:`fedfdp.secagg.identity.round_digest`) — as the HKDF salt: a node sent
+a different model than its neighbours derives different masks, so their masks do not
+cancel and the sum reveals nothing of its input (the model-inconsistency attack of
+Pasquini et al., CCS 2022, yields noise).
 """
 
 from __future__ import annotations
@@ -142,8 +147,9 @@ class KeyPair:
         return self.private.exchange(peer)
 
 
-def derive_key(secret: bytes, purpose: KeyPurpose, round_: int, first: int, second: int) -> bytes:
-    """A 32-byte key ``HKDF-SHA256(secret, info(purpose, round_, first, second))``.
+def derive_key(secret: bytes, purpose: KeyPurpose, round_: int, first: int, second: int,
+               salt: bytes | None = None) -> bytes:
+    """A 32-byte key ``HKDF-SHA256(secret, salt, info(purpose, round_, first, second))``.
 
     Parameters
     ----------
@@ -155,6 +161,8 @@ def derive_key(secret: bytes, purpose: KeyPurpose, round_: int, first: int, seco
     first, second : int
         Node ids. The caller orders them: sorted for a pairwise mask key,
         (source, destination) for an encryption key, (u, u) for a self mask.
+    salt : bytes, optional
+        HKDF salt (the round digest for mask keys); None: HKDF's default.
     """
     if not isinstance(purpose, KeyPurpose):
         raise ValueError(f"purpose={purpose!r}: must be a KeyPurpose")
@@ -166,21 +174,23 @@ def derive_key(secret: bytes, purpose: KeyPurpose, round_: int, first: int, seco
         + _u64("first node id", first)
         + _u64("second node id", second)
     )
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info)
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=info)
     return hkdf.derive(_key("secret", secret))
 
 
-def pair_mask_key(shared_secret: bytes, round_: int, u: int, v: int) -> bytes:
-    """The pairwise mask key of nodes ``u`` and ``v`` (symmetric in ``u``, ``v``)."""
+def pair_mask_key(shared_secret: bytes, round_: int, u: int, v: int, *, digest: bytes) -> bytes:
+    """The pairwise mask key of nodes ``u`` and ``v`` (symmetric in ``u``, ``v``) for the
+    round digest ``digest`` (the HKDF salt).
+    """
     if u == v:
         raise ValueError(f"u=v={u}: a pairwise mask needs two distinct nodes")
     lo, hi = (u, v) if u < v else (v, u)
-    return derive_key(shared_secret, KeyPurpose.MASK, round_, lo, hi)
+    return derive_key(shared_secret, KeyPurpose.MASK, round_, lo, hi, salt=_key("digest", digest))
 
 
-def self_mask_key(seed: bytes, round_: int, u: int) -> bytes:
-    """The key of node ``u``'s self mask, derived from its seed ``b_u``."""
-    return derive_key(seed, KeyPurpose.SELF_MASK, round_, u, u)
+def self_mask_key(seed: bytes, round_: int, u: int, *, digest: bytes) -> bytes:
+    """The key of node ``u``'s self mask, derived from its seed ``b_u`` and the round digest."""
+    return derive_key(seed, KeyPurpose.SELF_MASK, round_, u, u, salt=_key("digest", digest))
 
 
 def encryption_key(shared_secret: bytes, round_: int, src: int, dst: int) -> bytes:

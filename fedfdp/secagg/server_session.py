@@ -27,7 +27,7 @@ from fedfdp.secagg.errors import (
     TooFewSurvivors,
 )
 from fedfdp.secagg.graph import is_connected, neighbour_graph
-from fedfdp.secagg.identity import advertisement, confirmation, verify
+from fedfdp.secagg.identity import DIGEST_BYTES, advertisement, confirmation, verify
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
@@ -161,7 +161,7 @@ class ServerSession:
         self._phase = _ServerPhase.NEW
         self._pk_mask: dict[int, bytes] = {}
         self._identity: dict[int, bytes] = {}
-        self._confirm_sig: dict[int, bytes] = {}
+        self._digest = bytes(DIGEST_BYTES)
         self._unmask_asked: dict[int, UnmaskRequest] = {}
         self._masked_sum: np.ndarray | None = None
         self.u1: frozenset[int] = frozenset()
@@ -334,12 +334,15 @@ class ServerSession:
         """
         self._expect(_ServerPhase.CONFIRM, "receive_confirm")
         got = self._by_sender(replies, ConfirmReply, self.u3, Stage.UNMASK)
+        if not isinstance(digest, bytes) or len(digest) != DIGEST_BYTES:
+            raise ValueError(f"digest: must be {DIGEST_BYTES} bytes")
         statement = confirmation(self.run or 0, self.round, self.u3, self.u2 - self.u3, digest)
         for u, r in got.items():
             if not verify(self._identity[u], statement, r.signature):
                 raise MessageError(f"ConfirmReply.signature of node {u}: not a confirmation of this round's "
                                    "sets and digest", field="signature", node_id=u)
         confirmed = frozenset(got)
+        self._digest = digest
         self._unmask_asked = {}
         for v in sorted(confirmed):
             signers = tuple(sorted(self.neighbourhood(v) & confirmed))
@@ -412,7 +415,8 @@ class ServerSession:
         t = self.threshold
         for u in sorted(self.u3):
             seed = combine_shares(b_shares[u][:t])
-            np.subtract(total, prg_uint32(self_mask_key(seed, self.round, u), self.dim), out=total)
+            key = self_mask_key(seed, self.round, u, digest=self._digest)
+            np.subtract(total, prg_uint32(key, self.dim), out=total)
         for w in sorted(self._dead):
             keys = KeyPair.from_private_bytes(combine_shares(sk_shares[w][:t]))
             if keys.public != self._pk_mask[w]:
@@ -422,7 +426,8 @@ class ServerSession:
                     "published mask key"
                 )
             for v in sorted(self._nbrs[w] & self.u3):
-                mask = prg_uint32(pair_mask_key(keys.agree(self._pk_mask[v]), self.round, v, w), self.dim)
+                key = pair_mask_key(keys.agree(self._pk_mask[v]), self.round, v, w, digest=self._digest)
+                mask = prg_uint32(key, self.dim)
                 # v added +mask when w > v and -mask when w < v
                 (np.subtract if w > v else np.add)(total, mask, out=total)
         total.setflags(write=False)
