@@ -68,8 +68,8 @@ def protected(privacy: PrivacyConfig) -> Protected:
     Examples
     --------
     >>> from fedfdp.config import PrivacyConfig
-    >>> str(protected(PrivacyConfig(mode="dp"))), str(protected(PrivacyConfig(mode="fdp-dpsgd")))
-    ('whole-record', 'private-columns')
+    >>> str(protected(PrivacyConfig(mode="dp"))), str(protected(PrivacyConfig(mode="corrdp")))
+    ('whole-record', 'inputs')
     """
     label_free = privacy.public_loss is PublicLoss.LABEL_FREE and privacy.mode is not Mode.NONPRIVATE
     if privacy.mode is Mode.DP:

@@ -9,30 +9,39 @@ not declared, from statistics of a reference frame:
 =========================  ==========================================  =============================
 column                     declared                                    not declared (``central``)
 =========================  ==========================================  =============================
-numeric public             ``[low, high] → [−1, 1]`` (linear, not      standardised with the
+numeric, disclosed         ``[low, high] → [−1, 1]`` (linear, not      standardised with the
                            clipped: Ψ is disclosed anyway)             training split's mean and std
-text public                one-hot over the declared categories        one-hot over the training
+text, disclosed            one-hot over the declared categories        one-hot over the training
                                                                        split's categories
-numeric private            ``[low, high] → [−1, 1]``, clipped          refused, or with
-                                                                       ``private-statistics =
+numeric, protected         ``[low, high] → [−1, 1]`` (a private        refused, or with
+                           column's clipped)                           ``private-statistics =
                                                                        "estimate"`` a noisy range
                                                                        charged to the ε, clipped
-text private               one-hot over the declared categories        refused, or with
+text, protected            one-hot over the declared categories        refused, or with
                                                                        ``estimate`` the categories
                                                                        of a noisy thresholded
                                                                        histogram, charged
-label                      index in ``label-classes``                  sorted distinct values (the
-                                                                       label is public; refused when
-                                                                       it is private, label-free)
+label, disclosed           index in ``label-classes``                  sorted distinct values
+label, protected           index in ``label-classes``                  refused, or with ``estimate``
+                                                                       the released classes and
+                                                                       :data:`UNRELEASED_LABEL`
 =========================  ==========================================  =============================
+
+*Protected* is decided by the mode's relation, in one place
+(:func:`fedfdp.config.protection.protected_columns`, read from ``DataConfig.protected``):
+the private columns; under label-DP the label too; under ``corrdp`` every input
+column; under ``dp`` the whole record, every column and the label. Everything else is
+*disclosed* (Ψ under FDP). A refusal of a protected cell names its column and the count
+of bad cells, never the value or its row (:func:`bad_cells`).
 
 Missing values encode to 0 (numeric: the range centre or the mean) or to an
 all-zero one-hot block (missing or undeclared category).
 
-Why declarations matter for privacy: scaling a private column by its min/max
-or enumerating its values discloses statistics of the private features that
-no ε accounts for; so a private column is declared or estimated with accounted
-noise (:mod:`fedfdp.data.private_statistics`), never encoded with the data's own
+Why declarations matter for privacy: scaling a protected column by its min/max
+or enumerating its values (or the label's) discloses statistics of what the relation
+protects that no ε accounts for (under ``dp`` a rare label would add an output to the
+model); so a protected column is declared or estimated with accounted noise
+(:mod:`fedfdp.data.private_statistics`), never encoded with the data's own
 statistics. Why they matter for deployments: with
 ``data-location = "node"`` every SuperNode encodes its own file, and only a
 fully declared encoding (``strict``) guarantees that all sites and the server

@@ -33,16 +33,20 @@ Encoding
     :mod:`fedfdp.data.encoding`: declared ranges and categories where given
     (``private-ranges``, e.g. ``"age=0:120,income=0:500000"``;
     ``private-categories``, e.g. ``"city=Paris|Lyon|Nice"``; the same for
-    public columns); otherwise, with ``central`` data only, public columns are
-    standardised / one-hot encoded with the training split's statistics. A
-    private column without a declaration is refused, or with
-    ``private-statistics = "estimate"`` (numeric columns) scaled to a
-    Gaussian-noised range charged to the run's ε
+    public columns); otherwise, with ``central`` data only, public columns the
+    mode's relation discloses are standardised / one-hot encoded with the
+    training split's statistics. A protected column (a private one; under
+    ``dp`` every column, under ``corrdp`` every input column:
+    :mod:`fedfdp.config.protection`) without a declaration is refused, or with
+    ``private-statistics = "estimate"`` scaled to a Gaussian-noised range (a
+    text column: noisy categories) charged to the run's ε
     (:mod:`fedfdp.data.private_statistics`).
 Labels
     Any values; rows with a missing label are dropped. Classes are
     ``label-classes`` if declared (other values are refused), else the sorted
-    distinct values (as text).
+    distinct values (as text) of a disclosed label; a protected one (``dp``,
+    label-DP) is declared or estimated (the released classes and
+    ``(unreleased)``).
 Devices and held-out split
     With ``device-column`` each distinct value is a natural device, and whole
     natural devices are grouped into ``num-devices`` devices (at most the
