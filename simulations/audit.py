@@ -23,8 +23,11 @@
     an absent canary) by an independent fair coin — inserted into a fleet, **one**
     run of the production centralised engine with the configuration's recipe (secret
     randomness from the OS CSPRNG), every canary scored from the models the run
-    releases, and a ``1 − alpha`` lower bound on ε from the correct guesses beside the
-    run's printed ε, its relation and δ.
+    releases, and two analyses of the guesses, each at ``alpha/2``: the ε–δ lower bound
+    of Steinke et al. beside the run's printed ε, and the f-DP test of Mahloujifar,
+    Melis and Chaudhuri 2024 against the run's own trade-off curve
+    (:mod:`fedfdp.one_run_fdp`: the μ lower bound, its ε at the run's δ). A run that
+    could not refute the claim even with every guess right says so in one line.
 ``fedfdp audit --attack attribute --run DIR [--run DIR ...] [--references K] [--plot PNG]``
     The **attribute-inference attack** of Theorem 4 on the model of each run
     directory (:func:`fedfdp.attack.attribute_attack_run`): success on the
