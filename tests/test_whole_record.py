@@ -246,3 +246,16 @@ def _strip_paths(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _strip_paths(v) for k, v in value.items() if k not in ("data-path", "out-dir")}
     return value
+
+
+def test_a_split_that_reads_the_labels_is_refused_where_the_label_is_protected():
+    """Device sizes and N are public: under dp (the label protected) the Dirichlet split, which
+    draws each class's share per device, would publish a function of the labels."""
+    from fedfdp.data.split import refuse_label_split
+
+    dp = load_config(_keys(Path("t.csv"), mode="dp", **{"dirichlet-alpha": 0.5}, **DECLARED))
+    refused = r"dirichlet-alpha=0.5: .*mode='dp' makes private.*dirichlet-alpha = 0"
+    with pytest.raises(ConfigError, match=refused):
+        refuse_label_split(dp.privacy, dp.data)
+    fdp = load_config(_keys(Path("t.csv"), mode="fdp", **{"dirichlet-alpha": 0.5}, **DECLARED))
+    refuse_label_split(fdp.privacy, fdp.data)  # the label is in Ψ: the split may read it

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.config import ConfigError, DataConfig, Mode, PrivacyConfig, PublicLoss
+from fedfdp.config import ConfigError, DataConfig, PrivacyConfig, PublicLoss
+from fedfdp.config.protection import protected
 from fedfdp.data.base import DeviceData, FederatedData
 from fedfdp.features import FeatureSpec, PublicStatistics
 
@@ -144,16 +145,17 @@ LABEL_STRATIFIED_HOLDOUT = ("watch",)
 
 
 def labels_private(privacy: PrivacyConfig) -> bool:
-    """Whether ``privacy`` protects the label: ``public-loss = "label-free"`` (label-DP,
+    """Whether ``privacy``'s relation protects the label (:func:`fedfdp.config.protection.protected`):
+    ``mode = "dp"`` (the whole record), or ``public-loss = "label-free"`` (label-DP,
     ``Ψ(x, y) = x``) in any mode that claims an ε (every mode but ``nonprivate``).
     """
-    return privacy.public_loss is PublicLoss.LABEL_FREE and privacy.mode is not Mode.NONPRIVATE
+    return protected(privacy).label
 
 
 def refuse_label_split(privacy: PrivacyConfig, d: DataConfig) -> None:
     """Refuse a device split or hold-out that reads the labels when the labels are private.
 
-    The device sizes and ``N`` are public (``shared/DESIGN.md`` §2), so every split
+    The device sizes and ``N`` are public (``docs/threat_model.md``), so every split
     that runs under a private label must be a function of public quantities and the
     data seed only. The built-in splits are: the IID split (``dirichlet-alpha = 0``:
     a permutation from the data seed), ``device-column`` grouping (unit sizes), and
@@ -170,12 +172,14 @@ def refuse_label_split(privacy: PrivacyConfig, d: DataConfig) -> None:
     if not labels_private(privacy):
         return
     if d.dirichlet_alpha:
+        why = "public-loss='label-free'" if privacy.public_loss is PublicLoss.LABEL_FREE else "mode='dp'"
         raise ConfigError(
             f"dirichlet-alpha={d.dirichlet_alpha:g}: the Dirichlet split draws each class's share per "
-            "device from the labels, which public-loss='label-free' makes private (device sizes and N "
-            "are public); set dirichlet-alpha = 0 (IID split from data-seed)"
+            f"device from the labels, which {why} makes private (device sizes and N are public); set "
+            "dirichlet-alpha = 0 (IID split from data-seed)"
         )
-    if d.dataset in LABEL_STRATIFIED_HOLDOUT:
+    if d.dataset in LABEL_STRATIFIED_HOLDOUT and privacy.public_loss is PublicLoss.LABEL_FREE:
+        # under dp the one checksummed file's stratified hold-out is a constant of that public file
         raise ConfigError(
             f"dataset={d.dataset!r} with public-loss='label-free': its hold-out is stratified by the "
             "label, which label-DP makes private (N would depend on it); use its own Ψ (public-loss = "
