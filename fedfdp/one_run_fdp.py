@@ -208,7 +208,8 @@ class OneRunFDP:
     guesses_in, guesses_out, correct : int
         The pattern that gave ``mu_lower`` (or rejected the claim) and its right guesses.
     needed : int or None
-        Right guesses that pattern needs to reject the claim (None: not even all).
+        Right guesses that pattern needs to reject the claim (None: not even all), by
+        bisection, for reading.
     can_reject : bool
         Whether any pattern, all its guesses right, would reject the claim: the audit's
         power before the run (False: too few canaries or guesses to see anything).
@@ -228,8 +229,9 @@ class OneRunFDP:
 
 
 def needed_correct(claim: InverseCurve, canaries: int, guesses: int, beta: float) -> int | None:
-    """The fewest right guesses out of ``guesses`` that reject ``claim`` at ``beta``
-    (bisection over ``c``: the least mass grows with ``c``); None if not even all do.
+    """The fewest right guesses out of ``guesses`` that reject ``claim`` at ``beta``, by
+    bisection over ``c`` (for reading and for the power check: the verdict tests the
+    observed count itself); None if not even all right do.
     """
     if guesses == 0 or not fdp_rejects(claim, canaries, guesses, guesses, beta):
         return None
@@ -281,7 +283,8 @@ def one_run_fdp(
             best_mu, best = mu, (k_in, k_out, c)
         need = needed_correct(claim, m, k, beta)
         can = can or need is not None
-        if need is not None and c >= need and reject_at is None:
+        # the verdict is the test at the observed count itself (``need`` is for reading)
+        if reject_at is None and fdp_rejects(claim, m, k, c, beta):
             rejected, reject_at = True, (k_in, k_out, c, need)
     if reject_at is not None:
         k_in, k_out, c, need = reject_at

@@ -376,3 +376,22 @@ def test_power_from_public_quantities_and_the_no_power_line():
     # the claim's curve lies above the line of its own printed (epsilon, delta)
     x = np.linspace(0.0, 0.2, 50)
     assert np.all(claim(x) >= epsilon_delta_curve([2.0], [1e-5])(x) - 1e-3)
+
+
+def test_one_run_fdp_on_scores():
+    """Scores that give the coins away reject a tight claim and bound mu well above 0;
+    scores independent of the coins reject nothing."""
+    from fedfdp.one_run_fdp import epsilon_delta_curve, gdp_lower_bound, one_run_fdp
+
+    rng = np.random.default_rng(13)
+    included = rng.random(2000) < 0.5
+    claim = epsilon_delta_curve([0.5], [1e-6])
+    patterns = ((0.015, 0.0), (0.03, 0.0))
+    telling = one_run_fdp(included + 0.1 * rng.random(2000), included, claim, 1e-5, 0.05, patterns)
+    assert telling.claim_rejected and telling.can_reject and telling.correct == telling.guesses_in
+    assert telling.needed is not None and telling.correct >= telling.needed
+    assert telling.mu_lower == max(gdp_lower_bound(2000, round(a * 2000), round(a * 2000), 0.025)
+                                   for a, _ in patterns)
+    assert telling.epsilon_of_mu > 0
+    blind = one_run_fdp(rng.random(2000), included, claim, 1e-5, 0.05, patterns)
+    assert not blind.claim_rejected and blind.mu_lower < telling.mu_lower
