@@ -21,11 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from fedfdp.accounting.distributed import MIN_LOCAL_SIGMA
+from fedfdp.contribution import SLOT_OVERFLOW
 from fedfdp.entropy import BitStream, OSBits
 from fedfdp.secagg.encoding import quantize, to_ring
-from fedfdp.secagg.noise import sample_discrete_gaussian
+from fedfdp.secagg.noise import sample_discrete_gaussian, work_failure_bound
+from fedfdp.validate import count
 
-__all__ = ["noisy_contribution"]
+__all__ = ["noisy_contribution", "timing_failure"]
 
 
 def noisy_contribution(
@@ -56,3 +58,23 @@ def noisy_contribution(
     flat = np.asarray(x, dtype=np.float64).ravel()
     noise = sample_discrete_gaussian(float(local_sigma) ** 2, flat.size, bits)  # public work, first
     return to_ring(quantize(flat, clip=clip, scale=scale, stream=bits) + noise)
+
+
+def timing_failure(local_sigma: float, dimension: int, slot_counts: int = 1) -> float:
+    """An upper bound on the probability that one party's collect stage in one round does
+    more than its public amount of work, so that its reply time may show something secret:
+    a Poisson batch beyond its public slots (:data:`fedfdp.contribution.SLOT_OVERFLOW` per
+    slot count: one for the record unit, one per device for the device unit) or the
+    noise sampler beyond its public counts (:func:`fedfdp.secagg.noise.work_failure_bound`).
+
+    Against a server that also times the replies, a run whose timing-free guarantee is
+    ``(ε, δ)`` is ``(ε, δ + (1 + e^ε)·β)``, ``β`` the sum of this bound over every party and
+    round (``docs/secagg_accounting.md`` §10).
+
+    Examples
+    --------
+    >>> timing_failure(1.0e4, 100_000) < 2.0**-60
+    True
+    """
+    slots = count("slot_counts", slot_counts, 1)
+    return slots * SLOT_OVERFLOW + work_failure_bound(float(local_sigma) ** 2, dimension)
