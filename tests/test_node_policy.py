@@ -484,3 +484,40 @@ def test_attack_the_checkpoint_every_edit_is_refused(tmp_path: Path,
     capsys.readouterr()
     assert fedfdp_main(["account", "--run", str(run_dir), "--json"]) == 2
     assert "the checkpoint was edited" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_fedfdp_run_with_a_node_policy_on_flowers_simulation_engine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedfdp run --node-policy`` on Flower's simulation engine, twice on the same node
+    state: every simulated node charges itself each round, the second run continues its
+    ledger, and each node's ε at the server's δ is the server's printed ε (same events)."""
+    import subprocess
+    import sys
+
+    policy = write_policy(tmp_path, eps=10.0)
+    base = ["--set", "dataset=fleet", "--set", "num-devices=6", "--set", "records-per-device=60",
+            "--set", "num-rounds=2", "--set", "aggregation=secagg", "--set", "secagg-min-survivors=3",
+            "--set", "noise-multiplier=1.0", "--supernodes", "3", "--node-policy", str(policy)]
+    state = tmp_path / "a" / "nodes"
+    for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--node-state", str(state)])):
+        argv = [sys.executable, "-m", "simulations.cli", "run", "--out", str(out), *base, *extra]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-2000:]
+    server = account(tmp_path / "a", capsys)
+    folders = node_dirs(state)
+    assert [f.name for f in folders] == ["node-0", "node-1", "node-2"]
+    for folder in folders:
+        report = account(folder, capsys, "--delta", repr(server["delta"]))
+        assert report["charges"] == 4 and len(report["runs"]) == 2 and report["honest_parties"] == 3
+        assert node_events(folder)[:2] == written_events(tmp_path / "a")
+    assert not (tmp_path / "b" / "nodes").exists()
+
+
+def written_events(run_dir: Path) -> list[Any]:
+    ledger = read_ledger(run_dir)
+    assert ledger is not None
+    return ledger.events()
