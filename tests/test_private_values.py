@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 
 from fedfdp.config import load_config
-from fedfdp.data import DataError, load_server_data, load_site
+from fedfdp.data import DataError, load_dataset, load_server_data, load_site
 from simulations.cli import main
 
 MARK = "ZQX7731MARK"
@@ -181,3 +181,35 @@ def test_the_site_and_held_out_loaders_never_quote_a_protected_cell(tmp_path, ca
         text = str(err.value) + capsys.readouterr().err
         assert column in text
         assert str(value) not in text and not re.search(r"row \d", text)
+
+
+# ------------------------------------------------------- the packaged file formats under dp
+
+
+def _criteo_file(path: Path, label: str = "1", integer: str = "7") -> Path:
+    lines = ["\t".join([str(i % 2), *(["5"] * 13), *(["ab12cd34"] * 26)]) for i in range(40)]
+    lines[9] = "\t".join([label, integer, *(["5"] * 12), *(["ab12cd34"] * 26)])
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("label", "integer"), [(MARK, "7"), ("1", MARK)])
+def test_criteo_under_dp_never_quotes_a_field(tmp_path, label, integer):
+    path = _criteo_file(tmp_path / "day_0", label, integer)
+    cfg = load_config({"dataset": "criteo", "data-path": str(path), "mode": "dp", "num-devices": 2})
+    with pytest.raises(DataError) as err:
+        load_dataset(cfg.data)
+    assert MARK not in str(err.value) and ("label" in str(err.value) or "I1" in str(err.value))
+
+
+def test_purchase_under_dp_never_quotes_a_label_or_a_feature(tmp_path):
+    rows = ["1," + ",".join(["0"] * 600)] * 20
+    for bad, field in ((f"{NUMBER_MARK}," + ",".join(["0"] * 600), "label"),
+                       ("1," + ",".join([MARK] + ["0"] * 599), "Purchase100")):
+        path = tmp_path / "dataset_purchase"
+        path.write_text("\n".join([*rows, bad]) + "\n")
+        cfg = load_config({"dataset": "purchase100", "data-path": str(path), "mode": "dp", "num-devices": 2})
+        with pytest.raises(DataError) as err:
+            load_dataset(cfg.data)
+        text = str(err.value)
+        assert MARK not in text and str(NUMBER_MARK) not in text and field in text
