@@ -185,15 +185,18 @@ def why_infinite(
                 f"(a category held by one record is released with probability δ_t), at least the run's "
                 f"δ = {delta:.3g}: nothing is left for the Gaussian parts; declare the encodings or raise δ")
     if cost > 0.0 and relation is Relation.REPLACEMENT:
-        share = ""
+        share, rest = "", f"what is left of the run's δ = {delta:.3g} is too small for their Gaussian parts"
         if add_remove is not None and math.isfinite(add_remove):
-            factor = 1.0 + math.exp(min(add_remove, 700.0))
-            share = (f" (≥ {factor:.3g} at the add/remove ε {add_remove:.3g}: {cost * factor:.3g} of "
-                     f"δ = {delta:.3g})")
+            taken = cost * (1.0 + math.exp(min(add_remove, 700.0)))
+            share = f" (≥ {taken:.3g} at the add/remove ε {add_remove:.3g})"
+            if taken >= delta:
+                rest = f"more than the run's δ = {delta:.3g}, none is left for their Gaussian parts"
+            else:
+                rest = (f"the {delta - taken:.3g} left of the run's δ = {delta:.3g} is too small for their "
+                        "Gaussian parts")
         return (f"replacement (Prop. 1 from add/remove): the {k} thresholded histogram(s) of the released "
-                f"estimates take δ = {cost:.3g}, which Proposition 1 multiplies by 1 + e^ε{share}, and the "
-                f"rest of the run's δ = {delta:.3g} is too small for their Gaussian parts at any such ε; "
-                "declare the encodings (no estimate), or read the add/remove ε")
+                f"estimates take δ = {cost:.3g}, which Proposition 1 multiplies by 1 + e^ε{share}; {rest} "
+                "at any such ε; declare the encodings (no estimate), or read the add/remove ε")
     charges = sum(n for _, n in events)
     return (f"{relation}: the accountant finds no finite ε at δ = {delta:.3g} for these {charges} charge(s) "
             "(the noise is too small for this δ: the numerical curves and the Rényi-DP bound both fail)")
