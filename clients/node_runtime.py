@@ -52,6 +52,7 @@ from fedfdp.config import (
 from fedfdp.contribution import BatchShape, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
 from fedfdp.mechanism import ResolvedMechanism
+from fedfdp.modes import PHASES
 from fedfdp.node_ledger import NodeLedger
 from fedfdp.node_policy import (
     POLICY_KEY,
@@ -230,11 +231,15 @@ class NodeGuard:
                            sampling_rate=rate)
         return self.ledger.charge(run, order.round, event)
 
-    def charge_plain(self, run: int, order: P.TrainInstruction) -> float:
+    def charge_plain(self, run: int, order: P.TrainInstruction) -> float | None:
         """A plain round (the server adds the noise): refused unless ``trust-server``; then
         the resolved event is charged write-ahead (refused if the node is asked to sample
-        at a higher rate than that event states).
+        at a higher rate than that event states). A round that asks none of this node's
+        devices for private work (a public phase, or devices not drawn) releases nothing
+        private: answered, not charged (None).
         """
+        if not PHASES[order.phase].has_private or not any(order.private_flags):
+            return None
         if not self.policy.trust_server:
             raise RoundRefused("node policy: a plain round (the server adds the noise, which this node "
                                "cannot enforce) and trust-server=false; refusing")

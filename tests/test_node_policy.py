@@ -420,6 +420,25 @@ def test_a_trusting_node_answers_plain_rounds_and_charges_the_resolved_event(tmp
         assert ledger is not None and ledger.events() == strat.ledger.events()
 
 
+def test_a_public_round_is_answered_and_not_charged(tmp_path: Path) -> None:
+    cfg = load_config({**plain_config().to_flat(), "mode": "public", "noise-multiplier": ""})
+    nodes = {"node-policy": str(write_policy(tmp_path)), "node-state": str(tmp_path / "nodes")}
+    strat, grid = run(cfg, nodes)
+    assert strat.stop_reason is None and grid.refusals() == [] and len(strat.rows) == 1
+    assert node_dirs(tmp_path / "nodes") == []
+
+
+def test_a_calibrated_run_resolves_to_the_same_sigma_on_the_node(tmp_path: Path) -> None:
+    """``target-epsilon``: the node calibrates σ itself (the server's resolver at its own floor)."""
+    cfg = load_config({**secagg_config(**{"num-rounds": 1}).to_flat(), "noise-multiplier": "",
+                       "target-epsilon": 3.0})
+    nodes = {"node-policy": str(write_policy(tmp_path)), "node-state": str(tmp_path / "nodes")}
+    strat, grid = run(cfg, nodes)
+    assert strat.stop_reason is None and grid.refusals() == []
+    assert strat.ledger is not None
+    assert all(node_events(f) == strat.ledger.events() for f in node_dirs(tmp_path / "nodes"))
+
+
 def test_simulated_nodes_get_one_state_folder_each() -> None:
     got = simulated_node_config({"partition-id": 3, "num-partitions": 4},
                                 {"node-policy": "/p.toml", "node-state": "/s"})
