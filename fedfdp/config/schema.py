@@ -413,10 +413,13 @@ class DataConfig:
         ``csv``: declared encodings of public columns (a range is mapped
         linearly to [-1, 1], not clipped). Undeclared public columns are
         standardised / one-hot encoded with training-split statistics
-        (``data-location = "central"`` only).
+        (``data-location = "central"`` only), unless the mode's relation protects
+        them (``dp``, ``corrdp``: :attr:`protected`), where they are declared or
+        estimated like private columns.
     label_classes : tuple of str
         ``csv``: the declared label values, in class order; empty: the sorted
-        distinct values of the file (``central`` only).
+        distinct values of the file (``central`` only) where the label is disclosed;
+        a protected label (``dp``, label-DP) is declared or estimated.
     private_statistics : PrivateStatistics
         ``csv``: what a private column without ``private-ranges`` or
         ``private-categories`` gets: ``declared`` (default) refuses the run;
