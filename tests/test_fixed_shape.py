@@ -183,7 +183,8 @@ def test_a_batch_beyond_its_slots_is_processed_whole(unit: PrivacyUnit) -> None:
     assert float((a - b).abs().max()) <= 1e-5 * float(a.abs().max())
 
 
-@pytest.mark.parametrize(("aggregation", "shape"), [("plain", BatchShape.REALISED), ("secagg", BatchShape.PUBLIC)])
+@pytest.mark.parametrize(("aggregation", "shape"),
+                         [("plain", BatchShape.REALISED), ("secagg", BatchShape.PUBLIC)])
 def test_a_secure_aggregation_node_lays_out_its_batch_in_public_slots(aggregation: str,
                                                                      shape: BatchShape) -> None:
     """The node runtime a SuperNode builds from Flower's run config: under secure
