@@ -309,7 +309,12 @@ def independent_batches(
 
 
 class PrivateAggregator(Protocol):
-    """Turns the drawn private batches of a node's devices into its private sum."""
+    """Turns the drawn private batches of a node's devices into its private sum.
+
+    Under ``BatchShape.PUBLIC`` it must give the rows after a batch's ``sampled`` weight
+    0 and work on every row (:func:`clipped_private_sum` does; the per-block aggregator of
+    CorrDP does not, and secure aggregation does not serve CorrDP).
+    """
 
     def __call__(
         self,
