@@ -22,6 +22,11 @@
     and ``--tradeoff`` are refused for it.
     :func:`simulations.run_budget.read_run` reads it; the library replays it
     (:func:`fedfdp.ledger_replay.replay_ledger`, as the run itself does).
+``fedfdp account --run NODE_DIR [--delta D] [--json]``
+    A node's state directory (``fedfdp run --node-policy``'s ``OUT/nodes/node-K``, or a
+    SuperNode's ``node-state``): every round the node charged itself, over every run on
+    that state (:mod:`fedfdp.node_ledger`), replayed by the distributed accountant at the
+    δ its ledger states (``--delta`` overrides it, e.g. to compare with the server's ε).
 
 With any of them:
 
@@ -339,7 +344,10 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable table of a report from :func:`account`."""
     rows: list[tuple[str, str]] = []
-    if "run" in r:
+    if r.get("node"):  # a node's state directory: every round it charged itself, over every run
+        rows.append(("node ledger", f"{r['run']} (the node's own charges, every run on this state)"))
+        rows.append(("rounds charged", f"{r['rounds']} over {len(r['runs'])} run(s)"))
+    elif "run" in r:
         extra = r["charges"] - r["charged_rounds"]
         again = f"; {extra} re-run after a crash, charged again" if extra else ""
         planned = r.get("planned_private_rounds")
