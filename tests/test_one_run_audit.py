@@ -395,3 +395,18 @@ def test_one_run_fdp_on_scores():
     assert telling.epsilon_of_mu > 0
     blind = one_run_fdp(rng.random(2000), included, claim, 1e-5, 0.05, patterns)
     assert not blind.claim_rejected and blind.mu_lower < telling.mu_lower
+
+
+def test_planned_canaries_from_public_quantities():
+    """The canary count from a model of the run (sigma, q, the rounds, the claim): a run
+    with a tenth of the noise is caught with the fewest; a run with all of it never (the
+    analysis is valid), so no count qualifies."""
+    from fedfdp.run_plan import mechanism_for
+    from simulations.auditing.one_run import CANARY_GRID, planned_canaries
+
+    setup = OneRunSetup()
+    cfg = setup.run_config()
+    mech = mechanism_for(cfg, load_dataset(cfg.data))
+    assert planned_canaries(mech, cfg.privacy.num_rounds, setup, alternative=0.1, trials=20) == CANARY_GRID[0]
+    assert planned_canaries(mech, cfg.privacy.num_rounds, setup, alternative=1.0, trials=5) is None
+    assert main(["audit", "--one-run", "--canaries", "many"]) == 2

@@ -109,7 +109,14 @@ from fedfdp.losses import FeatureMap
 from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.one_run_fdp import InverseCurve, OneRunFDP, epsilon_delta_curve, needed_correct, one_run_fdp
+from fedfdp.one_run_fdp import (
+    InverseCurve,
+    OneRunFDP,
+    epsilon_delta_curve,
+    guess_counts,
+    needed_correct,
+    one_run_fdp,
+)
 from fedfdp.run_plan import feature_map_for, mechanism_for, run_secrets
 from simulations.auditing.bugs import planted
 
@@ -432,6 +439,46 @@ def audit_power(setup: OneRunSetup, claim: InverseCurve, claimed: float, delta: 
     return Power(needed, guesses, ceiling, claimed)
 
 
+#: Canary counts :func:`planned_canaries` tries, fewest first.
+CANARY_GRID = (1000, 2000, 3000, 4000, 5000, 6000, 8000, 10000, 15000, 20000)
+
+
+def planned_canaries(
+    mechanism: ResolvedMechanism, rounds: int, setup: OneRunSetup, *, alternative: float = 0.5,
+    power: float = 0.9, trials: int = 200, seed: int = 0,
+) -> int | None:
+    """The fewest canaries of :data:`CANARY_GRID` with which the f-DP analysis catches a
+    run whose noise is ``alternative·σ`` in at least ``power`` of ``trials`` simulated runs
+    of a model built from public quantities only (σ, q, the rounds, the claim): each
+    canary in by a fair coin, sampled at ``q`` in each round, its release shifted by
+    ``C`` when sampled and noised at ``alternative·σ·C``, scored as :func:`canary_scores`
+    scores (the ``rounds`` score); None if no count of the grid does. Public randomness
+    (``seed``): the model is the auditor's, not the run's.
+    """
+    sigma, q = mechanism.noise_multiplier, mechanism.sampling_rate
+    if sigma is None or not 0 < q < 1:
+        raise ConfigError("planned canaries: the run must add noise and subsample (0 < q < 1)")
+    claim = claim_curve(mechanism, rounds)
+    beta = setup.alpha / 2 / len(setup.fdp_patterns)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xCA7,)))
+    shift = 1.0 / sigma
+    for m in CANARY_GRID:
+        needed = [needed_correct(claim, m, round(a * m) + round(b * m), beta) for a, b in setup.fdp_patterns]
+        if all(n is None for n in needed):
+            continue
+        caught = 0
+        for _ in range(trials):
+            included = rng.random(m) < 0.5
+            sampled = (rng.random((m, rounds)) < q) & included[:, None]
+            z = (sampled + rng.normal(0.0, alternative * sigma, (m, rounds))) / sigma
+            scores = np.logaddexp(math.log1p(-q), math.log(q) + shift * z - 0.5 * shift**2).sum(axis=1)
+            caught += any(n is not None and guess_counts(scores, included, a, b)[2] >= n
+                          for (a, b), n in zip(setup.fdp_patterns, needed, strict=True))
+        if caught >= power * trials:
+            return m
+    return None
+
+
 def run_one_run_audit(setup: OneRunSetup | None = None, bug: str | None = None) -> dict[str, Any]:
     """Train once with ``m`` canaries (module docstring) and analyse the guesses twice:
     the ε–δ bound of Steinke et al. and the f-DP test of Mahloujifar et al. against the
@@ -554,6 +601,9 @@ def one_run_result(
     }
 
 
-__all__ = ["CLAIM_DELTAS", "ONE_RUN_DEFAULTS", "CanaryFleet", "OneRunSetup", "Power", "Recorder", "Score",
-           "WithoutAbsent", "audit_power", "canary_scores", "claim_curve", "matching_mu", "one_run_result",
-           "run_one_run_audit", "with_canaries"]
+__all__ = [
+    "CANARY_GRID", "CLAIM_DELTAS", "ONE_RUN_DEFAULTS", "CanaryFleet", "OneRunSetup", "Power", "Recorder",
+    "Score",
+    "WithoutAbsent", "audit_power", "canary_scores", "claim_curve", "matching_mu", "one_run_result",
+    "planned_canaries", "run_one_run_audit", "with_canaries",
+]
