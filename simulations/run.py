@@ -311,7 +311,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_simulation_for(cfg, verbose=args.verbose, supernodes=supernodes, nodes=nodes)
         except SimulationError as exc:
             return _simulation_failed(exc)
-    return _summarise(out, cfg)
+    code = _summarise(out, cfg)
+    if nodes is not None:
+        _summarise_nodes(Path(nodes["node-state"]))
+    return code
+
+
+def _summarise_nodes(state: Path) -> None:
+    """One line per simulated node: the ε its own ledger says (every run on this state)."""
+    from simulations.run_budget import node_ledger_in, read_node
+
+    for folder in sorted(state.glob("node-*")):
+        if not node_ledger_in(folder):
+            print(f"{folder.name}: no charge in {folder}")
+            continue
+        acc, info = read_node(folder, label=str(folder))
+        print(f"{folder.name}: epsilon={acc.epsilon(info['delta']):.4g} (its own ledger, delta="
+              f"{info['delta']:g}, {info['charges']} charges over {len(info['runs'])} run(s); fedfdp account "
+              f"--run {folder})")
 
 
 def _node_settings(args: argparse.Namespace, cfg: Config) -> dict[str, str] | None:
