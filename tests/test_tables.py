@@ -52,7 +52,8 @@ def test_a_text_value_in_a_numeric_column_is_an_error_naming_column_and_row(tmp_
 def test_inf_names_its_column(tmp_path):
     rows = _rows()
     rows[5] = "s1,0.1,inf,0.2,1"
-    with pytest.raises(DataError, match=r"column 'heading': value\(s\) \['inf'\] are non-finite input values \(first at data row 6"):
+    match = r"column 'heading': value\(s\) \['inf'\] are non-finite input values \(first at data row 6"
+    with pytest.raises(DataError, match=match):
         load_dataset(_cfg(_table(tmp_path, rows)).data)
 
 
