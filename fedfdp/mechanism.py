@@ -45,7 +45,7 @@ from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import PrivacyEvent, Relation, SubsampledGaussian
 from fedfdp.accounting.protocol import Accountant, NoEvent, calibrate, default_delta
 from fedfdp.config import Aggregation, Config, ConfigError, Mode, PrivacyUnit, PublicLoss
-from fedfdp.data.private_statistics import Estimate, estimation_events
+from fedfdp.data.private_statistics import Estimate, estimation_budget, estimation_events
 from fedfdp.data.split import refuse_label_split
 from fedfdp.ledger_replay import replay
 from fedfdp.modes import Phase, phase_for_round
@@ -424,13 +424,13 @@ def resolve_mechanism(
     sub = subsampling if subsampling is not None else settings.subsampling
     delta = run_delta(cfg, facts.num_records)
     rounds = p.num_rounds - p.public_pretrain_rounds
-    estimates = estimation_events(cfg.data, facts.num_records)
-    if estimates and accounting.relation is Relation.CORRDP:
+    own_estimates = estimation_events(cfg.data, facts.num_records)
+    if own_estimates and accounting.relation is Relation.CORRDP:
         raise ConfigError(
-            f"private-statistics='estimate' (columns {[e.statistic for e in estimates]}): the CorrDP "
+            f"private-statistics='estimate' (columns {[e.statistic for e in own_estimates]}): the CorrDP "
             "accountant does not compose the estimates with training (mode='corrdp'); declare private-ranges"
         )
-    estimates = (*estimates, *accounting.estimates)
+    estimates = (*own_estimates, *accounting.estimates)
 
     def build(**specific: Any) -> ResolvedMechanism:
         return ResolvedMechanism(
@@ -481,7 +481,7 @@ def resolve_mechanism(
             accounted = calibrate(new, family, target_epsilon=target, rounds=rounds, delta=delta)
         except ValueError as exc:
             spent = (f" (the estimates of private-statistics='estimate' alone: estimation-epsilon="
-                     f"{cfg.data.estimation_epsilon} at δ = 1/(2N))" if estimates else "")
+                     f"{estimation_budget(cfg.data):.3g} at δ = {delta:.3g})" if own_estimates else "")
             raise ConfigError(f"{_naming_target(target, exc)}{spent}") from None
     clipping = Clipping(p.clipping_norm)
     sigma = accounted

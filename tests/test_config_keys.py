@@ -56,6 +56,7 @@ OPTIONAL = {
     "secagg-neighbours": "",
     "secagg-threshold": "",
     "secagg-scale": "",
+    "estimation-epsilon": "auto",
 }
 
 #: A valid set value of each optional key (alone, on the defaults).
@@ -73,6 +74,7 @@ SET_VALUE = {
     "secagg-neighbours": 5,
     "secagg-threshold": 4,
     "secagg-scale": 1024.0,
+    "estimation-epsilon": 0.3,
 }
 
 #: What a set optional key needs beside it (a secagg-* key has no effect, and is
@@ -104,7 +106,8 @@ def test_zero_is_refused_in_one_line_saying_how_to_leave_the_key_unset(key):
     with pytest.raises(ConfigError) as err:
         load_config({key: 0})
     text = str(err.value)
-    assert text.startswith(f"{key}=0: must be ") and '"" to leave it unset' in text and "\n" not in text
+    unset = f'"{OPTIONAL[key]}" to leave it unset'  # "" (or the key's word for it, e.g. "auto")
+    assert text.startswith(f"{key}=0: must be ") and unset in text and "\n" not in text
     # the same message when the dataclass is built directly with 0.0
     spec = KEY_TABLE[key]
     cls = {"privacy": PrivacyConfig, "data": DataConfig, "training": TrainingConfig}[spec.section]

@@ -382,8 +382,10 @@ KEYS: tuple[KeySpec, ...] = (
             "`csv`: an undeclared private column: `declared` refuses the run, `estimate` releases a noisy "
             "range or set of categories charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
     KeySpec("estimation-epsilon", D, "estimation_epsilon", K.FLOAT_POS, YES,
-            "ε at δ = 1/(2N) of all the estimates together (`private-statistics = \"estimate\"`'s ranges, "
-            "CorrDP's `tv-estimate`); training is calibrated on the composition"),
+            "ε at the run's δ of all the estimates together (`private-statistics = \"estimate\"`'s ranges "
+            "and categories, CorrDP's `tv-estimate`); training is calibrated on the composition",
+            unset="`estimate`: min(0.2, 0.1·√k) of the run's target ε (k estimated columns; "
+                  "docs/datasets.md); CorrDP's `tv-estimate`: 0.5", unset_word="auto"),
     KeySpec("estimated-ranges", D, "estimated_ranges", K.RANGES, YES,
             "the noisy ranges `private-statistics = \"estimate\"` released (written by the run, charged "
             "once per column in the ledger)"),

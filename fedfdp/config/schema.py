@@ -45,6 +45,7 @@ from fedfdp.config.choices import (
     PublicLoss,
     TvFloor,
 )
+from fedfdp.config.estimation import EstimationReference, estimation_reference
 from fedfdp.config.keys import (
     DEFAULT_TARGET_EPSILON,
     KEYS,
@@ -425,10 +426,13 @@ class DataConfig:
         ``private-categories`` gets: ``declared`` (default) refuses the run;
         ``estimate`` releases a Gaussian-noised range of each such numeric column,
         charged to the ledger (:mod:`fedfdp.data.private_statistics`).
-    estimation_epsilon : float
-        ``estimate``: ε of all the estimates together at ``δ = 1/(2N)`` (their noise
+    estimation_epsilon : float or None
+        ``estimate``: ε of all the estimates together at the run's δ (their noise
         multiplier is calibrated to it); a target ε is met by the accountant's
-        composition of the estimates and the training rounds.
+        composition of the estimates and the training rounds. ``None`` (``"auto"``, the
+        default): a share of the run's reference ε that grows with the number of
+        estimated columns (:func:`fedfdp.data.private_statistics.estimation_budget`);
+        CorrDP's ``tv-estimate``: 0.5.
     estimated_ranges : tuple of (column, low, high)
         The noisy ranges an ``estimate`` released, written into the run's
         configuration so that every process and a resume encode alike (each column
@@ -462,6 +466,11 @@ class DataConfig:
         Not a key: what the mode's relation protects of every record
         (:func:`fedfdp.config.protection.protected`), set by :class:`Config` from its
         privacy section; the loaders read no statistic of a protected column or label.
+    estimation_reference : EstimationReference or None
+        Not a key: the run's ε and δ an automatic ``estimation-epsilon`` is a share of
+        (:func:`fedfdp.config.estimation.estimation_reference`), set by :class:`Config`
+        from its privacy section; ``None`` outside a configuration (an automatic budget is
+        then refused).
     """
 
     dataset: str = "fleet"
@@ -485,7 +494,7 @@ class DataConfig:
     public_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     label_classes: tuple[str, ...] = ()
     private_statistics: PrivateStatistics = PrivateStatistics.DECLARED
-    estimation_epsilon: float = 0.5
+    estimation_epsilon: float | None = None
     estimated_ranges: tuple[tuple[str, float, float], ...] = ()
     estimated_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
     data_location: DataLocation = DataLocation.CENTRAL
@@ -499,10 +508,15 @@ class DataConfig:
     correlation: float = 0.5
     label_signal: float = 4.0
     protected: Protected = field(default=Protected.PRIVATE_COLUMNS, metadata={"derived": True})
+    estimation_reference: EstimationReference | None = field(default=None, metadata={"derived": True})
 
     def __post_init__(self) -> None:
         if not isinstance(self.protected, Protected):
             raise ConfigError(f"protected={self.protected!r}: expected a Protected")
+        if self.estimation_reference is not None and not isinstance(self.estimation_reference,
+                                                                    EstimationReference):
+            raise ConfigError(f"estimation_reference={self.estimation_reference!r}: expected an "
+                              "EstimationReference")
         _validate_fields(self, Section.DATA)
         check_data(self)
 
@@ -556,6 +570,9 @@ class Config:
         scope = protected(self.privacy)  # the data section reads what the relation protects
         if self.data.protected is not scope:
             object.__setattr__(self, "data", replace(self.data, protected=scope))
+        reference = estimation_reference(self.privacy)  # what an automatic estimation budget scales with
+        if self.data.estimation_reference != reference:
+            object.__setattr__(self, "data", replace(self.data, estimation_reference=reference))
         check_config(self)
 
     def to_flat(self) -> dict[str, Any]:
