@@ -213,3 +213,22 @@ def test_purchase_under_dp_never_quotes_a_label_or_a_feature(tmp_path):
             load_dataset(cfg.data)
         text = str(err.value)
         assert MARK not in text and str(NUMBER_MARK) not in text and field in text
+
+
+@pytest.mark.parametrize("column", ["label", "colour", "speed"])
+def test_a_rare_marked_value_under_dp_estimates_trains_and_leaves_no_trace(isolated, capsys, column):
+    """Under dp with private-statistics = estimate a marked rare label, public category or extreme
+    value is a record like any other: the run trains (no refusal that would single it out) and
+    neither its output nor its files (config.toml's released estimates, the ledger, metrics, the
+    model) hold the mark."""
+    frame = _table(1000)  # every bucket that holds the bulk of a column clears the threshold
+    frame[column] = frame[column].astype(object)
+    frame.loc[11, column] = NUMBER_MARK if column == "speed" else MARK
+    data = _write(frame, isolated / "t.csv")
+    keys = {k: v for k, v in DECLARED.items() if k.startswith("private")}
+    status, seen = _cli(isolated, data, capsys, mode="dp", **{"private-statistics": "estimate"}, **keys)
+    assert status == 0, seen[-2000:]
+    assert MARK not in seen and str(NUMBER_MARK) not in seen
+    # the released estimates: the common values only (the marked one is held by one record)
+    written = (isolated / "out" / "config.toml").read_text()
+    assert 'estimated-categories = "colour=blue|red,label=0|1"' in written
