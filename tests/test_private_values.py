@@ -232,3 +232,13 @@ def test_a_rare_marked_value_under_dp_estimates_trains_and_leaves_no_trace(isola
     # the released estimates: the common values only (the marked one is held by one record)
     written = (isolated / "out" / "config.toml").read_text()
     assert 'estimated-categories = "colour=blue|red,label=0|1"' in written
+
+
+def test_a_file_that_is_not_utf8_is_refused_without_its_bytes(isolated, capsys):
+    data = isolated / "t.csv"
+    _write(_table(), data)
+    raw = data.read_bytes().replace(b"red", "r\u00e9d".encode("latin-1"), 1)  # one cell not UTF-8
+    data.write_bytes(raw)
+    status, seen = _cli(isolated, data, capsys, mode="dp", **DECLARED)
+    assert status == 2
+    assert "not UTF-8" in seen and "0xe9" not in seen and "\\xe9" not in seen

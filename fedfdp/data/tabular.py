@@ -111,7 +111,9 @@ def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path"
             )
     except DataError:
         raise
-    except Exception as exc:  # parser errors of pandas/pyarrow
+    except UnicodeDecodeError:  # its text quotes the undecodable bytes of a cell: not shown
+        raise DataError(f"{key}={str(path)!r}: cannot be read (not UTF-8 text)") from None
+    except Exception as exc:  # parser errors of pandas/pyarrow: the file's structure, no cell
         raise DataError(f"{key}={str(path)!r}: cannot be read ({type(exc).__name__}: {exc})") from exc
     frame.columns = [str(c) for c in frame.columns]
     if len(frame) == 0:
