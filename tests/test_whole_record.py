@@ -259,3 +259,11 @@ def test_a_split_that_reads_the_labels_is_refused_where_the_label_is_protected()
         refuse_label_split(dp.privacy, dp.data)
     fdp = load_config(_keys(Path("t.csv"), mode="fdp", **{"dirichlet-alpha": 0.5}, **DECLARED))
     refuse_label_split(fdp.privacy, fdp.data)  # the label is in Ψ: the split may read it
+
+
+def test_the_unreleased_class_is_the_last_class_once():
+    from fedfdp.data.encoding import label_classes
+
+    released = {"private-statistics": "estimate", "estimated-categories": f"label=0|1|{UNRELEASED_LABEL}"}
+    cfg = load_config(_keys(Path("t.csv"), mode="dp", **released))
+    assert label_classes(cfg.data, None) == ("0", "1", UNRELEASED_LABEL)

@@ -278,7 +278,7 @@ def label_classes(cfg: DataConfig, frame: pd.DataFrame | None) -> tuple[str, ...
         released = dict(cfg.estimated_categories).get(cfg.label_column)
         if released is None:
             raise refuse_undeclared([cfg.label_column], cfg)
-        return (*released, UNRELEASED_LABEL)
+        return (*(c for c in released if c != UNRELEASED_LABEL), UNRELEASED_LABEL)  # the marker once
     if frame is None:
         raise DataError("label-classes='': needed where every site encodes its own file")
     values = sorted({label_text(v) for v in frame[cfg.label_column].to_numpy()})
