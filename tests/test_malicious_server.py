@@ -233,9 +233,9 @@ def test_a_different_model_to_one_node_is_caught_and_its_input_stays_masked():
     assert err.value.node_id == v
     # the adversary leaves v's confirmation out and asks v with its neighbours' signatures
     unm = server.receive_confirm([c for u, c in confirms.items() if u != v], DIGEST)
-    signers = tuple(sorted(server.neighbourhood(v)))
+    signers = tuple(sorted(server.neighbours(v)))
     forged = UnmaskRequest(ROUND, v, tuple(sorted(server.neighbourhood(v))), (), signers,
-                           tuple(confirms[u].signature for u in signers))
+                           tuple(confirms[u].macs[confirms[u].dsts.index(v)] for u in signers))
     with pytest.raises(RequestRefused, match="did not confirm the same"):
         clients[v].unmask(forged)
     result = server.receive_unmask([clients[u].unmask(r) for u, r in unm.items()])
@@ -342,14 +342,14 @@ def test_replayed_and_reordered_stages_are_refused():
         f = srv.receive_collect([cl[u].collect(r, xs[u], DIGEST) for u, r in c.items()])
         return cl, srv.receive_confirm([cl[u].confirm(r) for u, r in f.items()], DIGEST)
 
+    # (a node's tags of round 7, run 5, replayed into round 8 or into run 6)
     _, old = to_unmask(ROUND, RUN)
-    old_signature = {s: g for r in old.values() for s, g in zip(r.signers, r.signatures, strict=True)}
     for round_, run in ((ROUND + 1, RUN), (ROUND, RUN + 1)):
         cl, new = to_unmask(round_, run)
         u = next(iter(new))
-        stale = dataclasses.replace(new[u], signatures=tuple(old_signature[s] for s in new[u].signers))
+        assert len(new[u].signers) == len(old[u].signers) == 6  # k = 7: six neighbours each
         with pytest.raises(RequestRefused, match="did not confirm the same"):
-            cl[u].unmask(stale)
+            cl[u].unmask(dataclasses.replace(new[u], macs=old[u].macs))
 
 
 # -- two gaps: the partial sum -------------------------------------------------------------------

@@ -30,8 +30,11 @@ from fedfdp.secagg.crypto import (
     KeyPurpose,
     Share,
     combine_shares,
+    confirmation_key,
     derive_key,
     encryption_key,
+    mac,
+    mac_matches,
     open_sealed,
     pair_mask_key,
     prg_uint32,
@@ -66,6 +69,7 @@ from fedfdp.secagg.identity import NodeTrust, Roster, SigningKey, advertisement
 from fedfdp.secagg.messages import (
     CollectReply,
     CollectRequest,
+    ConfirmReply,
     ConfirmRequest,
     KeysReply,
     KeysRequest,
@@ -719,7 +723,10 @@ def test_replies_are_validated_and_a_bad_reply_leaves_the_server_unchanged():
         (lambda: KeysRequest(1, 2, (3, 3), (K32,) * 2, (K32,) * 2, (K32,) * 2, (S64,) * 2), "ids"),
         (lambda: KeysRequest(1, 2, (3, 4), (K32,), (K32,) * 2, (K32,) * 2, (S64,) * 2), "pk_mask"),
         (lambda: KeysRequest(1, 2, (3, 4), (K32,) * 2, (K32,) * 2, (K32,) * 2, (S64,)), "signatures"),
-        (lambda: UnmaskRequest(1, 2, (3, 4), (), (3, 4), (S64,)), "signatures"),
+        (lambda: UnmaskRequest(1, 2, (3, 4), (), (3, 4), (K32,)), "macs"),
+        (lambda: UnmaskRequest(1, 2, (3, 4), (), (3,), (S64,)), "macs"),
+        (lambda: ConfirmReply(1, 2, S64, (3, 4), (K32,)), "macs"),
+        (lambda: ConfirmReply(1, 2, K32), "signature"),
         (lambda: KeysReply(1, 2, (3,), (b"\x00" * 93,)), "ciphertexts"),
         (lambda: CollectReply(1, 2, np.zeros(4, np.int64)), "masked"),
         (lambda: CollectReply(1, 2, np.zeros((2, 2), np.uint32)), "masked"),
@@ -802,6 +809,22 @@ def test_hkdf_matches_rfc5869_with_the_documented_info_layout():
     prk = hmac.new(DIGEST, ikm, hashlib.sha256).digest()
     assert pair_mask_key(ikm, 3, 2**64 - 1, 4, digest=DIGEST) == hmac.new(prk, info + b"\x01",
                                                                            hashlib.sha256).digest()
+
+
+def test_confirmation_keys_are_pairwise_and_tags_are_hmac_sha256():
+    """Both neighbours derive one confirmation key (distinct from their encryption keys and
+    from another round's); a tag is RFC 2104 HMAC-SHA256, written here with hashlib alone."""
+    a, b = KeyPair.generate(), KeyPair.generate()
+    k_ab = confirmation_key(a.agree(b.public), 3, 5, 9)
+    assert k_ab == confirmation_key(b.agree(a.public), 3, 9, 5)
+    shared = a.agree(b.public)
+    assert k_ab not in {confirmation_key(shared, 4, 5, 9), encryption_key(shared, 3, 5, 9),
+                        encryption_key(shared, 3, 9, 5)}
+    msg = b"a confirmation"
+    block = k_ab + bytes(32)
+    inner = hashlib.sha256(bytes(x ^ 0x36 for x in block) + msg).digest()
+    assert mac(k_ab, msg) == hashlib.sha256(bytes(x ^ 0x5C for x in block) + inner).digest()
+    assert mac_matches(k_ab, msg, mac(k_ab, msg)) and not mac_matches(k_ab, msg + b"!", mac(k_ab, msg))
 
 
 def test_x25519_agreement_is_symmetric_and_keyed():

@@ -13,7 +13,10 @@ from fedfdp.secagg.crypto import (
     KEY_BYTES,
     KeyPair,
     Share,
+    confirmation_key,
     encryption_key,
+    mac,
+    mac_matches,
     open_sealed,
     pair_mask_key,
     prg_uint32,
@@ -29,7 +32,7 @@ from fedfdp.secagg.errors import (
     Stage,
     ThresholdError,
 )
-from fedfdp.secagg.graph import is_connected, neighbour_graph
+from fedfdp.secagg.graph import graph_seed, is_connected, ring_neighbours, ring_order
 from fedfdp.secagg.identity import DIGEST_BYTES, NodeTrust, advertisement, confirmation, verify
 from fedfdp.secagg.messages import (
     SHARE_PLAINTEXT_BYTES,
@@ -93,8 +96,12 @@ class ClientSession:
       received; it then signs them with the digest of the model and parameters it
       received;
     * unmask: the request lists exactly its neighbourhood's part of the confirmed sets,
-      and at least ``t`` live members of its neighbourhood signed the same confirmation
-      (a node that drops after collect need not sign). It answers once.
+      and, with itself, at least ``t`` live members of its neighbourhood confirmed the
+      same (a node that drops after collect need not). A neighbour's confirmation
+      reaches it as an HMAC under their pairwise key from the X25519 keys that
+      neighbour's roster identity signed at setup — the server, which knows neither
+      private key, cannot forge it — so checking ``t − 1`` of them costs microseconds,
+      not signature verifications. It answers once.
 
     Secrets (two X25519 private keys, the seed ``b_u``, the Shamir coefficients) come
     from the OS CSPRNG; the private keys and ``b_u`` are dropped after collect, the
@@ -129,10 +136,11 @@ class ClientSession:
 
     def _clear(self) -> None:
         self._round = -1
-        self._parties: tuple[int, ...] = ()
+        self._ring: tuple[int, ...] = ()  # the parties in the round's ring order
         self._degree = 0
         self._neighbours: frozenset[int] = frozenset()
         self._identities: dict[int, bytes] = {}
+        self._confirm_keys: dict[int, bytes] = {}
         self._srcs: frozenset[int] = frozenset()
         self._digest: bytes | None = None
         self._live: frozenset[int] = frozenset()
@@ -186,9 +194,9 @@ class ClientSession:
                 raise RequestRefused(f"node {self.node_id}: {n} parties, fewer than the "
                                      f"{self.trust.min_survivors} survivors this node requires; refused")
             self._round = request.round
-            self._parties = tuple(sorted(parties))
+            self._ring = ring_order(graph_seed(self._round, k, parties), parties)
             self._degree = k
-            self._neighbours = neighbour_graph(self._round, k, parties)[self.node_id]
+            self._neighbours = ring_neighbours(self._ring, k)[self.node_id]
             self._threshold = t
             self._dim = request.dim
             self._index = {v: i + 1 for i, v in enumerate(sorted(self._neighbours | {self.node_id}))}
@@ -238,7 +246,9 @@ class ClientSession:
             for v in request.ids:
                 i = self._index[v]
                 plaintext = i.to_bytes(2, "big") + b_shares[i - 1].value + sk_shares[i - 1].value
-                key = encryption_key(self._enc_keys.agree(self._peer_pk_enc[v]), self._round, self.node_id, v)
+                secret = self._enc_keys.agree(self._peer_pk_enc[v])
+                self._confirm_keys[v] = confirmation_key(secret, self._round, self.node_id, v)
+                key = encryption_key(secret, self._round, self.node_id, v)
                 cts.append(seal(key, plaintext, round_=self._round, src=self.node_id, dst=v))
             del b_shares, sk_shares
             self._phase = _ClientPhase.KEYS_SHARED
@@ -337,7 +347,7 @@ class ClientSession:
             if self.node_id not in live:
                 raise RequestRefused(f"node {self.node_id}: confirm request does not list this node as live; "
                                      "refused")
-            self._known("live", live | dead, frozenset(self._parties))
+            self._known("live", live | dead, frozenset(self._ring))
             if len(live) < self.trust.min_survivors:
                 raise RequestRefused(f"node {self.node_id}: {len(live)} survivors, fewer than the "
                                      f"{self.trust.min_survivors} this node requires; refused")
@@ -346,17 +356,19 @@ class ClientSession:
                 raise RequestRefused(
                     f"node {self.node_id}: the confirmed sets list neighbours {sorted(mine)} as sharing "
                     f"keys, but it received shares from {sorted(self._srcs)}; refused")
-            graph = neighbour_graph(self._round, self._degree, self._parties)
+            graph = ring_neighbours(self._ring, self._degree)
             if not is_connected(graph, live):
                 raise ConsistencyError(f"node {self.node_id}: the {len(live)} survivors' graph is "
                                        "disconnected (unmasking would release partial sums); refused")
             if self._digest is None:  # pragma: no cover - set at collect
                 raise RequestRefused(f"node {self.node_id}: no round digest")
             self._live, self._dead = live, dead
-            signature = self.trust.signing_key.sign(
-                confirmation(self.run, self._round, live, dead, self._digest))
+            statement = confirmation(self.run, self._round, live, dead, self._digest)
+            signature = self.trust.signing_key.sign(statement)
+            dsts = tuple(sorted(self._neighbours & live))
+            macs = tuple(mac(self._confirm_keys[v], statement) for v in dsts)
             self._phase = _ClientPhase.CONFIRMED
-            return ConfirmReply(self._round, self.node_id, signature)
+            return ConfirmReply(self._round, self.node_id, signature, dsts, macs)
         except BaseException:
             self._abort()
             raise
@@ -393,14 +405,16 @@ class ClientSession:
                     f"node {self.node_id}: unmask request lists live {sorted(request.live)} and dead "
                     f"{sorted(request.dead)}, not its neighbourhood's part of the confirmed sets; refused")
             self._enough(Stage.UNMASK, len(request.live), "live members listed")
-            self._known("signers", request.signers, frozenset(request.live))
-            self._enough(Stage.UNMASK, len(request.signers), "live members that confirmed")
+            self._known("signers", request.signers, frozenset(request.live) - {self.node_id})
+            self._enough(Stage.UNMASK, 1 + len(request.signers), "live members that confirmed")
             if self._digest is None:  # pragma: no cover - set at collect
                 raise RequestRefused(f"node {self.node_id}: no round digest")
             statement = confirmation(self.run, self._round, self._live, self._dead, self._digest)
-            for u, sig in zip(request.signers, request.signatures, strict=True):
-                who = self.trust.signing_key.public if u == self.node_id else self._identities.get(u, b"")
-                if not verify(who, statement, sig):
+            # its own confirmation and t − 1 of its neighbours', in order: t agreeing members
+            # of its neighbourhood are the guarantee, more add nothing to it
+            for u, tag in list(zip(request.signers, request.macs, strict=True))[: self._threshold - 1]:
+                key = self._confirm_keys.get(u)
+                if key is None or not mac_matches(key, statement, tag):
                     raise RequestRefused(
                         f"node {self.node_id}: live neighbour {u} did not confirm the same survivor set, "
                         "dead set and round digest; refused")
@@ -439,8 +453,9 @@ class ClientSession:
         doc = {
             "node_id": str(self.node_id), "phase": self._phase.value, "round": self._round,
             "run": str(self.run), "after_round": self.after_round, "trust": self.trust.to_dict(),
-            "parties": [str(v) for v in self._parties], "degree": self._degree,
+            "ring": [str(v) for v in self._ring], "degree": self._degree,
             "identities": hexmap(self._identities), "srcs": [str(v) for v in sorted(self._srcs)],
+            "confirm_keys": hexmap(self._confirm_keys),
             "digest": self._digest.hex() if self._digest is not None else None,
             "live": [str(v) for v in sorted(self._live)], "dead": [str(v) for v in sorted(self._dead)],
             "neighbours": [str(v) for v in sorted(self._neighbours)], "threshold": self._threshold,
@@ -469,9 +484,10 @@ class ClientSession:
                           after_round=int(doc["after_round"]))
             session._phase = _ClientPhase(doc["phase"])
             session._round = int(doc["round"])
-            session._parties = tuple(int(v) for v in doc["parties"])
+            session._ring = tuple(int(v) for v in doc["ring"])
             session._degree = int(doc["degree"])
             session._identities = {int(k): bytes.fromhex(v) for k, v in doc["identities"].items()}
+            session._confirm_keys = {int(k): bytes.fromhex(v) for k, v in doc["confirm_keys"].items()}
             session._srcs = frozenset(int(v) for v in doc["srcs"])
             session._live = frozenset(int(v) for v in doc["live"])
             session._dead = frozenset(int(v) for v in doc["dead"])

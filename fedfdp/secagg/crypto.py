@@ -40,6 +40,8 @@ Pasquini et al., CCS 2022, yields noise).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -67,6 +69,8 @@ SHARE_BYTES = 2 + KEY_BYTES
 MAX_SHARES = 2**16 - 1
 #: Largest node id (Flower node ids are unsigned 64-bit integers).
 MAX_NODE_ID = 2**64 - 1
+#: Length of an HMAC-SHA256 tag, in bytes.
+MAC_BYTES = 32
 
 _INFO_PREFIX = b"fedfdp/secagg/v1/"
 _HALF = KEY_BYTES // 2
@@ -82,6 +86,8 @@ class KeyPurpose(Enum):
     SELF_MASK = "self-mask"
     #: AES-GCM key for the share ciphertexts, from the encryption key pairs.
     ENCRYPTION = "share-encryption"
+    #: HMAC key of two neighbours' confirmations, from the encryption key pairs.
+    CONFIRMATION = "confirmation"
 
 
 def _u64(name: str, value: int) -> bytes:
@@ -196,6 +202,27 @@ def self_mask_key(seed: bytes, round_: int, u: int, *, digest: bytes) -> bytes:
 def encryption_key(shared_secret: bytes, round_: int, src: int, dst: int) -> bytes:
     """The AES-256-GCM key for shares sent from ``src`` to ``dst`` in ``round_``."""
     return derive_key(shared_secret, KeyPurpose.ENCRYPTION, round_, src, dst)
+
+
+def confirmation_key(shared_secret: bytes, round_: int, u: int, v: int) -> bytes:
+    """The HMAC key with which neighbours ``u`` and ``v`` authenticate their confirmations
+    to each other in ``round_`` (symmetric in ``u``, ``v``; from the encryption key pairs,
+    whose public halves each signed with its roster identity).
+    """
+    if u == v:
+        raise ValueError(f"u=v={u}: a confirmation key needs two distinct nodes")
+    lo, hi = (u, v) if u < v else (v, u)
+    return derive_key(shared_secret, KeyPurpose.CONFIRMATION, round_, lo, hi)
+
+
+def mac(key: bytes, message: bytes) -> bytes:
+    """``HMAC-SHA256(key, message)`` (:data:`MAC_BYTES` bytes)."""
+    return hmac.new(_key("key", key), message, hashlib.sha256).digest()
+
+
+def mac_matches(key: bytes, message: bytes, tag: bytes) -> bool:
+    """True when ``tag`` is :func:`mac` of ``message`` under ``key`` (constant-time compare)."""
+    return hmac.compare_digest(mac(key, message), tag)
 
 
 def _associated_data(round_: int, src: int, dst: int) -> bytes:

@@ -10,14 +10,16 @@ setup      :class:`SetupRequest`   :class:`SetupReply`    parties, k, t, d / run
 share_keys :class:`KeysRequest`    :class:`KeysReply`     neighbours' signed keys / share
                                                           ciphertexts
 collect    :class:`CollectRequest` :class:`CollectReply`  ciphertexts for it / masked vector
-unmask     :class:`ConfirmRequest` :class:`ConfirmReply`  survivor and dead sets / signature
+unmask     :class:`ConfirmRequest` :class:`ConfirmReply`  survivor and dead sets / signature,
+                                                          a tag for each live neighbour
            :class:`UnmaskRequest`  :class:`UnmaskReply`   live and dead lists with the live
-                                                          members' signatures / shares
+                                                          neighbours' tags / shares
 ========== ======================= ====================== ===================================
 
 The unmask stage is two exchanges: the consistency check (every survivor signs the
-survivor set, the dead set and the digest of what it received) and then the unmask
-proper, which a node answers only with its live neighbours' matching signatures.
+survivor set, the dead set and the digest of what it received, and authenticates the
+same to each live neighbour) and then the unmask proper, which a node answers only
+with ``t`` matching confirmations from its neighbourhood.
 
 Fields are ints, bytes, tuples of ints or bytes (parallel tuples instead of
 mappings) and one ``uint32`` array, so the Flower layer can serialise them into a
@@ -35,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.secagg.crypto import KEY_BYTES, MAX_NODE_ID, NONCE_BYTES, SHARE_BYTES, TAG_BYTES
+from fedfdp.secagg.crypto import KEY_BYTES, MAC_BYTES, MAX_NODE_ID, NONCE_BYTES, SHARE_BYTES, TAG_BYTES
 from fedfdp.secagg.errors import MessageError
 from fedfdp.secagg.identity import IDENTITY_BYTES, SIGNATURE_BYTES
 
@@ -310,23 +312,35 @@ class ConfirmRequest:
 
 @dataclass(frozen=True)
 class ConfirmReply:
-    """Stage 3 (first exchange), client → server: the node's signature of
+    """Stage 3 (first exchange), client → server: the node's confirmation of
     :func:`fedfdp.secagg.identity.confirmation` (run, round, both sets, the digest of
-    the model and parameters it received).
+    the model and parameters it received), signed for the server and authenticated for
+    each live neighbour.
 
     Attributes
     ----------
     round, node_id : int
     signature : bytes
+        The node's Ed25519 signature of the confirmation (the server checks it before
+        it charges the round).
+    dsts : tuple of int
+        Its live neighbours.
+    macs : tuple of bytes
+        For each, the HMAC of the confirmation under their pairwise confirmation key
+        (:func:`fedfdp.secagg.crypto.confirmation_key`), parallel to ``dsts``.
     """
 
     round: int
     node_id: int
     signature: bytes
+    dsts: tuple[int, ...] = ()
+    macs: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         _header(self)
         _blob(self, "signature", self.signature, SIGNATURE_BYTES)
+        object.__setattr__(self, "dsts", _ids(self, "dsts", self.dsts))
+        object.__setattr__(self, "macs", _blobs(self, "macs", self.macs, MAC_BYTES, len(self.dsts), "dsts"))
 
 
 @dataclass(frozen=True)
@@ -343,9 +357,10 @@ class UnmaskRequest:
     dead : tuple of int
         Neighbours in U2 − U3: their mask-key shares are asked for.
     signers : tuple of int
-        The live members that confirmed (at least ``t``; none: the node refuses).
-    signatures : tuple of bytes
-        Their :class:`ConfirmReply` signatures, parallel to ``signers``.
+        The live neighbours that confirmed (with the node itself, at least ``t``; none:
+        the node refuses).
+    macs : tuple of bytes
+        Their :class:`ConfirmReply` tags addressed to this node, parallel to ``signers``.
     """
 
     round: int
@@ -353,15 +368,15 @@ class UnmaskRequest:
     live: tuple[int, ...]
     dead: tuple[int, ...]
     signers: tuple[int, ...] = ()
-    signatures: tuple[bytes, ...] = ()
+    macs: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         _header(self)
         object.__setattr__(self, "live", _ids(self, "live", self.live))
         object.__setattr__(self, "dead", _ids(self, "dead", self.dead))
         object.__setattr__(self, "signers", _ids(self, "signers", self.signers))
-        object.__setattr__(self, "signatures", _blobs(self, "signatures", self.signatures, SIGNATURE_BYTES,
-                                                      len(self.signers), "signers"))
+        object.__setattr__(self, "macs",
+                           _blobs(self, "macs", self.macs, MAC_BYTES, len(self.signers), "signers"))
 
 
 @dataclass(frozen=True)

@@ -319,8 +319,8 @@ class ServerSession:
         """Stage 3, first exchange → second: check the survivors' signatures of the survivor
         set, the dead set and ``digest`` (the :func:`~fedfdp.secagg.identity.round_digest`
         of what the server sent); one :class:`UnmaskRequest` per survivor that confirmed,
-        carrying the signatures of the members of its neighbourhood that confirmed (a
-        survivor that dropped after collect stays in U3: its seed is reconstructed).
+        carrying the tags its neighbours that confirmed addressed to it (a survivor that
+        dropped after collect stays in U3: its seed is reconstructed).
 
         Raises
         ------
@@ -341,20 +341,23 @@ class ServerSession:
             if not verify(self._identity[u], statement, r.signature):
                 raise MessageError(f"ConfirmReply.signature of node {u}: not a confirmation of this round's "
                                    "sets and digest", field="signature", node_id=u)
+            if set(r.dsts) != self._nbrs[u] & self.u3:
+                raise MessageError(f"ConfirmReply.dsts of node {u}: {sorted(r.dsts)}, expected its live "
+                                   f"neighbours {sorted(self._nbrs[u] & self.u3)}", field="dsts", node_id=u)
         confirmed = frozenset(got)
         self._digest = digest
         self._unmask_asked = {}
         for v in sorted(confirmed):
-            signers = tuple(sorted(self.neighbourhood(v) & confirmed))
-            if len(signers) < self.threshold:
+            signers = tuple(sorted(self._nbrs[v] & confirmed))
+            if 1 + len(signers) < self.threshold:
                 self._fail()
-                raise ConsistencyError(f"stage {Stage.UNMASK.value}: node {v} has {len(signers)} "
+                raise ConsistencyError(f"stage {Stage.UNMASK.value}: node {v} has {1 + len(signers)} "
                                        f"confirmations in its neighbourhood, fewer than t={self.threshold}; "
                                        "round aborted")
             live = tuple(sorted(self.neighbourhood(v) & self.u3))
             dead = tuple(sorted(self._nbrs[v] & self._dead))
-            self._unmask_asked[v] = UnmaskRequest(self.round, v, live, dead, signers,
-                                                  tuple(got[u].signature for u in signers))
+            tags = tuple(got[u].macs[got[u].dsts.index(v)] for u in signers)
+            self._unmask_asked[v] = UnmaskRequest(self.round, v, live, dead, signers, tags)
         self._phase = _ServerPhase.UNMASK
         return dict(self._unmask_asked)
 
