@@ -185,7 +185,14 @@ def _estimated(path: Path, mode_keys: dict[str, Any], normals: Callable[[int], n
     return released, table_encoding(released, frame, train)
 
 
-@pytest.mark.parametrize("mode", ["dp", "dp-device"])
+def test_estimates_are_refused_with_the_device_unit(tmp_path):
+    """A device moves each count of an estimate's histogram by its number of records, not by
+    the 1 the estimate is charged for: declared encodings only."""
+    with pytest.raises(ConfigError, match=r"private-statistics='estimate' with privacy-unit='device'"):
+        load_config(_keys(tmp_path / "t.csv", **MODES["dp-device"][0], **{"private-statistics": "estimate"}))
+
+
+@pytest.mark.parametrize("mode", ["dp"])
 @pytest.mark.parametrize("change", ["rare label", "extreme public value", "rare public category",
                                     "extreme private value", "rare private category"])
 def test_estimates_depend_on_a_record_only_through_their_noise(tmp_path, mode, change):

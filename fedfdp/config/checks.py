@@ -235,6 +235,13 @@ def check_config(cfg: Config) -> None:
             "private-statistics='estimate' with mode='corrdp': the CorrDP accountant does not compose "
             "the estimates' Gaussian histograms; declare private-ranges and private-categories"
         )
+    if p.privacy_unit is PrivacyUnit.DEVICE and d.private_statistics is PrivateStatistics.ESTIMATE:
+        raise ConfigError(
+            "private-statistics='estimate' with privacy-unit='device': an estimate is charged as a histogram "
+            "in which one record moves one count by 1, but one device moves its counts by its number of "
+            "records; declare the encodings (private-ranges, private-categories; under mode='dp' also "
+            "public-ranges, public-categories, label-classes)"
+        )
     if p.public_loss is PublicLoss.LABEL_FREE and t.model != "logistic":
         raise ConfigError(
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
