@@ -8,8 +8,9 @@ every call is timed with ``perf_counter`` (wall time on a shared machine: take t
 median of ``--repeats``)::
 
     server_s         all server calls of the round (setup_requests .. receive_unmask)
-    client_mean_s    one client's four calls (key generation, sharing, encryption,
-                     decryption, masking, unmasking), mean over clients
+    client_mean_s    one client's five calls (key generation and its signature, checking
+                     the neighbours' signed keys, sharing, encryption, decryption,
+                     masking, the signed consistency check, unmasking), mean over clients
     client_max_s     the slowest client
     upload_B         bytes one client sends (public keys, ciphertexts, the uint32
                      vector, its unmask shares): the private part is 4·d + small
@@ -50,7 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.secagg import ClientSession, ServerSession
+from fedfdp.secagg import ClientSession, NodeTrust, Roster, ServerSession, SigningKey
+
+#: The run of the benchmark's sessions, and the digest of the model every node "received".
+RUN = 1
+DIGEST = bytes(range(32))
+_IDENTITIES: dict[int, SigningKey] = {}
 
 CONFIGS = [(10, 7), (10, 9), (100, 15)]
 DIMS = [10_000, 100_000]
@@ -74,7 +80,10 @@ def _upload(*msgs: Any) -> int:
 def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Generator) -> dict[str, float]:
     ids = [int(x) for x in rng.choice(2**31, n, replace=False)]
     xs = {u: rng.integers(0, 2**32, d, dtype=np.uint64).astype(np.uint32) for u in ids}
-    clients = {u: ClientSession(u) for u in ids}
+    # long-term identities: made once per party, not per round (kept between calls)
+    keys_of = {u: _IDENTITIES.setdefault(u, SigningKey.generate()) for u in ids}
+    roster = Roster({f"node-{u}": key.public for u, key in keys_of.items()})
+    clients = {u: ClientSession(u, NodeTrust(keys_of[u], roster, 3), run=RUN) for u in ids}
     ctime: dict[int, float] = defaultdict(float)
     up: dict[int, int] = defaultdict(int)
     stime = 0.0
@@ -100,9 +109,11 @@ def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Gene
     keys = srv(server.receive_setup, [cli(u, clients[u].setup, r) for u, r in reqs.items()])
     coll = srv(server.receive_keys, [cli(u, clients[u].share_keys, r) for u, r in keys.items()])
     gone = ids[0] if drop_at_collect else None
-    unm = srv(
-        server.receive_collect, [cli(u, clients[u].collect, r, xs[u]) for u, r in coll.items() if u != gone]
+    conf = srv(
+        server.receive_collect,
+        [cli(u, clients[u].collect, r, xs[u], DIGEST) for u, r in coll.items() if u != gone],
     )
+    unm = srv(server.receive_confirm, [cli(u, clients[u].confirm, r) for u, r in conf.items()], DIGEST)
     result = srv(server.receive_unmask, [cli(u, clients[u].unmask, r) for u, r in unm.items()])
     expected = np.zeros(d, dtype=np.uint64)
     for u in result.u3:
