@@ -18,8 +18,10 @@ consistency round, both here:
   under the run, the round and its node id), and :func:`confirmation` what it signs
   before unmasking (the run, the round, the survivor set, the dead set and the digest
   of the model and round parameters it received, :func:`round_digest`). A node
-  unmasks only when every live member of its neighbourhood signed the same
-  confirmation it signed (:class:`~fedfdp.secagg.client_session.ClientSession`).
+  unmasks only when, with itself, ``t`` live members of its neighbourhood confirmed
+  the same (their signatures go to the server; to each other they send HMAC tags
+  under pairwise keys their signed advertisements authenticate:
+  :class:`~fedfdp.secagg.client_session.ClientSession`).
 
 Every signed message starts with a domain-separation label and encodes every integer
 as 8 bytes and every set as its sorted members preceded by their count, so no two
