@@ -17,6 +17,7 @@ target's). Expected values are the raw inputs summed in uint64 (no code under te
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -24,7 +25,12 @@ import os
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message
 
+from clients.client_app import make_client_app
+from fedfdp.config import load_config
+from fedfdp.data import load_dataset
+from fedfdp.run_plan import build_plan
 from fedfdp.secagg.client_session import ClientSession
 from fedfdp.secagg.crypto import (
     KeyPair,
@@ -50,6 +56,10 @@ from fedfdp.secagg.messages import (
 )
 from fedfdp.secagg.server_session import ServerSession
 from fedfdp.secagg.session import default_neighbours
+from fedfdp.secagg.wire import SECAGG
+from simulations.identities import write_identities
+from strategies.fdp_strategy import FDPStrategy
+from tests.flower_helpers import InProcessGrid, node_context
 from tests.test_secagg_protocol import (
     DIGEST,
     RUN,
@@ -506,8 +516,6 @@ def test_the_session_state_round_trips_with_its_trust():
 
 
 def test_the_orchestrator_writes_each_nodes_key_in_its_own_folder_and_the_roster(tmp_path):
-    from simulations.identities import write_identities
-
     dirs = {f"node-{p}": tmp_path / "node-state" / f"node-{p}" for p in range(3)}
     roster = write_identities(dirs, tmp_path / "roster.toml")
     assert Roster.from_file(tmp_path / "roster.toml") == roster and len(roster) == 3
@@ -515,3 +523,65 @@ def test_the_orchestrator_writes_each_nodes_key_in_its_own_folder_and_the_roster
     assert again == roster
     for name, folder in dirs.items():
         assert SigningKey.load(folder / "secagg-signing.key").public == roster.parties[name]
+
+
+# -- the real ClientApp: nodes whose policy names a roster -----------------------------------------
+
+
+def _policy_run(tmp_path, roster_parties: range, *, sybil_keys: bool = False):
+    """A secagg round of the real strategy against the real ClientApp, every node with a
+    policy naming a roster that :func:`simulations.identities.write_identities` wrote for the
+    parties ``roster_parties`` (``sybil_keys``: the server relays keys of its own in sa_keys)."""
+    cfg = load_config({"dataset": "fleet", "num-devices": 4, "records-per-device": 60, "num-rounds": 1,
+                       "aggregation": "secagg", "secagg-min-survivors": 3, "progress": False,
+                       "round-timeout": 30.0, "secagg-timeout": 30.0, "node-wait-timeout": 10.0,
+                       "noise-multiplier": 1.0})
+    state = tmp_path / "nodes"
+    write_identities({f"node-{p}": state / f"node-{p}" for p in roster_parties}, tmp_path / "roster.toml")
+    policy = tmp_path / "policy.toml"
+    policy.write_text('max-epsilon = 50.0\ndelta = 1e-5\nmin-honest-shares = 3\nmax-colluders = 0\n'
+                      'roster = "roster.toml"\n')
+    app = make_client_app(cfg.to_flat(), nodes={"node-policy": str(policy), "node-state": str(state)})
+    evil = KeyPair.generate()
+
+    class Grid(InProcessGrid):
+        def __init__(self) -> None:
+            super().__init__(cfg)
+            self.contexts: dict[int, Context] = {}
+            self.refusals: list[str] = []
+
+        def answer(self, msg: Message) -> Message:
+            node = msg.metadata.dst_node_id
+            context = self.contexts.setdefault(node, node_context(cfg, node))
+            rec = msg.content.config_records.get(SECAGG)
+            if sybil_keys and rec is not None and rec.get("type") == "KeysRequest":
+                relayed = rec["pk_enc"]
+                assert isinstance(relayed, bytes)
+                swapped = evil.public * (len(relayed) // 32)
+                msg.content[SECAGG] = ConfigRecord({**dict(rec), "pk_enc": swapped})
+            try:
+                return app(msg, context)
+            except Exception as exc:
+                self.refusals.append(str(exc))
+                return Message(error=Error(code=0, reason=str(exc)), reply_to=msg)
+
+    data = load_dataset(cfg.data)
+    plan = build_plan(cfg, data, num_devices=len(data.devices), evaluate=lambda r, m: {})
+    strat = FDPStrategy(plan)
+    grid = Grid()
+    strat.start(grid, ArrayRecord(copy.deepcopy(plan.model.state_dict())))
+    return strat, grid, state
+
+
+def test_nodes_with_a_roster_in_their_policy_run_and_refuse_what_it_does_not_list(tmp_path):
+    strat, grid, state = _policy_run(tmp_path, range(4))
+    assert strat.stop_reason is None and len(strat.rows) == 1 and grid.refusals == []
+    assert all((state / f"node-{p}" / "secagg-signing.key").is_file() for p in range(4))
+    # a node whose key the roster does not list refuses in one line; the others go on
+    strat, grid, _ = _policy_run(tmp_path / "three", range(3))
+    assert strat.stop_reason is None and len(strat.rows) == 1
+    assert grid.refusals and all("is not on the roster" in r and "\n" not in r for r in grid.refusals)
+    # a server that relays its own encryption keys: every node refuses, nothing is charged
+    strat, grid, _ = _policy_run(tmp_path / "swap", range(4), sybil_keys=True)
+    assert strat.stop_reason is not None and strat.ledger is not None and strat.ledger.charges == []
+    assert any("a swapped key" in r for r in grid.refusals)
