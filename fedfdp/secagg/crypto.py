@@ -9,14 +9,15 @@ Security model
 --------------
 The protocol built on these primitives (:mod:`fedfdp.secagg.session`; Bonawitz et
 al., CCS 2017, with the sparse neighbour graph of Bell et al., CCS 2020) protects the
-clients' inputs from an *honest-but-curious* server that may collude with fewer than
-``t`` clients of any neighbourhood. It rests on computational assumptions: the
+clients' inputs from a server that may deviate from the protocol and collude with
+fewer than ``t`` clients of any neighbourhood (identities and the consistency check:
+:mod:`fedfdp.secagg.identity`). It rests on computational assumptions: the
 hardness of the computational Diffie-Hellman problem on Curve25519 (X25519), HKDF
 with HMAC-SHA256 as a key-derivation function, AES-256 as a pseudo-random function
-(the CTR keystream of the masks), and the IND-CPA/INT-CTXT security of AES-256-GCM.
-Shamir sharing is information-theoretic: fewer than ``t`` shares reveal nothing.
-Out of scope: a malicious server that substitutes public keys (there is no PKI and
-no consistency round), and poisoning by clients.
+(the CTR keystream of the masks), the IND-CPA/INT-CTXT security of AES-256-GCM, and
+HMAC-SHA256 as a MAC (the confirmations between neighbours). Shamir sharing is
+information-theoretic: fewer than ``t`` shares reveal nothing. Out of scope: poisoning
+by clients.
 
 Secrets (private keys, seeds, Shamir coefficients, nonces) come from the operating
 system's CSPRNG only: X25519 private keys, :func:`random_secret` and the AEAD
