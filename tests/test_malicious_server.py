@@ -585,3 +585,45 @@ def test_nodes_with_a_roster_in_their_policy_run_and_refuse_what_it_does_not_lis
     strat, grid, _ = _policy_run(tmp_path / "swap", range(4), sybil_keys=True)
     assert strat.stop_reason is not None and strat.ledger is not None and strat.ledger.charges == []
     assert any("a swapped key" in r for r in grid.refusals)
+
+
+def test_the_round_driver_aborts_a_disconnected_round_uncharged(caplog: pytest.LogCaptureFixture) -> None:
+    """14 SuperNodes, k = 5 (h = 2), the nodes at two ring gaps of 2 fail at collect: every
+    threshold holds, the survivors (10 >= n_min) are two arcs. The real strategy aborts
+    each try before the charge; after 3 tries the run stops with nothing charged and the
+    model untouched."""
+    cfg = load_config({"dataset": "fleet", "num-devices": 14, "records-per-device": 20, "num-rounds": 1,
+                       "aggregation": "secagg", "secagg-min-survivors": 8, "secagg-neighbours": 5,
+                       "progress": False, "round-timeout": 30.0, "secagg-timeout": 30.0,
+                       "node-wait-timeout": 10.0, "noise-multiplier": 1.0})
+    app = make_client_app(cfg.to_flat())
+    ring = ring_order(graph_seed(1, 5, range(14)), range(14))
+    gone = {ring[i] for i in (0, 1, 7, 8)}
+
+    class Grid(InProcessGrid):
+        def __init__(self) -> None:
+            super().__init__(cfg)
+            self.contexts: dict[int, Context] = {}
+            self.asked: list[str] = []
+
+        def answer(self, msg: Message) -> Message:
+            node = msg.metadata.dst_node_id
+            context = self.contexts.setdefault(node, node_context(cfg, node))
+            self.asked.append(msg.metadata.message_type)
+            if node in gone and msg.metadata.message_type == "train.sa_collect":
+                return Message(error=Error(code=0, reason="dropped"), reply_to=msg)
+            return app(msg, context)
+
+    data = load_dataset(cfg.data)
+    plan = build_plan(cfg, data, num_devices=len(data.devices), evaluate=lambda r, m: {})
+    initial = copy.deepcopy(plan.model.state_dict())
+    strat = FDPStrategy(plan)
+    grid = Grid()
+    strat.start(grid, ArrayRecord(copy.deepcopy(plan.model.state_dict())))
+    assert strat.stop_reason is not None and "aborted 3 times" in strat.stop_reason
+    assert strat.ledger is not None and strat.ledger.charges == []
+    assert grid.asked.count("train.sa_unmask") == 0  # not even the consistency check was sent
+    logged = [r.getMessage() for r in caplog.records]
+    aborts = [m for m in logged if "no unmask, no step, nothing charged" in m]
+    assert len(aborts) == 3 and all("graph is disconnected" in m for m in aborts)
+    assert all(np.array_equal(initial[k], v) for k, v in strat.model.state_dict().items())
