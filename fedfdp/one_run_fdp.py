@@ -59,6 +59,7 @@ from scipy import special
 from fedfdp.accounting.prv import gaussian_epsilon
 
 __all__ = [
+    "MU_GRID",
     "InverseCurve",
     "OneRunFDP",
     "epsilon_delta_curve",
