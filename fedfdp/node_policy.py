@@ -111,6 +111,12 @@ class NodePolicy:
             raise ValueError(f"trust-server={self.trust_server!r}: must be true or false")
         if self.roster is not None:
             object.__setattr__(self, "roster", Path(self.roster))
+        elif honest > 1:
+            # Without a roster the node cannot tell the server's sybils from parties: the
+            # only honest share it can count on is its own.
+            raise ValueError(f"min-honest-shares={honest} without a roster: a server could fill the floor "
+                             "with sybil nodes; name the parties' roster (roster = \"FILE\") or set "
+                             "min-honest-shares = 1")
 
     def to_dict(self) -> dict[str, Any]:
         return {"max-epsilon": self.max_epsilon, "delta": self.delta, "relation": str(self.relation),

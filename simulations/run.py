@@ -294,6 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         supernodes = args.supernodes
     else:  # secagg: the default raised to n_min, fewer refused before the run directory exists
         supernodes = supernodes_for(cfg, args.supernodes)
+    if nodes is not None and supernodes is not None:
+        _write_simulated_identities(args.node_policy, Path(nodes["node-state"]), supernodes)
     plan, found = _check_run_dir(cfg, data)  # on an unreachable target ε, an occupied or mismatched out-dir
     _check_model_and_data(plan, data)  # a user's model or data that cannot train, on either path
     out = prepare_output_dir(cfg.run.out_dir, "--out")
@@ -349,6 +351,27 @@ def _node_settings(args: argparse.Namespace, cfg: Config) -> dict[str, str] | No
     if state.exists() and not state.is_dir():
         raise ConfigError(f"--node-state={str(state)!r}: not a directory")
     return {POLICY_KEY: str(Path(args.node_policy).resolve()), STATE_KEY: str(state.resolve())}
+
+
+def _write_simulated_identities(policy_path: str, state: Path, supernodes: int) -> None:
+    """When the node policy names a ``roster``, stand in for the deployment authority:
+    each simulated node's long-term signing key in its own state folder
+    (``STATE/node-<partition-id>``, created from the OS CSPRNG the first time and kept) and
+    the roster of their public keys written at the path the policy names
+    (:func:`simulations.identities.write_identities`). The server is given neither.
+    """
+    from fedfdp.node_policy import load_node_policy
+    from simulations.identities import write_identities
+
+    policy = load_node_policy(policy_path)
+    if policy.roster is None:
+        return
+    folders = {f"node-{p}": state / f"node-{p}" for p in range(int(supernodes))}
+    try:
+        write_identities(folders, policy.roster)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--node-policy={policy_path!r}: roster={str(policy.roster)!r}: "
+                          f"cannot write the simulated nodes' identities ({exc})") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:

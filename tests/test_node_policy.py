@@ -34,9 +34,11 @@ from fedfdp.ledger import Ledger, read_ledger, write_ledger
 from fedfdp.node_ledger import NodeLedger
 from fedfdp.node_policy import NodePolicy, RoundRefused, load_node_policy, node_event
 from fedfdp.run_plan import build_plan
+from fedfdp.secagg.identity import SIGNING_KEY_FILE, Roster, SigningKey
 from fedfdp.secagg.plan import local_sigma_for
 from fedfdp.secagg.wire import MASKED, SECAGG
 from simulations.cli import main as fedfdp_main
+from simulations.identities import write_identities
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
 
@@ -52,9 +54,24 @@ max-colluders = 0
 
 
 def write_policy(tmp: Path, eps: float = 50.0, honest: int = 3, extra: str = "") -> Path:
+    """A policy file in ``tmp``; it names the roster ``roster.toml`` beside it unless
+    ``extra`` says otherwise (a floor above 1 needs one: :func:`with_identities`)."""
     path = tmp / "policy.toml"
+    if "roster" not in extra:
+        extra += 'roster = "roster.toml"\n'
     path.write_text(POLICY.format(eps=eps, honest=honest) + extra)
     return path
+
+
+def with_identities(nodes: Mapping[str, Any] | None, parties: int) -> None:
+    """What the deployment authority does before a run: the signing key of every node
+    ``node-0 .. node-<parties-1>`` in its state folder and the roster the policy names."""
+    if not nodes:
+        return
+    policy = load_node_policy(str(nodes["node-policy"]))
+    if policy.roster is not None:
+        state = Path(str(nodes["node-state"]))
+        write_identities({f"node-{p}": state / f"node-{p}" for p in range(parties)}, policy.roster)
 
 
 def plain_config(**extra: Any) -> Config:
@@ -105,13 +122,15 @@ def run(cfg: Config, nodes: Mapping[str, Any] | None, rewrite: Rewrite | None = 
     data = load_dataset(cfg.data)
     plan = build_plan(cfg, data, num_devices=len(data.devices), evaluate=lambda r, m: {})
     strat = FDPStrategy(plan)
+    with_identities(nodes, cfg.data.num_devices)
     grid = NodeGrid(cfg, nodes, rewrite)
     strat.start(grid, ArrayRecord(copy.deepcopy(plan.model.state_dict())))
     return strat, grid
 
 
 def node_dirs(state: Path) -> list[Path]:
-    return sorted(state.glob("node-*"))
+    """The node folders holding a ledger (a folder may hold only its signing key so far)."""
+    return sorted(f for f in state.glob("node-*") if read_ledger(f) is not None)
 
 
 def node_events(folder: Path) -> list[DistributedDiscreteGaussian]:
@@ -141,6 +160,16 @@ def scale_sigma(msg: Message, factor: float) -> None:
 
 
 # ----------------------------------------------------------------- the policy file
+
+
+def test_a_floor_above_one_needs_a_roster(tmp_path: Path) -> None:
+    """Without a roster sybils could fill the floor: only the node's own share counts."""
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY.format(eps=5.0, honest=2))
+    with pytest.raises(ConfigError, match=r"min-honest-shares=2 without a roster"):
+        load_node_policy(path)
+    path.write_text(POLICY.format(eps=5.0, honest=1))
+    assert load_node_policy(path).roster is None
 
 
 def test_a_policy_file_loads_with_its_roster_beside_it(tmp_path: Path) -> None:
@@ -234,7 +263,8 @@ def test_a_node_ledger_stated_at_another_delta_is_refused(tmp_path: Path) -> Non
     policy = load_node_policy(write_policy(tmp_path))
     event = node_event(policy, local_sigma=100.0, scale=2.0**6, dimension=10, sampling_rate=0.1)
     NodeLedger(tmp_path / "node", policy).charge(1, 1, event)
-    other = NodePolicy(max_epsilon=50.0, delta=1e-3, min_honest_shares=3, max_colluders=0)
+    other = NodePolicy(max_epsilon=50.0, delta=1e-3, min_honest_shares=3, max_colluders=0,
+                       roster=policy.roster)
     with pytest.raises(RoundRefused, match="stated at"):
         NodeLedger(tmp_path / "node", other).charge(1, 2, event)
 
@@ -522,10 +552,19 @@ def test_fedfdp_run_with_a_node_policy_on_flowers_simulation_engine(
             "--set", "num-rounds=2", "--set", "aggregation=secagg", "--set", "secagg-min-survivors=3",
             "--set", "noise-multiplier=1.0", "--supernodes", "3", "--node-policy", str(policy)]
     state = tmp_path / "a" / "nodes"
-    for out, extra in ((tmp_path / "a", []), (tmp_path / "b", ["--node-state", str(state)])):
+    # The second run's policy names a roster: fedfdp run stands in for the deployment
+    # authority (each node's signing key in its own folder, the roster of their public keys).
+    (tmp_path / "b-policy").mkdir()
+    rostered = write_policy(tmp_path / "b-policy", eps=10.0, extra='roster = "roster.toml"\n')
+    for out, extra in ((tmp_path / "a", []),
+                       (tmp_path / "b", ["--node-state", str(state), "--node-policy", str(rostered)])):
         argv = [sys.executable, "-m", "simulations.cli", "run", "--out", str(out), *base, *extra]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
+    roster = Roster.from_file(tmp_path / "b-policy" / "roster.toml")
+    assert len(roster) == 3
+    for p in range(3):
+        assert SigningKey.load_or_create(state / f"node-{p}" / SIGNING_KEY_FILE).public in roster
     server = account(tmp_path / "a", capsys)
     folders = node_dirs(state)
     assert [f.name for f in folders] == ["node-0", "node-1", "node-2"]
