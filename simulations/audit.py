@@ -353,7 +353,7 @@ def _print_one_run(rows: Sequence[dict[str, Any]]) -> None:
         print(
             f"(one run of {r['rounds']} rounds, {r['num_records']} records of which {r['canaries']} canaries "
             f"({r['included']} in by the coins); relation {r['relation']}, delta={r['delta']:.3g}: the run's "
-            f"printed epsilon. Two analyses, each at {r['confidence']:.0%} with half the error: the "
+            f"printed epsilon. Two analyses, together at {r['confidence']:.0%} (each at half the error): the "
             f"epsilon-delta lower bound of Steinke, Nasr, Jagielski 2023 (best of {len(r['patterns'])} "
             f"guess patterns); the "
             f"f-DP test of Mahloujifar, Melis, Chaudhuri 2024 against the run's own trade-off curve "

@@ -370,7 +370,7 @@ def test_power_from_public_quantities_and_the_no_power_line():
     claim = claim_curve(mech, cfg.privacy.num_rounds)
     weak = audit_power(OneRunSetup(canaries=20), claim, 2.0, 1e-5)
     assert not weak.any and weak.steinke_ceiling < 2.0
-    assert weak.line(20).startswith("no power: with 20 canaries")
+    assert weak.line(20).startswith("no power: with 20 canaries, even 20 of 20 guesses right")
     strong = audit_power(OneRunSetup(canaries=5000), claim, 2.0, 1e-5)
     assert strong.any and all(n is not None for n in strong.fdp_needed)
     # the claim's curve lies above the line of its own printed (epsilon, delta)

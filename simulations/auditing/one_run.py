@@ -410,6 +410,7 @@ class Power:
     fdp_guesses: tuple[int, ...]
     steinke_ceiling: float
     claimed: float
+    steinke_guesses: int = 0
 
     @property
     def any(self) -> bool:
@@ -417,7 +418,7 @@ class Power:
 
     def line(self, canaries: int) -> str:
         """The one line printed instead of "pass" when the run has no power."""
-        most = max(self.fdp_guesses, default=0)
+        most = max(*self.fdp_guesses, self.steinke_guesses, 0)
         return (f"no power: with {canaries} canaries, even {most} of {most} guesses right could not "
                 f"refute the claim {self.claimed:.3g} (ε–δ ceiling {self.steinke_ceiling:.3g}); "
                 "more canaries")
@@ -431,12 +432,13 @@ def audit_power(setup: OneRunSetup, claim: InverseCurve, claimed: float, delta: 
     guesses = tuple(round(a * m) + round(b * m) for a, b in setup.fdp_patterns)
     beta = half / len(setup.fdp_patterns)
     needed = tuple(needed_correct(claim, m, k, beta) if k else None for k in guesses)
-    ceiling = 0.0
+    ceiling, most = 0.0, 0
     for a, b in setup.patterns:
         k = round(a * m) + round(b * m)
         if 0 < k <= m:
             ceiling = max(ceiling, one_run_epsilon(m, k, k, delta, half / len(setup.patterns)))
-    return Power(needed, guesses, ceiling, claimed)
+            most = max(most, k)
+    return Power(needed, guesses, ceiling, claimed, most)
 
 
 #: Canary counts :func:`planned_canaries` tries, fewest first.
