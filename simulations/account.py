@@ -289,7 +289,7 @@ def _secagg_report(args: argparse.Namespace, acc: Any, info: dict[str, Any]) -> 
         "local_sigma": _one({e.local_sigma for e in distributed}),
         "honest_parties": _one({e.honest_parties for e in distributed}),
         "scale": _one({e.scale for e in distributed}),
-        "rounds": acc.rounds,
+        "rounds": acc.rounds - len(info.get("estimates", ())),  # the estimates are charged before round 1
         "relation": ADD_REMOVE,
         "eps_error": acc.eps_error,
     }

@@ -186,9 +186,11 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
                 for e, n in events
                 if hasattr(e, "noise_multiplier")
                 and (relation == ADD_REMOVE or e.to_dict() not in estimated)]  # corrdp: the rounds' only
-    sigmas = {e[0] for e in gaussian}
-    rates = {getattr(e, "sampling_rate", None) for e, _ in events}
-    shares = {getattr(e, "participation", 1.0) for e, _ in events}
+    # the rounds' σ, rate and share (the estimates, charged before round 1, are listed apart)
+    rounds_only = [(e, n) for e, n in events if e.to_dict() not in estimated]
+    sigmas = {e.noise_multiplier for e, _ in rounds_only if hasattr(e, "noise_multiplier")}
+    rates = {getattr(e, "sampling_rate", None) for e, _ in rounds_only}
+    shares = {getattr(e, "participation", 1.0) for e, _ in rounds_only}
     info: dict[str, Any] = {
         "noise_multiplier": sigmas.pop() if len(sigmas) == 1 else None,
         "sampling_rate": rates.pop() if len(rates) == 1 else None,
