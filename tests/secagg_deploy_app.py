@@ -8,7 +8,10 @@ so the production ClientApp has no switch. Every message goes to the real Client
 ``--node-config "... hang-at='sa_collect' marker-dir='/path'"`` (or ``'sa_unmask'``), on
 receiving that stage's message, writes ``/path/<stage>-p<partition-id>`` (the pid of the
 ClientApp process handling it) and then sleeps instead of answering: the test sees the file
-and kills the SuperNode (SIGKILL), which is then a node lost inside that stage.
+and kills the SuperNode (SIGKILL), which is then a node lost inside that stage. With
+``hang-when='after'`` (default ``'before'``) the node first computes its whole reply (for
+``sa_collect``: its policy's write-ahead charge, training, the masked vector) and hangs
+before returning it: a node that dies after charging itself, its masked vector never sent.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ _real = make_client_app()
 app = ClientApp()
 
 
-def _maybe_hang(stage: str, context: Context) -> None:
-    """Write the marker and sleep when this node is told to hang at ``stage``."""
+def _maybe_hang(stage: str, context: Context, when: str = "before") -> None:
+    """Write the marker and sleep when this node is told to hang at ``stage``, ``when``
+    (``before`` or ``after`` computing its reply: node config ``hang-when``)."""
     if str(context.node_config.get("hang-at", "")) != stage:
+        return
+    if str(context.node_config.get("hang-when", "before")) != when:
         return
     folder = Path(str(context.node_config["marker-dir"]))
     partition = int(context.node_config["partition-id"])
@@ -65,7 +71,9 @@ def sa_keys(msg: Message, context: Context) -> Message:
 @app.train("sa_collect")
 def sa_collect(msg: Message, context: Context) -> Message:
     _maybe_hang("sa_collect", context)
-    return _real(msg, context)
+    reply = _real(msg, context)
+    _maybe_hang("sa_collect", context, "after")
+    return reply
 
 
 @app.train("sa_unmask")

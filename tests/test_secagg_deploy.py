@@ -22,6 +22,13 @@ each charge the planned event of ``[resolved] event`` (``n_h = n_min − t_c = 3
 printed and wrote equals the ledger's replay (``fedfdp account --run``, and routes A and B
 recomputed directly from the ledger's events); the model is finite; the killed processes
 are gone (by pid) and no process of the deployment is left.
+
+A second run (:func:`test_node_policies_on_tls_with_supernode_auth_and_a_killed_supernode`,
+docs/deploy.md "Node policies in a deployment") starts six SuperNodes, each with its own
+``node-policy`` file and ``node-state`` directory in its ``--node-config`` (signing keys and
+roster written first by :func:`simulations.identities.write_identities`), kills one inside
+``sa_collect`` after its write-ahead charge and gives one a budget below one round's ε; it
+compares every node's ledger with the server's, charge by charge.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import torch
 
 from fedfdp.accounting.distributed import DistributedDiscreteGaussian, route_a_epsilon, route_b_epsilon
 from fedfdp.ledger import read_ledger
+from simulations.identities import write_identities
 from tests.deploy_helpers import REPO, Deployment, make_node_key, make_tls, stage_app, wait_until
 
 pytestmark = pytest.mark.slow
@@ -167,3 +175,149 @@ def test_secagg_on_tls_with_supernode_auth_and_killed_supernodes(deployment, tmp
     print(m[["round", "asked", "replies", "epsilon", "accuracy"]].to_string(index=False))
     assert math.isfinite(m["loss"].iloc[-1])
     assert os.path.isfile(out / "ledger.jsonl")
+
+
+# ------------------------------------------------------- node policies in a deployment
+POLICY_NODES = 6
+HEALTHY = (0, 1, 2, 3)
+KILLED = 4  # killed inside sa_collect of round 1, after its write-ahead charge (reply computed, never sent)
+POOR = 5  # its policy's max-epsilon is below one round's ε: it refuses every collect
+NODE_DELTA = 1e-6  # the δ every node's policy states its budget at (not the server's)
+POOR_EPSILON = 0.5
+
+
+def _write_policy(path: Path, *, max_epsilon: float, roster: Path) -> Path:
+    """A site's policy file: the server's floor of honest shares, no colluders, the roster."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'max-epsilon = {max_epsilon!r}\ndelta = {NODE_DELTA!r}\nrelation = "add-remove"\n'
+                    f'min-honest-shares = 3\nmax-colluders = 0\nroster = "{roster}"\n')
+    return path
+
+
+def _account(capsys: pytest.CaptureFixture[str], folder: Path, *extra: str) -> dict:
+    """``fedfdp account --run FOLDER --json [EXTRA]`` (the operator's command, its entry point
+    called in this process: a subprocess per ledger costs ~10 s of start-up on a busy machine)."""
+    from simulations.cli import main as fedfdp_main
+
+    capsys.readouterr()
+    assert fedfdp_main(["account", "--run", str(folder), "--json", *extra]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+def _entries(folder: Path) -> list[tuple[int | None, dict]]:
+    """``(round, event)`` of every charge in the ledger in ``folder`` (none when it has none)."""
+    ledger = read_ledger(folder)
+    return [] if ledger is None else [(c.round, c.body["event"]) for c in ledger.charges]
+
+
+def test_node_policies_on_tls_with_supernode_auth_and_a_killed_supernode(deployment, tmp_path, capsys):
+    """Every SuperNode started with its own ``node-policy`` and ``node-state`` in its
+    ``--node-config`` (the roster and each node's signing key written beforehand, standing in
+    for the deployment authority), TLS and SuperNode authentication, one SuperNode killed
+    inside ``sa_collect`` of round 1 after its write-ahead charge, one whose budget is below
+    one round's ε. Checked: the run completes; every node's charges are, entry by entry,
+    charges of the server's ledger (same round, same event), in this run; a node that took
+    part in every charged round replays at the server's δ to exactly the server's ε; the
+    killed node keeps the charge of the round it died in (its vector never sent); the poor
+    node refused every collect and charged nothing."""
+    tls = make_tls(tmp_path / "certs")
+    d = deployment(tls=tls, supernode_auth=True)
+    d.start_superlink()
+    keys = [make_node_key(tmp_path / "keys", f"node{k}") for k in range(POLICY_NODES)]
+    for _, public in keys:
+        r = d.cli(["supernode", "register", str(public), d.connection, "--format", "json"])
+        assert r.returncode == 0, r.stdout
+    # the deployment authority: each site's signing key in its own node-state, the roster
+    sites = {k: tmp_path / "sites" / f"site-{k}" for k in range(POLICY_NODES)}
+    states = {k: site / "state" for k, site in sites.items()}
+    roster_path = tmp_path / "authority" / "roster.toml"
+    roster_path.parent.mkdir()
+    roster = write_identities({f"node-{k}": states[k] for k in states}, roster_path)
+    assert len(roster) == POLICY_NODES
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    nodes = []
+    for k in range(POLICY_NODES):
+        policy = _write_policy(sites[k] / "policy.toml", roster=roster_path,
+                               max_epsilon=POOR_EPSILON if k == POOR else 50.0)
+        config: dict[str, object] = {"node-policy": str(policy), "node-state": str(states[k])}
+        if k == KILLED:
+            config.update({"hang-at": "sa_collect", "hang-when": "after", "marker-dir": str(markers)})
+        nodes.append(d.start_supernode(k, POLICY_NODES, private_key=keys[k][0], node_config=config))
+    app = stage_app(tmp_path / "app", clientapp="secagg_deploy_app:app",
+                    extra_files=[REPO / "tests" / "secagg_deploy_app.py"])
+    out = tmp_path / "out"
+    cfg = {
+        "num-devices": POLICY_NODES, "records-per-device": 60, "public-batch-size": 32, "num-rounds": 2,
+        "aggregation": "secagg", "secagg-min-survivors": 3, "secagg-timeout": STAGE_TIMEOUT,
+        "progress": True, "node-wait-timeout": 90.0, "out-dir": str(out),
+    }
+    t0 = time.monotonic()
+    run = d.start_run(app, cfg)
+    killed_pids = _kill_at_marker(d, run, nodes[KILLED], markers / f"sa_collect-p{KILLED}")
+    assert run.popen.wait(timeout=RUN_TIMEOUT) == 0, run.text()[-3000:] + d.logs()
+    elapsed = time.monotonic() - t0
+    stream = run.text()
+    run_id = int(re.findall(r"started run (\d+)", stream)[0])
+
+    # the run finished both rounds, never on the killed or the poor node's vector
+    m = pd.read_csv(out / "metrics.csv")
+    assert list(m["round"]) == [1, 2], stream[-3000:] + d.logs()
+    assert all(3 <= r <= len(HEALTHY) for r in m["replies"]), m.to_string()
+    r = d.cli(["ls", d.connection, "--format", "json"])
+    assert [x["status"] for x in json.loads(r.stdout[r.stdout.index("{"):])["runs"]] == ["finished:completed"]
+    # the poor node's refusal is the reason the server logged
+    assert re.search(rf"node budget: this round would take ε above max-epsilon={POOR_EPSILON:g}", stream), \
+        stream[-3000:]
+    server_entries = _entries(out)
+    assert {rnd for rnd, _ in server_entries} == {1, 2}, server_entries
+    server = _account(capsys, out)
+    assert server["epsilon"] == m["epsilon"].iloc[-1]
+    server_delta = server["delta"]
+    assert server_delta != NODE_DELTA
+
+    rows = []
+    full = 0
+    for k in range(POLICY_NODES):
+        mine = _entries(states[k])
+        ledger = read_ledger(states[k])
+        if ledger is not None:  # a node's ledger is stated at its own terms, every charge in this run
+            assert ledger.mechanism == {"ledger": "node", "relation": "add-remove", "delta": NODE_DELTA}
+            assert {c.body["run"] for c in ledger.charges} <= {run_id}
+        # event by event: each charge is one of the server's (same round, same event), none twice
+        left = list(server_entries)
+        for entry in mine:
+            assert entry in left, (k, entry, server_entries)
+            left.remove(entry)
+        rounds = [rnd for rnd, _ in mine]
+        if k == POOR:
+            assert mine == [], mine  # refused before charging anything
+            rows.append((k, "refused", 0, 0.0, 0.0))
+            continue
+        own = _account(capsys, states[k])
+        at_server = _account(capsys, states[k], "--delta", repr(server_delta))
+        assert own["charges"] == at_server["charges"] == len(mine) and own["delta"] == NODE_DELTA
+        if k == KILLED:  # died after its round-1 charge: the charge stays (write-ahead), nothing later
+            assert rounds == [1], mine
+            assert at_server["epsilon"] == pytest.approx(m["epsilon"].iloc[0], rel=1e-9)
+        elif mine == server_entries:  # took part in every charged round: exactly the server's ε
+            full += 1
+            assert at_server["epsilon"] == server["epsilon"], (k, at_server, server)
+        role = "killed" if k == KILLED else "healthy"
+        rows.append((k, role, len(mine), own["epsilon"], at_server["epsilon"]))
+    assert full >= 1, rows
+    assert not any(_alive(p) for p in killed_pids)
+    assert all(nodes[k].alive() for k in (*HEALTHY, POOR))
+
+    table = [f"node  role     charges  ε at node δ={NODE_DELTA:g}  ε at server δ={server_delta:.3g}  "
+             f"server ε",
+             *(f"{k:>4}  {role:<7}  {n:>7}  {own:>17.6f}  {srv:>20.6f}  {server['epsilon']:.6f}"
+               for k, role, n, own, srv in rows)]
+    wanted = ("dropped", "eps=", "node budget", "Success")
+    lines = [ln for ln in stream.splitlines() if any(w in ln for w in wanted)]
+    with capsys.disabled():  # shown with pytest -s (capsys holds the account reports above)
+        print(f"\n--- node policies in a deployment ({elapsed:.1f}s, run {run_id}, node {KILLED} killed in "
+              f"sa_collect of round 1: pids {killed_pids}) ---")
+        print("\n".join(lines[-20:]))
+        print(m[["round", "asked", "replies", "epsilon", "accuracy"]].to_string(index=False))
+        print("\n".join(table))
