@@ -61,7 +61,7 @@ lives in :mod:`simulations.audit`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +72,7 @@ __all__ = [
     "EpsilonLowerBound",
     "Test",
     "audit_trials",
+    "canary_scores",
     "choose_test",
     "clopper_pearson_lower",
     "clopper_pearson_upper",
@@ -103,6 +104,25 @@ def _check_alpha(alpha: float) -> float:
     if not 0.0 < a < 1.0:
         raise ValueError(f"alpha={alpha!r}: must be in (0, 1)")
     return a
+
+
+def canary_scores(scores: Sequence[float] | np.ndarray,
+                  included: Sequence[bool] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A one-run audit's inputs checked: one finite-or-infinite, non-NaN score per canary
+    and its inclusion coin, at least two canaries (both one-run analyses read them).
+
+    Raises
+    ------
+    ValueError
+        One line: shapes that do not match, fewer than two canaries, a NaN score.
+    """
+    s = np.asarray(scores, dtype=float)
+    inc = np.asarray(included, dtype=bool)
+    if s.ndim != 1 or s.shape != inc.shape or len(s) < 2:
+        raise ValueError(f"scores {s.shape}, included {inc.shape}: need one score per canary, >= 2 canaries")
+    if np.isnan(s).any():
+        raise ValueError("scores: NaN for some canary")
+    return s, inc
 
 
 def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
@@ -608,12 +628,7 @@ def one_run_bound(
     the patterns: it holds with probability ``≥ 1 − alpha``). Ties are broken by
     canary index, a rule fixed before the scores.
     """
-    s = np.asarray(scores, dtype=float)
-    inc = np.asarray(included, dtype=bool)
-    if s.ndim != 1 or s.shape != inc.shape or len(s) < 2:
-        raise ValueError(f"scores {s.shape}, included {inc.shape}: need one score per canary, >= 2 canaries")
-    if np.isnan(s).any():
-        raise ValueError("scores: NaN for some canary")
+    s, inc = canary_scores(scores, included)
     if not patterns or any(not (min(a, b) >= 0.0 and 0.0 < a + b <= 1.0) for a, b in patterns):
         raise ValueError(f"patterns={patterns}: need shares (in, out) >= 0 with 0 < in + out <= 1")
     a_ = _check_alpha(alpha)

@@ -57,6 +57,7 @@ import numpy as np
 from scipy import special
 
 from fedfdp.accounting.prv import gaussian_epsilon
+from fedfdp.audit import canary_scores
 
 __all__ = [
     "MU_GRID",
@@ -259,12 +260,7 @@ def one_run_fdp(
     ``alpha/len(patterns)``: Bonferroni, so both statements hold with probability
     ``≥ 1 − alpha`` each).
     """
-    s = np.asarray(scores, dtype=float)
-    inc = np.asarray(included, dtype=bool)
-    if s.ndim != 1 or s.shape != inc.shape or len(s) < 2:
-        raise ValueError(f"scores {s.shape}, included {inc.shape}: need one score per canary, >= 2 canaries")
-    if np.isnan(s).any():
-        raise ValueError("scores: NaN for some canary")
+    s, inc = canary_scores(scores, included)
     if not patterns:
         raise ValueError("patterns: need at least one")
     a = float(alpha)
