@@ -373,14 +373,17 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("private-categories", D, "private_categories", K.CATEGORIES, YES,
             "`csv`: declared categories of text private columns"),
     KeySpec("public-ranges", D, "public_ranges", K.RANGES, YES,
-            "`csv`: declared ranges of public columns (undeclared: standardised on the training split)"),
+            "`csv`: declared ranges of public columns (undeclared: standardised on the training split, "
+            "except where the mode protects them — under `dp` every column — docs/datasets.md)"),
     KeySpec("public-categories", D, "public_categories", K.CATEGORIES, YES,
             "`csv`: declared categories of public columns"),
     KeySpec("label-classes", D, "label_classes", K.CLASSES, YES,
-            "`csv`: the label values in class order (empty: the file's sorted distinct values)"),
+            "`csv`: the label values in class order (empty: the file's sorted distinct values, except "
+            "where the mode protects the label — `dp`, label-DP — which declares or estimates them)"),
     KeySpec("private-statistics", D, "private_statistics", K.CHOICE, YES,
-            "`csv`: an undeclared private column: `declared` refuses the run, `estimate` releases a noisy "
-            "range or set of categories charged to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
+            "`csv`: an undeclared protected column (a private one; under `dp` any column and the label): "
+            "`declared` refuses the run, `estimate` releases a noisy range or set of categories charged "
+            "to the ε (docs/datasets.md)", choice_type=PrivateStatistics),
     KeySpec("estimation-epsilon", D, "estimation_epsilon", K.FLOAT_POS, YES,
             "ε at the run's δ of all the estimates together (`private-statistics = \"estimate\"`'s ranges "
             "and categories, CorrDP's `tv-estimate`); training is calibrated on the composition",
