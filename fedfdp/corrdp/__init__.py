@@ -1,6 +1,6 @@
 """CorrDP: correlation-aware differential privacy beside DP and FDP.
 
-The CorrDP paper (Wang, Zhang, Cummings; ``shared/papers/corrdp.txt``) protects every
+The CorrDP paper (Wang, Zhang, Cummings, AISTATS 2026, arXiv:2605.03945) protects every
 feature, but a change of an *insensitive* feature ``j`` only to the degree ``TV(j)``
 to which it reveals the *sensitive* features. Neighbours replace one record's
 sensitive features, or one insensitive feature; labels are fixed (Def. 2.1,

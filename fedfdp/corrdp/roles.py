@@ -2,7 +2,7 @@
 insensitive feature reveals about the sensitive ones (its TV).
 
 The CorrDP neighbouring relation (Def. 2.1 and Assumption 3.1 of the CorrDP paper,
-``shared/papers/corrdp.txt``): two datasets are neighbours when one record ``e`` is
+Wang, Zhang, Cummings, arXiv:2605.03945): two datasets are neighbours when one record ``e`` is
 replaced by ``e'`` that differs from it **only in its sensitive features, or only in
 one insensitive feature**; the label is the same. A change of sensitive features
 must be ``(ε, δ)``-indistinguishable; a change of insensitive feature ``j`` only

@@ -23,7 +23,7 @@ discretisation at 0 of every column (:meth:`CorrelatedData.bins`; Assumption D o
 ``ρ_j = 0``: independent; ``ρ_j = 1``: ``x_j`` reveals ``s_ℓ(j)``.
 
 Randomness: a :func:`numpy.random.default_rng` from ``seed`` (synthetic data are
-public randomness, ``shared/DESIGN.md`` §3).
+public randomness: docs/threat_model.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The encoding of a private column is part of what a run releases (the model's
 input layout and scale). Scaling a column by its own min/max discloses its
 extreme values; nothing of that kind may leave a run outside the ledger
-(``shared/DESIGN.md`` §2). So a private column's encoding is
+(docs/threat_model.md). So a private column's encoding is
 
 * **declared** (``private-ranges``, ``private-categories``; a private label's
   ``label-classes``): a public fact about the schema, no ε; or
