@@ -51,7 +51,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.clipping.common import LossFn, tensor_sum
 from fedfdp.config import PRIVACY_UNITS, PrivacyUnit
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
-from fedfdp.losses import FeatureMap, cross_entropy
+from fedfdp.losses import FeatureMap, LossPart, LossTerms, RecordKeys
 from fedfdp.modes import PHASES, Phase, PrivateLoss
 from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
 
@@ -180,7 +180,9 @@ class PrivateBatch:
 
     ``sampled``: how many of the rows, from the first, are the Poisson sample (None:
     all); the rows after them are the padding of a public shape (:class:`BatchShape`)
-    and contribute exactly zero.
+    and contribute exactly zero. ``keys``: each row's public identity (seed, round,
+    device, index), for decompositions that draw per record
+    (:meth:`fedfdp.losses.FeatureMap.terms`).
     """
 
     x: torch.Tensor
@@ -188,6 +190,7 @@ class PrivateBatch:
     padding: torch.Generator
     device_size: int
     sampled: int | None = None
+    keys: RecordKeys | None = None
 
     @property
     def size(self) -> int:
@@ -244,7 +247,8 @@ def _zero_rows(like: torch.Tensor, n: int) -> torch.Tensor:
 def _pad(batch: PrivateBatch, rows: int) -> PrivateBatch:
     extra = rows - len(batch.y)
     return replace(batch, x=torch.cat([batch.x, _zero_rows(batch.x, extra)]),
-                   y=torch.cat([batch.y, torch.zeros(extra, dtype=batch.y.dtype)]), sampled=len(batch.y))
+                   y=torch.cat([batch.y, torch.zeros(extra, dtype=batch.y.dtype)]), sampled=len(batch.y),
+                   keys=None if batch.keys is None else batch.keys.padded(extra))
 
 
 def public_shape(batches: Sequence[PrivateBatch], unit: PrivacyUnit, rate: float) -> list[PrivateBatch]:
@@ -261,23 +265,37 @@ def public_shape(batches: Sequence[PrivateBatch], unit: PrivacyUnit, rate: float
     sampled = sum(len(b.y) for b in batches)
     extra = _rows(sampled, batch_slots(sum(b.device_size for b in batches), rate)) - sampled
     last = batches[-1]
+    keys = None if last.keys is None else last.keys[:0].padded(extra)
     filler = PrivateBatch(_zero_rows(last.x, extra), torch.zeros(extra, dtype=last.y.dtype), last.padding,
-                          device_size=0, sampled=0)
+                          device_size=0, sampled=0, keys=keys)
     return [*batches, filler]
 
 
 @dataclass(frozen=True)
 class ZeroPadded:
     """A per-record loss over targets ``(n, 2)`` = (target, weight): ``loss · weight``,
-    so a row of weight 0 has gradient exactly 0 (clipped, still 0).
+    so a row of weight 0 has gradient exactly 0 (clipped, still 0). Targets of
+    ``shape`` per record (not a class index: a diffusion model's noise) are carried as
+    ``(n, 1 + size)`` = (weight, flattened target) (:meth:`weighted`).
     """
 
     loss: LossFn
+    shape: tuple[int, ...] = ()
+
+    @staticmethod
+    def weighted(targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``targets`` with each row's weight, as :meth:`__call__` reads them."""
+        if targets.dim() == 1:
+            return torch.stack([targets, weights], dim=1)
+        return torch.cat([weights.to(targets.dtype)[:, None], targets.flatten(1)], dim=1)
 
     def __call__(self, outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Per-record ``loss(outputs, target) · weight``."""
-        per_record = self.loss(outputs, targets[:, 0])
-        return per_record * targets[:, 1].to(per_record.dtype)
+        if not self.shape:
+            per_record, weight = self.loss(outputs, targets[:, 0]), targets[:, 1]
+        else:
+            per_record, weight = self.loss(outputs, targets[:, 1:].reshape(-1, *self.shape)), targets[:, 0]
+        return per_record * weight.to(per_record.dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -329,19 +347,24 @@ class PrivateAggregator(Protocol):
         ...
 
 
-def _loss_and_inputs(
-    decomposition: FeatureMap, phase: Phase, batch: PrivateBatch
-) -> tuple[LossFn, list[torch.Tensor]]:
-    if phase.private_loss is PrivateLoss.PRIVATE:
-        if batch.sampled is None or batch.sampled == len(batch.y):
-            return decomposition.private_loss, decomposition.private_inputs(batch.x, batch.padding)
-        # the sample's views first, then the padding rows' (the sample's draws as unpadded)
-        head = decomposition.private_inputs(batch.x[: batch.sampled], batch.padding)
-        tail = decomposition.private_inputs(batch.x[batch.sampled :], batch.padding)
-        return decomposition.private_loss, [torch.cat([h, t]) for h, t in zip(head, tail, strict=True)]
-    if phase.private_loss is PrivateLoss.FULL:
-        return cross_entropy, [batch.x]
-    raise ValueError(f"phase {phase.name!r} has no private part")
+#: The loss part a phase's private sum differentiates.
+_PRIVATE_PART = {PrivateLoss.PRIVATE: LossPart.PRIVATE, PrivateLoss.FULL: LossPart.FULL}
+
+
+def _private_terms(decomposition: FeatureMap, phase: Phase, batch: PrivateBatch) -> LossTerms:
+    part = _PRIVATE_PART.get(phase.private_loss)
+    if part is None:
+        raise ValueError(f"phase {phase.name!r} has no private part")
+    keys = batch.keys
+    if batch.sampled is None or batch.sampled == len(batch.y):
+        return decomposition.terms(part, batch.x, batch.y, batch.padding, keys)
+    # the sample's views first, then the padding rows' (the sample's draws as unpadded)
+    s = batch.sampled
+    head_keys, tail_keys = (None, None) if keys is None else (keys[:s], keys[s:])
+    head = decomposition.terms(part, batch.x[:s], batch.y[:s], batch.padding, head_keys)
+    tail = decomposition.terms(part, batch.x[s:], batch.y[s:], batch.padding, tail_keys)
+    return LossTerms([torch.cat([h, t]) for h, t in zip(head.inputs, tail.inputs, strict=True)],
+                     torch.cat([head.targets, tail.targets]), head.loss)
 
 
 def private_gradient_sum(
@@ -371,15 +394,15 @@ def private_clipped_sum(
     """
     if not batches or not any(len(b.y) for b in batches):
         return PrivateSum([torch.zeros_like(p) for p in trainable(model)], 0)
-    pairs = [_loss_and_inputs(decomposition, phase, batch) for batch in batches]
-    loss_fn = pairs[-1][0]
-    parts = [p for _, p in pairs]
-    inputs = [torch.cat([p[k] for p in parts]) for k in range(len(parts[0]))]
-    targets = torch.cat([b.y for b in batches])
+    terms = [_private_terms(decomposition, phase, batch) for batch in batches]
+    loss_fn = terms[-1].loss
+    inputs = [torch.cat([t.inputs[k] for t in terms]) for k in range(len(terms[0].inputs))]
+    targets = torch.cat([t.targets for t in terms])
     sampled = None
     if any(b.sampled is not None for b in batches):  # a public shape: padding rows weigh 0
         sampled = torch.cat([b.weights for b in batches])
-        targets, loss_fn = torch.stack([targets, sampled], dim=1), ZeroPadded(loss_fn)
+        shape = tuple(targets.shape[1:])
+        targets, loss_fn = ZeroPadded.weighted(targets, sampled), ZeroPadded(loss_fn, shape)
     out = clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method)
     if clipping_norm is None:
         return PrivateSum(out.grads, 0)
@@ -453,23 +476,34 @@ class ClientParts:
 # --------------------------------------------------------------------------------------
 
 
+class PublicBatch(NamedTuple):
+    """A device's public batch: records ``(x, y)``, the padding stream of their views,
+    and each row's public identity (``keys``: for decompositions that draw per record).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    padding: torch.Generator
+    keys: RecordKeys | None = None
+
+
 def public_gradient_sum(
     model: nn.Module,
     decomposition: FeatureMap,
-    batches: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Generator]],
+    batches: Sequence[PublicBatch | tuple[torch.Tensor, torch.Tensor, torch.Generator]],
 ) -> tuple[list[torch.Tensor], float, int]:
-    """Σ of unclipped public-loss gradients over the union of ``batches`` (each
-    ``(x, y, padding)``, its views padded from its own public stream), in one
-    forward/backward; returns ``(gradients, loss sum, records)``.
+    """Σ of unclipped public-loss gradients over the union of ``batches`` (each a
+    :class:`PublicBatch`, or ``(x, y, padding)``: its views padded from its own public
+    stream), in one forward/backward; returns ``(gradients, loss sum, records)``.
     """
     params = trainable(model)
-    batches = [b for b in batches if len(b[1])]
-    if not batches:
+    given = [PublicBatch(*b) for b in batches if len(b[1])]
+    if not given:
         return [torch.zeros_like(p) for p in params], 0.0, 0
-    views = [decomposition.public_inputs(x, g) for x, _, g in batches]
-    inputs = [torch.cat([v[k] for v in views]) for k in range(len(views[0]))]
-    targets = torch.cat([y for _, y, _ in batches])
-    total = decomposition.public_loss([model(inp) for inp in inputs], targets).sum()
+    terms = [decomposition.terms(LossPart.PUBLIC, b.x, b.y, b.padding, b.keys) for b in given]
+    inputs = [torch.cat([t.inputs[k] for t in terms]) for k in range(len(terms[0].inputs))]
+    targets = torch.cat([t.targets for t in terms])
+    total = terms[0].loss([model(inp) for inp in inputs], targets).sum()
     grads = torch.autograd.grad(total, params)
     return [g.detach() for g in grads], float(total.detach()), len(targets)
 
@@ -491,7 +525,7 @@ def node_contribution(
     parts = parts if parts is not None else ClientParts()
     phase = settings.phase
     private_batches: list[PrivateBatch] = []
-    public_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Generator]] = []
+    public_batches: list[PublicBatch] = []
     for task in tasks:
         n = len(task.y)
         count = task.public_count if phase.public else 0
@@ -502,10 +536,12 @@ def node_contribution(
         y = torch.as_tensor(task.y, dtype=torch.long)
         if phase.has_private and task.private:
             idx = torch.as_tensor(private_idx, dtype=torch.long)
-            private_batches.append(PrivateBatch(x[idx], y[idx], secrets.padding, n))
+            keys = RecordKeys.of(settings.public_seed, settings.round, task.device, private_idx)
+            private_batches.append(PrivateBatch(x[idx], y[idx], secrets.padding, n, keys=keys))
         if count:
             idx = torch.as_tensor(public_idx, dtype=torch.long)
-            public_batches.append((x[idx], y[idx], public.padding))
+            keys = RecordKeys.of(settings.public_seed, settings.round, task.device, public_idx)
+            public_batches.append(PublicBatch(x[idx], y[idx], public.padding, keys))
     private_sum, unclipped = None, 0
     if phase.has_private:
         if parts.shape is BatchShape.PUBLIC:

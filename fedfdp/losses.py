@@ -12,14 +12,23 @@ Remark 1). The second sum is public and trained without clipping or noise.
 Per-record losses here have the signature used by
 :func:`fedfdp.clipping.clipped_grad_sum`: ``loss(outputs, targets) -> (n,)``
 with ``outputs[k] = model(inputs[k])``.
+
+The seam every engine computes through is :meth:`FeatureMap.terms`: for a batch and
+one :class:`LossPart` (``ℓ``, ``ℓ_priv`` or ``ℓ_pub``) it returns the model inputs,
+the targets and the per-record loss (:class:`LossTerms`). A classifier's terms read
+the labels; a denoising diffusion model's (:class:`fedfdp.images.DiffusionFeatureMap`)
+draw each record's timestep and noise from the record's own public stream
+(:class:`RecordKeys`) and return the noise as the targets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +37,7 @@ from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
+    from fedfdp.images.blur import GaussianBlur
 
 
 def cross_entropy(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
@@ -58,6 +68,118 @@ def label_free_public(outputs: Sequence[torch.Tensor], targets: torch.Tensor) ->
     """Label-free public loss ``ℓ_pub = logsumexp(model(x))``: uses no label."""
     del targets
     return torch.logsumexp(outputs[0], dim=1)
+
+
+#: A per-record loss ``loss(outputs, targets) -> (n,)`` (``outputs[k] = model(inputs[k])``).
+LossFn = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class LossPart(StrEnum):
+    """Which loss a batch is evaluated on: ``ℓ``, ``ℓ_priv = ℓ − ℓ_pub`` or ``ℓ_pub``."""
+
+    FULL = "full"
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+class LossTerms(NamedTuple):
+    """What :func:`fedfdp.clipping.clipped_grad_sum` needs for one part on one batch:
+    the model inputs (one tensor per view, a row per record), the targets (a row per
+    record) and the per-record loss.
+    """
+
+    inputs: list[torch.Tensor]
+    targets: torch.Tensor
+    loss: LossFn
+
+
+# spawn-key root of the per-record public draws of the engines (fedfdp.sampling uses
+# roots 0 and 1, the image reference trainer 7)
+_RECORD_ROOT = 2
+_PART_KEY = {LossPart.FULL: 0, LossPart.PRIVATE: 1, LossPart.PUBLIC: 2}
+
+
+@dataclass(frozen=True, eq=False)
+class RecordKeys:
+    """The public identity of each row of a batch in one round: what a per-record
+    public draw is keyed by.
+
+    A record's draw in round ``r`` for part ``p`` comes from its own stream, keyed by
+    ``(seed, r, p, device, index)`` — the run's public seed, the round, the loss part
+    and the record's global index (its device and its position on the device). It is
+    therefore the same whichever batch the record is in and whoever else is in it:
+    a Poisson batch with one record more or fewer changes no other record's draw, so
+    adding a record changes a clipped sum by that record's term only (sensitivity
+    ``C`` under add/remove, Def. 6) for every value of the draws, which need not be
+    secret (Theorem 5 holds conditionally on them). A draw shared along the batch
+    (one generator consumed record after record) would make each record's draw
+    depend on how many records the secret coins put before it. The private and the
+    public part have different part keys, so a record drawn into both batches of a
+    round gets independent draws, and the public batch's draws never depend on the
+    private batch (Prop. 3).
+
+    Rows with ``device = -1`` are the padding rows of a public batch shape
+    (:class:`fedfdp.contribution.BatchShape`): ``index`` numbers them; they weigh 0.
+
+    Attributes
+    ----------
+    seed : int
+        The run's public seed (``>= 0``).
+    round : int
+        The round.
+    device, index : torch.Tensor
+        ``(n,)`` int64: each row's device and its position on the device.
+
+    Examples
+    --------
+    >>> a = RecordKeys.of(3, 1, device=2, index=[5, 9])
+    >>> b = RecordKeys.of(3, 1, device=2, index=[9])
+    >>> g, h = a.generators(LossPart.PRIVATE)[1], b.generators(LossPart.PRIVATE)[0]
+    >>> torch.equal(torch.randn(2, generator=g), torch.randn(2, generator=h))
+    True
+    """
+
+    seed: int
+    round: int
+    device: torch.Tensor
+    index: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r}: must be an integer >= 0")
+        if self.device.shape != self.index.shape or self.device.dim() != 1:
+            raise ValueError(f"record keys: device {tuple(self.device.shape)} and index "
+                             f"{tuple(self.index.shape)} must be two (n,) vectors")
+
+    @classmethod
+    def of(cls, seed: int, round_: int, device: int, index: Iterable[int] | np.ndarray) -> RecordKeys:
+        """The keys of records ``index`` of ``device`` in round ``round_``."""
+        idx = torch.as_tensor(np.asarray(index, dtype=np.int64).reshape(-1))
+        return cls(int(seed), int(round_), torch.full_like(idx, int(device)), idx)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def __getitem__(self, rows: slice) -> RecordKeys:
+        return RecordKeys(self.seed, self.round, self.device[rows], self.index[rows])
+
+    def padded(self, extra: int) -> RecordKeys:
+        """These keys followed by ``extra`` padding rows (``device = -1``)."""
+        pad = torch.arange(extra, dtype=torch.int64)
+        return RecordKeys(self.seed, self.round, torch.cat([self.device, torch.full_like(pad, -1)]),
+                          torch.cat([self.index, pad]))
+
+    def generators(self, part: LossPart | str) -> list[torch.Generator]:
+        """One CPU generator per row for its draws in ``part`` (class docstring)."""
+        if part not in tuple(LossPart):
+            raise ValueError(f"part={part!r}: must be one of {', '.join(LossPart)}")
+        head = (_RECORD_ROOT, self.round, _PART_KEY[LossPart(part)])
+        gens = []
+        for d, i in zip(self.device.tolist(), self.index.tolist(), strict=True):
+            seq = np.random.SeedSequence(entropy=self.seed, spawn_key=(*head, d + 1, i))
+            state = int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1))
+            gens.append(torch.Generator().manual_seed(state))
+        return gens
 
 
 #: A public view: ``view(x, generator) -> x'``, same shape as ``x``, depending on
@@ -104,6 +226,9 @@ class FeatureMap:
 
     view: PublicViewFn | None
     spec: FeatureSpec | None = None
+    #: Whether the model is a classifier of the data's records (``model(x)``: one logit
+    #: per class) whose targets are the labels; a diffusion model's are not.
+    classifier: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.view is not None and not callable(self.view):
@@ -196,6 +321,32 @@ class FeatureMap:
             return label_free_public(outputs, targets)
         return cross_entropy(outputs, targets)
 
+    def terms(
+        self,
+        part: LossPart,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator | None,
+        keys: RecordKeys | None = None,
+    ) -> LossTerms:
+        """The inputs, targets and per-record loss of ``part`` on the batch ``(x, y)``:
+        the seam every engine computes ``ℓ``, ``ℓ_priv`` and ``ℓ_pub`` through.
+
+        ``full``: ``[x]``, ``y``, cross-entropy; ``private``: :meth:`private_inputs`,
+        ``y``, :meth:`private_loss`; ``public``: :meth:`public_inputs`, ``y``,
+        :meth:`public_loss`. The views draw from ``generator`` (the batch's padding
+        stream); ``keys`` (each row's public identity, :class:`RecordKeys`) are for
+        decompositions that draw per record, and unused here.
+        """
+        del keys
+        if part == LossPart.FULL:
+            return LossTerms([x], y, cross_entropy)
+        if part == LossPart.PRIVATE:
+            return LossTerms(self.private_inputs(x, generator), y, self.private_loss)
+        if part == LossPart.PUBLIC:
+            return LossTerms(self.public_inputs(x, generator), y, self.public_loss)
+        raise ValueError(f"part={part!r}: must be one of {', '.join(LossPart)}")
+
 
 @dataclass(frozen=True)
 class BlurSettings:
@@ -208,7 +359,7 @@ class BlurSettings:
     levels: int = 256
 
 
-def image_view(data: FederatedData, public_loss: PublicLoss, blur: BlurSettings) -> PublicViewFn:
+def image_view(data: FederatedData, public_loss: PublicLoss, blur: BlurSettings) -> GaussianBlur:
     """Ψ of an image dataset: :class:`fedfdp.images.GaussianBlur` of ``blur`` (the
     ``blur-*`` keys).
 
@@ -240,6 +391,7 @@ def build_decomposition(
     *,
     model: str = "logistic",
     blur: BlurSettings = BlurSettings(),
+    diffusion_steps: int = 1000,
 ) -> FeatureMap:
     """The (ℓ_priv, ℓ_pub) pair of ``public_loss`` for ``data`` (a run's is
     :func:`fedfdp.run_plan.feature_map_for`: the configured ``public-loss``, ``model``
@@ -251,8 +403,18 @@ def build_decomposition(
     ``model = "logistic"``.
 
     Image datasets (``data.is_image``): the view is the Gaussian blur ``blur``
-    (0 levels: the exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public.
+    (0 levels: the exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public;
+    ``model = "ddpm"``: the class-conditional diffusion loss of a
+    ``diffusion_steps``-step linear schedule and its split
+    (:class:`fedfdp.images.DiffusionFeatureMap`: ``ℓ_pub`` is the diffusion loss on
+    the blurred image with the record's own timestep and noise).
     """
+    if model == "ddpm":
+        if not data.is_image:
+            raise ValueError(f"model='ddpm': needs an image dataset; dataset {data.name!r} is a table")
+        from fedfdp.images.diffusion import diffusion_feature_map
+
+        return diffusion_feature_map(image_view(data, public_loss, blur), data.num_classes, diffusion_steps)
     if data.is_image:
         return FeatureMap(image_view(data, public_loss, blur))
     if data.spec is None:  # a table always has a spec (FederatedData.__post_init__)

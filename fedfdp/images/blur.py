@@ -41,7 +41,7 @@ classifiers here): ``Ψ(x, y) = (blur(x), y)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,7 @@ __all__ = [
     "GaussianBlur",
     "PublicMap",
     "UserPublicMap",
+    "apply_view",
     "blur_singular_values",
     "check_public_map",
     "gaussian_kernel1d",
@@ -345,3 +346,20 @@ def check_public_map(
     if not torch.equal(probe, before):
         raise ValueError(f"public map {name!r}: modified its input in place")
     return UserPublicMap(fn, name, needs_generator)
+
+
+def apply_view(psi: PublicMap, x: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """``Ψ`` of every record of ``x``, record ``i``'s randomness from ``generators[i]``.
+
+    A map that draws nothing (:class:`GaussianBlur`, or a validated user map that
+    needs no generator) is applied to the whole batch at once; any other map one
+    record at a time, so that a record's view does not depend on the records beside it.
+    """
+    if len(generators) != len(x):
+        raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
+    if isinstance(psi, GaussianBlur) or getattr(psi, "needs_generator", True) is False:
+        return psi(x, None)
+    # a map that draws does so with the records' CPU generators: apply it on the CPU
+    if len(x) == 0:
+        return psi(x.cpu(), torch.Generator().manual_seed(0)).to(x.device)
+    return torch.cat([psi(x[i : i + 1].cpu(), g) for i, g in enumerate(generators)]).to(x.device)

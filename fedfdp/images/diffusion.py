@@ -57,6 +57,18 @@ public        ``[pack(x̃_t)]``              :meth:`DiffusionLoss.public_loss`
 Conditioning on the label makes the label part of Ψ: ``Ψ(x, y) = (blur(x), y)``,
 as in the paper's class-conditional AFHQ model. ``conditional=False`` packs the
 "no class" index instead, so neither loss reads the label.
+
+In a run
+--------
+:class:`DiffusionFeatureMap` is the split as a :class:`fedfdp.losses.FeatureMap`:
+its :meth:`~DiffusionFeatureMap.terms` is the seam through which every engine (the
+centralised engine, a Flower node, plain or secure aggregation) computes ``ℓ``,
+``ℓ_priv`` and ``ℓ_pub`` for every model, so ``model = "ddpm"`` trains through the
+same sampling plan, clipping, noise, ledger and aggregation as a classifier. Each
+record's draw ``(t, ε)`` in a round comes from the record's own public stream keyed
+by ``(seed, round, part, record's global index)`` (:class:`fedfdp.losses.RecordKeys`),
+never from a stream shared along the batch: see that class for why the privacy
+analysis needs it.
 """
 
 from __future__ import annotations
@@ -64,18 +76,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from fedfdp.images.blur import PublicMap
+from fedfdp.images.blur import PublicMap, apply_view
 from fedfdp.images.data import ImageShape
+from fedfdp.losses import FeatureMap, LossPart, LossTerms, RecordKeys
 
 __all__ = [
     "SCHEDULES",
     "DiffusionDraw",
+    "DiffusionFeatureMap",
     "DiffusionLoss",
     "NoiseSchedule",
+    "diffusion_feature_map",
+    "diffusion_terms",
     "draw_noise",
     "mse_per_record",
     "pack",
@@ -278,6 +295,113 @@ class DiffusionLoss:
     def private_loss(outputs: Sequence[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         """Per-record ``ℓ_priv = ℓ − ℓ_pub`` (inputs 0 and 1)."""
         return mse_per_record(outputs[0], targets) - mse_per_record(outputs[1], targets)
+
+
+def record_draws(
+    generators: Sequence[torch.Generator], shape: ImageShape, schedule: NoiseSchedule, like: torch.Tensor
+) -> DiffusionDraw:
+    """One draw ``(t, ε)`` per record, record ``i``'s from ``generators[i]`` (on the CPU),
+    moved to the device and dtype of ``like``.
+    """
+    per_record = [draw_noise(1, shape, schedule, g, like.dtype) for g in generators]
+    if not per_record:
+        return DiffusionDraw(torch.empty(0, dtype=torch.long, device=like.device),
+                             like.new_empty((0, *shape.as_tuple())))
+    return DiffusionDraw(torch.cat([d.t for d in per_record]).to(like.device),
+                         torch.cat([d.noise for d in per_record]).to(like.device))
+
+
+def diffusion_terms(
+    loss: DiffusionLoss,
+    part: LossPart,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    generators: Sequence[torch.Generator],
+) -> LossTerms:
+    """The inputs, targets (the noise ``ε``) and per-record loss of ``part`` on the batch
+    ``(x, y)``; record ``i`` draws ``(t, ε)``, then whatever Ψ draws, from ``generators[i]``.
+
+    ``full``: ``[pack(x_t)]`` and ``ℓ``; ``private``: ``[pack(x_t), pack(x̃_t)]`` and
+    ``ℓ_priv = ℓ − ℓ_pub``; ``public``: ``[pack(x̃_t)]`` and ``ℓ_pub``, built from Ψ(x) only.
+    """
+    if len(generators) != len(x):
+        raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
+    draw = record_draws(generators, ImageShape(*x.shape[1:]), loss.schedule, x)
+    if part == LossPart.FULL:
+        return LossTerms(loss.full_inputs(x, y, draw), draw.noise, loss.full_loss)
+    public = loss.public_inputs_from_view(apply_view(loss.psi, x, generators), y, draw)
+    if part == LossPart.PRIVATE:
+        return LossTerms(loss.full_inputs(x, y, draw) + public, draw.noise, loss.private_loss)
+    if part == LossPart.PUBLIC:
+        return LossTerms(public, draw.noise, loss.public_loss)
+    raise ValueError(f"part={part!r}: must be one of {', '.join(LossPart)}")
+
+
+@dataclass(frozen=True)
+class DiffusionFeatureMap(FeatureMap):
+    """The diffusion loss split as the feature map of a run (``model = "ddpm"``).
+
+    ``view`` is Ψ (the blur; the label is public when the loss is conditional) and
+    ``loss`` the :class:`DiffusionLoss` over it. :meth:`terms` gives ``ℓ``, ``ℓ_priv``
+    and ``ℓ_pub`` (:func:`diffusion_terms`) with each record's draw ``(t, ε)`` from its
+    own public stream, keyed by ``(seed, round, part, device, index)``
+    (:class:`fedfdp.losses.RecordKeys`): a record's draw does not depend on the batch
+    it is in, so for every value of the draws each record's clipped private gradient
+    has norm ``≤ C`` and adding or removing a record changes the clipped sum by that
+    record's term only — a step stays a Poisson-subsampled Gaussian mechanism of
+    sensitivity ``C`` under add/remove (Def. 6, Theorem 5). The draws are public:
+    the guarantee holds conditionally on them; the secrets are the coins and the noise.
+
+    The classifier's methods (:meth:`private_inputs`, :meth:`private_loss`, ...) do
+    not apply: the targets are the noise, not the labels; they are refused.
+    """
+
+    loss: DiffusionLoss | None = None
+    classifier: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss is None:
+            raise ValueError("DiffusionFeatureMap: give the diffusion loss")
+        if self.view is None or self.view is not self.loss.psi:
+            raise ValueError("DiffusionFeatureMap: view must be the diffusion loss's Ψ (loss.psi)")
+
+    def terms(
+        self,
+        part: LossPart,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator | None,
+        keys: RecordKeys | None = None,
+    ) -> LossTerms:
+        """``ℓ``, ``ℓ_priv`` or ``ℓ_pub`` on ``(x, y)`` (class docstring); ``keys``, each
+        row's public identity, are required (``generator`` is not used: no draw comes
+        from a stream shared along the batch).
+        """
+        del generator
+        if keys is None or len(keys) != len(x):
+            got = "none" if keys is None else len(keys)
+            raise ValueError(f"diffusion loss: {got} record keys for {len(x)} records; each record's "
+                             "(t, ε) comes from its own public stream (pass the batch's RecordKeys)")
+        if self.loss is None:  # refused in __post_init__
+            raise RuntimeError("DiffusionFeatureMap without a loss")
+        return diffusion_terms(self.loss, part, x, y, keys.generators(part))
+
+    def _refuse(self, *_: object) -> list[torch.Tensor]:
+        raise ValueError("DiffusionFeatureMap: the diffusion loss's inputs and targets come from "
+                         "terms(part, x, y, generator, keys), not from the classifier's methods")
+
+    private_inputs = _refuse  # type: ignore[assignment]
+    public_inputs = _refuse  # type: ignore[assignment]
+    private_loss = _refuse  # type: ignore[assignment]
+    public_loss = _refuse  # type: ignore[assignment]
+
+
+def diffusion_feature_map(psi: PublicMap, num_classes: int, steps: int = 1000) -> DiffusionFeatureMap:
+    """The feature map of ``model = "ddpm"``: the class-conditional diffusion loss of a
+    ``steps``-step linear schedule over Ψ = ``psi`` (``diffusion-steps``).
+    """
+    return DiffusionFeatureMap(view=psi, loss=DiffusionLoss(NoiseSchedule(steps), psi, num_classes))
 
 
 @torch.no_grad()

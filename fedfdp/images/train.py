@@ -85,7 +85,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from typing import Protocol
 
 import numpy as np
@@ -97,10 +97,10 @@ from fedfdp.clipping import METHODS as CLIP_METHODS
 from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.config import Mode, Optimizer
 from fedfdp.entropy import BitStream, OSBits, SeededBits
-from fedfdp.images.blur import GaussianBlur, PublicMap
-from fedfdp.images.data import ImageSet, ImageShape
-from fedfdp.images.diffusion import DiffusionDraw, DiffusionLoss, draw_noise
-from fedfdp.losses import cross_entropy, private_cross_entropy
+from fedfdp.images.blur import PublicMap, apply_view
+from fedfdp.images.data import ImageSet
+from fedfdp.images.diffusion import DiffusionLoss, diffusion_terms
+from fedfdp.losses import LossPart, cross_entropy, private_cross_entropy
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.sampling import poisson_sample, uniform_sample
 
@@ -123,14 +123,6 @@ __all__ = [
 METHODS: tuple[Mode, ...] = (Mode.NONPRIVATE, Mode.PUBLIC, Mode.DP, Mode.FDP_DPSGD, Mode.FDP)
 
 LossFn = Callable[[Sequence[torch.Tensor], torch.Tensor], torch.Tensor]
-
-
-class LossPart(StrEnum):
-    """Which loss a batch is evaluated on: ``ℓ``, ``ℓ_priv`` or ``ℓ_pub``."""
-
-    FULL = "full"
-    PRIVATE = "private"
-    PUBLIC = "public"
 
 
 def _loss_part(part: LossPart | str) -> LossPart:
@@ -212,24 +204,6 @@ class PublicDraws:
         return gens
 
 
-def apply_view(psi: PublicMap, x: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """``Ψ`` of every record of ``x``, record ``i``'s randomness from ``generators[i]``.
-
-    A map that draws nothing (:class:`~fedfdp.images.blur.GaussianBlur`, or a
-    validated user map that needs no generator) is applied to the whole batch at
-    once; any other map one record at a time, so that a record's view does not
-    depend on the records beside it.
-    """
-    if len(generators) != len(x):
-        raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
-    if isinstance(psi, GaussianBlur) or getattr(psi, "needs_generator", True) is False:
-        return psi(x, None)
-    # a map that draws does so with the records' CPU generators: apply it on the CPU
-    if len(x) == 0:
-        return psi(x.cpu(), torch.Generator().manual_seed(0)).to(x.device)
-    return torch.cat([psi(x[i : i + 1].cpu(), g) for i, g in enumerate(generators)]).to(x.device)
-
-
 class ImageTask(Protocol):
     """What the trainer needs from a task: the inputs, targets and per-record
     loss of one part (``full`` ℓ, ``private`` ℓ_priv, ``public`` ℓ_pub) on a
@@ -274,26 +248,7 @@ class DiffusionTask:
     def parts(
         self, part: LossPart, x: torch.Tensor, y: torch.Tensor, generators: Sequence[torch.Generator]
     ) -> tuple[list[torch.Tensor], torch.Tensor, LossFn]:
-        part = _loss_part(part)
-        if len(generators) != len(x):
-            raise ValueError(f"{len(generators)} generators for {len(x)} records: need one per record")
-        shape = ImageShape(*x.shape[1:])
-        # drawn on the CPU from each record's generator, then moved to x's device
-        per_record = [draw_noise(1, shape, self.loss.schedule, g, x.dtype) for g in generators]
-        draw = DiffusionDraw(
-            torch.cat([d.t for d in per_record]).to(x.device)
-            if per_record
-            else torch.empty(0, dtype=torch.long, device=x.device),
-            torch.cat([d.noise for d in per_record]).to(x.device)
-            if per_record
-            else x.new_empty((0, *x.shape[1:])),
-        )
-        if part is LossPart.FULL:
-            return self.loss.full_inputs(x, y, draw), draw.noise, self.loss.full_loss
-        public = self.loss.public_inputs_from_view(apply_view(self.loss.psi, x, generators), y, draw)
-        if part is LossPart.PRIVATE:
-            return self.loss.full_inputs(x, y, draw) + public, draw.noise, self.loss.private_loss
-        return public, draw.noise, self.loss.public_loss
+        return diffusion_terms(self.loss, _loss_part(part), x, y, generators)
 
 
 @dataclass(frozen=True)
