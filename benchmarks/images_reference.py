@@ -59,7 +59,7 @@ import os
 import platform
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +70,7 @@ from fedfdp.images.data import ImageSet, load_mnist5k, load_npz, split_images
 from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, sample
 from fedfdp.images.fid import class_rows, fid_report, save_grid, train_feature_classifier
 from fedfdp.images.models import DigitCNN, build_classifier
+from fedfdp.images.recipe import ClippingRule, ImageRecipe
 from fedfdp.images.train import (
     METHODS,
     ClassificationTask,
@@ -194,6 +195,7 @@ def _settings(args: argparse.Namespace, job: Job) -> TrainSettings:
         public_batch_size=args.public_batch,
         pretrain_steps=0,
         alpha=job.alpha,
+        recipe=ImageRecipe(args.recipe, args.quantile),
         learning_rate=args.private_lr if private else args.lr,
         optimizer=args.optimizer,
         momentum=args.momentum,
@@ -216,8 +218,9 @@ def _replace(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-CSV_FIELDS = ("method", "alpha", "target_epsilon", "epsilon", "delta", "noise_multiplier", "seed", "steps",
-              "fid", "wall_seconds", "wall_seconds_with_pretraining", "sampling_seconds", "accuracy", "grid")
+CSV_FIELDS = ("method", "alpha", "recipe", "target_epsilon", "epsilon", "delta", "noise_multiplier",
+              "accounted_noise_multiplier", "count_noise_std", "final_clipping_norm", "seed", "steps", "fid",
+              "wall_seconds", "wall_seconds_with_pretraining", "sampling_seconds", "accuracy", "grid")
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -244,10 +247,32 @@ def _save(args: argparse.Namespace, out: Path, rows: list[dict]) -> None:
     _replace(out / "results.csv", lambda path: _write_csv(path, rows))
 
 
+def _cached_public(args, seed: int, make_model) -> tuple[torch.nn.Module, float] | None:
+    """The seed's public model from ``--public-cache`` (written by an earlier call with
+    the same settings), or None."""
+    if args.public_cache is None:
+        return None
+    path = args.public_cache / f"public_seed{seed}.pt"
+    if not path.exists():
+        return None
+    saved = torch.load(path, map_location=args.device)
+    model = make_model(seed)
+    model.load_state_dict(saved["state"])
+    return model, float(saved["wall_seconds"])
+
+
 def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, extra_eval=None) -> None:
     public: dict[int, tuple[torch.nn.Module, float]] = {}
+    for seed in args.seeds:
+        cached = _cached_public(args, seed, make_model)
+        if cached is not None:
+            public[seed] = cached
+            _log(out, f"public model of seed {seed} loaded from {args.public_cache} "
+                      f"({cached[1]:.0f} s when trained)")
     for job in plan(args.methods, args.seeds, args.epsilon, args.alpha):
         settings = _settings(args, job)
+        if job.method == "public" and job.seed in public:
+            continue  # loaded from --public-cache: its row is in the call that trained it
         if job.method in ("fdp-dpsgd", "fdp") and job.seed not in public:
             _log(out, f"skip {job.tag}: its public model was not trained")
             continue
@@ -261,7 +286,8 @@ def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, ex
             model = make_model(job.seed)
         _log(out, f"{job.tag} start {settings}")
         try:
-            row = _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval)
+            row = _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval,
+                           args)
         except Exception:  # a measuring script: one failed job (e.g. a device error) must not lose the rest
             _log(out, f"{job.tag} FAILED\n{traceback.format_exc()}")
             continue
@@ -270,11 +296,26 @@ def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, ex
         _save(args, out, rows)
 
 
-def _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval) -> dict:
-    result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s))
+def _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval,
+             args=None) -> dict:
+    diagnose = None
+    if args is not None and args.diagnostics and settings.private:
+        lines = out / f"diagnostics_{job.tag}.jsonl"
+        lines.unlink(missing_ok=True)
+
+        def diagnose(d) -> None:
+            with open(lines, "a") as f:
+                f.write(json.dumps(asdict(d)) + "\n")
+
+    result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s),
+                   diagnose=diagnose)
     wall = result.wall_seconds
     if job.method == "public":
         public[job.seed] = (copy.deepcopy(model), wall)
+        if args is not None and args.public_cache is not None:
+            args.public_cache.mkdir(parents=True, exist_ok=True)
+            path = args.public_cache / f"public_seed{job.seed}.pt"
+            _replace(path, lambda tmp: torch.save({"state": model.state_dict(), "wall_seconds": wall}, tmp))
     total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
     row = {
         "seed": job.seed,
@@ -284,6 +325,11 @@ def _run_job(job, settings, model, task, train_set, evaluate, out, budget, publi
         "epsilon": result.epsilon,
         "delta": result.delta,
         "noise_multiplier": result.noise_multiplier,
+        "accounted_noise_multiplier": result.accounted_noise_multiplier,
+        "count_noise_std": result.count_noise_std,
+        "recipe": str(settings.recipe.rule) if job.method == "fdp" else "fixed",
+        "final_clipping_norm": result.clipping_norms[-1] if result.clipping_norms else None,
+        "clipping_norms": result.clipping_norms,
         "steps": settings.steps,
         "wall_seconds": wall,
         "wall_seconds_with_pretraining": total,
@@ -530,6 +576,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--public-batch", type=int, default=256)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--alpha", type=float, nargs="+", default=[1.0], help="fdp's α (several: a job each)")
+    parser.add_argument("--recipe", default=str(ClippingRule.QUANTILE),
+                        choices=[str(r) for r in ClippingRule],
+                        help="fdp's clipping of the private part (fedfdp.images.recipe): C follows the "
+                        "--quantile of the private norms from --clip (a noisy count, charged), "
+                        "or stays --clip")
+    parser.add_argument("--quantile", type=float, default=0.5, help="γ of --recipe quantile")
+    parser.add_argument("--diagnostics", action="store_true",
+                        help="write diagnostics_<job>.jsonl: per private step the norms of the public "
+                        "gradient, the clipped private sum and the noise (/qN), the private norms against C")
+    parser.add_argument("--public-cache", type=Path, default=None,
+                        help="folder of the seeds' public models: loaded when there, written when trained")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--private-lr", type=float, default=None)
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam"])

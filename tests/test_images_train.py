@@ -112,7 +112,8 @@ def test_classifier_every_method_runs_and_reports_epsilon(digits, method: Mode) 
         assert result.epsilon == 0.0 and result.noise_multiplier is None
     else:
         sigma = calibrate_noise_multiplier(target_epsilon=8.0, sampling_rate=0.1, rounds=4, delta=1 / 480)
-        assert result.noise_multiplier == pytest.approx(sigma)
+        # the accounted σ (fdp's default recipe gives the gradient σ/√(1 − r), the count the rest)
+        assert result.accounted_noise_multiplier == pytest.approx(sigma)
         assert result.epsilon == pytest.approx(epsilon_for(sigma, 0.1, 4, 1 / 480).upper)
         assert result.epsilon <= 8.0
     summary = result.summary()
@@ -121,8 +122,9 @@ def test_classifier_every_method_runs_and_reports_epsilon(digits, method: Mode) 
 
 @pytest.mark.parametrize("method", [Mode.DP, Mode.FDP])
 def test_secret_stream_only_feeds_coins_and_noise(digits, method: Mode) -> None:
-    """Per private step the secret stream gives N coin words and the noise words,
-    nothing else: the public batch of Algorithm 1 is drawn independently (Prop. 3)."""
+    """Per private step the secret stream gives N coin words and the noise words (for
+    ``fdp``'s default recipe also the count's noise, one normal), nothing else: the public
+    batch of Algorithm 1 is drawn independently (Prop. 3)."""
     data, _ = digits
     model = build_classifier(data.shape, 10, width=4, features=8, generator=torch.Generator().manual_seed(0))
     d = sum(p.numel() for p in model.parameters())
@@ -137,7 +139,8 @@ def test_secret_stream_only_feeds_coins_and_noise(digits, method: Mode) -> None:
     )
     train(model, ClassificationTask(GaussianBlur(3, 1.0)), data, settings, secrets=bits)
     noise_words = 2 * ((4 * d + 1) // 2)  # 4 Box–Muller summands per coordinate, pairs of uniforms
-    assert bits.calls == [len(data), noise_words] * 3
+    count_words = [2 * ((4 + 1) // 2)] if method is Mode.FDP else []
+    assert bits.calls == [len(data), noise_words, *count_words] * 3
 
 
 def test_dp_step_equals_a_hand_computed_step(digits) -> None:

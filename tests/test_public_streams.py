@@ -38,6 +38,7 @@ from fedfdp.entropy import SeededBits
 from fedfdp.images.blur import GaussianBlur, check_public_map
 from fedfdp.images.data import ImageSet, ImageShape
 from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, draw_noise
+from fedfdp.images.recipe import FIXED_CLIPPING
 from fedfdp.images.train import (
     ClassificationTask,
     DiffusionTask,
@@ -130,7 +131,8 @@ class Recording:
 def _settings(**kw) -> TrainSettings:
     base = dict(method="fdp", steps=3, sampling_rate=Q, noise_multiplier=1.0, clipping_norm=1.0,
                 public_batch_size=M_PUB, pretrain_steps=1, learning_rate=1e-2, momentum=0.0,
-                clip_method="vmap", chunk_size=CHUNK, seed=SEED)
+                clip_method="vmap", chunk_size=CHUNK, seed=SEED,
+                recipe=FIXED_CLIPPING)  # FixedSize alternates coins and noise: no count's noise
     return TrainSettings(**{**base, **kw})
 
 

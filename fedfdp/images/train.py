@@ -100,6 +100,13 @@ from fedfdp.entropy import BitStream, OSBits, SeededBits
 from fedfdp.images.blur import PublicMap, apply_view
 from fedfdp.images.data import ImageSet
 from fedfdp.images.diffusion import DiffusionLoss, diffusion_terms
+from fedfdp.images.recipe import (
+    DEFAULT_RECIPE,
+    ImageRecipe,
+    StepDiagnostics,
+    next_clipping_norm,
+    step_diagnostics,
+)
 from fedfdp.losses import LossPart, cross_entropy, private_cross_entropy
 from fedfdp.mechanisms import GaussianSumMechanism
 from fedfdp.sampling import poisson_sample, uniform_sample
@@ -279,6 +286,11 @@ class TrainSettings:
         (0: the caller passes an already pre-trained model).
     alpha : float
         Weight of the private part in ``fdp`` steps.
+    recipe : ImageRecipe
+        How ``C`` of ``fdp``'s private part moves (:mod:`fedfdp.images.recipe`):
+        by default it starts at ``clipping_norm`` and follows the median private
+        norm, a noisy count charged in ε; :data:`~fedfdp.images.recipe.FIXED_CLIPPING`
+        keeps ``clipping_norm``. ``dp`` and ``fdp-dpsgd`` always keep ``clipping_norm``.
     learning_rate, pretrain_learning_rate : float
         Step sizes of the main phase and of public pre-training (default: the same).
     optimizer : {"sgd", "adam"}
@@ -304,6 +316,7 @@ class TrainSettings:
     public_batch_size: int = 256
     pretrain_steps: int = 0
     alpha: float = 1.0
+    recipe: ImageRecipe = DEFAULT_RECIPE
     learning_rate: float = 0.1
     pretrain_learning_rate: float | None = None
     optimizer: Optimizer = Optimizer.SGD
@@ -350,11 +363,18 @@ class TrainSettings:
             raise ValueError(f"clip_method={self.clip_method!r}: must be one of "
                              f"{tuple(str(m) for m in CLIP_METHODS)}")
         object.__setattr__(self, "clip_method", ClipMethod(self.clip_method))
+        if not isinstance(self.recipe, ImageRecipe):
+            raise ValueError(f"recipe={self.recipe!r}: must be an ImageRecipe")
 
     @property
     def private(self) -> bool:
         """Whether the main phase is a private (noised, accounted) one."""
         return self.method.is_private
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the private part's ``C`` follows the norms (``fdp`` with a quantile recipe)."""
+        return self.method is Mode.FDP and self.recipe.adaptive
 
 
 @dataclass
@@ -362,7 +382,12 @@ class TrainResult:
     """What a run did: the trained model, the privacy it spent, its timings.
 
     ``epsilon`` is the accountant's **upper** bound (add/remove, at ``delta``)
-    for the private phase; ``inf`` for ``nonprivate``, 0 for ``public``.
+    for the private phase; ``inf`` for ``nonprivate``, 0 for ``public``; it is
+    computed from ``accounted_noise_multiplier`` (``σ_eff``), which equals the
+    gradient's ``noise_multiplier`` unless the private part's ``C`` adapts (then
+    the count's noise ``count_noise_std`` takes its share, :mod:`fedfdp.images.recipe`).
+    ``clipping_norms`` is ``C`` of every private step (post-processing of the noisy
+    counts when it adapts).
     ``history`` holds one dict per evaluation (``step``, ``phase`` and whatever
     ``evaluate`` returned). ``reproducible_secrets`` is True when the coins and
     noise came from a seeded stream (tests only: then the guarantee does not hold
@@ -379,6 +404,9 @@ class TrainResult:
     pretrain_seconds: float
     reproducible_secrets: bool
     history: list[dict[str, float | int | str]] = field(default_factory=list)
+    accounted_noise_multiplier: float | None = None
+    count_noise_std: float | None = None
+    clipping_norms: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, object]:
         """Plain values for JSON (no model)."""
@@ -386,6 +414,9 @@ class TrainResult:
             "settings": asdict(self.settings),
             "num_records": self.num_records,
             "noise_multiplier": self.noise_multiplier,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
+            "count_noise_std": self.count_noise_std,
+            "clipping_norms": self.clipping_norms,
             "epsilon": self.epsilon,
             "epsilon_relation": "add-remove (upper bound)",
             "delta": self.delta,
@@ -409,11 +440,13 @@ def _sum_grads(
     stage: Stage,
     step: int,
     params: list[nn.Parameter],
-) -> list[torch.Tensor]:
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``Σ_{i ∈ index}`` of the (clipped, when ``max_norm``) per-record gradients of
-    ``part``, record ``i``'s draws from its own stream ``(stage, step, part, i)``.
+    ``part``, record ``i``'s draws from its own stream ``(stage, step, part, i)``,
+    and the per-record norms before clipping (NaN when ``max_norm`` is None).
     """
     total = [torch.zeros_like(p) for p in params]
+    norms = []
     for s in range(0, len(index), settings.chunk_size):
         chunk = index[s : s + settings.chunk_size]
         idx = torch.as_tensor(chunk, dtype=torch.long, device=x.device)
@@ -421,7 +454,12 @@ def _sum_grads(
         inputs, targets, loss_fn = task.parts(part, x[idx], y[idx], generators)
         result = clipped_grad_sum(model, inputs, targets, loss_fn, max_norm, settings.clip_method)
         total = [t + g for t, g in zip(total, result.grads, strict=True)]
-    return total
+        norms.append(result.norms.detach().cpu())
+    return total, (torch.cat(norms) if norms else torch.empty(0))
+
+
+# a bound no per-record norm reaches: the public sum with its per-record norms (diagnostics only)
+_NO_CLIP = 1e30
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -453,6 +491,7 @@ def train(
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
     secrets: BitStream | None = None,
     log: Callable[[str], None] | None = None,
+    diagnose: Callable[[StepDiagnostics], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` (in place) on ``data`` by ``settings.method``.
 
@@ -475,6 +514,12 @@ def train(
         the run reproducible and is flagged in the result.
     log : callable, optional
         Receives one line per evaluation.
+    diagnose : callable, optional
+        Receives a :class:`~fedfdp.images.recipe.StepDiagnostics` per private step
+        (norms of the public gradient, the clipped private sum and the noise, the
+        per-record private norms against ``C``; for ``fdp`` also the per-record
+        public norms, at the cost of a per-record pass over the public batch).
+        A measuring aid: these are private values, never released.
 
     Returns
     -------
@@ -501,19 +546,27 @@ def train(
             log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
     sigma: float | None = None
+    accounted: float | None = None
+    count_std: float | None = None
     epsilon = math.inf if settings.method is Mode.NONPRIVATE else 0.0
     if settings.private:
-        sigma = settings.noise_multiplier
-        if sigma is None:
-            sigma = calibrate_noise_multiplier(target_epsilon=settings.target_epsilon, sampling_rate=q,
-                                               rounds=settings.steps, delta=delta)
-        epsilon = float(epsilon_for(sigma, q, settings.steps, delta).upper)
+        given = settings.noise_multiplier  # the gradient's σ when configured
+        if given is not None:
+            # the count, when C adapts, adds its share on top (as the engine's resolve_mechanism)
+            accounted = given * math.sqrt(1 - settings.recipe.budget_share) if settings.adaptive else given
+        else:
+            accounted = calibrate_noise_multiplier(target_epsilon=settings.target_epsilon, sampling_rate=q,
+                                                   rounds=settings.steps, delta=delta)
+        sigma, count_std = settings.recipe.noise(accounted) if settings.adaptive else (accounted, None)
+        if given is not None:
+            sigma = given
+        epsilon = float(epsilon_for(accounted, q, settings.steps, delta).upper)
     m_pub = min(settings.public_batch_size, n)
 
     def public_step(opt: torch.optim.Optimizer, stage: Stage, step: int) -> None:
         idx = draws.public_batch(stage, step, n, m_pub)
-        total = _sum_grads(model, task, LossPart.PUBLIC, x, y, idx, None, settings, draws, stage, step,
-                           params)
+        total, _ = _sum_grads(model, task, LossPart.PUBLIC, x, y, idx, None, settings, draws, stage, step,
+                              params)
         _step(params, opt, [t / m_pub for t in total])
 
     start = time.perf_counter()
@@ -528,7 +581,8 @@ def train(
         pretrain_seconds = time.perf_counter() - start
 
     opt = _optimizer(params, settings, settings.learning_rate)
-    mechanism = GaussianSumMechanism(sigma, settings.clipping_norm) if sigma is not None else None
+    clipping_norm = settings.clipping_norm
+    clipping_norms: list[float] = []
     main = Stage.MAIN
     for s in range(settings.steps):
         if settings.method is Mode.PUBLIC:
@@ -536,26 +590,42 @@ def train(
         elif settings.method is Mode.NONPRIVATE:
             idx = draws.nonprivate_batch(s, n, q)
             if len(idx):
-                total = _sum_grads(model, task, LossPart.FULL, x, y, idx, None, settings, draws, main, s,
-                                   params)
+                total, _ = _sum_grads(model, task, LossPart.FULL, x, y, idx, None, settings, draws, main, s,
+                                      params)
                 _step(params, opt, [t / len(idx) for t in total])
         else:
-            if mechanism is None:  # set whenever settings.private
-                raise RuntimeError("private phase without a mechanism")
+            if sigma is None:  # set whenever settings.private
+                raise RuntimeError("private phase without a noise multiplier")
+            mechanism = GaussianSumMechanism(sigma, clipping_norm)
+            clipping_norms.append(clipping_norm)
             part = LossPart.PRIVATE if settings.method is Mode.FDP else LossPart.FULL
             idx = poisson_sample(n, q, secret_stream)
-            clipped = _sum_grads(model, task, part, x, y, idx, settings.clipping_norm, settings, draws, main,
-                                 s, params)
+            clipped, norms = _sum_grads(model, task, part, x, y, idx, clipping_norm, settings, draws, main,
+                                        s, params)
             # the noise is drawn and added on the CPU (secret stream), the sum moved back
-            noisy = [t.to(device) for t in mechanism.privatize([c.cpu() for c in clipped], secret_stream)]
+            noisy_cpu = mechanism.privatize([c.cpu() for c in clipped], secret_stream)
+            if settings.adaptive:
+                if count_std is None:  # set whenever settings.adaptive
+                    raise RuntimeError("adaptive clipping without the count's noise")
+                # the count's noise: the same secret stream, right after the gradient noise
+                clipping_norm = next_clipping_norm(settings.recipe, clipping_norm, norms, count_std, q * n,
+                                                   secret_stream)
+            noisy = [t.to(device) for t in noisy_cpu]
             weight = settings.alpha if settings.method is Mode.FDP else 1.0
             grad = [weight * t / (q * n) for t in noisy]
+            pub_mean: list[torch.Tensor] | None = None
+            pub_norms: torch.Tensor | None = None
             if settings.method is Mode.FDP:
                 # independent of the coins (Prop. 3), and of how many records they drew
                 pub_idx = draws.public_batch(main, s, n, m_pub)
-                pub = _sum_grads(model, task, LossPart.PUBLIC, x, y, pub_idx, None, settings, draws, main, s,
-                                 params)
-                grad = [g + t / m_pub for g, t in zip(grad, pub, strict=True)]
+                pub, pub_norms = _sum_grads(model, task, LossPart.PUBLIC, x, y, pub_idx,
+                                            _NO_CLIP if diagnose is not None else None, settings, draws,
+                                            main, s, params)
+                pub_mean = [t / m_pub for t in pub]
+                grad = [g + t for g, t in zip(grad, pub_mean, strict=True)]
+            if diagnose is not None:
+                diagnose(step_diagnostics(s, clipping_norms[-1], norms, clipped, noisy_cpu, q * n, pub_mean,
+                                          pub_norms))
             _step(params, opt, grad)
         if settings.eval_every and (s + 1) % settings.eval_every == 0 and s + 1 < settings.steps:
             record(settings.pretrain_steps + s + 1, "main")
@@ -566,6 +636,9 @@ def train(
         settings=settings,
         num_records=n,
         noise_multiplier=sigma,
+        accounted_noise_multiplier=accounted,
+        count_noise_std=count_std,
+        clipping_norms=clipping_norms,
         epsilon=epsilon,
         delta=delta,
         wall_seconds=wall,
