@@ -347,7 +347,7 @@ def test_only_guarantee_keys_change_the_guarantee_inputs():
         applies = KEY_TABLE[key].applies
         if applies is not None:  # a configuration in which the key acts (the first value of its scope)
             where = {decider: accepted[0] for decider, accepted in applies.when}
-            if where.get("model") == "cnn":
+            if where.get("model") in ("cnn", "ddpm"):
                 where["dataset"] = "mnist5k"
             base = load_config(where, base=base)
         other = _other_value(key, base.to_flat()[key])

@@ -259,6 +259,17 @@ def _check_images(cfg: Config) -> None:
             f"model='cnn': needs an image dataset ({', '.join(IMAGE_DATASETS)}); dataset={d.dataset!r} "
             "is a table (use logistic or mlp)"
         )
+    if t.model == "ddpm" and d.dataset in DATASETS and not image:
+        raise ConfigError(
+            f"model='ddpm': needs an image dataset ({', '.join(IMAGE_DATASETS)}); dataset={d.dataset!r} "
+            "is a table"
+        )
+    if t.model == "ddpm":
+        if t.diffusion_steps < 2:
+            raise ConfigError(f"diffusion-steps={t.diffusion_steps}: must be >= 2 (the noise schedule's T)")
+        if cfg.run.sampler_steps > t.diffusion_steps:
+            raise ConfigError(f"sampler-steps={cfg.run.sampler_steps}: must be at most "
+                              f"diffusion-steps={t.diffusion_steps}")
     if not image:
         return
     if p.public_loss is not PublicLoss.AUTO:

@@ -141,7 +141,7 @@ SECAGG_MODES: tuple[Mode, ...] = (Mode.DP, Mode.FDP, Mode.FDP_DPSGD)
 #: ``corrdp-tv-floor`` meaning the paper's floor ``(m_s/m)²`` of Eq. (3).
 PAPER_FLOOR = TvFloor.PAPER
 #: Built-in models (``model`` also takes an import path ``package.module:build``).
-MODELS = ("mlp", "logistic", "cnn")
+MODELS = ("mlp", "logistic", "cnn", "ddpm")
 #: Built-in datasets (``dataset`` also takes an import path ``package.module:load``).
 DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
             "nlswork", "hmda", "correlated", "mnist5k", "digits", "images")

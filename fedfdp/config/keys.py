@@ -330,8 +330,8 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("optimizer", T, "optimizer", K.CHOICE, NO, "the server's optimiser: `sgd` or `adam`",
             choice_type=Optimizer),
     KeySpec("model", T, "model", K.CHOICE_OR_PATH, YES,
-            "`logistic`, `mlp`, `cnn` (images) or `package.module:build`; its parameter count decides "
-            "the `fdp` recipe's γ", names=MODELS),
+            "`logistic`, `mlp`, `cnn` (images), `ddpm` (images: a diffusion model) or "
+            "`package.module:build`; its parameter count decides the `fdp` recipe's γ", names=MODELS),
     KeySpec("hidden-size", T, "hidden_size", K.INT_POS, YES,
             "width of the MLP's two hidden layers (and the CNN's penultimate layer): the parameter count",
             applies=only(model=("mlp", "cnn"))),
@@ -340,6 +340,12 @@ KEYS: tuple[KeySpec, ...] = (
             applies=only(model=("mlp",))),
     KeySpec("cnn-width", T, "cnn_width", K.INT_POS, YES,
             "`cnn`: channels of the first convolution: the parameter count", applies=only(model=("cnn",))),
+    KeySpec("unet-width", T, "unet_width", K.INT_POS, YES,
+            "`ddpm`: the U-Net's base width (channels of its first convolution): the parameter count",
+            applies=only(model=("ddpm",))),
+    KeySpec("diffusion-steps", T, "diffusion_steps", K.INT_POS, NO,
+            "`ddpm`: T, the timesteps of the linear noise schedule (>= 2); each record draws its t and "
+            "noise from its own public stream", applies=only(model=("ddpm",))),
     KeySpec("dataset", D, "dataset", K.CHOICE_OR_PATH, YES,
             "the records, Ψ and the private columns (docs/datasets.md), or `package.module:load`",
             names=DATASETS),
@@ -424,6 +430,12 @@ KEYS: tuple[KeySpec, ...] = (
             "`reproducible-noise`, the secret noise too"),
     KeySpec("eval-every", R, "eval_every", K.INT_POS, NO,
             "evaluate on the held-out split every this many rounds"),
+    KeySpec("eval-samples", R, "eval_samples", K.INT_POS, NO,
+            "`ddpm`: images generated at each evaluation for the Fréchet distance `fd` (a digit CNN's "
+            "features, not Inception FID)", applies=only(model=("ddpm",))),
+    KeySpec("sampler-steps", R, "sampler_steps", K.INT_POS, NO,
+            "`ddpm`: denoising steps of the evaluation's sampler (the schedule respaced; at most "
+            "`diffusion-steps`)", applies=only(model=("ddpm",))),
     KeySpec("out-dir", R, "out_dir", K.STR, NO, "output directory (empty: nothing written)"),
     KeySpec("checkpoint-every", R, "checkpoint_every", K.INT0, NO,
             "checkpoint every this many rounds (0: never)"),

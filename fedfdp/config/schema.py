@@ -351,6 +351,10 @@ class TrainingConfig:
     hidden_sizes: tuple[int, ...] = ()
     #: ``model = "cnn"``: channels of the first convolution (``DigitCNN`` width ``w``).
     cnn_width: int = 16
+    #: ``model = "ddpm"``: the U-Net's base width (:class:`fedfdp.images.UNet`).
+    unet_width: int = 32
+    #: ``model = "ddpm"``: timesteps ``T`` of the linear noise schedule.
+    diffusion_steps: int = 1000
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -541,6 +545,10 @@ class RunConfig:
     round_timeout: float = 600.0
     progress: bool = True
     secagg_timeout: float = 120.0
+    #: ``model = "ddpm"``: images generated per evaluation (the Fréchet distance ``fd``).
+    eval_samples: int = 200
+    #: ``model = "ddpm"``: denoising steps of the evaluation's sampler.
+    sampler_steps: int = 50
 
     def __post_init__(self) -> None:
         _validate_fields(self, Section.RUN)
