@@ -288,7 +288,7 @@ def test_guarantee_keys_hold_every_input_of_the_mechanism():
         "num-devices", "records-per-device", "test-fraction", "data-seed", "max-records",
         "dirichlet-alpha", "data-location", "blur-kernel", "blur-sigma", "blur-levels",
         # the parameter count (the fdp recipe's γ, so σ)
-        "model", "hidden-size", "hidden-sizes", "cnn-width",
+        "model", "hidden-size", "hidden-sizes", "cnn-width", "unet-width",
         # CorrDP
         "sensitive-columns", "insensitive-tv", "tv-estimate", "tv-bins", "tv-min-prob", "tv-delta",
         "corrdp-weight-bound", "corrdp-feature-bound", "corrdp-tv-floor", "corrdp-clip-shares",
@@ -298,12 +298,13 @@ def test_guarantee_keys_hold_every_input_of_the_mechanism():
         # the secret seed when reproducible
         "seed",
     }  # fmt: skip
-    never = {"alpha", "learning-rate", "momentum", "optimizer", "public-batch-size", "test-path"}
+    never = {"alpha", "learning-rate", "momentum", "optimizer", "public-batch-size", "test-path",
+             "diffusion-steps"}
     assert must <= GUARANTEE_KEYS
     assert not never & GUARANTEE_KEYS
     assert not ORCHESTRATION_KEYS & GUARANTEE_KEYS
     orchestration = {"eval-every", "out-dir", "checkpoint-every", "resume", "node-wait-timeout",
-                     "round-timeout", "progress", "secagg-timeout"}
+                     "round-timeout", "progress", "secagg-timeout", "eval-samples", "sampler-steps"}
     assert orchestration == ORCHESTRATION_KEYS
     assert GUARANTEE_KEYS | ORCHESTRATION_KEYS | never == set(config_keys())
     assert "seed" not in guarantee_keys_of(False) and "seed" in guarantee_keys_of(True)
