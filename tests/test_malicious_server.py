@@ -33,6 +33,7 @@ from fedfdp.data import load_dataset
 from fedfdp.run_plan import build_plan
 from fedfdp.secagg.client_session import ClientSession
 from fedfdp.secagg.crypto import (
+    SHARE_VALUE_BYTES,
     KeyPair,
     Share,
     combine_shares,
@@ -42,6 +43,7 @@ from fedfdp.secagg.crypto import (
     prg_uint32,
     seal,
     self_mask_key,
+    share_secret,
 )
 from fedfdp.secagg.errors import ConsistencyError, MessageError, RequestRefused
 from fedfdp.secagg.graph import graph_seed, is_connected, ring_order
@@ -79,6 +81,11 @@ OTHER_DIGEST = hashlib.sha256(b"fedfdp test: a crafted model").digest()
 
 def u32(a: np.ndarray) -> np.ndarray:
     return (a.astype(np.uint64) % np.uint64(2**32)).astype(np.uint32)
+
+
+def _random_share_pair() -> bytes:
+    """Two share values of random secrets (what a server inventing shares sends)."""
+    return b"".join(share_secret(os.urandom(32), 1, 1)[0].value for _ in range(2))
 
 
 def shares_of(replies: list[UnmaskReply], owner: int, kind: str) -> list[Share]:
@@ -137,11 +144,12 @@ def test_key_swap_works_when_the_roster_holds_the_servers_keys_and_is_refused_ot
     for w, ct in zip(keys.dsts, keys.ciphertexts, strict=True):
         plain = open_sealed(encryption_key(evil[w].agree(setup.pk_enc), ROUND, 4, w), ct, round_=ROUND, src=4,
                             dst=w)
-        opened.append(Share(int.from_bytes(plain[:2], "big"), plain[2:34]))
+        opened.append(Share(int.from_bytes(plain[:2], "big"), plain[2 : 2 + SHARE_VALUE_BYTES]))
     seed = combine_shares(opened[:3])
     index = {v: i + 1 for i, v in enumerate(sorted({*nbrs, 4}))}
     cts = tuple(seal(encryption_key(evil[w].agree(setup.pk_enc), ROUND, w, 4),
-                     index[w].to_bytes(2, "big") + os.urandom(64), round_=ROUND, src=w, dst=4) for w in nbrs)
+                     index[w].to_bytes(2, "big") + _random_share_pair(), round_=ROUND, src=w, dst=4)
+                for w in nbrs)
     x = inputs([4], 16, rng)[4]
     y = client.collect(CollectRequest(ROUND, 4, nbrs, cts), x, DIGEST).masked
     got = y - prg_uint32(self_mask_key(seed, ROUND, 4, digest=DIGEST), 16)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import json
 import math
 import os
 from collections.abc import Iterable
@@ -28,8 +29,6 @@ from fedfdp.secagg.client_session import ClientSession
 from fedfdp.secagg.crypto import (
     KeyPair,
     KeyPurpose,
-    Share,
-    combine_shares,
     confirmation_key,
     derive_key,
     encryption_key,
@@ -41,7 +40,6 @@ from fedfdp.secagg.crypto import (
     random_secret,
     seal,
     self_mask_key,
-    share_secret,
 )
 from fedfdp.secagg.encoding import (
     choose_scale,
@@ -58,6 +56,7 @@ from fedfdp.secagg.errors import (
     AuthenticationError,
     ConsistencyError,
     MessageError,
+    ReconstructionError,
     RequestRefused,
     SessionStateError,
     Stage,
@@ -67,6 +66,7 @@ from fedfdp.secagg.errors import (
 from fedfdp.secagg.graph import graph_seed, neighbour_graph, ring_order
 from fedfdp.secagg.identity import NodeTrust, Roster, SigningKey, advertisement
 from fedfdp.secagg.messages import (
+    SHARE_PLAINTEXT_BYTES,
     CollectReply,
     CollectRequest,
     ConfirmReply,
@@ -711,6 +711,73 @@ def test_replies_are_validated_and_a_bad_reply_leaves_the_server_unchanged():
     assert result.total.tolist() == [0] * 8
 
 
+def _to_unmask_replies(ids: list[int], d: int = 8):
+    server = start(ids, d, neighbours=5)
+    clients = clients_for(ids)
+    keys = server.receive_setup([clients[u].setup(r) for u, r in server.setup_requests().items()])
+    coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
+    conf = server.receive_collect([clients[u].collect(r, np.ones(d, np.uint32), DIGEST)
+                                   for u, r in coll.items()])
+    unm = confirmed(server, clients, conf)
+    return server, [clients[u].unmask(r) for u, r in unm.items()]
+
+
+def test_a_share_word_outside_the_field_is_a_malformed_unmask_reply():
+    """A share value whose 4-byte word is not below 2^31 - 1 is refused in one line naming
+    the field and the node; the server's state is unchanged (the honest replies then unmask)."""
+    server, ureps = _to_unmask_replies([1, 2, 3, 4, 5])
+    first = ureps[0].b_shares[0]
+    outside = first[:2] + b"\xff\xff\xff\xff" + first[6:]
+    forged = dataclasses.replace(ureps[0], b_shares=(outside, *ureps[0].b_shares[1:]))
+    with pytest.raises(MessageError, match="element") as err:
+        server.receive_unmask([forged, *ureps[1:]])
+    assert (err.value.field, err.value.node_id) == ("b_shares", ureps[0].node_id)
+    assert server.receive_unmask(ureps).total.tolist() == [5] * 8
+
+
+def test_inconsistent_seed_shares_fail_the_round_naming_the_node():
+    """Field elements, right index, but not the dealt share: the reconstruction is refused.
+    Node 1's share of its own seed has index 1, one of the t = 3 lowest {1, 2, 3} used, whose
+    Lagrange coefficient at 0 is 2·3 / ((2 − 1)(3 − 1)) = 3 (by hand): adding 3⁻¹·2³⁰ to the
+    top limb's share adds exactly 2³⁰ to the top limb, which must be below 2¹⁶."""
+    server, ureps = _to_unmask_replies([1, 2, 3, 4, 5])
+    r = ureps[0]
+    owner = r.b_owners[0]
+    assert (r.node_id, owner, r.b_shares[0][:2]) == (1, 1, b"\x00\x01")
+    p = 2**31 - 1
+    raw = bytearray(r.b_shares[0])
+    top = int.from_bytes(raw[-4:], "big")
+    raw[-4:] = ((top + pow(3, -1, p) * 2**30) % p).to_bytes(4, "big")
+    replies = [dataclasses.replace(r, b_shares=(bytes(raw), *r.b_shares[1:])), *ureps[1:]]
+    with pytest.raises(ReconstructionError, match=f"seed shares of node {owner}") as err:
+        server.receive_unmask(replies)
+    assert "inconsistent" in str(err.value) and server.failed
+
+
+def test_client_refuses_shares_outside_the_field_naming_the_sender():
+    ids = [1, 2, 3, 4, 5]
+    server = start(ids, 8, neighbours=5)
+    clients = clients_for(ids)
+    reps = {u: clients[u].setup(r) for u, r in server.setup_requests().items()}
+    keys = server.receive_setup(list(reps.values()))
+    kreps = [clients[u].share_keys(r) for u, r in keys.items()]
+    coll = server.receive_keys(kreps)
+    # node 2 (honest keys, but a bad dealer) seals a share pair with a word >= p to node 1,
+    # under the key node 1 derived for it (read from node 1's exported state)
+    victim, dealer = 1, 2
+    state = json.loads(clients[victim].export_state())
+    key_from_dealer = bytes.fromhex(state["open_keys"][str(dealer)])
+    plain = (1).to_bytes(2, "big") + b"\xff" * (SHARE_PLAINTEXT_BYTES - 2)
+    ct = seal(key_from_dealer, plain, round_=7, src=dealer, dst=victim)
+    req = coll[victim]
+    cts = tuple(ct if s == dealer else c for s, c in zip(req.srcs, req.ciphertexts, strict=True))
+    with pytest.raises(MessageError, match="from node 2 are malformed") as err:
+        clients[victim].collect(CollectRequest(7, victim, req.srcs, cts), np.zeros(8, np.uint32), DIGEST)
+    assert (err.value.field, err.value.node_id) == ("ciphertexts", dealer)
+    with pytest.raises(RequestRefused):  # the session ended: nothing more answered
+        clients[victim].confirm(ConfirmRequest(7, victim, tuple(ids), ()))
+
+
 @pytest.mark.parametrize(
     ("make", "field"),
     [
@@ -834,30 +901,6 @@ def test_x25519_agreement_is_symmetric_and_keyed():
     assert KeyPair.from_private_bytes(a.private_bytes()).public == a.public
     with pytest.raises(ValueError):
         a.agree(bytes(32))  # low-order point
-
-
-@pytest.mark.parametrize(("t", "k"), [(1, 1), (2, 3), (3, 5), (8, 15), (11, 21)])
-def test_shamir_32_byte_secret(t, k):
-    rng = np.random.default_rng(t * 100 + k)
-    secret = random_secret()
-    shares = share_secret(secret, t, k)
-    assert [s.index for s in shares] == list(range(1, k + 1))
-    for _ in range(5):
-        pick = [shares[i] for i in rng.choice(k, t, replace=False)]
-        assert combine_shares(pick) == secret
-        assert Share.from_bytes(pick[0].to_bytes()) == pick[0]
-    if t > 1:
-        assert combine_shares(shares[: t - 1]) != secret
-    # both halves are shared: a wrong share changes the low and the high half
-    if t > 1:
-        bad = Share(shares[0].index, bytes(x ^ 0xFF for x in shares[0].value))
-        out = combine_shares([bad, *shares[1:t]])
-        assert out[:16] != secret[:16] and out[16:] != secret[16:]
-
-
-def test_shamir_shares_of_a_fixed_secret_are_fresh():
-    secret = bytes(32)
-    assert share_secret(secret, 3, 5)[0].value != share_secret(secret, 3, 5)[0].value
 
 
 # -- encoding -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fedfdp.secagg.crypto import (
-    KEY_BYTES,
+    SHARE_VALUE_BYTES,
     KeyPair,
     Share,
     confirmation_key,
@@ -23,7 +23,7 @@ from fedfdp.secagg.crypto import (
     random_secret,
     seal,
     self_mask_key,
-    share_secret,
+    share_secrets,
 )
 from fedfdp.secagg.errors import (
     ConsistencyError,
@@ -141,6 +141,7 @@ class ClientSession:
         self._neighbours: frozenset[int] = frozenset()
         self._identities: dict[int, bytes] = {}
         self._confirm_keys: dict[int, bytes] = {}
+        self._open_keys: dict[int, bytes] = {}  # AES-GCM keys of the shares each neighbour sends
         self._srcs: frozenset[int] = frozenset()
         self._digest: bytes | None = None
         self._live: frozenset[int] = frozenset()
@@ -239,8 +240,8 @@ class ClientSession:
             self._peer_pk_enc = dict(zip(request.ids, request.pk_enc, strict=True))
             self._seed = random_secret()
             k = len(self._index)
-            b_shares = share_secret(self._seed, self._threshold, k)
-            sk_shares = share_secret(self._mask_keys.private_bytes(), self._threshold, k)
+            b_shares, sk_shares = share_secrets([self._seed, self._mask_keys.private_bytes()],
+                                                self._threshold, k)
             self._own_b_share = b_shares[self._index[self.node_id] - 1]
             cts = []
             for v in request.ids:
@@ -248,6 +249,8 @@ class ClientSession:
                 plaintext = i.to_bytes(2, "big") + b_shares[i - 1].value + sk_shares[i - 1].value
                 secret = self._enc_keys.agree(self._peer_pk_enc[v])
                 self._confirm_keys[v] = confirmation_key(secret, self._round, self.node_id, v)
+                # one agreement per neighbour: the key of the shares it sends back is derived now
+                self._open_keys[v] = encryption_key(secret, self._round, v, self.node_id)
                 key = encryption_key(secret, self._round, self.node_id, v)
                 cts.append(seal(key, plaintext, round_=self._round, src=self.node_id, dst=v))
             del b_shares, sk_shares
@@ -288,19 +291,21 @@ class ClientSession:
             if self._mask_keys is None or self._enc_keys is None or self._seed is None:  # pragma: no cover
                 raise RequestRefused(f"node {self.node_id}: no keys")
             for src, ct in zip(request.srcs, request.ciphertexts, strict=True):
-                key = encryption_key(
-                    self._enc_keys.agree(self._peer_pk_enc[src]), self._round, src, self.node_id
-                )
-                plain = open_sealed(key, ct, round_=self._round, src=src, dst=self.node_id)
+                plain = open_sealed(self._open_keys[src], ct, round_=self._round, src=src, dst=self.node_id)
                 index = int.from_bytes(plain[:2], "big")
-                if len(plain) != SHARE_PLAINTEXT_BYTES or not 1 <= index <= len(self._index):
+                try:
+                    if len(plain) != SHARE_PLAINTEXT_BYTES or not 1 <= index <= len(self._index):
+                        raise ValueError("wrong length or index")
+                    b_share = Share(index, plain[2 : 2 + SHARE_VALUE_BYTES])
+                    sk_share = Share(index, plain[2 + SHARE_VALUE_BYTES :])
+                except ValueError:
                     raise MessageError(
                         f"ciphertexts: the shares from node {src} are malformed",
                         field="ciphertexts",
                         node_id=src,
-                    )
-                self._held_b[src] = Share(index, plain[2 : 2 + KEY_BYTES])
-                self._held_sk[src] = Share(index, plain[2 + KEY_BYTES :])
+                    ) from None
+                self._held_b[src] = b_share
+                self._held_sk[src] = sk_share
             masked = values.copy()
             np.add(
                 masked,
@@ -316,6 +321,7 @@ class ClientSession:
             self._seed = None
             self._peer_pk_mask = {}
             self._peer_pk_enc = {}
+            self._open_keys = {}
             self._srcs = frozenset(request.srcs)
             self._digest = digest
             self._phase = _ClientPhase.COLLECTED
@@ -455,7 +461,7 @@ class ClientSession:
             "run": str(self.run), "after_round": self.after_round, "trust": self.trust.to_dict(),
             "ring": [str(v) for v in self._ring], "degree": self._degree,
             "identities": hexmap(self._identities), "srcs": [str(v) for v in sorted(self._srcs)],
-            "confirm_keys": hexmap(self._confirm_keys),
+            "confirm_keys": hexmap(self._confirm_keys), "open_keys": hexmap(self._open_keys),
             "digest": self._digest.hex() if self._digest is not None else None,
             "live": [str(v) for v in sorted(self._live)], "dead": [str(v) for v in sorted(self._dead)],
             "neighbours": [str(v) for v in sorted(self._neighbours)], "threshold": self._threshold,
@@ -488,6 +494,7 @@ class ClientSession:
             session._degree = int(doc["degree"])
             session._identities = {int(k): bytes.fromhex(v) for k, v in doc["identities"].items()}
             session._confirm_keys = {int(k): bytes.fromhex(v) for k, v in doc["confirm_keys"].items()}
+            session._open_keys = {int(k): bytes.fromhex(v) for k, v in doc["open_keys"].items()}
             session._srcs = frozenset(int(v) for v in doc["srcs"])
             session._live = frozenset(int(v) for v in doc["live"])
             session._dead = frozenset(int(v) for v in doc["dead"])

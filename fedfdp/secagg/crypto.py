@@ -1,9 +1,10 @@
 """Cryptographic primitives of SecAgg+: key agreement, key derivation, authenticated
 encryption, Shamir sharing of 32-byte secrets and the mask PRG.
 
-Everything here calls two maintained libraries directly, ``cryptography`` (X25519,
-HKDF-SHA256, AES-256-GCM, AES-256-CTR) and PyCryptodome (Shamir sharing over
-GF(2¹²⁸)); Flower's secure-aggregation helpers are not used.
+Everything here calls the maintained ``cryptography`` library directly (X25519,
+HKDF-SHA256, AES-256-GCM, AES-256-CTR); Shamir sharing is numpy over GF(2³¹ − 1)
+(:mod:`fedfdp.secagg.shamir`, every secret of a call at once); Flower's
+secure-aggregation helpers are not used.
 
 Security model
 --------------
@@ -20,10 +21,9 @@ information-theoretic: fewer than ``t`` shares reveal nothing. Out of scope: poi
 by clients.
 
 Secrets (private keys, seeds, Shamir coefficients, nonces) come from the operating
-system's CSPRNG only: X25519 private keys, :func:`random_secret` and the AEAD
-nonces read :func:`os.urandom`, and PyCryptodome's
-``Shamir.split`` draws its coefficients from ``Crypto.Random.get_random_bytes``
-(``os.urandom``). Nothing here takes a seed.
+system's CSPRNG only: X25519 private keys, :func:`random_secret`, the AEAD nonces and
+the Shamir coefficients (:func:`fedfdp.secagg.shamir.random_elements`) read
+:func:`os.urandom`. Nothing here takes a seed.
 
 Domain separation
 -----------------
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -56,6 +55,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from fedfdp.secagg import shamir
 from fedfdp.secagg.errors import AuthenticationError
 
 #: Length of every secret, key and public key handled here, in bytes.
@@ -64,17 +64,19 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 #: Length of an AES-GCM authentication tag, in bytes.
 TAG_BYTES = 16
-#: Length of a serialised :class:`Share`: a 2-byte index and two 16-byte halves.
-SHARE_BYTES = 2 + KEY_BYTES
+#: Length of a :class:`Share`'s value: one 4-byte element of GF(2³¹ − 1) per 30-bit
+#: limb of the secret (:mod:`fedfdp.secagg.shamir`).
+SHARE_VALUE_BYTES = shamir.SHARE_VALUE_BYTES
+#: Length of a serialised :class:`Share`: a 2-byte index and its value.
+SHARE_BYTES = 2 + SHARE_VALUE_BYTES
 #: Largest Shamir share index (it is serialised on two bytes).
-MAX_SHARES = 2**16 - 1
+MAX_SHARES = shamir.MAX_INDEX
 #: Largest node id (Flower node ids are unsigned 64-bit integers).
 MAX_NODE_ID = 2**64 - 1
 #: Length of an HMAC-SHA256 tag, in bytes.
 MAC_BYTES = 32
 
 _INFO_PREFIX = b"fedfdp/secagg/v1/"
-_HALF = KEY_BYTES // 2
 _U64 = 2**64
 
 
@@ -274,18 +276,21 @@ def open_sealed(key: bytes, sealed: bytes, *, round_: int, src: int, dst: int) -
 
 @dataclass(frozen=True)
 class Share:
-    """One Shamir share of a 32-byte secret.
-
-    The secret is split as two independent 16-byte halves, each shared with
-    PyCryptodome's ``Shamir`` (a random polynomial of degree ``t − 1`` over
-    GF(2¹²⁸)) at the same index; ``value`` is the two 16-byte share halves.
+    """One Shamir share of a 32-byte secret (:mod:`fedfdp.secagg.shamir`).
 
     Attributes
     ----------
     index : int
         The evaluation point, in [1, 65535].
     value : bytes
-        32 bytes.
+        :data:`SHARE_VALUE_BYTES` bytes: the values at ``index`` of the polynomials of
+        the secret's nine limbs, each a big-endian 4-byte element of GF(2³¹ − 1).
+
+    Raises
+    ------
+    ValueError
+        An index out of range, a value of another length, or a word that is not a field
+        element (below 2³¹ − 1): a malformed share is refused when it is built.
     """
 
     index: int
@@ -298,7 +303,10 @@ class Share:
             or not 1 <= self.index <= MAX_SHARES
         ):
             raise ValueError(f"share index={self.index!r}: must be an integer in [1, {MAX_SHARES}]")
-        _key("share value", self.value)
+        if not isinstance(self.value, bytes) or len(self.value) != SHARE_VALUE_BYTES:
+            got = f"{len(self.value)} bytes" if isinstance(self.value, bytes) else type(self.value).__name__
+            raise ValueError(f"share value: must be {SHARE_VALUE_BYTES} bytes, got {got}")
+        shamir.decode_elements(self.value)
 
     def to_bytes(self) -> bytes:
         """``index`` (2 bytes, big-endian) followed by ``value``: :data:`SHARE_BYTES` bytes."""
@@ -312,36 +320,85 @@ class Share:
         return Share(int.from_bytes(raw[:2], "big"), raw[2:])
 
 
-def share_secret(secret: bytes, threshold: int, count: int) -> list[Share]:
-    """Split a 32-byte secret into ``count`` shares, any ``threshold`` of which recover it.
+def share_secrets(secrets: list[bytes] | tuple[bytes, ...], threshold: int, count: int) -> list[list[Share]]:
+    """Split each 32-byte secret into ``count`` shares, any ``threshold`` of which recover
+    it, all at once: ``out[i][j]`` is secret ``i``'s share at index ``j + 1``.
 
-    Fewer than ``threshold`` shares carry no information about the secret (each half
-    is shared with fresh random coefficients). Shares have indices ``1..count``.
+    Fewer than ``threshold`` shares carry no information about the secret (fresh uniform
+    coefficients from the OS CSPRNG for every limb of every secret).
     """
-    _key("secret", secret)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARES:
-        raise ValueError(f"count={count!r}: must be an integer in [1, {MAX_SHARES}]")
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or not 1 <= threshold <= count:
-        raise ValueError(f"threshold={threshold!r}: must be an integer in [1, count={count}]")
-    low = Shamir.split(threshold, count, secret[:_HALF], ssss=False)
-    high = Shamir.split(threshold, count, secret[_HALF:], ssss=False)
-    return [Share(i, a + b) for (i, a), (_, b) in zip(low, high, strict=True)]
+    if not secrets:
+        return []
+    for secret in secrets:
+        _key("secret", secret)
+    values = shamir.split(shamir.to_limbs(list(secrets)), threshold, count)  # (count, secrets, limbs)
+    raw = values.astype(">u4")
+    return [[Share(j + 1, raw[j, i].tobytes()) for j in range(count)] for i in range(len(secrets))]
+
+
+def share_secret(secret: bytes, threshold: int, count: int) -> list[Share]:
+    """Split one 32-byte secret into ``count`` shares with indices ``1..count``, any
+    ``threshold`` of which recover it (:func:`share_secrets`).
+    """
+    return share_secrets([secret], threshold, count)[0]
+
+
+class InconsistentShares(ValueError):
+    """Shares that reconstruct no 32-byte secret; ``group`` is the position of the first
+    such group in the call to :func:`combine_many`.
+    """
+
+    def __init__(self, message: str, group: int) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+def combine_many(groups: list[list[Share]] | tuple[list[Share], ...]) -> list[bytes]:
+    """The secret of each group of shares (Lagrange interpolation at 0).
+
+    Groups are batched by their set of indices: the Lagrange coefficients are computed
+    once per set and applied to every group with it. Each group holds exactly the
+    threshold's number of shares with distinct indices; with fewer, the result is
+    unrelated to the secret (or refused as inconsistent).
+
+    Raises
+    ------
+    ValueError
+        A group without shares or with repeated indices.
+    InconsistentShares
+        A group's shares reconstruct no 32-byte secret (some share is not what was
+        dealt); names the group's position.
+    """
+    out: list[bytes | None] = [None] * len(groups)
+    by_indices: dict[tuple[int, ...], list[int]] = {}
+    for g, shares in enumerate(groups):
+        indices = tuple(s.index for s in shares)
+        if not indices:
+            raise ValueError(f"shares of group {g}: at least one share is needed")
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"share indices={list(indices)} of group {g}: must be distinct")
+        by_indices.setdefault(indices, []).append(g)
+    for indices, members in by_indices.items():
+        blob = b"".join(s.value for g in members for s in groups[g])
+        values = shamir.decode_elements(blob).reshape(len(members), len(indices), shamir.LIMBS)
+        limbs = shamir.interpolate(indices, values.transpose(1, 0, 2))
+        valid = shamir.limbs_valid(limbs)
+        if not valid.all():
+            first = members[int(np.argmin(valid))]
+            raise InconsistentShares(f"shares of group {first}: inconsistent (they reconstruct no "
+                                     f"{KEY_BYTES}-byte secret)", first)
+        for g, secret in zip(members, shamir.from_limbs(limbs), strict=True):
+            out[g] = secret
+    return [s for s in out if s is not None]
 
 
 def combine_shares(shares: list[Share] | tuple[Share, ...]) -> bytes:
-    """The secret whose polynomial passes through ``shares`` (Lagrange interpolation at 0).
-
-    The caller passes exactly ``threshold`` shares with distinct indices; with fewer,
-    the result is unrelated to the secret.
+    """The secret whose polynomials pass through ``shares`` (:func:`combine_many` of one
+    group).
     """
     if not shares:
         raise ValueError("shares: at least one share is needed")
-    indices = [s.index for s in shares]
-    if len(set(indices)) != len(indices):
-        raise ValueError(f"share indices={indices}: must be distinct")
-    low = Shamir.combine([(s.index, s.value[:_HALF]) for s in shares], ssss=False)
-    high = Shamir.combine([(s.index, s.value[_HALF:]) for s in shares], ssss=False)
-    return low + high
+    return combine_many([list(shares)])[0]
 
 
 def prg_uint32(key: bytes, dim: int) -> np.ndarray:

@@ -37,12 +37,21 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.secagg.crypto import KEY_BYTES, MAC_BYTES, MAX_NODE_ID, NONCE_BYTES, SHARE_BYTES, TAG_BYTES
+from fedfdp.secagg.crypto import (
+    KEY_BYTES,
+    MAC_BYTES,
+    MAX_NODE_ID,
+    NONCE_BYTES,
+    SHARE_BYTES,
+    SHARE_VALUE_BYTES,
+    TAG_BYTES,
+)
 from fedfdp.secagg.errors import MessageError
 from fedfdp.secagg.identity import IDENTITY_BYTES, SIGNATURE_BYTES
 
-#: Plaintext of one encrypted share: share index (2 bytes), b-share and sk-share halves.
-SHARE_PLAINTEXT_BYTES = 2 + 2 * KEY_BYTES
+#: Plaintext of one encrypted share pair: share index (2 bytes), the b-share's and the
+#: sk-share's values (:data:`~fedfdp.secagg.crypto.SHARE_VALUE_BYTES` each).
+SHARE_PLAINTEXT_BYTES = 2 + 2 * SHARE_VALUE_BYTES
 #: Length of one share ciphertext: nonce, encrypted plaintext, tag.
 CIPHERTEXT_BYTES = NONCE_BYTES + SHARE_PLAINTEXT_BYTES + TAG_BYTES
 

@@ -10,9 +10,10 @@ from typing import TypeVar
 import numpy as np
 
 from fedfdp.secagg.crypto import (
+    InconsistentShares,
     KeyPair,
     Share,
-    combine_shares,
+    combine_many,
     pair_mask_key,
     prg_uint32,
     self_mask_key,
@@ -370,7 +371,8 @@ class ServerSession:
         ThresholdError
             Fewer than ``t`` shares came back for some node.
         ReconstructionError
-            A dead node's reconstructed key does not match its published public key.
+            A dead node's reconstructed key does not match its published public key, or
+            some node's shares are inconsistent (they reconstruct no 32-byte secret).
         """
         self._expect(_ServerPhase.UNMASK, "receive_unmask")
         got = self._by_sender(replies, UnmaskReply, self.u3, Stage.UNMASK)
@@ -415,13 +417,15 @@ class ServerSession:
         if self._masked_sum is None:  # pragma: no cover - guarded by the phase
             raise SessionStateError("receive_unmask: no masked sum")
         total = self._masked_sum
-        t = self.threshold
-        for u in sorted(self.u3):
-            seed = combine_shares(b_shares[u][:t])
+        live, dead = sorted(self.u3), sorted(self._dead)
+
+        seeds = self._reconstruct("seed", live, b_shares)
+        keys_raw = self._reconstruct("mask key", dead, sk_shares)
+        for u, seed in zip(live, seeds, strict=True):
             key = self_mask_key(seed, self.round, u, digest=self._digest)
             np.subtract(total, prg_uint32(key, self.dim), out=total)
-        for w in sorted(self._dead):
-            keys = KeyPair.from_private_bytes(combine_shares(sk_shares[w][:t]))
+        for w, raw in zip(dead, keys_raw, strict=True):
+            keys = KeyPair.from_private_bytes(raw)
             if keys.public != self._pk_mask[w]:
                 self._fail()
                 raise ReconstructionError(
@@ -440,6 +444,20 @@ class ServerSession:
         return result
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _reconstruct(self, what: str, owners: list[int], store: Mapping[int, list[Share]]) -> list[bytes]:
+        """Each owner's secret from the ``t`` of its shares with the lowest indices, all at
+        once (without dropouts every owner's index set is the same, so one set of Lagrange
+        coefficients serves the round); inconsistent shares fail the round.
+        """
+        t = self.threshold
+        try:
+            return combine_many([sorted(store[u], key=lambda s: s.index)[:t] for u in owners])
+        except InconsistentShares as err:
+            self._fail()
+            raise ReconstructionError(f"stage {Stage.UNMASK.value}: the {what} shares of node "
+                                      f"{owners[err.group]} are inconsistent (they reconstruct no "
+                                      "32-byte secret)") from None
 
     def _expect(self, phase: _ServerPhase, method: str) -> None:
         if self._phase is not phase:
