@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from fedfdp.config import ORCHESTRATION_KEYS
+from fedfdp.input_files import optional_file
 from fedfdp.ledger import LEDGER_FILE, Head, Ledger, LedgerError, read_ledger
 from fedfdp.outputs import atomic_write
 
@@ -90,7 +91,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     naming the file, one that cannot be read safely or lacks a field.
     """
     path = Path(run_dir) / CHECKPOINT_FILE
-    if not path.exists():
+    if optional_file(path) is None:  # a FIFO or a device is refused, never read
         return None
     try:
         doc = torch.load(path, map_location="cpu", weights_only=True)

@@ -45,6 +45,7 @@ from fedfdp import validate
 from fedfdp.accounting.discrete_gaussian_bounds import MIN_LOCAL_SIGMA
 from fedfdp.accounting.events import DistributedDiscreteGaussian, Relation
 from fedfdp.config import ConfigError
+from fedfdp.input_files import regular_file
 from fedfdp.secagg.plan import SecAggPlan, local_sigma_for, secagg_event
 
 __all__ = ["NodePolicy", "RoundRefused", "load_node_policy", "node_event", "required_local_sigma"]
@@ -136,6 +137,7 @@ def load_node_policy(path: str | Path) -> NodePolicy:
     """
     path = Path(path)
     label = f"node-policy={str(path)!r}"
+    regular_file(path, "node-policy")  # a FIFO or a device would never end
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:

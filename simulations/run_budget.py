@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedfdp import validate
 from fedfdp.config import ConfigError
+from fedfdp.input_files import optional_file
 
 if TYPE_CHECKING:
     from fedfdp.ledger_replay import LedgerReplay
@@ -128,7 +129,7 @@ def read_run(run: Path, *, delta: float | None = None, eps_error: float | None =
     if not run.is_dir():
         raise ConfigError(f"{label}: no such directory")
     cfg_path = run / CONFIG_FILE
-    if not cfg_path.is_file() and node_ledger_in(run):
+    if optional_file(cfg_path) is None and node_ledger_in(run):  # a FIFO or a device: refused
         return read_node(run, delta=delta, eps_error=eps_error, label=label)
     if not cfg_path.is_file():
         raise ConfigError(

@@ -179,12 +179,20 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
     >>> load_config({"mode": "dp", "noise-multiplier": 1.1, "delta": ""}).privacy.delta is None
     True
     """
+    if mapping is not None and not isinstance(mapping, Mapping):
+        raise ConfigError(f"mapping={mapping!r}: must be a mapping of configuration keys to values (a dict "
+                          f"such as {{'mode': 'dp'}}), not a {type(mapping).__name__}")
+    if base is not None and not isinstance(base, Config):
+        raise ConfigError(f"base={base!r}: must be a Config")
     base = base or Config()
     sections: dict[str, dict[str, Any]] = {
         name: {f.name: getattr(getattr(base, name), f.name) for f in fields(getattr(base, name))}
         for name in Section
     }
     for key, value in (mapping or {}).items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{key!r}={value!r}: configuration keys are strings (kebab-case, such as "
+                              "'num-rounds')")
         if key in IGNORED_KEYS:
             continue
         if key not in KEY_TABLE:
@@ -260,11 +268,11 @@ def load_toml_file(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is a :class:`ConfigError`
     naming it (``config='...'``).
     """
-    path = Path(path)
-    if path.is_dir():
+    from fedfdp.input_files import regular_file
+
+    if Path(path).is_dir():
         raise ConfigError(f"config={str(path)!r}: is a directory, not a TOML file")
-    if not path.is_file():
-        raise ConfigError(f"config={str(path)!r}: no such file")
+    path = regular_file(path, "config")  # a FIFO or /dev/zero would never end
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -286,7 +294,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     naming them (neither place silently wins).
     """
     data = load_toml_file(path)
-    app = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    app = _flwr_app_config(data, path)
     if app is not None:
         stray = sorted(k for k in data if k in KEY_TABLE)
         if stray:
@@ -297,3 +305,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         return dict(app)
     data.pop("resolved", None)  # values a run resolved at start (written by fedfdp run)
     return data
+
+
+def _flwr_app_config(data: Mapping[str, Any], path: str | Path) -> Mapping[str, Any] | None:
+    """``[tool.flwr.app.config]`` of a TOML document (None when absent); every level of the
+    path must be a table, refused in one line naming the first one that is not.
+    """
+    node: Any = data
+    trail = []
+    for part in ("tool", "flwr", "app", "config"):
+        trail.append(part)
+        node = node.get(part)
+        if node is None:
+            return None
+        if not isinstance(node, Mapping):
+            raise ConfigError(f"config={str(path)!r}: {'.'.join(trail)}={node!r} must be a table "
+                              f"([{'.'.join(trail)}]) of configuration keys")
+    return node

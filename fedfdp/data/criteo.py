@@ -63,9 +63,9 @@ def read_criteo(path: str | Path, max_records: int = 0, protected: bool = False)
     DataError
         Missing file, a line without 40 fields, or a label other than 0/1.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data-path={str(path)!r}: no such file")
+    from fedfdp.input_files import regular_file
+
+    path = regular_file(path, "data-path", error=DataError)  # missing, a FIFO, a device: refused
     try:
         frame = pd.read_csv(
             path,

@@ -63,9 +63,9 @@ def read_purchase(
         Missing file, a line without 601 fields, a non-numeric field, or a
         label outside 1–100; the message names ``data-path`` and the problem.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data-path={str(path)!r}: no such file")
+    from fedfdp.input_files import regular_file
+
+    path = regular_file(path, "data-path", error=DataError)  # missing, a FIFO, a device: refused
     try:
         frame = pd.read_csv(path, header=None, nrows=max_records or None, dtype=np.float64)
     except (ValueError, pd.errors.ParserError) as exc:  # the parser's text may quote a cell: not shown

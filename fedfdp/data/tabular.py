@@ -83,15 +83,14 @@ from fedfdp.data.split import (
     split_records,
 )
 from fedfdp.features import PublicStatistics
+from fedfdp.input_files import regular_file
 
 __all__ = ["load_csv", "load_frame", "load_heldout", "load_site", "read_table"]
 
 
 def read_table(path: str | Path, max_records: int = 0, *, key: str = "data-path") -> pd.DataFrame:
     """Read a CSV/TSV or Parquet file chosen by its extension; errors name ``key``."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{key}={str(path)!r}: no such file")
+    path = regular_file(path, key, error=DataError)  # missing, a FIFO, a device: refused
     name = path.name.lower()
     try:
         if name.endswith((".parquet", ".pq")):

@@ -64,6 +64,7 @@ from fedfdp.data.split import (
     holdout_records,
     split_records,
 )
+from fedfdp.input_files import optional_file
 
 __all__ = [
     "EXTRA",
@@ -323,6 +324,7 @@ def read_mnist5k_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     Returns ``x`` ``(N, 1, 28, 28)`` float32 in [0, 1] and ``y`` ``(N,)`` int64.
     """
     path = Path(path)
+    optional_file(path, error=ImageDataError)  # a FIFO or a device is refused, never read
     try:
         table = pd.read_csv(path, header=None, dtype=np.int64).to_numpy()
     except (OSError, ValueError) as exc:
@@ -406,6 +408,7 @@ def load_npz(path: str | Path) -> ImageSet:
     or strings (sorted). Object arrays are refused (no pickles are loaded).
     """
     path = Path(path)
+    optional_file(path, error=ImageDataError)  # a FIFO or a device is refused, never read
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -444,6 +447,7 @@ def _read_png(path: Path) -> np.ndarray:
         from PIL import Image
     except ImportError:
         raise _missing("pillow", f"{path}") from None
+    optional_file(path, error=ImageDataError)  # a FIFO or a device is refused, never read
     try:
         with Image.open(path) as opened:
             if opened.format != "PNG":
@@ -491,6 +495,7 @@ def load_png_folder(folder: str | Path, labels_csv: str | Path | None = None) ->
     csv_path = Path(labels_csv) if labels_csv is not None else folder / "labels.csv"
     if not folder.is_dir():
         raise ImageDataError(f"{folder}: not a folder")
+    optional_file(csv_path, error=ImageDataError)  # a FIFO or a device is refused, never read
     try:
         table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
     except (OSError, ValueError) as exc:

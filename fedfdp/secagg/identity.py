@@ -143,6 +143,9 @@ class SigningKey:
     @staticmethod
     def load(path: str | Path) -> SigningKey:
         """The key :meth:`save` wrote. ``ValueError`` (naming the path) when unreadable."""
+        from fedfdp.input_files import regular_file
+
+        regular_file(path, "signing key")  # a FIFO or a device would never end
         try:
             raw = Path(path).read_bytes()
         except OSError as exc:
@@ -230,6 +233,9 @@ class Roster:
     @staticmethod
     def from_file(path: str | Path) -> Roster:
         """The roster :meth:`to_file` wrote. ``ValueError`` naming the path when unreadable."""
+        from fedfdp.input_files import regular_file
+
+        regular_file(path, "roster")  # a FIFO or a device would never end
         try:
             doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
             if doc.get("version") != _ROSTER_VERSION:
