@@ -38,6 +38,28 @@ from fedfdp.config import PublicLoss
 VIEW_METHODS = (PublicLoss.GAUSSIAN, PublicLoss.ZERO, PublicLoss.MEAN)
 
 
+def column_names(name: str, value: object) -> tuple[str, ...]:
+    """``value`` as a tuple of column names: a sequence (list, tuple...) of strings, never one
+    string (whose letters are not columns); ``ValueError`` naming ``name=value`` otherwise.
+
+    >>> column_names("columns", ["a", "b"])
+    ('a', 'b')
+    >>> column_names("columns", "abc")
+    Traceback (most recent call last):
+    ...
+    ValueError: columns='abc': must be a list of column names, not one string
+    """
+    if isinstance(value, str | bytes):
+        raise ValueError(f"{name}={value!r}: must be a list of column names, not one string")
+    if not isinstance(value, Sequence | np.ndarray):
+        raise ValueError(f"{name}={value!r}: must be a list of column names (got {type(value).__name__})")
+    names = tuple(value)
+    bad = [c for c in names if not isinstance(c, str)]
+    if bad:
+        raise ValueError(f"{name}={list(names)!r}: column names are strings, not {bad[0]!r}")
+    return names
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """Split of input columns into public (Ψ) and private parts.
@@ -69,9 +91,11 @@ class FeatureSpec:
     label_public: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "columns", tuple(self.columns))
-        object.__setattr__(self, "public", tuple(self.public))
-        object.__setattr__(self, "private", tuple(self.private))
+        object.__setattr__(self, "columns", column_names("columns", self.columns))
+        object.__setattr__(self, "public", column_names("public", self.public))
+        object.__setattr__(self, "private", column_names("private", self.private))
+        if not isinstance(self.label_public, bool):
+            raise ValueError(f"label_public={self.label_public!r}: must be True or False")
         for name, cols in (
             ("columns", self.columns),
             ("public", self.public),

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from fedfdp.config import PublicLoss
-from fedfdp.features import FeatureSpec, PublicStatistics, PublicView
+from fedfdp.features import FeatureSpec, PublicStatistics, PublicView, column_names
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
@@ -260,8 +260,8 @@ class FeatureMap:
         ``zero`` (masked) or ``mean`` (replaced by ``statistics``, one public
         constant per private column — never computed from the private data).
         """
-        columns = tuple(columns)
-        private = tuple(private)
+        columns = column_names("columns", columns)
+        private = column_names("private", private)
         unknown = [c for c in private if c not in columns]
         if unknown:
             raise ValueError(f"private={list(private)}: unknown column(s) {unknown}")
@@ -278,7 +278,7 @@ class FeatureMap:
         private gradient has norm ``‖x‖`` (``√(‖x‖² + 1)`` with a bias), against
         up to ``√2·‖x‖`` for the full cross-entropy used by DP-SGD.
         """
-        return cls(None, FeatureSpec.label_only(columns))
+        return cls(None, FeatureSpec.label_only(column_names("columns", columns)))
 
     def check(self, x: torch.Tensor) -> None:
         """Refuse a view that changes the batch's shape or dtype (one line naming both)."""

@@ -106,8 +106,16 @@ def open_unit(name: str, value: Any) -> float:
     return v
 
 
-def count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``: an ``int`` or a numpy integer, not ``bool``."""
+#: The largest count :func:`count` accepts: a signed 64-bit integer (numpy's ``int64``).
+MAX_INT64 = 2**63 - 1
+
+
+def count(name: str, value: Any, minimum: int = 1, maximum: int = MAX_INT64) -> int:
+    """``value`` as an int in ``[minimum, maximum]``: an ``int`` or a numpy integer, not
+    ``bool``; ``maximum`` defaults to the largest 64-bit integer (what fits the machine).
+    """
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value!r}: must be at most {maximum}")
     return int(value)

@@ -97,6 +97,8 @@ def _check_secagg(p: PrivacyConfig) -> None:
             f"secagg-neighbours={k}: its default threshold {k // 2 + 1} is above "
             f"secagg-min-survivors={n_min}, so the minimum survivors could not meet it"
         )
+    if k is None and t is not None:  # the documented range, against the k a round of n_min derives
+        _check_threshold_of_derived(t, n_min)
     # t_c colluders at or above a neighbourhood's Shamir threshold hand the server both of a
     # node's secrets (its self-mask seed and its pairwise key): its vector is unmasked alone
     # and only its own σ_loc protects it, not the n_min − t_c parties the accounting counts.
@@ -128,6 +130,37 @@ def _check_secagg(p: PrivacyConfig) -> None:
         raise ConfigError(
             "reproducible-noise=true with aggregation='secagg': each party's noise, rounding and keys come "
             "only from its own OS CSPRNG"
+        )
+
+
+def _check_threshold_of_derived(t: int, parties: int) -> None:
+    """``secagg-threshold`` in ``[⌊k/2⌋+1, k]`` for the neighbourhood ``k`` a round of
+    ``parties`` SuperNodes derives when ``secagg-neighbours`` is unset.
+    """
+    from fedfdp.secagg.session import default_neighbours
+
+    k = default_neighbours(parties)
+    if not k // 2 + 1 <= t <= k:
+        raise ConfigError(
+            f"secagg-threshold={t}: must be in [⌊k/2⌋+1, k] = [{k // 2 + 1}, {k}] for the neighbourhood "
+            f"k={k} a round of {parties} SuperNodes derives (secagg-neighbours unset: min(n, 2⌈log₂ n⌉ + 1), "
+            "odd)"
+        )
+
+
+def _check_secagg_parties(cfg: Config) -> None:
+    """Secure aggregation's documented range against the run's parties: at most
+    ``num-devices`` SuperNodes, so ``secagg-neighbours <= num-devices``
+    (the threshold of the derived neighbours is checked at ``n_min``, :func:`_check_secagg`).
+    """
+    p, parties = cfg.privacy, cfg.data.num_devices
+    if p.aggregation is not Aggregation.SECAGG or parties <= 0:  # 0: one device per unit, resolved later
+        return
+    k = p.secagg_neighbours
+    if k is not None and k > parties:
+        raise ConfigError(
+            f"secagg-neighbours={k}: above num-devices={parties}, the most SuperNodes a round can have; "
+            f"a neighbourhood is odd, 3..n (n the round's SuperNodes)"
         )
 
 
@@ -247,6 +280,7 @@ def check_config(cfg: Config) -> None:
             f"public-loss='label-free': needs model='logistic' (got model={t.model!r}); the "
             "label-free public loss logsumexp(wᵀx) is the paper's softmax-regression construction"
         )
+    _check_secagg_parties(cfg)
     check_applicability(cfg)
 
 

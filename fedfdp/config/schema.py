@@ -575,6 +575,12 @@ class Config:
     run: RunConfig = RunConfig()
 
     def __post_init__(self) -> None:
+        for name, kind in (("privacy", PrivacyConfig), ("training", TrainingConfig), ("data", DataConfig),
+                           ("run", RunConfig)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise ConfigError(f"{name}={value!r}: must be a {kind.__name__} (a mapping of keys goes to "
+                                  "fedfdp.load_config)")
         scope = protected(self.privacy)  # the data section reads what the relation protects
         if self.data.protected is not scope:
             object.__setattr__(self, "data", replace(self.data, protected=scope))

@@ -49,10 +49,23 @@ def _fail(key: str, value: Any, why: str) -> ConfigError:
     return ConfigError(f"{key}={value!r}: {why}")
 
 
+#: The largest integer a count key takes (rounds, devices, records, batch and layer sizes,
+#: window, levels...): a signed 32-bit index, so every array, tensor and loop it sizes fits
+#: the machine's integer types; a larger count could never run.
+MAX_COUNT = 2**31 - 1
+#: The largest seed (``seed``, ``data-seed``): a signed 64-bit integer.
+MAX_SEED = 2**63 - 1
+#: Integer keys bounded by :data:`MAX_SEED` instead of :data:`MAX_COUNT`.
+SEED_KEYS = frozenset({"seed", "data-seed"})
+
+
 def _as_float(key: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(key, value, "must be a number")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond every float
+        raise _fail(key, value, "must be finite") from None
     if not math.isfinite(out):
         raise _fail(key, value, "must be finite")
     return out
@@ -65,6 +78,12 @@ def _as_int(key: str, value: Any) -> int:
         value = int(value)
     if not isinstance(value, int):
         raise _fail(key, value, "must be an integer")
+    if key in SEED_KEYS:
+        if abs(value) > MAX_SEED:
+            raise _fail(key, value, "must be below 2**63 (a 64-bit seed)")
+    elif value > MAX_COUNT:
+        raise _fail(key, value, f"must be at most {MAX_COUNT} (2**31 - 1, the largest count that fits "
+                    "the arrays and loops it sizes)")
     return value
 
 
@@ -260,6 +279,21 @@ def _bounded_int(check: Callable[[int], bool], why: str) -> Callable[[str, Any],
     return parse
 
 
+#: Why each odd key is odd (a refusal explains the key it names).
+ODD_BECAUSE: Mapping[str, str] = {
+    "blur-kernel": "the kernel is centred on a pixel",
+    "secagg-neighbours": "a SuperNode and as many neighbours on each side of it in the SecAgg+ ring",
+}
+
+
+def _parse_odd(key: str, value: Any) -> int:
+    out = _as_int(key, value)
+    if out < 1 or out % 2 == 0:
+        because = ODD_BECAUSE.get(key)
+        raise _fail(key, value, "must be an odd integer >= 1" + (f" ({because})" if because else ""))
+    return out
+
+
 def _parse_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -278,7 +312,7 @@ def _parse_intlist(key: str, value: Any) -> tuple[int, ...]:
     if isinstance(value, str):
         raw = [v.strip() for v in value.split(",")] if value.strip() else []
         try:
-            ints = [int(v) for v in raw]
+            ints = [_as_int(key, int(v)) for v in raw]
         except ValueError:
             raise _fail(key, value, "must be a list of positive integers") from None
     elif isinstance(value, list | tuple):
@@ -325,9 +359,7 @@ PARSERS: Mapping[Kind, Callable[[str, Any], Any]] = {
     Kind.PROB: _bounded_float(0.0, 1.0, True, False, "must be in (0, 1]"),
     Kind.INT_POS: _bounded_int(lambda v: v >= 1, "must be >= 1"),
     Kind.INT0: _bounded_int(lambda v: v >= 0, "must be >= 0"),
-    Kind.ODD_POS: _bounded_int(
-        lambda v: v >= 1 and v % 2 == 1, "must be an odd integer >= 1 (the kernel is centred on a pixel)"
-    ),
+    Kind.ODD_POS: _parse_odd,
     Kind.LEVELS: _bounded_int(
         lambda v: v == 0 or v >= 2, "must be an integer >= 2 (quantisation levels) or 0 (the exact blur)"
     ),

@@ -114,11 +114,45 @@ class FederatedData:
     estimated_categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"name={self.name!r}: must be a string")
+        if self.spec is not None and not isinstance(self.spec, FeatureSpec):
+            raise ValueError(f"spec={self.spec!r}: must be a FeatureSpec (or None for images)")
         if (self.spec is None) == (self.image_shape is None):
             raise ValueError(
                 f"dataset {self.name!r}: give a FeatureSpec (a table) or an image_shape (images), "
                 "exactly one"
             )
+        if isinstance(self.devices, DeviceData) or not isinstance(self.devices, tuple | list):
+            raise ValueError(f"devices={type(self.devices).__name__}: must be a tuple of DeviceData")
+        object.__setattr__(self, "devices", tuple(self.devices))
+        wrong = next((d for d in self.devices if not isinstance(d, DeviceData)), None)
+        if wrong is not None:
+            raise ValueError(f"devices: an element is a {type(wrong).__name__}, not a DeviceData")
+        if isinstance(self.class_names, str) or not isinstance(self.class_names, tuple | list):
+            raise ValueError(f"class_names={self.class_names!r}: must be a tuple of class names, one per "
+                             "class (not one string)")
+        object.__setattr__(self, "class_names", tuple(self.class_names))
+        if len(self.class_names) < 2 or len(set(self.class_names)) != len(self.class_names):
+            raise ValueError(f"class_names={self.class_names!r}: a classifier needs at least two distinct "
+                             "class names")
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        """The held-out split has one label per input; every record has the same shape
+        (the spec's width for a table, ``image_shape`` for images).
+        """
+        tx, ty = np.shape(self.test_x), np.shape(self.test_y)
+        if len(tx) < 2 or len(ty) != 1 or tx[0] != ty[0]:
+            raise ValueError(f"test_x shape {tx}, test_y shape {ty}: the held-out split needs (n, ...) "
+                             "inputs and (n,) labels, one label per input")
+        want = (tuple(self.image_shape) if self.image_shape is not None
+                else (len(self.spec.columns),) if self.spec is not None else tx[1:])
+        for where, shape in (("test_x", tx), *((f"device {i}", np.shape(d.x)) for i, d in
+                                               enumerate(self.devices))):
+            if tuple(shape[1:]) != want:
+                raise ValueError(f"{where}: records of shape {tuple(shape[1:])}, but the "
+                                 f"{'image_shape' if self.image_shape is not None else 'spec'} says {want}")
 
     @property
     def is_image(self) -> bool:
