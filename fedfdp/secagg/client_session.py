@@ -197,7 +197,8 @@ class ClientSession:
             self._round = request.round
             self._ring = ring_order(graph_seed(self._round, k, parties), parties)
             self._degree = k
-            self._neighbours = ring_neighbours(self._ring, k)[self.node_id]
+            at, half = self._ring.index(self.node_id), k // 2  # ring_neighbours, for this node only
+            self._neighbours = frozenset(self._ring[(at + j) % n] for j in range(-half, half + 1) if j != 0)
             self._threshold = t
             self._dim = request.dim
             self._index = {v: i + 1 for i, v in enumerate(sorted(self._neighbours | {self.node_id}))}

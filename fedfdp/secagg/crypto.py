@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import struct
 from dataclasses import dataclass
 from enum import Enum
 
@@ -77,6 +78,7 @@ MAX_NODE_ID = 2**64 - 1
 MAC_BYTES = 32
 
 _INFO_PREFIX = b"fedfdp/secagg/v1/"
+_SHARE_WORDS = struct.Struct(f">{shamir.LIMBS}I")
 _U64 = 2**64
 
 
@@ -306,7 +308,9 @@ class Share:
         if not isinstance(self.value, bytes) or len(self.value) != SHARE_VALUE_BYTES:
             got = f"{len(self.value)} bytes" if isinstance(self.value, bytes) else type(self.value).__name__
             raise ValueError(f"share value: must be {SHARE_VALUE_BYTES} bytes, got {got}")
-        shamir.decode_elements(self.value)
+        if max(_SHARE_WORDS.unpack(self.value)) >= shamir.PRIME:
+            raise ValueError(f"share value: a word is not an element of GF(2**31 - 1) (must be < "
+                             f"{shamir.PRIME})")
 
     def to_bytes(self) -> bytes:
         """``index`` (2 bytes, big-endian) followed by ``value``: :data:`SHARE_BYTES` bytes."""
