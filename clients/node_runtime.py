@@ -51,6 +51,8 @@ from fedfdp.config import (
 )
 from fedfdp.contribution import BatchShape, Contribution, client_update
 from fedfdp.data import DeviceData, FederatedData, load_dataset, load_site
+from fedfdp.evaluation import probe_terms
+from fedfdp.losses import FeatureMap
 from fedfdp.mechanism import ResolvedMechanism
 from fedfdp.modes import PHASES
 from fedfdp.node_ledger import NodeLedger
@@ -339,7 +341,9 @@ class NodeRuntime:
     guard: NodeGuard | None = None
 
     def __post_init__(self) -> None:
-        check_node_inputs(self.plan.model, self.records.devices, self.records.data.num_classes)  # once
+        fmap = self.plan.feature_map  # once
+        classes = self.records.data.num_classes if fmap.classifier else None
+        check_node_inputs(self.plan.model, self.records.devices, classes, feature_map=fmap)
 
     @property
     def model(self) -> nn.Module:
@@ -368,14 +372,17 @@ def _first_line(exc: BaseException) -> str:
 
 @torch.no_grad()
 def check_node_inputs(
-    model: nn.Module, devices: Mapping[int, DeviceData], num_classes: int | None = None
+    model: nn.Module, devices: Mapping[int, DeviceData], num_classes: int | None = None,
+    *, feature_map: FeatureMap | None = None,
 ) -> None:
     """Refuse a model that does not accept this node's records: the node-side part of
     :func:`fedfdp.evaluation.check_run_inputs` (a node holds only its own devices).
 
     The model is run once, in ``eval`` mode without gradients (its state unchanged), on
     two records of the first non-empty device; it must accept them and, when
-    ``num_classes`` is given, return one output per class.
+    ``num_classes`` is given, return one output per class. A ``feature_map`` whose model
+    is not a classifier of the records (a diffusion model) feeds the model the inputs of
+    its loss instead (:func:`fedfdp.evaluation.probe_terms`).
 
     Raises
     ------
@@ -395,6 +402,9 @@ def check_node_inputs(
     was_training = model.training
     model.eval()
     try:
+        if feature_map is not None and not feature_map.classifier:
+            ys = next(dev.y[:2] for dev in devices.values() if len(dev.y))
+            x = probe_terms(feature_map, x, torch.as_tensor(ys, dtype=torch.long)).inputs[0]
         out = model(x)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         raise ConfigError(f"model {type(model).__name__}: does not accept this node's records "

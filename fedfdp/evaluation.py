@@ -38,7 +38,7 @@ from fedfdp.config import ConfigError
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
-    from fedfdp.losses import FeatureMap
+    from fedfdp.losses import FeatureMap, LossTerms
 
 #: The metrics of :func:`held_out_metrics`, in column order.
 METRICS = ("accuracy", "balanced_accuracy", "auc", "loss")
@@ -104,6 +104,16 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return m["accuracy"], m["loss"]
 
 
+def probe_terms(feature_map: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> LossTerms:
+    """The terms of ``ℓ`` on a few records ``(x, y)`` as training computes them (keys of
+    round 0 on device 0: public draws): what a check before a run feeds the model.
+    """
+    from fedfdp.losses import LossPart, RecordKeys
+
+    keys = RecordKeys.of(0, 0, 0, range(len(x)))
+    return feature_map.terms(LossPart.FULL, x, y, torch.Generator().manual_seed(0), keys)
+
+
 def _first_bad(values: np.ndarray) -> tuple[int, ...]:
     """Index of the first non-finite entry of ``values``."""
     return tuple(int(i) for i in np.argwhere(~np.isfinite(values))[0])
@@ -118,7 +128,10 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     accepts a device's records and returns ``K`` outputs per record (so a model of
     the wrong input width, or with more or fewer outputs than classes, is refused);
     the feature map's view keeps the batch's shape and dtype and returns finite
-    values. Nothing is trained and the model's state is unchanged (it runs in
+    values. A model that is not a classifier of the records (``feature_map.classifier``
+    false: a diffusion model on packed inputs) is run on the inputs of ``ℓ``
+    (:func:`probe_terms`) and must return one target's shape per record and a finite
+    loss. Nothing is trained and the model's state is unchanged (it runs in
     ``eval`` mode without gradients).
 
     Raises
@@ -143,6 +156,9 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     if sample is None:
         return
     batch = torch.as_tensor(sample)
+    if feature_map is not None and not feature_map.classifier:
+        _check_terms(model, data, feature_map, batch)
+        return
     was_training = model.training
     model.eval()
     try:
@@ -171,3 +187,33 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
                           "view(x, generator) -> a tensor of x's shape)") from exc
     if not bool(torch.isfinite(view).all()):
         raise ConfigError("feature map view: returned a non-finite value (NaN or inf) for finite records")
+
+
+@torch.no_grad()
+def _check_terms(model: nn.Module, data: FederatedData, feature_map: FeatureMap, batch: torch.Tensor) -> None:
+    """:func:`check_run_inputs` for a model that is not a classifier of the records."""
+    first_labels = next(dev.y[:2] for dev in data.devices if len(dev.y))
+    labels = torch.as_tensor(np.asarray(first_labels), dtype=torch.long)
+    try:
+        feature_map.check(batch)
+        terms = probe_terms(feature_map, batch, labels)
+    except ValueError as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from exc
+    was_training = model.training
+    model.eval()
+    try:
+        outputs = [model(inp) for inp in terms.inputs]
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        shape = tuple(terms.inputs[0].shape[1:])
+        raise ConfigError(f"model: does not accept the loss's inputs (shape {shape} each): "
+                          f"{type(exc).__name__}: {first}") from exc
+    finally:
+        model.train(was_training)
+    out, target = outputs[0], terms.targets
+    if not isinstance(out, torch.Tensor) or out.shape != target.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model: returns {got} for {len(batch)} records; the loss's targets have shape "
+                          f"{tuple(target.shape)}")
+    if not bool(torch.isfinite(terms.loss(outputs, target)).all()):
+        raise ConfigError("model: a non-finite loss (NaN or inf) on finite records")

@@ -78,8 +78,8 @@ def build_model(
     """
     if in_features < 1 or num_classes < 2:
         raise ValueError(f"in_features={in_features}, num_classes={num_classes}: need >= 1 and >= 2")
-    if name == "cnn":
-        raise ConfigError("model='cnn': an image model, built by build_model_for on an image dataset")
+    if name in ("cnn", "ddpm"):
+        raise ConfigError(f"model={name!r}: an image model, built by build_model_for on an image dataset")
     if name == "logistic":
         model: nn.Module = nn.Sequential(nn.Linear(in_features, num_classes))
     elif name == "mlp":
@@ -102,10 +102,24 @@ def build_model_for(training: TrainingConfig, data: FederatedData) -> nn.Module:
     Image datasets: ``cnn`` is :class:`fedfdp.images.DigitCNN` (Conv2d + GroupNorm,
     ``cnn-width`` channels, a ``hidden-size`` penultimate layer); ``logistic`` and
     ``mlp`` read the flattened image (``nn.Flatten`` first); a builder of your own
-    receives ``C·H·W`` as ``in_features`` and ``(n, C, H, W)`` batches. ``cnn`` on a
-    table is refused.
+    receives ``C·H·W`` as ``in_features`` and ``(n, C, H, W)`` batches. ``ddpm`` is the
+    class-conditional :class:`fedfdp.images.UNet` noise predictor (base width
+    ``unet-width``) on packed ``[x_t, t, y]`` inputs (its loss:
+    :class:`fedfdp.images.DiffusionFeatureMap`). ``cnn`` and ``ddpm`` on a table are
+    refused.
     """
     t = training
+    if t.model == "ddpm":
+        if data.image_shape is None:
+            raise ConfigError(
+                f"model='ddpm': needs an image dataset (mnist5k, digits, images); dataset {data.name!r} "
+                "is a table"
+            )
+        from fedfdp.images.data import ImageShape
+        from fedfdp.images.unet import build_unet
+
+        return build_unet(ImageShape(*data.image_shape), data.num_classes, base=t.unet_width,
+                          generator=torch.Generator().manual_seed(t.seed))
     if t.model == "cnn":
         if data.image_shape is None:
             raise ConfigError(

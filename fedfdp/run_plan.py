@@ -75,6 +75,7 @@ __all__ = [
     "build_node_plan",
     "build_plan",
     "client_parts_for",
+    "evaluation_for",
     "feature_map_for",
     "mechanism_for",
     "node_mechanism",
@@ -172,7 +173,28 @@ def feature_map_for(cfg: Config, data: FederatedData) -> FeatureMap:
     """
     d = cfg.data
     return build_decomposition(data, cfg.privacy.public_loss, model=cfg.training.model,
-                               blur=BlurSettings(d.blur_kernel, d.blur_sigma, d.blur_levels))
+                               blur=BlurSettings(d.blur_kernel, d.blur_sigma, d.blur_levels),
+                               diffusion_steps=cfg.training.diffusion_steps)
+
+
+def evaluation_for(cfg: Config, data: FederatedData) -> EvaluateFn:
+    """The held-out evaluation of ``cfg`` on ``data``: accuracy, balanced accuracy, AUC
+    and log loss of a classifier (:func:`fedfdp.evaluation.held_out_evaluation`); for
+    ``model = "ddpm"`` the held-out diffusion loss and the Fréchet distance ``fd`` of
+    ``eval-samples`` generated images (``sampler-steps``;
+    :class:`fedfdp.images.fid.GenerationEvaluation`).
+    """
+    if cfg.training.model != "ddpm":
+        return held_out_evaluation(data.test_x, data.test_y)
+    from fedfdp.images.diffusion import DiffusionFeatureMap
+    from fedfdp.images.fid import GenerationEvaluation
+
+    fmap = feature_map_for(cfg, data)
+    if not isinstance(fmap, DiffusionFeatureMap) or fmap.loss is None:  # model = "ddpm" builds one
+        raise ConfigError("model='ddpm': the configured feature map is not the diffusion loss's")
+    return GenerationEvaluation(fmap.loss, data.test_x, data.test_y, data.num_classes,
+                                samples=cfg.run.eval_samples, steps=cfg.run.sampler_steps,
+                                seed=cfg.training.seed)
 
 
 def public_facts(cfg: Config, data: FederatedData) -> PublicFacts:
@@ -529,7 +551,7 @@ def build_plan(
             raise ConfigError("build_plan: no data to build the configured model for")
         model = build_model_for(cfg.training, data)
     if evaluate is None and data is not None:
-        evaluate = held_out_evaluation(data.test_x, data.test_y)
+        evaluate = evaluation_for(cfg, data)
     parts = server_parts if server_parts is not None else server_parts_for(cfg, data)
     parts = dataclasses.replace(
         parts,
