@@ -28,6 +28,7 @@ from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, CheckpointMismatch
 from fedfdp.entropy import REPRODUCIBLE_WARNING, noise_source
 from fedfdp.evaluation import EvaluateFn
 from fedfdp.health import RunDiverged
+from fedfdp.ledger import LEDGER_FILE
 from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome
 from fedfdp.run_files import Progress
 
@@ -154,13 +155,16 @@ class RunLoop:
                     log.warning(self.stop_reason)
                     progress.write(self.stop_reason)
                     break
+                except RunDiverged as exc:
+                    raise self.diverged(exc) from None
                 metrics: dict[str, float] = {}
                 if self.evaluate is not None and (r % settings.eval_every == 0 or r == total):
                     metrics = {k: float(v) for k, v in (self.evaluate(r, engine.model) or {}).items()}
                     if "loss" in metrics and not math.isfinite(metrics["loss"]):
                         lr = self.plan.training.learning_rate
-                        raise RunDiverged(f"round {r}: the held-out loss is {metrics['loss']}; the model "
-                                          f"diverged (likely learning-rate={lr:g})")
+                        raise self.diverged(RunDiverged(
+                            f"round {r}: the held-out loss is {metrics['loss']}; the model diverged (likely "
+                            f"learning-rate={lr:g})"))
                 row = self.row(r, outcome, metrics)
                 self.rows.append(row)
                 if files is not None:
@@ -173,6 +177,20 @@ class RunLoop:
         if files is not None:
             files.model(engine.model)
         return self.rows
+
+    def diverged(self, exc: RunDiverged) -> RunDiverged:
+        """``exc`` (a run stopped by its numerical health) with what stays in the run
+        directory and the way on: the charges already in the ledger stay (their noise was
+        drawn); the run goes on with ``--resume`` (same settings, from the last checkpoint)
+        or starts afresh with another value in a new ``--out``.
+        """
+        if self.files is None:
+            return exc
+        out, charges = self.files.out, len(self.engine.ledger.charges)
+        kept = (f"the ledger {out / LEDGER_FILE} keeps the {charges} charge(s) spent (their noise was drawn)"
+                if charges else f"nothing was charged ({out} holds the run's start)")
+        return RunDiverged(f"{exc}; {kept}: go on with fedfdp run --resume {out} (same settings, from the "
+                           "last checkpoint) or start afresh with another value and a new --out")
 
     def row(self, round_: int, outcome: RoundOutcome, metrics: dict[str, float]) -> dict[str, Any]:
         """The ``metrics.csv`` row of a round."""
