@@ -344,7 +344,7 @@ KEYS: tuple[KeySpec, ...] = (
             "`ddpm`: the U-Net's base width (channels of its first convolution): the parameter count",
             applies=only(model=("ddpm",))),
     KeySpec("diffusion-steps", T, "diffusion_steps", K.INT_POS, NO,
-            "`ddpm`: T, the timesteps of the linear noise schedule (>= 2); each record draws its t and "
+            "`ddpm`: T, the timesteps of the linear noise schedule (> 20); each record draws its t and "
             "noise from its own public stream", applies=only(model=("ddpm",))),
     KeySpec("dataset", D, "dataset", K.CHOICE_OR_PATH, YES,
             "the records, Ψ and the private columns (docs/datasets.md), or `package.module:load`",
