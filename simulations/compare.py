@@ -468,9 +468,14 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
     run_dir = Path(cfg.run.out_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # an occupied one is refused by the run unless resumed
     start = time.perf_counter()
+    generative = cfg.training.model == "ddpm"  # scored by its last evaluation: loss and fd
     if engine == "centralised":
         model, rows = run_centralised(cfg, data)
-        scores = held_out_metrics(model, data.test_x, data.test_y)
+        if generative:
+            final = rows[-1] if rows else {}
+            scores = {m: float(final.get(m, math.nan)) for m in (*METRICS, "fd")}
+        else:
+            scores = held_out_metrics(model, data.test_x, data.test_y)
         phases = [r["phase"] for r in rows]
         last = rows[-1] if rows else {}
         epsilon = last.get("epsilon", 0.0)
@@ -484,10 +489,11 @@ def run_one(run: RunSpec, engine: str, sigma: float | None) -> dict[str, Any]:
 
         run_simulation_for(cfg)
         metrics = pd.read_csv(run_dir / "metrics.csv")
-        evaluated = metrics.dropna(subset=["accuracy"])
+        evaluated = metrics.dropna(subset=["fd" if generative else "accuracy"])
         if evaluated.empty:
             raise RuntimeError(f"run {run.tag}: the Flower run evaluated no round")
-        scores = {m: float(evaluated[m].iloc[-1]) if m in evaluated else float("nan") for m in METRICS}
+        names = (*METRICS, "fd") if generative else METRICS
+        scores = {m: float(evaluated[m].iloc[-1]) if m in evaluated else float("nan") for m in names}
         phases = metrics["phase"].astype(str).tolist()
         epsilon = float(metrics["epsilon"].iloc[-1])
         corrdp = metrics.get("epsilon_corrdp")

@@ -1,7 +1,8 @@
 """The report of ``fedfdp compare``: ``summary.md`` and ``privacy_utility.png``.
 
 Both are written from ``results.csv`` (and ``interrupted.csv``) alone (so ``--report-only`` can redraw them):
-held-out accuracy, balanced accuracy, AUC (binary tasks) and log loss, mean ± sd
+held-out accuracy, balanced accuracy, AUC (binary tasks) and log loss (for a diffusion
+model, ``model = "ddpm"``: its held-out loss and the Fréchet distance ``fd``), mean ± sd
 over seeds, per mode and target ε, the best private mode of each ε in bold; the
 realised ε (add/remove, upper bound of the accountant's interval) and the
 calibrated σ of every private mode; ``nonprivate`` (ε = ∞) and ``public`` (ε = 0)
@@ -53,6 +54,8 @@ METRIC_TITLES = {
     "balanced_accuracy": ("Balanced accuracy (mean per-class recall), %", 100.0, True),
     "auc": ("ROC AUC of the positive class (binary task), %", 100.0, True),
     "loss": ("Log loss (mean cross-entropy), lower is better", 1.0, False),
+    "fd": ("Fréchet distance of generated images (a digit CNN's features, not Inception FID), "
+           "lower is better", 1.0, False),
 }
 
 
@@ -125,7 +128,7 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
             cells.append(f"**{cell}**" if best[t] == mode else cell)
         name = f"`{mode}` (CorrDP ε)" if mode in OTHER_RELATION else f"`{mode}`"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    unit = "points" if scale == 100.0 else "log loss"
+    unit = "points" if scale == 100.0 else "log loss" if metric == "loss" else metric
     pairs = (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd"), ("corrdp", "dp"), ("corrdp", "fdp"))
     for a, b in pairs:
         if a in means and b in means and means[a] and means[b]:

@@ -40,6 +40,7 @@ RESULT_COLUMNS = (
     "balanced_accuracy",
     "auc",
     "loss",
+    "fd",
     "rounds",
     "pretrain_rounds",
     "private_rounds",
@@ -74,7 +75,8 @@ def read_results(out: Path):  # -> pd.DataFrame
             f"--out={str(out)!r}: {RESULTS_FILE} lacks columns {missing}; not a results file of "
             "fedfdp compare — move it away or choose another --out (it is never overwritten)"
         )
-    bad = frame["accuracy"].isna() | frame["mode"].isna() | frame["seed"].isna()
+    scored = frame["accuracy"].notna() | (frame["fd"].notna() if "fd" in frame else False)
+    bad = ~scored | frame["mode"].isna() | frame["seed"].isna()
     if bad.any():
         raise ConfigError(
             f"--out={str(out)!r}: {RESULTS_FILE} row {int(bad.idxmax()) + 2} is incomplete; "
