@@ -156,6 +156,11 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     if sample is None:
         return
     batch = torch.as_tensor(sample)
+    bad = next((name for name, t in model.state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:
+        raise ConfigError(f"model: its initial parameter {bad!r} is not finite (NaN or inf); the model "
+                          "builder must return finite weights")
     if feature_map is not None and not feature_map.classifier:
         _check_terms(model, data, feature_map, batch)
         return
@@ -174,6 +179,9 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
         n = len(batch)
         raise ConfigError(f"model: returns {got} for {n} records, but the data has {classes} classes "
                           f"(one output per class: shape ({n}, {classes}))")
+    if not bool(torch.isfinite(out).all()):
+        raise ConfigError("model: returns non-finite outputs (NaN or inf) for the data's first records; "
+                          "training on them could only diverge")
     if feature_map is None or feature_map.view is None:
         return
     try:
