@@ -92,12 +92,19 @@ def test_the_rule_reads_the_norms_only_through_the_count() -> None:
     got_b = next_clipping_norm(DEFAULT_RECIPE, c, torch.from_numpy(b), std, e, _bits(5))
     assert got_a == got_b
     z = float(standard_normals(_bits(5), 1)[0])
-    eta, gamma = DEFAULT_RECIPE.learning_rate, DEFAULT_RECIPE.quantile
+    eta, gamma = DEFAULT_RECIPE.learning_rate, DEFAULT_RECIPE.target(std, e)
     assert got_a == pytest.approx(c * math.exp(-eta * ((12 + std * z) / e - gamma)), rel=1e-12)
     one_more = np.concatenate([a, [c]])  # a norm equal to C is not clipped
     assert next_clipping_norm(DEFAULT_RECIPE, c, one_more, std, e, _bits(5)) == pytest.approx(
         got_a * math.exp(-eta / e), rel=1e-12)
     assert unclipped_count(np.array([np.nan, np.inf, 0.1]), 1.0) == 1  # non-finite: clipped
+
+
+def test_the_target_quantile_is_capped_where_the_count_cannot_resolve_it() -> None:
+    assert DEFAULT_RECIPE.target(1.0, 400.0) == DEFAULT_RECIPE.quantile == 0.9
+    assert DEFAULT_RECIPE.target(30.0, 400.0) == pytest.approx(1 - 60 / 400)
+    with pytest.raises(ValueError, match="cannot resolve"):
+        DEFAULT_RECIPE.target(300.0, 400.0)
 
 
 def test_the_norm_settles_at_the_quantile() -> None:
@@ -139,7 +146,7 @@ def test_private_pixels_change_the_clipping_norm_only_through_the_count(digits: 
         e, std = 0.2 * len(data), result.count_noise_std
         norms = result.clipping_norms
         assert [d.clipping_norm for d in seen] == norms and norms[0] == 0.05
-        eta, gamma = settings.recipe.learning_rate, settings.recipe.quantile
+        eta, gamma = settings.recipe.learning_rate, settings.recipe.target(std, e)
         count = [round(d.batch * (1 - d.fraction_clipped)) for d in seen]
         implied.append([((gamma - math.log(n1 / n0) / eta) * e - k) / std
                         for n0, n1, k in zip(norms, norms[1:], count, strict=False)])

@@ -91,7 +91,8 @@ class ImageRecipe:
     rule : ClippingRule
         ``quantile`` (default) or ``fixed`` (its string is accepted).
     quantile : float
-        ``γ`` in (0, 1): the share of a batch's private norms ``C`` aims to leave unclipped.
+        ``γ`` in (0, 1): the share of a batch's private norms ``C`` aims to leave
+        unclipped (at most ``1 − 2σ_b/(qN)``, :meth:`target`).
     learning_rate : float
         ``η > 0`` of the geometric step.
     budget_share : float
@@ -99,7 +100,7 @@ class ImageRecipe:
     """
 
     rule: ClippingRule = ClippingRule.QUANTILE
-    quantile: float = 0.5
+    quantile: float = 0.9
     learning_rate: float = 0.2
     budget_share: float = 0.05
 
@@ -118,6 +119,17 @@ class ImageRecipe:
     def adaptive(self) -> bool:
         """Whether ``C`` moves (a noisy count is released each private step)."""
         return self.rule is ClippingRule.QUANTILE
+
+    def target(self, count_std: float, expected_batch: float) -> float:
+        """The quantile ``C`` moves toward: ``γ``, but at most ``1 − 2σ_b/(qN)`` (closer to 1
+        the noisy count cannot resolve it; the engine's recipe caps it the same way).
+        """
+        ceiling = 1.0 - 2.0 * count_std / expected_batch
+        if ceiling <= 0:
+            raise ValueError(f"count noise σ_b={count_std:.3g} for an expected batch of "
+                             f"{expected_batch:.3g}: the noisy count cannot resolve any quantile; "
+                             "raise the rate or keep C fixed")
+        return min(self.quantile, ceiling)
 
     def noise(self, accounted: float) -> tuple[float, float | None]:
         """``(σ, σ_b)``: the gradient's noise multiplier and the count's standard
@@ -159,7 +171,8 @@ def next_clipping_norm(
     if not recipe.adaptive:
         raise ValueError(f"rule={str(recipe.rule)!r}: C is fixed, there is no next norm to draw")
     return adapt_clipping_norm(clipping_norm, unclipped_count(norms, clipping_norm), count_std,
-                               expected_batch, recipe.quantile, recipe.learning_rate, stream)
+                               expected_batch, recipe.target(count_std, expected_batch), recipe.learning_rate,
+                               stream)
 
 
 @dataclass(frozen=True)
