@@ -68,11 +68,17 @@ SUPERLINK_START_TIMEOUT = 60.0
 #: The packages a simulation's Flower App ships (its FAB).
 APP_PACKAGES = ("fedfdp", "clients", "strategies")
 _CONNECTION = "fedfdp-local"
+#: Lines of Flower's and Ray's output that say nothing to a fedfdp user, never repeated (even
+#: with ``--verbose``): fedfdp always sets the count of simulated SuperNodes, and runs its
+#: ClientApps without GPUs, so neither Flower's note on the changed default count nor Ray's
+#: future-behaviour tip on accelerator variables applies.
+_NEVER_SHOWN = re.compile(
+    r"default simulated SuperNodes changed|FutureWarning: Tip: In future versions of Ray|^\s*warnings\.warn\("
+)
 #: Lines of Flower's own output that ``fedfdp run`` does not repeat (without ``--verbose``).
 _FLOWER_NOISE = re.compile(
     r"^(\x1b\[[0-9;]*m)?(INFO|DEBUG|WARNING)\b|^Using SuperLink|^Successfully (started run|installed)"
-    r"|^\(ClientAppActor pid=|^\s*warnings\.warn\(|FutureWarning: Tip: In future versions of Ray"
-    r"|^Starting local SuperLink"
+    r"|^\(ClientAppActor pid=|^Starting local SuperLink"
 )
 
 
@@ -347,18 +353,25 @@ _FAILURE_STARTS = re.compile(r"^(\x1b\[[0-9;]*m)?ERROR\b|^Traceback \(most recen
 
 def _echo(stream: Any, tail: _Tail, verbose: bool) -> None:
     r"""Copy ``flwr run --stream`` output to stderr as it arrives, without Flower's
-    own log lines unless ``verbose``; a progress bar (``\r`` updates) passes at once.
-    From the first line of a failure report (an ``ERROR`` line, a traceback) nothing
-    more is shown unless ``verbose``: the tail keeps it for the one-line error.
+    own log lines unless ``verbose`` (and never the lines of :data:`_NEVER_SHOWN`); a
+    progress bar (``\r`` updates) passes at once. From the first line of a failure report
+    (an ``ERROR`` line, a traceback) nothing more is shown unless ``verbose``: the tail
+    keeps it for the one-line error. When stderr is not a terminal the copy is plain text
+    (:class:`simulations.plain_output.PlainText`: the bar's final line, no escape codes).
     """
+    from simulations.plain_output import ANSI_ESCAPE, PlainText
+
     pending = ""
     failed = False
     fd = stream.fileno()
+    sink: Any = sys.stderr if sys.stderr.isatty() else PlainText(sys.stderr)
 
     def shown(line: str) -> bool:
         nonlocal failed
-        last = line.rsplit("\r", 1)[-1]
+        last = ANSI_ESCAPE.sub("", line.rsplit("\r", 1)[-1])
         failed = failed or bool(_FAILURE_STARTS.search(last))
+        if _NEVER_SHOWN.search(last):
+            return False
         return verbose or not (failed or _FLOWER_NOISE.search(last))
 
     while True:
@@ -375,10 +388,12 @@ def _echo(stream: Any, tail: _Tail, verbose: bool) -> None:
             out.append(pending[:cut])
             pending = pending[cut:]
         if out:
-            sys.stderr.write("".join(out))
-            sys.stderr.flush()
+            sink.write("".join(out))
+            sink.flush()
     if pending and shown(pending):
-        sys.stderr.write(pending + "\n")
+        sink.write(pending + "\n")
+    if isinstance(sink, PlainText):
+        sink.finish()
 
 
 def _tool(name: str) -> str:

@@ -117,7 +117,11 @@ def _budget_split_line(out: Path) -> str:
     return f"of which released statistics: epsilon={float(alone):.4g} alone{total}"
 
 
-def _summarise(out: Path, cfg: Config) -> int:
+def _summarise(out: Path, cfg: Config, num_classes: int) -> int:
+    """What a completed run prints on stdout: the result line, what the released statistics
+    cost (when there were any), the reproducible-noise warning (when set), why ``auc`` is
+    empty (only for a binary task, where it is expected) and the files written.
+    """
     import pandas as pd
 
     path = out / "metrics.csv"
@@ -134,14 +138,25 @@ def _summarise(out: Path, cfg: Config) -> int:
         print(split)
     if cfg.privacy.reproducible_noise:  # every output says so (stderr said it at the start)
         print(f"warning: {REPRODUCIBLE_WARNING}")
-    if "auc" in frame and frame["auc"].isna().all():
-        print("auc: empty in metrics.csv (reported for binary tasks with both classes in the held-out "
-              "split; this task is not one)")
+    line = empty_auc_line(frame, num_classes)
+    if line:
+        print(line)
     from fedfdp.run_files import RUN_FILES
 
     written = [name for name in RUN_FILES if (out / name).exists()]
     print(f"wrote {', '.join(written)} in {out}")
     return 0
+
+
+def empty_auc_line(frame: Any, num_classes: int) -> str:
+    """Why ``metrics.csv``'s ``auc`` column is empty, for a binary task only (AUC is reported
+    for binary tasks; a task of more classes never has one, so an empty column says nothing
+    there); empty when there is nothing to explain.
+    """
+    if num_classes != 2 or "auc" not in frame or not frame["auc"].isna().all():
+        return ""
+    return ("auc: empty in metrics.csv (the held-out split lacks one of the two classes, or no round "
+            "was evaluated)")
 
 
 def _check_run_dir(cfg: Config, data: FederatedData) -> tuple[RunPlan, Resume | None]:
@@ -301,9 +316,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = prepare_output_dir(cfg.run.out_dir, "--out")
     if args.centralised:
         from fedfdp.algorithm import run_plan_centrally
+        from simulations.plain_output import plain_stderr
 
         _library_warnings_one_line()  # the engine's own warnings (reproducible-noise: once)
-        run_plan_centrally(plan)
+        with plain_stderr():  # redirected: the bar's final line, no escape codes
+            run_plan_centrally(plan)
     else:
         if cfg.privacy.reproducible_noise:  # the ServerApp's log is not shown: say it here, once
             print(f"warning: {REPRODUCIBLE_WARNING}", file=sys.stderr)
@@ -313,7 +330,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_simulation_for(cfg, verbose=args.verbose, supernodes=supernodes, nodes=nodes)
         except SimulationError as exc:
             return _simulation_failed(exc)
-    code = _summarise(out, cfg)
+    code = _summarise(out, cfg, data.num_classes)
     if nodes is not None:
         _summarise_nodes(Path(nodes["node-state"]))
     return code
