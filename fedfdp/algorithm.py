@@ -13,12 +13,24 @@ one centralised round when both draw from the same (reproducible) streams
 
 It is the quick way to compare modes (``fedfdp compare``'s default engine) and
 to run long experiments (``fedfdp run --centralised``).
+
+Under ``aggregation = "secagg"`` it simulates the protocol's **noise**, not the protocol:
+each private round's sum carries what the secure sum of ``n_min``
+(``secagg-min-survivors``) parties would — their discrete Gaussians ``N_Z(0, σ_loc²)``,
+drawn by :func:`fedfdp.secagg.party.noisy_contribution` from the OS CSPRNG, added in the
+ring of 2³² and decoded at scale ``s`` — with no keys, masks, dropouts or node policies
+(:data:`SECAGG_NOTE`); the protocol itself runs on Flower (``fedfdp run``). The ledger
+is the run's either way.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
 from torch import nn
 
 from fedfdp.contribution import DeviceTask, RoundSettings, node_contribution
@@ -32,6 +44,44 @@ from fedfdp.run_plan import RunPlan, build_plan, require_inputs
 if TYPE_CHECKING:
     from fedfdp.config import Config
     from fedfdp.contribution import ClientParts
+    from fedfdp.secagg.plan import SecAggPlan
+
+#: What the centralised engine says once under ``aggregation = "secagg"`` (module docstring).
+SECAGG_NOTE = ("aggregation='secagg' on the centralised engine: each private sum carries the noise of "
+               "{parties} parties' discrete Gaussians (the protocol's noise), but no protocol runs (no keys, "
+               "masks, dropouts or node policies); fedfdp run without --centralised runs it on Flower")
+
+log = logging.getLogger(__name__)
+
+
+def secure_sum_noise(private_sum: Sequence[torch.Tensor], plan: SecAggPlan, clipping_norm: float,
+                     ) -> list[torch.Tensor]:
+    """``private_sum`` as the secure sum of ``plan.min_survivors`` parties would release it:
+    the sum encoded at scale ``s`` (randomized rounding) with the first party's discrete
+    Gaussian, every other party's discrete Gaussian on an empty share, all added in the
+    ring of 2³² and decoded (:func:`fedfdp.secagg.party.noisy_contribution`,
+    :func:`fedfdp.secagg.encoding.decode`). Every draw from the OS CSPRNG. The noise is
+    the protocol's (``n_min`` shares of ``N_Z(0, σ_loc²)``, so ``√n_min·σ_loc·C/s`` per
+    coordinate, at least the ``σC`` the accounting charges for ``n_min − t_c`` honest
+    shares); the rounding is one party's rather than each party's (variance at most
+    ``1/4`` integer unit per coordinate and party, next to ``σ_loc² ≫ 1``).
+    """
+    from fedfdp.secagg.encoding import decode
+    from fedfdp.secagg.party import noisy_contribution
+
+    flat = np.concatenate([t.detach().double().numpy().ravel() for t in private_sum])
+    total = noisy_contribution(flat, clip=clipping_norm, scale=plan.scale, local_sigma=plan.local_sigma)
+    empty = np.zeros_like(flat)
+    for _ in range(1, int(plan.min_survivors)):  # uint32 sums wrap mod 2³², as in the ring
+        total = total + noisy_contribution(empty, clip=clipping_norm, scale=plan.scale,
+                                           local_sigma=plan.local_sigma)
+    values = decode(total, clip=clipping_norm, scale=plan.scale)
+    out, at = [], 0
+    for t in private_sum:
+        size = t.numel()
+        out.append(torch.from_numpy(values[at:at + size].astype(np.float32).reshape(t.shape)))
+        at += size
+    return out
 
 
 def run_plan_centrally(plan: RunPlan) -> tuple[nn.Module, list[dict[str, Any]]]:
@@ -47,6 +97,9 @@ def run_plan_centrally(plan: RunPlan) -> tuple[nn.Module, list[dict[str, Any]]]:
     feature_map = plan.feature_map
     check_run_inputs(plan.model, data, feature_map)  # width, classes, labels, finite inputs, the view
     sampling = engine.mechanism.sampling
+    secagg = engine.mechanism.secagg
+    if secagg is not None:
+        log.warning(SECAGG_NOTE.format(parties=secagg.min_survivors))
 
     def step(r: int) -> RoundOutcome:
         state = engine.begin_round(r)
@@ -66,8 +119,13 @@ def run_plan_centrally(plan: RunPlan) -> tuple[nn.Module, list[dict[str, Any]]]:
             for d in rounds.asked()
         ]
         contrib = node_contribution(engine.model, feature_map, settings, tasks, client)
+        private = contrib.private_sum
+        if secagg is not None and state.phase.noise:  # the parties' noise, whatever was sampled
+            if private is None:
+                private = [torch.zeros(shape) for shape in engine.shapes.values()]
+            private = secure_sum_noise(private, secagg, state.clipping_norm)
         return engine.finish_round(
-            [contrib.private_sum] if contrib.private_sum is not None else [],
+            [private] if private is not None else [],
             [contrib.public_sum] if contrib.public_sum is not None else [],
             contrib.public_count,
             contrib.public_loss_sum,
