@@ -2,7 +2,9 @@
 
 ``app`` (the component ``pyproject.toml`` names) is the deployment's ServerApp:
 ``flwr run .`` reads the configuration from ``[tool.flwr.app.config]`` (plus
-``--run-config`` overrides) and refuses the reproducible opt-in.
+``--run-config`` overrides) and refuses the reproducible opt-in. On Flower's simulation
+runtime it first refuses, in one line, a Python whose fedfdp is not the app's own (a
+local SuperLink another environment started: :mod:`strategies.app_environment`).
 
 ``simulation_app`` is the ServerApp of ``fedfdp run`` (:mod:`simulations.run`),
 which submits the run with ``flwr run`` to a SuperLink of its own in simulation
@@ -16,7 +18,9 @@ only transport.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, Context
@@ -26,6 +30,7 @@ from clients.flower_adapter import is_simulation_grid
 from fedfdp.config import ConfigError, load_config
 from fedfdp.data import load_server_data
 from fedfdp.run_plan import RunPlan, build_plan
+from strategies.app_environment import environment_mismatch, installed_fedfdp
 from strategies.fdp_strategy import FDPStrategy, NodeChoice
 from strategies.launcher import LAUNCHER_ENV, watch_launcher
 
@@ -62,6 +67,14 @@ def make_server_app(
                 "strategies.server_app:simulation_app runs only on Flower's Simulation Runtime "
                 "(fedfdp run); a deployment uses strategies.server_app:app"
             )
+        if not simulation and run_config is None and is_simulation_grid(grid):
+            installed = installed_fedfdp()
+            wrong = environment_mismatch(Path(__file__).resolve().parents[1], installed)
+            if wrong is not None or installed is None:  # flwr run . on another environment's SuperLink
+                print(f"error: {wrong}", file=sys.stderr, flush=True)
+                raise ConfigError(str(wrong))
+            print(f"fedfdp {installed.version} ({installed.source}) runs in {sys.executable}",
+                  file=sys.stderr, flush=True)
         run_cfg = load_config(dict(run_config if run_config is not None else context.run_config))
         if run_config is None and not simulation and run_cfg.privacy.reproducible_noise:
             raise ConfigError(
