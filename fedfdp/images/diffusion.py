@@ -202,7 +202,7 @@ def pack(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     n = x.shape[0]
     if t.shape != (n,) or y.shape != (n,):
         raise ValueError(f"pack: x {tuple(x.shape)}, t {tuple(t.shape)}, y {tuple(y.shape)}: need n = {n}")
-    return torch.cat([x.reshape(n, -1), t.to(x.dtype)[:, None], y.to(x.dtype)[:, None]], dim=1)
+    return torch.cat([x.flatten(1), t.to(x.dtype)[:, None], y.to(x.dtype)[:, None]], dim=1)
 
 
 def mse_per_record(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
