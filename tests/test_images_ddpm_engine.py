@@ -29,6 +29,7 @@ from fedfdp.algorithm import run_centralised
 from fedfdp.config import ConfigError, Mode, PrivacyUnit, load_config
 from fedfdp.contribution import (
     PrivateBatch,
+    PublicBatch,
     private_clipped_sum,
     public_gradient_sum,
     public_shape,
@@ -181,7 +182,8 @@ def test_the_ledger_charges_a_ddpm_run_as_a_classifiers():
     data = load_dataset(cfgs["ddpm"].data)
     mechanisms = {k: mechanism_for(c, data) for k, c in cfgs.items()}
     assert mechanisms["ddpm"].event == mechanisms["cnn"].event
-    assert mechanisms["ddpm"].noise_multiplier == mechanisms["cnn"].noise_multiplier > 0
+    sigma = mechanisms["ddpm"].noise_multiplier
+    assert sigma is not None and sigma == mechanisms["cnn"].noise_multiplier and sigma > 0
     rows = {k: run_centralised(c, data)[1] for k, c in cfgs.items()}
     assert [r["epsilon"] for r in rows["ddpm"]] == [r["epsilon"] for r in rows["cnn"]]
     assert 1.5 < rows["ddpm"][-1]["epsilon"] <= 2.0
@@ -215,7 +217,8 @@ def test_public_mode_trains_on_the_blurred_images_only():
     xs = [torch.as_tensor(d.devices[0].x[:8]) for d in (data, other)]
     full = [fmap.terms(LossPart.FULL, x, y, None, keys).inputs[0] for x in xs]
     assert not torch.equal(full[0], full[1])
-    public = [public_gradient_sum(models[0], fmap, [(x, y, torch.Generator(), keys)])[0] for x in xs]
+    batches = [PublicBatch(x, y, torch.Generator(), keys) for x in xs]
+    public = [public_gradient_sum(models[0], fmap, [b])[0] for b in batches]
     assert all(torch.equal(a, b) for a, b in zip(*public, strict=True))
 
 
