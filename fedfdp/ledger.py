@@ -30,7 +30,12 @@ charged, and :func:`fedfdp.ledger_replay.replay_ledger` turns it into the accoun
 whose ε the run prints — there is no second copy of the accountant's state to disagree
 with.
 Nothing here resets or shortens a ledger: appending is the only mutation, and a write
-costs one line, not the whole ledger. A final line without its newline is a write that
+costs one line, not the whole ledger. Appending costs the same at every length: the
+ledger keeps running counts beside its entries (the charges, the attempts of each
+round, the sessions' ``checkpoint-every``), caught up on the entries appended since
+they were last read, so that :meth:`Ledger.attempts`, :meth:`Ledger.head` and the
+durable write never rescan the chain or reread the file; reading one (on resume)
+verifies the chain once, in one pass. A final line without its newline is a write that
 never completed (its fsync did not return, so its round drew nothing): it is ignored
 on reading, and the file is rewritten whole at the next write.
 
@@ -43,6 +48,7 @@ on storage that is not rolled back.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -150,6 +156,31 @@ class Head:
 
 
 @dataclass
+class _Tally:
+    """Running counts of a ledger's entries (module docstring): what the ledger's
+    questions need, kept up to date by reading each entry once.
+    """
+
+    #: The entry list counted (a ledger whose ``entries`` is replaced is counted afresh).
+    source: list[Entry] | None = None
+    #: How many of ``source`` are counted.
+    seen: int = 0
+    charges: list[Entry] = field(default_factory=list)
+    attempts: dict[int, int] = field(default_factory=dict)
+    #: The index and ``checkpoint_every`` of every ``session`` entry, in order.
+    sessions: list[tuple[int, int]] = field(default_factory=list)
+
+    def count(self, index: int, entry: Entry) -> None:
+        if entry.kind is EntryKind.SESSION:
+            self.sessions.append((index, int(entry.body["checkpoint_every"])))
+        elif entry.kind is not EntryKind.MECHANISM:
+            self.charges.append(entry)
+            r = entry.round
+            if r is not None:
+                self.attempts[r] = self.attempts.get(r, 0) + 1
+
+
+@dataclass
 class Ledger:
     """The hash-chained, write-ahead privacy ledger of one run (module docstring).
 
@@ -168,6 +199,20 @@ class Ledger:
     #: How many of ``entries`` are on disk in the file this ledger was read from or
     #: written to (0: the next write creates the file whole).
     persisted: int = 0
+    _tally: _Tally = field(default_factory=_Tally, init=False, repr=False, compare=False)
+
+    def _counts(self) -> _Tally:
+        """The running counts, caught up on the entries appended since the last call
+        (each entry is read once; replacing or shortening ``entries`` starts afresh).
+        """
+        tally = self._tally
+        if tally.source is not self.entries or tally.seen > len(self.entries):
+            tally = self._tally = _Tally(self.entries)
+        if tally.seen < len(self.entries):
+            for i, entry in enumerate(self.entries[tally.seen:], start=tally.seen):
+                tally.count(i, entry)
+            tally.seen = len(self.entries)
+        return tally
 
     @classmethod
     def start(cls, mechanism: dict[str, Any], digest: str) -> Ledger:
@@ -190,28 +235,28 @@ class Ledger:
 
     @property
     def charges(self) -> list[Entry]:
-        """Every charge entry, recorded or pessimistic, in order."""
-        return [e for e in self.entries if e.kind not in (EntryKind.MECHANISM, EntryKind.SESSION)]
+        """Every charge entry, recorded or pessimistic, in order (a new list)."""
+        return list(self._counts().charges)
 
     def events(self) -> list[PrivacyEvent]:
         """The event of every charge ever written (what the accountant composes)."""
-        return [e.event for e in self.charges if e.event is not None]
+        return [e.event for e in self._counts().charges if e.event is not None]
 
     def attempts(self, round_: int) -> int:
-        """How many times ``round_`` has been charged."""
-        return sum(1 for e in self.charges if e.round == round_)
+        """How many times ``round_`` has been charged (a running count: no rescan)."""
+        return self._counts().attempts.get(round_, 0)
 
     def head(self) -> Head:
-        return Head(len(self.entries), self.entries[-1].hash, len(self.charges))
+        return Head(len(self.entries), self.entries[-1].hash, len(self._counts().charges))
 
     def checkpoint_every(self, entries: int | None = None) -> int:
         """``checkpoint-every`` as the chain's first ``entries`` entries (default all) record
         it: the last ``session`` entry's, else :data:`DEFAULT_CHECKPOINT_EVERY`.
         """
-        for e in reversed(self.entries[:entries]):
-            if e.kind is EntryKind.SESSION:
-                return int(e.body["checkpoint_every"])
-        return DEFAULT_CHECKPOINT_EVERY
+        sessions = self._counts().sessions
+        end = len(self.entries) if entries is None else len(range(len(self.entries))[:entries])
+        last = bisect.bisect_left(sessions, (end, -1)) - 1  # the last session entry before ``end``
+        return sessions[last][1] if last >= 0 else DEFAULT_CHECKPOINT_EVERY
 
     def append_session(self, checkpoint_every: int) -> None:
         """Chain a session's ``checkpoint-every`` (module docstring)."""
@@ -360,8 +405,10 @@ def read_ledger(run_dir: str | Path) -> Ledger | None:
     """Read and verify ``run_dir/ledger.jsonl`` (None if absent); :class:`LedgerError`
     naming the file for one that is malformed, edited or broken.
     """
+    from fedfdp.input_files import optional_file
+
     path = Path(run_dir) / LEDGER_FILE
-    if not path.exists():
+    if optional_file(path) is None:  # a FIFO or /dev/zero is refused, never read
         return None
     try:
         return parse_ledger(path.read_bytes())
