@@ -70,7 +70,7 @@ from fedfdp.images.data import ImageSet, load_mnist5k, load_npz, split_images
 from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, sample
 from fedfdp.images.fid import class_rows, fid_report, save_grid, train_feature_classifier
 from fedfdp.images.models import DigitCNN, build_classifier
-from fedfdp.images.recipe import ClippingRule, ImageRecipe
+from fedfdp.images.recipe import DEFAULT_RECIPE, ClippingRule, ImageRecipe
 from fedfdp.images.train import (
     METHODS,
     ClassificationTask,
@@ -513,6 +513,99 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def diagnostics_table(paths: list[Path], windows: int = 4) -> str:
+    """Markdown table of ``diagnostics_<job>.jsonl`` files (``--diagnostics``): per file and
+    window of steps, the medians over its steps of ``C``, the norms of the public
+    gradient, of the clipped private sum /(qN) and of the noise /(qN), the share of the
+    batch clipped, the mean clip factor ``min(1, C/‖g_i‖)`` and the private norms' 10/50/90 %
+    quantiles (and the public per-record median norm) in units of ``C``."""
+    lines = ["| run | steps | C | ‖g_pub‖ | ‖clipped sum‖/qN | ‖noise‖/qN | clipped | mean min(1, C/‖g‖) "
+             "| q10/C | median/C | q90/C | public median/C |", "|" + "---|" * 12]
+    for path in paths:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        size = max(1, -(-len(rows) // windows))
+        for start in range(0, len(rows), size):
+            part = rows[start : start + size]
+
+            def med(key: str, part=part) -> float:
+                return float(np.nanmedian([r[key] for r in part]))
+
+            def rel(key: str, part=part) -> float:
+                return float(np.nanmedian([r[key] / r["clipping_norm"] for r in part]))
+
+            name = path.stem.removeprefix("diagnostics_")
+            lines.append(
+                f"| {name} | {part[0]['step']}–{part[-1]['step']} | {med('clipping_norm'):.3g} | "
+                f"{med('public_norm'):.3g} | {med('private_norm'):.3g} | {med('noise_norm'):.3g} | "
+                f"{med('fraction_clipped'):.2f} | {med('mean_scale'):.2f} | {rel('norm_q10'):.3g} | "
+                f"{rel('norm_median'):.3g} | {rel('norm_q90'):.3g} | {rel('public_record_median'):.3g} |"
+            )
+    return "\n".join(lines)
+
+
+def shrinkage(args: argparse.Namespace, out: Path) -> None:
+    """At each seed's cached public model (``--public-cache``): for ``--batches`` Poisson
+    batches (rate ``--rate``, coins from a seeded stream: a measurement, no guarantee) the
+    norm of ``Σ_i clip_C(∇ℓ_priv,i)/(qN)`` for each ``--clip-grid`` value (and unclipped),
+    its cosine with the unclipped sum, and the norm of the public mean gradient over a
+    public batch; written to ``shrinkage.json`` and printed as a table."""
+    from fedfdp.clipping import clipped_grad_sum
+    from fedfdp.entropy import SeededBits
+    from fedfdp.images.train import PublicDraws, Stage
+    from fedfdp.losses import LossPart
+    from fedfdp.sampling import poisson_sample
+
+    train_set, _ = _data(args.downsample, path=args.data)
+    psi = GaussianBlur(args.kernel, args.blur_sigma)
+    task = DiffusionTask(DiffusionLoss(NoiseSchedule(args.diffusion_steps, args.schedule), psi, 10))
+    x, y = train_set.tensors()
+    n, q = len(train_set), args.rate
+    rows = []
+    for seed in args.seeds:
+        def make_model(seed: int = seed):
+            return build_unet(train_set.shape, 10, base=args.base, mults=tuple(args.mults),
+                              generator=torch.Generator().manual_seed(seed))
+
+        cached = _cached_public(args, seed, make_model)
+        if cached is None:
+            _log(out, f"seed {seed}: no public model in --public-cache")
+            continue
+        model = cached[0]
+        draws = PublicDraws(seed)
+        bits = SeededBits(np.random.SeedSequence(seed))
+        for b in range(args.batches):
+            idx = poisson_sample(n, q, bits)
+            gens = draws.record_generators(Stage.MAIN, 10_000 + b, LossPart.PRIVATE, idx)
+            inputs, targets, loss_fn = task.parts(LossPart.PRIVATE, x[idx], y[idx], gens)
+            full = clipped_grad_sum(model, inputs, targets, loss_fn, 1e30)
+            flat = torch.cat([g.flatten() for g in full.grads]).double()
+            row = {"seed": seed, "batch": b, "size": len(idx), "unclipped": float(flat.norm()) / (q * n),
+                   "norm_q10": float(full.norms.quantile(0.1)), "norm_median": float(full.norms.median()),
+                   "norm_q90": float(full.norms.quantile(0.9)), "norm_mean": float(full.norms.mean())}
+            for c in args.clip_grid:
+                clipped = clipped_grad_sum(model, inputs, targets, loss_fn, c)
+                cflat = torch.cat([g.flatten() for g in clipped.grads]).double()
+                row[f"clipped_{c:g}"] = float(cflat.norm()) / (q * n)
+                row[f"cosine_{c:g}"] = float(cflat @ flat / (cflat.norm() * flat.norm()))
+            pub_idx = draws.public_batch(Stage.MAIN, 10_000 + b, n, args.public_batch)
+            pgens = draws.record_generators(Stage.MAIN, 10_000 + b, LossPart.PUBLIC, pub_idx)
+            pin, ptar, ploss = task.parts(LossPart.PUBLIC, x[pub_idx], y[pub_idx], pgens)
+            pub = clipped_grad_sum(model, pin, ptar, ploss, None)
+            row["public"] = float(torch.cat([g.flatten() for g in pub.grads]).double().norm()) / len(pub_idx)
+            rows.append(row)
+            _log(out, json.dumps(row))
+    (out / "shrinkage.json").write_text(json.dumps(rows, indent=1))
+    keys = ["public", "unclipped", *[f"clipped_{c:g}" for c in args.clip_grid],
+            *[f"cosine_{c:g}" for c in args.clip_grid], "norm_q10", "norm_median", "norm_mean", "norm_q90"]
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    cells = [f"{np.mean([r[k] for r in rows]):.3g} ± {np.std([r[k] for r in rows], ddof=1):.2g}"
+             for k in keys]
+    print("| " + " | ".join(cells) + " |")
+
+
 def figure(outs: list[Path], path: Path) -> None:
     """Tile the sample grids of finished ``ddpm`` runs (``real.png``, ``blurred.png`` of the
     first, then every job's grid of each, for the first seed of each run, labelled with
@@ -558,10 +651,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "task",
-        choices=["classify", "ddpm", "table", "figure"],
-        help="table: print results.json of --out (and write its results.csv); "
+        choices=["classify", "ddpm", "table", "figure", "diagnostics", "shrinkage"],
+        help="table: print results.json of --out (and write its results.csv); diagnostics: "
+        "summarise the diagnostics_*.jsonl of --out (and --also); "
         "figure: tile the sample grids of --out (and --also)",
     )
+    parser.add_argument("--batches", type=int, default=5, help="shrinkage: Poisson batches per seed")
+    parser.add_argument("--clip-grid", type=float, nargs="+", default=[0.1, 1.0, 3.0],
+                        help="shrinkage: the C values")
     parser.add_argument("--also", type=Path, nargs="*", default=[], help="figure: further ddpm outputs")
     parser.add_argument("--figure", type=Path, default=None, help="figure: the PNG to write")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -581,7 +678,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="fdp's clipping of the private part (fedfdp.images.recipe): C follows the "
                         "--quantile of the private norms from --clip (a noisy count, charged), "
                         "or stays --clip")
-    parser.add_argument("--quantile", type=float, default=0.5, help="γ of --recipe quantile")
+    parser.add_argument("--quantile", type=float, default=DEFAULT_RECIPE.quantile,
+                        help="γ of --recipe quantile")
     parser.add_argument("--diagnostics", action="store_true",
                         help="write diagnostics_<job>.jsonl: per private step the norms of the public "
                         "gradient, the clipped private sum and the noise (/qN), the private norms against C")
@@ -616,6 +714,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = json.loads((args.out / "results.json").read_text())["rows"]
         _replace(args.out / "results.csv", lambda path: _write_csv(path, rows))
         return
+    if args.task == "diagnostics":
+        paths = [p for out in [args.out, *args.also] for p in sorted(out.glob("diagnostics_*.jsonl"))]
+        print(diagnostics_table(paths))
+        return
     if args.task == "figure":
         figure([args.out, *args.also], args.figure or args.out / "samples.png")
         return
@@ -649,7 +751,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_flush_denormal(True)
     args.out.mkdir(parents=True, exist_ok=True)
     _log(args.out, f"start {vars(args)} on {_machine(args)}")
-    (classify if args.task == "classify" else ddpm)(args, args.out, budget)
+    if args.task == "shrinkage":
+        shrinkage(args, args.out)
+    else:
+        (classify if args.task == "classify" else ddpm)(args, args.out, budget)
     _log(args.out, f"done after {budget.elapsed():.0f} s")
 
 
