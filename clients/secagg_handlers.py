@@ -10,8 +10,9 @@ simulation engine and on a SuperNode the context never leaves the node).
 devices' secret Poisson batches, the unclipped public sum over independent public
 batches), then encodes the private sum, adds the node's discrete Gaussian share from
 its OS CSPRNG (:func:`fedfdp.secagg.party.noisy_contribution`) and masks it. The reply
-carries the masked ``uint32`` vector, the public sum in the clear (disclosed by
-design), the public count and loss — never the private sum, its batch size or the
+carries the masked ``uint32`` vector and, beside it, the public sum in the clear as one
+flat ``float32`` vector (disclosed by design; :mod:`fedfdp.secagg.wire`), the public
+count and loss — never the private sum, its batch size or the
 count of vectors within ``C``.
 
 What a node trusts from outside the server — its long-term signing key, the roster of
@@ -41,7 +42,7 @@ from fedfdp.secagg import ClientSession, CollectRequest, KeysRequest, SetupReque
 from fedfdp.secagg.identity import SIGNING_KEY_FILE, NodeTrust, Roster, SigningKey, round_digest
 from fedfdp.secagg.messages import ConfirmRequest
 from fedfdp.secagg.party import noisy_contribution
-from fedfdp.secagg.wire import MASKED, SECAGG, from_wire, to_wire
+from fedfdp.secagg.wire import MASKED, PUBLIC_SUM, SECAGG, from_wire, pack_public, to_wire
 
 #: Where a node keeps its session in ``Context.state``.
 STATE = "fedfdp.secagg"
@@ -197,11 +198,13 @@ def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
         reply = session.collect(request, values, digest)
     finally:
         _save(context, session)
-    out: dict[str, ArrayRecord | MetricRecord] = {MASKED: ArrayRecord({MASKED: Array(reply.masked)}),
+    arrays = {MASKED: Array(reply.masked)}
+    if public is not None:  # one flat float32 vector beside the masked one (fedfdp.secagg.wire)
+        names = [n for n, p in runtime.model.named_parameters() if p.requires_grad]
+        arrays[PUBLIC_SUM] = Array(pack_public({n: public[n].detach().cpu().numpy() for n in names}, names))
+    out: dict[str, ArrayRecord | MetricRecord] = {MASKED: ArrayRecord(arrays),
            P.METRICS: MetricRecord({P.PUBLIC_COUNT: metrics[P.PUBLIC_COUNT],
                                     P.PUBLIC_LOSS_SUM: metrics[P.PUBLIC_LOSS_SUM]})}
-    if public is not None:
-        out[P.PUBLIC] = ArrayRecord(public)
     return _reply(msg, to_wire(reply), **out)
 
 

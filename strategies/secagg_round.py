@@ -6,8 +6,8 @@ SuperNodes with work (each SuperNode one party), in four ``train`` messages
 
 1. ``sa_setup`` → public keys (U1); 2. ``sa_keys`` → encrypted shares (U2);
 3. ``sa_collect`` (with the model and the round's train instruction) → each node's
-   *masked* ``uint32`` vector of its noisy, encoded private sum, and its public sum
-   in the clear (U3);
+   *masked* ``uint32`` vector of its noisy, encoded private sum, and beside it its
+   public sum in the clear, one flat ``float32`` vector (U3; :mod:`fedfdp.secagg.wire`);
 4. if ``|U3| ≥ n_min`` and U3's neighbour graph is connected: ``sa_unmask`` with a
    :class:`~fedfdp.secagg.messages.ConfirmRequest` → every survivor's signature of U3,
    the dead set and the digest of the model and parameters it received (the server
@@ -64,7 +64,7 @@ from fedfdp.secagg import (
 )
 from fedfdp.secagg.identity import round_digest
 from fedfdp.secagg.plan import SecAggPlan
-from fedfdp.secagg.wire import MASKED, REPLY_TO, SECAGG, from_wire, to_wire
+from fedfdp.secagg.wire import MASKED, PUBLIC_SUM, REPLY_TO, SECAGG, from_wire, to_wire, unpack_public
 from strategies.orders import TrainOrders
 from strategies.transport import exchange
 
@@ -221,8 +221,8 @@ class SecAggRound:
         if current is None:  # pragma: no cover - a round is in flight
             raise RuntimeError("no round in flight")
         content = reply.content
-        pub = ({k: v.numpy() for k, v in content.array_records[P.PUBLIC].items()}
-               if P.PUBLIC in content.array_records else None)
+        arrays = content.array_records[MASKED]
+        pub = unpack_public(arrays[PUBLIC_SUM].numpy(), self.engine.shapes) if PUBLIC_SUM in arrays else None
         metrics = content.metric_records.get(P.METRICS)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)} if metrics else None
         return P.validate_reply(

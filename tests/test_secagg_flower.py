@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message
+from flwr.app import Array, ArrayRecord, Context, Error, Message
 
 import clients.secagg_handlers as handlers
 from clients.client_app import make_client_app
@@ -41,7 +41,7 @@ from fedfdp.config import Config, ConfigError, load_config
 from fedfdp.data import load_dataset
 from fedfdp.evaluation import held_out_evaluation
 from fedfdp.run_plan import build_plan
-from fedfdp.secagg.wire import MASKED
+from fedfdp.secagg.wire import MASKED, PUBLIC_SUM
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
 from tests.mechanism_helpers import written_ledger
@@ -140,9 +140,12 @@ def test_the_strategy_receives_only_masked_uint32_vectors_and_public_sums():
     assert len(collects) == 2 * 4
     for _, reply in collects:
         arrays = reply.content.array_records
-        assert set(arrays) == {MASKED, P.PUBLIC}  # no 'private' record
+        assert set(arrays) == {MASKED}  # no 'private' record
+        assert set(arrays[MASKED]) == {MASKED, PUBLIC_SUM}
         masked = arrays[MASKED][MASKED].numpy()
         assert masked.dtype == np.uint32 and masked.shape == (d,)
+        public = arrays[MASKED][PUBLIC_SUM].numpy()
+        assert public.dtype == np.float32 and public.shape == (d,) and np.isfinite(public).all()
         assert P.UNCLIPPED_COUNT not in reply.content.metric_records[P.METRICS]
     for kind, _, reply in grid.seen:  # no other stage carries arrays at all
         if kind != "train.sa_collect" and not reply.has_error():
@@ -172,6 +175,63 @@ def test_a_dropout_at_collect_above_min_survivors_is_charged_the_planned_event()
     ledger, mechanism = strat.ledger, strat.mechanism
     assert ledger is not None and mechanism is not None
     assert all(e == mechanism.event for e in ledger.events())
+
+
+def test_the_public_sum_is_packed_as_one_exact_float32_vector():
+    """pack_public then unpack_public gives back the float32 sums bit for bit, in the model's
+    order; a packed field of another dtype, rank or length is refused in one line naming it."""
+    from fedfdp.secagg.errors import MessageError
+    from fedfdp.secagg.wire import pack_public, unpack_public
+
+    rng = np.random.default_rng(3)
+    shapes = {"0.weight": (5, 58), "0.bias": (5,), "2.weight": (3, 5)}
+    sums = {n: rng.standard_normal(s).astype(np.float32) * 1e3 for n, s in shapes.items()}
+    flat = pack_public(sums, list(shapes))
+    assert flat.dtype == np.float32 and flat.shape == (5 * 58 + 5 + 15,)
+    back = unpack_public(flat, shapes)
+    assert list(back) == list(shapes)
+    assert all(np.array_equal(back[n].view(np.uint32), sums[n].view(np.uint32)) for n in shapes)
+    for bad, what in ((flat.astype(np.float64), "float64"), (flat[:-1], "309 coordinates, expected d=310"),
+                      (flat.reshape(2, -1), "shape (2, 155)")):
+        with pytest.raises(MessageError, match=what.replace("(", r"\(").replace(")", r"\)")) as err:
+            unpack_public(bad, shapes)
+        assert err.value.field == PUBLIC_SUM and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="'2.weight' missing"):
+        pack_public({n: sums[n] for n in list(shapes)[:2]}, list(shapes))
+
+
+@pytest.mark.parametrize("tamper", ["float64", "short", "nan"])
+def test_a_malformed_public_sum_drops_that_node_and_corrupts_nothing(tamper, caplog):
+    """Node 2's collect reply carries a bad packed public sum: the server refuses it (one
+    logged line naming the field), the node counts as dropped at collect, and the round
+    unmasks the other three, charged the planned event, with a finite model."""
+    cfg = secagg_config(**{"num-rounds": 1})
+
+    class Tampering(ClientAppGrid):
+        def answer(self, msg: Message) -> Message:
+            reply = super().answer(msg)
+            if msg.metadata.dst_node_id == 2 and msg.metadata.message_type == "train.sa_collect":
+                arrays = reply.content.array_records[MASKED]
+                flat = arrays[PUBLIC_SUM].numpy()
+                bad = {"float64": flat.astype(np.float64), "short": flat[:-1],
+                       "nan": np.where(np.arange(flat.size) == 0, np.nan, flat).astype(np.float32)}[tamper]
+                arrays[PUBLIC_SUM] = Array(bad)
+            return reply
+
+    data = load_dataset(cfg.data)
+    plan = build_plan(cfg, data, num_devices=len(data.devices),
+                      evaluate=held_out_evaluation(data.test_x, data.test_y))
+    strat = FDPStrategy(plan)
+    with caplog.at_level("WARNING", logger="fedfdp.server"):
+        strat.start(Tampering(cfg), ArrayRecord(plan.model.state_dict()))
+    assert strat.stop_reason is None and [r["replies"] for r in strat.rows] == [3]
+    refused = [r.getMessage() for r in caplog.records if "rejected the reply of node 2" in r.getMessage()]
+    assert len(refused) == 1 and "\n" not in refused[0]
+    assert (PUBLIC_SUM in refused[0]) or ("NaN" in refused[0])
+    ledger, mechanism = strat.ledger, strat.mechanism
+    assert ledger is not None and mechanism is not None
+    assert [e == mechanism.event for e in ledger.events()] == [True]
+    assert all(torch.isfinite(v).all() for v in strat.model.state_dict().values())
 
 
 def test_a_dropout_at_unmask_still_decodes():

@@ -7,10 +7,24 @@ strings travels as their concatenation (its item length beside it). The ``uint32
 array of :class:`~fedfdp.secagg.messages.CollectReply` is not part of the record: the
 caller puts it in an ``ArrayRecord``. :func:`from_wire` rebuilds the message, whose
 constructor validates every field (:class:`~fedfdp.secagg.errors.MessageError`).
+
+The collect reply's arrays
+--------------------------
+One ``ArrayRecord`` (:data:`MASKED`) holds the masked vector (:data:`MASKED`: ``d``
+``uint32`` words) and, when the round has a public part, the node's public sum
+(:data:`PUBLIC_SUM`: ``d`` ``float32`` values, the trainable parameters' coordinates in
+the model's order, :func:`pack_public` / :func:`unpack_public`): 8 bytes per coordinate
+and two array headers, whatever the number of parameter tensors. ``float32`` is exact:
+the node computes the public sum in the model's ``float32`` and the server steps in
+``float32``, so the bytes carry every bit the step uses. A fixed-point encoding would
+save nothing (4 bytes for the ring's 32 bits) unless it dropped bits, and the public sum
+is unclipped, so no public range bounds it. The public sum is public by definition
+(disclosed in the clear under every aggregation): packing changes no accounting.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -30,13 +44,16 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 
-__all__ = ["MASKED", "MESSAGE_TYPES", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES", "from_wire",
-           "to_wire"]
+__all__ = ["MASKED", "MESSAGE_TYPES", "PUBLIC_SUM", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES",
+           "from_wire", "pack_public", "to_wire", "unpack_public"]
 
 #: The record of a secure-aggregation message (a ``ConfigRecord`` of :func:`to_wire`).
 SECAGG = "secagg"
-#: The ``ArrayRecord`` (and its one array) holding a collect reply's masked vector.
+#: The ``ArrayRecord`` (and its array) holding a collect reply's masked vector.
 MASKED = "masked"
+#: The array, beside :data:`MASKED` in its record, holding a collect reply's public sum
+#: (``float32``, flat: :func:`pack_public`).
+PUBLIC_SUM = "public-sum"
 #: The four stages of a round, as Flower ``train`` actions (``train.sa_setup`` ...), in
 #: order: :attr:`Stage.action <fedfdp.secagg.errors.Stage.action>` of every stage.
 STAGES: tuple[str, ...] = tuple(stage.action for stage in Stage)
@@ -124,3 +141,50 @@ def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.__name__}.{f.name}: unreadable ({exc})", field=f.name) from None
     return cls(**kwargs)
+
+
+def pack_public(sums: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+    """The public sums of the parameters ``names`` (in that order) as one flat ``float32``
+    vector (module docstring: exact for the ``float32`` sums a node computes).
+
+    Raises
+    ------
+    ValueError
+        A parameter missing from ``sums``, or a sum that is not floating point.
+    """
+    parts = []
+    for name in names:
+        if name not in sums:
+            raise ValueError(f"public sum: parameter {name!r} missing")
+        arr = np.asarray(sums[name])
+        if arr.dtype.kind != "f":
+            raise ValueError(f"public sum of {name!r}: dtype {arr.dtype} is not floating point")
+        parts.append(arr.reshape(-1).astype(np.float32, copy=False))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+def unpack_public(flat: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`pack_public`: the flat vector cut into the parameters' ``shapes``
+    (in their order).
+
+    Raises
+    ------
+    MessageError
+        ``flat`` is not a one-dimensional ``float32`` array of exactly the parameters'
+        coordinate count (one line naming the dtype or the length; field
+        :data:`PUBLIC_SUM`).
+    """
+    if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 or flat.ndim != 1:
+        desc = (f"{flat.dtype} array of shape {flat.shape}" if isinstance(flat, np.ndarray)
+                else type(flat).__name__)
+        raise MessageError(f"{PUBLIC_SUM}: must be a one-dimensional float32 array, got {desc}",
+                           field=PUBLIC_SUM)
+    sizes = [int(np.prod(shape, dtype=np.int64)) if shape else 1 for shape in shapes.values()]
+    if flat.size != sum(sizes):
+        raise MessageError(f"{PUBLIC_SUM}: {flat.size} coordinates, expected d={sum(sizes)}",
+                           field=PUBLIC_SUM)
+    out, at = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
+        out[name] = flat[at : at + size].reshape(shape)
+        at += size
+    return out
