@@ -391,7 +391,6 @@ def build_decomposition(
     *,
     model: str = "logistic",
     blur: BlurSettings = BlurSettings(),
-    diffusion_steps: int = 1000,
 ) -> FeatureMap:
     """The (ℓ_priv, ℓ_pub) pair of ``public_loss`` for ``data`` (a run's is
     :func:`fedfdp.run_plan.feature_map_for`: the configured ``public-loss``, ``model``
@@ -403,18 +402,10 @@ def build_decomposition(
     ``model = "logistic"``.
 
     Image datasets (``data.is_image``): the view is the Gaussian blur ``blur``
-    (0 levels: the exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public;
-    ``model = "ddpm"``: the class-conditional diffusion loss of a
-    ``diffusion_steps``-step linear schedule and its split
-    (:class:`fedfdp.images.DiffusionFeatureMap`: ``ℓ_pub`` is the diffusion loss on
-    the blurred image with the record's own timestep and noise).
+    (0 levels: the exact blur), ``ℓ_pub = CE(model(blur(x)), y)``, the label public.
+    (``model = "ddpm"``: :func:`fedfdp.run_plan.feature_map_for` builds the diffusion
+    split, :class:`fedfdp.images.DiffusionFeatureMap`, over the same blur.)
     """
-    if model == "ddpm":
-        if not data.is_image:
-            raise ValueError(f"model='ddpm': needs an image dataset; dataset {data.name!r} is a table")
-        from fedfdp.images.diffusion import diffusion_feature_map
-
-        return diffusion_feature_map(image_view(data, public_loss, blur), data.num_classes, diffusion_steps)
     if data.is_image:
         return FeatureMap(image_view(data, public_loss, blur))
     if data.spec is None:  # a table always has a spec (FederatedData.__post_init__)

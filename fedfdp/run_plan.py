@@ -56,7 +56,7 @@ from fedfdp.data.split import refuse_label_split
 from fedfdp.entropy import REPRODUCIBLE_WARNING, SecretSource, noise_source, secret_source
 from fedfdp.evaluation import EvaluateFn, held_out_evaluation
 from fedfdp.ledger_replay import replay
-from fedfdp.losses import BlurSettings, FeatureMap, build_decomposition
+from fedfdp.losses import BlurSettings, FeatureMap, build_decomposition, image_view
 from fedfdp.mechanism import (
     PublicFacts,
     ResolvedMechanism,
@@ -169,12 +169,19 @@ def server_parts_for(cfg: Config, data: FederatedData | None) -> ServerParts:
 def feature_map_for(cfg: Config, data: FederatedData) -> FeatureMap:
     """Ψ and the loss decomposition ``cfg`` selects for ``data``
     (:func:`fedfdp.losses.build_decomposition` of ``public-loss``, ``model`` and the
-    ``blur-*`` keys).
+    ``blur-*`` keys; ``model = "ddpm"``: the diffusion split over the blur,
+    :func:`fedfdp.images.diffusion.diffusion_feature_map` of ``diffusion-steps``).
     """
     d = cfg.data
-    return build_decomposition(data, cfg.privacy.public_loss, model=cfg.training.model,
-                               blur=BlurSettings(d.blur_kernel, d.blur_sigma, d.blur_levels),
-                               diffusion_steps=cfg.training.diffusion_steps)
+    blur = BlurSettings(d.blur_kernel, d.blur_sigma, d.blur_levels)
+    if cfg.training.model == "ddpm":
+        if not data.is_image:
+            raise ConfigError(f"model='ddpm': needs an image dataset; dataset {data.name!r} is a table")
+        from fedfdp.images.diffusion import diffusion_feature_map
+
+        psi = image_view(data, cfg.privacy.public_loss, blur)
+        return diffusion_feature_map(psi, data.num_classes, cfg.training.diffusion_steps)
+    return build_decomposition(data, cfg.privacy.public_loss, model=cfg.training.model, blur=blur)
 
 
 def evaluation_for(cfg: Config, data: FederatedData) -> EvaluateFn:
