@@ -115,10 +115,12 @@ def sets_of(argv: list[str]) -> list[str]:
 @pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a[:2]) for a in COMMANDS])
 def test_fedfdp_command_is_valid(argv, tmp_path, capsys, monkeypatch):
     args = make_parser().parse_args(argv)  # exits (status 2) on an unknown subcommand or flag
-    for item in sets_of(argv):  # every overridden key exists and its value is accepted
+    keys = {}  # every overridden key exists and its value is accepted, together with the others
+    for item in sets_of(argv):
         key, value = parse_override(item)
         if not (args.command == "compare" and key in ("modes", "target-epsilons", "seeds")):
-            load_config({key: value})
+            keys[key] = value
+    load_config(keys)
     monkeypatch.chdir(ROOT)
     if args.command == "run":
         assert args.resume is None
