@@ -41,7 +41,7 @@ from fedfdp.images.diffusion import DiffusionFeatureMap, pack
 from fedfdp.losses import LossPart, RecordKeys
 from fedfdp.models import build_model_for
 from fedfdp.modes import PHASES
-from fedfdp.run_plan import feature_map_for, mechanism_for
+from fedfdp.run_plan import evaluation_for, feature_map_for, mechanism_for
 from tests.mechanism_helpers import ledger_doc
 
 DDPM = {
@@ -291,3 +291,22 @@ def test_refusals(overrides, fragment):
     with pytest.raises(ConfigError) as err:
         load_config(given)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_secure_aggregation_trains_a_ddpm_through_the_real_round_driver():
+    """The real ClientApp and secagg round driver in process: each node's private sum in a
+    public number of rows (zero rows weighing 0), masked; the ledger charges the
+    distributed event; the model moves; ``fd`` is evaluated."""
+    from fedfdp.accounting.distributed import DistributedDiscreteGaussian
+    from tests.test_secagg_flower import run_strategy, secagg_config
+
+    cfg = secagg_config(**{k: v for k, v in DDPM.items() if k != "progress"},
+                        **{"num-rounds": 2, "mode": "fdp", "public-batch-size": 16, "eval-every": 2})
+    strat, _grid, initial = run_strategy(cfg, evaluate=evaluation_for(cfg, load_dataset(cfg.data)))
+    assert strat.stop_reason is None and [r["round"] for r in strat.rows] == [1, 2]
+    assert strat.ledger is not None
+    events = strat.ledger.events()
+    assert len(events) == 2 and all(isinstance(e, DistributedDiscreteGaussian) for e in events)
+    assert strat.rows[-1]["fd"] > 0
+    assert any(not torch.equal(initial[k], v) for k, v in strat.model.state_dict().items())
