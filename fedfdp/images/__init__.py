@@ -13,10 +13,11 @@ Rooms
     exactly by the ghost engine.
 :mod:`~fedfdp.images.diffusion`
     DDPM noise schedules, the diffusion loss and its split ``ℓ = ℓ_priv + ℓ_pub``
-    (same timestep and noise for both views), the ancestral sampler.
+    (same timestep and noise for both views), the ancestral sampler, and the split as
+    a run's feature map (``model = "ddpm"``, :class:`DiffusionFeatureMap`).
 :mod:`~fedfdp.images.fid`
     A Fréchet distance on a digit classifier's features (not Inception FID),
-    per class; PNG sample grids.
+    per class; a run's generation-and-FD evaluation; PNG sample grids.
 :mod:`~fedfdp.images.train`
     The non-federated reference trainer of the five methods (measurement only).
 
@@ -38,8 +39,24 @@ from fedfdp.images.data import (
     load_png_folder,
     split_images,
 )
-from fedfdp.images.diffusion import DiffusionDraw, DiffusionLoss, NoiseSchedule, draw_noise, pack, sample
-from fedfdp.images.fid import FIDReport, fid_report, frechet_distance, save_grid, train_feature_classifier
+from fedfdp.images.diffusion import (
+    DiffusionDraw,
+    DiffusionFeatureMap,
+    DiffusionLoss,
+    NoiseSchedule,
+    diffusion_feature_map,
+    draw_noise,
+    pack,
+    sample,
+)
+from fedfdp.images.fid import (
+    FIDReport,
+    GenerationEvaluation,
+    fid_report,
+    frechet_distance,
+    save_grid,
+    train_feature_classifier,
+)
 from fedfdp.images.models import DigitCNN, build_classifier
 from fedfdp.images.train import METHODS, ClassificationTask, DiffusionTask, TrainResult, TrainSettings, train
 from fedfdp.images.unet import UNet, build_unet
@@ -49,12 +66,14 @@ __all__ = [
     "ClassificationTask",
     "DeviceImages",
     "DiffusionDraw",
+    "DiffusionFeatureMap",
     "DiffusionLoss",
     "DiffusionTask",
     "DigitCNN",
     "FIDReport",
     "FederatedImages",
     "GaussianBlur",
+    "GenerationEvaluation",
     "ImageDataError",
     "ImageSet",
     "ImageShape",
@@ -67,6 +86,7 @@ __all__ = [
     "build_classifier",
     "build_unet",
     "check_public_map",
+    "diffusion_feature_map",
     "draw_noise",
     "fid_report",
     "frechet_distance",
