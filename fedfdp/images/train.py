@@ -23,7 +23,8 @@ method          one step                                                    ε
 ``fdp``         ``pretrain_steps`` public steps, then Algorithm 1:          FDP
                 mean ∇ℓ_pub over a uniform batch of ``m'`` drawn
                 independently of the coins (Prop. 3) +
-                α·(Σ_i clip_C(∇ℓ_priv,i) + N(0, σ²C²I)) / (qN)
+                α·(Σ_i clip_C(∇ℓ_priv,i) + N(0, σ²C²I)) / (qN),
+                ``C`` by the recipe (:mod:`fedfdp.images.recipe`)
 ==============  ==========================================================  ==========
 
 Privacy of the private steps (``dp``, the DP phase of ``fdp-dpsgd``, the
@@ -31,7 +32,11 @@ Algorithm 1 phase of ``fdp``): each is a Poisson-subsampled Gaussian mechanism
 with rate ``q``, sensitivity ``C`` under add/remove (Def. 6) and noise
 multiplier ``σ`` (Theorem 5; ``dp`` by Prop. 2 as well); ``steps`` of them are
 composed by the PRV accountant, and ``σ`` is calibrated so that the **upper**
-ε is at most ``target_epsilon`` at ``delta`` (default ``1/(2N)``). The divisor
+ε is at most ``target_epsilon`` at ``delta`` (default ``1/(2N)``). ``fdp``'s
+default recipe moves ``C`` toward a quantile of the private norms through a
+noisy count released each step; the count and the sum are then one Gaussian
+mechanism of the calibrated multiplier ``σ_eff`` (the gradient gets
+``σ = σ_eff/√(1 − r)``, the count ``σ_b = σ_eff/√r``), so ε covers it. The divisor
 is the expected batch size ``qN``, never the realised one. Public steps,
 public pre-training (Remark 2) and everything computed from Ψ cost nothing.
 The Poisson coins and the noise come from ``secrets`` (default the OS
