@@ -29,6 +29,7 @@ from fedfdp.entropy import REPRODUCIBLE_WARNING, noise_source
 from fedfdp.evaluation import EvaluateFn
 from fedfdp.health import RunDiverged
 from fedfdp.ledger import LEDGER_FILE
+from fedfdp.outputs import CONFIG_FILE
 from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome
 from fedfdp.run_files import Progress
 
@@ -79,6 +80,8 @@ class RunLoop:
         if files is None:
             return 1
         found = files.verify(engine.mechanism)
+        if found.ledger is not None:  # a resume: the [resolved] table must be what the plan resolves
+            self.verify_resolved()
         if found.checkpoint is not None and found.ledger is not None:
             recorded = found.ledger.checkpoint_every(found.checkpoint.head.entries)
             if found.checkpoint.every != recorded:
@@ -104,6 +107,28 @@ class RunLoop:
         # every session starts from a checkpoint of the head it continues from
         files.checkpoint(self.checkpoint(first - 1))
         return first
+
+    def verify_resolved(self) -> None:
+        """Refuse to resume a run directory whose ``config.toml`` ``[resolved]`` table is
+        missing or differs from what the plan resolves now (the table was edited: what the
+        run directory says of the guarantee would no longer be the run's), naming the first
+        differing value; before anything is written.
+        """
+        from fedfdp.config import load_toml_file
+
+        if self.files is None:
+            return
+        path = self.files.out / CONFIG_FILE
+        saved = load_toml_file(path).get("resolved")
+        if not isinstance(saved, dict):
+            raise CheckpointMismatch(f"{path}: no [resolved] table (the values the run resolved at its "
+                                     "start); refusing to resume a run directory whose record was cut")
+        expected = self.plan.resolved_table(self.engine)
+        for key, value in expected.items():
+            if saved.get(key) != value:
+                raise CheckpointMismatch(
+                    f"{path}: [resolved] {key}={saved.get(key)!r}, but the run resolves {value!r}: the "
+                    "table was edited; refusing to resume (restore it, or start a new --out)")
 
     def record_session(self) -> bool:
         """Chain this session's ``checkpoint-every`` into the ledger when it differs from what
