@@ -61,6 +61,9 @@ BUG_NAMES = ("shared-batch", "no-clip", "realized-normalization", "low-noise", "
 BUG_ALIASES = {"no-clipping": "no-clip"}
 #: Planted bugs of the CorrDP audit (``--relation corrdp``).
 CORRDP_BUG_NAMES = ("tv-no-inflation", "tv-underestimated")
+#: A one-run audit adds at most this many canaries per record of the audited run (the
+#: documented setup adds 2.5: 5,000 canaries to 2,000 records).
+MAX_CANARIES_PER_RECORD = 10
 
 # --------------------------------------------------------------------------------------
 # command line
@@ -335,6 +338,23 @@ def _canary_count(text: str) -> int:
         raise ConfigError(f"--canaries={text!r}: an integer >= 2, or auto") from None
 
 
+def _check_canaries(canaries: int, cfg: Any) -> None:
+    """Refuse, before any work, more canaries than :data:`MAX_CANARIES_PER_RECORD` per record
+    of the audited run, or than the machine's memory holds: each canary is a record with a
+    column of its own, so the inputs grow as ``(records + m) · m`` numbers.
+    """
+    from simulations.resources import DATA_COPIES, generated_records, refuse_unless_fits
+
+    records = generated_records(cfg)
+    if records is not None and canaries > MAX_CANARIES_PER_RECORD * records:
+        raise ConfigError(f"--canaries={canaries}: more than {MAX_CANARIES_PER_RECORD} per record of the "
+                          f"audited run's {records} records (at most {MAX_CANARIES_PER_RECORD * records}); "
+                          "the canaries would be the run")
+    rows = (records or 0) + canaries
+    refuse_unless_fits(4.0 * DATA_COPIES * rows * canaries, f"--canaries={canaries}",
+                       f"the canaries' inputs ({rows:,} records, one column per canary)")
+
+
 def _print_one_run(rows: Sequence[dict[str, Any]]) -> None:
     print(f"{'bug':<24}{'eps_lower':>10}{'eps_claimed':>12}{'mu_lower':>9}{'mu(claim)':>10}"
           f"{'f-DP right/needed':>19}  verdict")
@@ -390,6 +410,7 @@ def _cmd_one_run(args: argparse.Namespace) -> int:
         config=config,
         score=Score(args.score or "rounds"),
     )
+    _check_canaries(setup.canaries, setup.run_config())
     if args.canaries == "auto":
         from fedfdp.data import load_dataset
         from fedfdp.run_plan import mechanism_for
