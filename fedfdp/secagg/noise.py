@@ -3,50 +3,62 @@
 Mechanism
 ---------
 Each SecAgg party adds ``N_Z(0, σ²)`` per coordinate to its scaled, randomly
-rounded, clipped private sum, where the discrete Gaussian ``N_Z(μ, σ²)`` puts mass
-``exp(-(x - μ)²/(2σ²)) / Σ_{y∈Z} exp(-(y - μ)²/(2σ²))`` on each integer ``x``
-(Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy",
-NeurIPS 2020; CKS below). The privacy of the *sum* of the honest parties' noises is
-accounted in :mod:`fedfdp.accounting.distributed` (sensitivity ``s + √d`` in integer
-units under add/remove of one record; proof in ``docs/secagg_accounting.md``); this
-module only draws the noise, exactly.
+rounded, clipped private sum, where the discrete Gaussian ``N_Z(0, σ²)`` puts mass
+``exp(-x²/(2σ²)) / Σ_{y∈Z} exp(-y²/(2σ²))`` on each integer ``x`` (Canonne, Kamath &
+Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS 2020; CKS below).
+The privacy of the *sum* of the honest parties' noises is accounted in
+:mod:`fedfdp.accounting.distributed` (sensitivity ``s + √d`` in integer units under
+add/remove of one record; proof in ``docs/secagg_accounting.md``); this module only
+draws the noise, exactly.
 
-The algorithm (CKS Algorithms 1-3)
-----------------------------------
-* ``Bernoulli(exp(-γ))`` for rational ``γ ∈ [0, 1]`` (CKS Alg. 1, von Neumann):
-  draw ``A_K ~ Bernoulli(γ/K)`` for ``K = 1, 2, ...`` until the first failure;
-  return 1 iff that ``K`` is odd. For ``γ > 1``: ``⌊γ⌋`` draws of
-  ``Bernoulli(exp(-1))`` and one of ``Bernoulli(exp(-(γ - ⌊γ⌋)))``, all must succeed.
-* the discrete Laplace ``P(x) ∝ exp(-|x|/t)`` for an integer ``t >= 1`` (CKS
-  Alg. 2): ``U`` uniform on ``{0..t-1}``, kept with probability ``exp(-U/t)``;
-  ``V`` = number of successes of ``Bernoulli(exp(-1))`` before the first failure;
-  ``X = U + tV``; a fair sign ``B``; restart if ``B = 1`` and ``X = 0``.
-* the discrete Gaussian (CKS Alg. 3): ``t = ⌊σ⌋ + 1``; a discrete Laplace ``Y`` of
-  scale ``t``, accepted with probability ``exp(-(|Y| - σ²/t)² / (2σ²))``.
-  (``exp(-|y|/t) · exp(-(|y| - σ²/t)²/(2σ²)) = exp(-y²/(2σ²) - σ²/(2t²))``, so
-  the accepted ``Y`` is exactly ``N_Z(0, σ²)`` for any ``t > 0``.)
+The algorithm: blocks, one rejection step
+-----------------------------------------
+Write ``λ = 1/(2σ²)``, a block width ``w = 2^m`` (``σ/w ∈ [16, 32)``, ``w = 1`` for
+``σ < 32``) and ``Λ = λw²``. A *trial* draws
 
-Why the vectorised version is exact
------------------------------------
-Every random decision above is ``Bernoulli(x)`` for a number ``x`` that is known
-exactly as a ratio of integers ``num/den`` (``f/K`` with ``f = γ - ⌊γ⌋``, ``U/(tK)``,
-``1/K``; for the acceptance step ``γ = (|Y|·b·t - a)² / (2·a·b·t²)`` with
-``σ² = a/b``). A draw is decided by one uniform ``U ∈ [0, 1)`` whose first 32 bits
-``W`` come from the bit stream: ``Bernoulli(x) = [U < x]``. For ``x = 1/K`` the
-comparison is in integers (``W`` against ``⌊2³²/K⌋``). Otherwise batches of draws are
-compared in float64 against ``x̂``, a float approximation of ``x`` with a *rigorous*
-error bound ``e`` (IEEE-754 ``+ − × ÷`` are correctly rounded, so the bound follows
-from a forward error analysis: ``2⁻⁴⁶(γ̂ + |Δ̂|/t + 1)`` for ``γ``, see
-:func:`_acceptance_exponent`, and a few units of roundoff for the ratios). When
-``[W/2³², (W+1)/2³²)`` lies entirely below ``x̂ - e`` (or entirely above ``x̂ + e``)
-the outcome is certain; otherwise (probability about ``2⁻³¹`` per draw) the same
-``U`` is compared with ``num/den`` in exact integer arithmetic, extending ``U`` by
-fresh 64-bit words until the comparison is decided (:func:`_uniform_below`). When
-``⌊γ⌋`` itself is uncertain, that element's whole ``Bernoulli(exp(-γ))`` is drawn by
-the scalar exact algorithm on Python integers (:class:`fractions.Fraction`). The
-uniform ``U`` of the discrete Laplace is drawn by rejection from 64-bit words, the
-sign from single bits. So every output has exactly the CKS distribution; floats only
-decide which path a draw takes.
+* a magnitude block ``j >= 0`` with probability ``e^{-Λj²}/S``, ``S = Σ_{j>=0}
+  e^{-Λj²}``, by inversion of a uniform ``U`` against the block CDF ``F_j``;
+* ``u`` uniform on ``{0, ..., w-1}`` and a fair sign; ``y = jw + u``;
+
+and is accepted with probability ``e^{-Γ}``, ``Γ = λ(y² - (jw)²) = Λ·v(2j + v)``,
+``v = u/w``, and rejected if the sign is negative and ``y = 0``. An accepted trial
+has ``P(y) ∝ e^{-Λj²}·e^{-Γ} = e^{-λy²}`` on ``y >= 0`` and the sign rule halves the
+weight of ``0``, so it is exactly ``N_Z(0, σ²)``; a trial succeeds with probability
+``θ/(2wS)``, ``θ = Σ_y e^{-λy²} >= √(2π)σ`` (about 0.97 for ``σ >= 32``), against
+about 0.45 for CKS's discrete-Laplace proposal (CKS Algorithm 3).
+
+Why it is exact, and where floats are not
+-----------------------------------------
+No acceptance or selection decision uses floating point; every one is a comparison
+of integers that is either certain or resolved exactly:
+
+* **The block.** ``F_j`` is transcendental; the table holds integers
+  ``lo_j <= F_j·2⁶⁴ <= hi_j`` computed once per ``σ²`` in Python integer arithmetic
+  with directed rounding (``e^{-x}`` by its alternating Taylor series, whose even and
+  odd partial sums bracket it; ``S`` with a geometric bound on the tail beyond the
+  table). ``U`` lies in ``[W, W+1)/2⁶⁴`` for a 64-bit word ``W``; the block is
+  certain unless ``lo_j <= W < hi_j`` for some ``j`` (probability about ``2⁻⁵⁴``),
+  and then ``U`` is extended by further words and compared with ``F_j`` bounded to
+  as many bits (:func:`_refine_block`). A table of the top 16 bits of ``W`` gives
+  the block with one comparison; the few cells holding several boundaries (the far
+  tail) use a search.
+* **The acceptance** ``e^{-Γ} = e^{-Γ₀}·e^{-(Γ - Γ₀)}`` with ``Γ₀ = G/2³²`` an
+  integer lower bound computed in ``uint64`` (``Λ`` rounded down to ``L/2^s``, ``v``
+  to its top ``h`` bits, the product floored), so that ``0 <= Γ - Γ₀ <= Δ`` for a
+  public ``Δ`` (``2⁻³²`` to ``2⁻¹⁶``, :func:`_plan`). ``Bernoulli(e^{-Γ₀})`` is von
+  Neumann's (CKS Algorithm 1: ``A_K ~ Bernoulli(Γ₀/K)`` until the first failure,
+  1 iff it is at an odd ``K``) with ``A_1 = [W₁ < G]`` exact for a 32-bit ``W₁``
+  and ``A_K`` for ``K >= 2`` certain unless ``KW < G < K(W+1)`` (probability
+  ``<= 2⁻³²``, then :func:`_uniform_below` in integers). ``Bernoulli(e^{-(Γ-Γ₀)})``
+  is 1 when its first uniform is ``>= Δ`` (certain from a 32-bit word); otherwise
+  (probability ``<= Δ``) ``Γ - Γ₀`` is formed as an exact
+  :class:`~fractions.Fraction` and the draw finished exactly
+  (:func:`_bernoulli_exp_prefix`). ``Γ₀ < 1`` in every block of the table
+  (``Λ(2J - 1) < 1``).
+* **The tail** (blocks ``j >= J``, ``J`` covering ``|y|`` up to about ``16σ``-``20σ``,
+  :data:`TABLE_COVER`, probability below ``e^{-128}``) is drawn by scalar exact code: ``j = J + g`` with
+  ``g`` geometric of ratio ``e^{-2ΛJ}`` accepted with ``e^{-Λg²}``, and ``Γ`` accepted
+  by CKS Algorithm 1 on Python integers (:func:`_scalar_bernoulli_exp`).
 
 Representing ``σ²``
 -------------------
@@ -58,50 +70,54 @@ nearest to ``σ_loc²``, sampled exactly. ``σ²`` must lie in ``[2⁻³⁰, 2�
 
 Randomness
 ----------
-The bits come from a :class:`~fedfdp.entropy.BitStream`: by default the party's OS
-CSPRNG (:class:`~fedfdp.entropy.OSBits`, ``os.urandom``), never a configured seed;
-tests may pass a :class:`~fedfdp.entropy.SeededBits` stream.
+One call reads :data:`~fedfdp.secagg.keystream.KEY_WORDS` words from its
+:class:`~fedfdp.entropy.BitStream` (by default the party's OS CSPRNG,
+:class:`~fedfdp.entropy.OSBits`; under ``reproducible-noise`` the seeded stream) as
+the key of an AES-256-CTR :class:`~fedfdp.secagg.keystream.Keystream`; the trials
+read lane 0 and the exact refinements lane 1 of it. A
+:class:`~fedfdp.secagg.keystream.Keystream` passed as the stream is used as is.
 
 Fixed work (a timing side channel)
 ----------------------------------
-Under secure aggregation the server sees when each party's reply arrives. A rejection
-sampler whose running time depends on the values it draws leaks them (Jin et al.,
-"Are we there yet? Timing and floating-point attacks on differential privacy
-systems", IEEE S&P 2022): here the loops of CKS Algorithms 1-3 run longer for larger
-``|Y|`` and for larger ``γ``. So every step works on arrays of **public** sizes:
+Under secure aggregation the server sees when each party's reply arrives; a sampler
+whose running time follows the values it draws leaks them (Jin et al., "Are we there
+yet? Timing and floating-point attacks on differential privacy systems", IEEE S&P
+2022). So every array has a **public** size, a function of ``σ²`` and the number of
+draws only:
 
-* a block of ``b`` draws runs a public number ``m`` of independent candidate trials,
-  the smallest for which ``Bin(m, p) >= b`` except with probability
-  :data:`STEP_FAILURE` (Chernoff; ``p`` a closed-form lower bound on a trial's success
-  probability), and keeps the first ``b`` successes by position;
-* each step ``K`` of a von Neumann loop draws for the running candidates padded to a
-  public count (a draw is still running at step ``K`` with probability at most
-  ``1/(K-1)!``);
-* the geometric counts (CKS's ``V``, and ``⌊γ⌋`` of the acceptance, drawn as
-  ``[G >= ⌊γ⌋]``) are the runs of a public number of ``Bernoulli(exp(-1))`` draws;
-* undecided comparisons (probability about ``2⁻³¹`` each) read their extra words
-  from a reserve of :data:`RESERVE_WORDS` drawn with every block.
+* a block of ``b`` draws runs ``m`` trials, the smallest ``m`` with ``Bin(m, p) >= b``
+  except with probability :data:`STEP_FAILURE` (Chernoff,
+  :func:`~fedfdp.binomial_tails.trials_for`; ``p`` a lower bound on ``θ/(2wS)``),
+  and keeps the first ``b`` successes by position;
+* the trials whose 16-bit cell holds several boundaries are searched in an array
+  padded to a public count; step ``K >= 2`` of the von Neumann loop runs on the
+  running trials padded to a public count (a trial is still running with
+  probability at most ``E[Γ₀]·Γ_max^{K-2}/(K-1)!``); the exact completions of the
+  second factor run a public number of times (padding with a dummy);
+* all counts by :func:`~fedfdp.binomial_tails.upper_count` at :data:`STEP_FAILURE`.
 
-If a secret count ever exceeds its public size (probability at most
-:func:`work_failure_bound`, below ``2⁻⁶⁰`` per call at ``d = 10⁵``), the step does the
-extra work and **the law stays exact**: candidates are i.i.d. trials and a trial's
-outcome never depends on the public sizes, so the first ``b`` successes are i.i.d.
-``N_Z(0, σ²)`` whichever trials they are; only the running time then shows that the
-rare event happened. What remains value-dependent is the Python work of an exact
-refinement (a few µs, about ``2⁻¹⁰`` per ``10⁵`` draws, for an event nearly independent
-of the values) and numpy's own data-dependent costs (``flatnonzero``, fancy indexing).
-``benchmarks/reply_timing.py`` measures the time against the magnitude of the draws.
+Lane 0 of the keystream thus yields the same number of words for every call of a
+given ``(σ², size)``. If a secret count exceeds its public size (probability at most
+:func:`work_failure_bound`, below ``2⁻⁶⁰`` per call at ``d = 10⁵``) the step does the
+extra work and **the law stays exact**: trials are i.i.d. and a trial's outcome never
+depends on the public sizes, so the first ``b`` successes are i.i.d. ``N_Z(0, σ²)``
+whichever trials they are; only the running time then shows that the rare event
+happened. What remains outside the bound: the exact refinements of an undecided
+block or von Neumann comparison and the far tail (each about ``2⁻³²`` per
+comparison or rarer, reading lane 1, a few µs of Python), and numpy's own
+value-dependent costs (compaction, fancy indexing). ``benchmarks/reply_timing.py``
+measures time against the magnitude of the draws; ``benchmarks/sampler.py`` the cost.
 
-Cost (CPU time, measured on the shared 2-core development machine): 110-120 ms for
-``d = 10⁵`` draws at ``σ = 4`` and at ``σ = 10⁵``, against 70-80 ms for the sampler
-whose work followed the values (1.5×), a quarter of it reading ``os.urandom``; a call
-for a handful of draws costs a few ms (the public steps are Python loops).
+Cost: ``benchmarks/sampler.py`` (``docs/performance.md``): ``10⁶`` draws at
+``σ² = 10⁸`` take a few times numpy's continuous ``normal`` for ``10⁶`` draws; the
+per-``σ²`` table (``J <= 650`` certified exponentials) is built once and cached.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from bisect import bisect_right
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -110,18 +126,17 @@ import numpy as np
 
 from fedfdp.binomial_tails import trials_for, upper_count
 from fedfdp.entropy import BitStream, OSBits
+from fedfdp.secagg.keystream import Keystream
 from fedfdp.validate import count
 
 __all__ = [
     "MAX_VARIANCE",
     "MIN_VARIANCE",
-    "RESERVE_WORDS",
     "STEP_FAILURE",
+    "TABLE_COVER",
     "as_variance",
     "discrete_gaussian_variance",
     "sample_discrete_gaussian",
-    "sample_discrete_gaussian_reference",
-    "sample_discrete_laplace",
     "work_failure_bound",
 ]
 
@@ -129,24 +144,23 @@ __all__ = [
 MIN_VARIANCE = Fraction(1, 2**30)
 MAX_VARIANCE = Fraction(2**80)
 
-_TWO64 = 1 << 64
-_UNIT = 2.0**-53  # unit roundoff of float64
-# forming u ± slack and x̂ ∓ e in float64 rounds twice (≤ 2⁻⁵³ each): 2⁻⁵⁰ covers it
-_ROUND_SLACK = 2.0**-50
-_GAMMA_ERR = 2.0**-46  # relative margin on the acceptance exponent (≈ 20x the analysis)
-_EXACT_INT = 2.0**52  # |Y| below this is exact in float64 with room to spare
-_BLOCK = 1 << 16  # draws per block (keeps the working arrays in cache)
-_MARGIN = 1.0 - 1e-9  # relative margin on the success probabilities computed in float64
-_EXP_MINUS_ONE_FAILS = 0.6321  # below P(Bernoulli(exp(-1)) = 0) = 1 - e⁻¹ = 0.63212...
+#: The block table covers ``|y|`` up to about this many ``σ`` (or ``σ²/w >= 16σ``
+#: where ``Γ₀ < 1`` needs fewer blocks); beyond is the exact scalar tail (mass below
+#: ``e^{-128}`` at the default). Any value ``>= 0`` gives the same law.
+TABLE_COVER = 20.0
 
 #: The probability allowed, per public count the sampler relies on, that the secret
 #: count it stands for exceeds it (the work then grows, the law stays exact).
 STEP_FAILURE = 2.0**-80
-#: Words set aside per block for exact refinements (each needed with probability about
-#: ``2⁻³¹`` per comparison), so that the words a call reads stay a public count.
-RESERVE_WORDS = 16
 
-ExactRatio = Callable[[int], tuple[int, int]]
+_TWO64 = 1 << 64
+_MAX64 = _TWO64 - 1
+_CELL_BITS = 16  # the block table's first level: the top 16 bits of W
+_CELL_SHIFT = 64 - _CELL_BITS
+_HEAD = 17  # bits of v = u/w that enter Γ₀ (s = 64 - 2h bits of Λ)
+_TABLE_GUARD = 32  # extra bits carried while the block table is computed
+_BLOCK = 1 << 18  # draws per block
+_MARGIN = 1.0 - 1e-9  # relative margin on probabilities evaluated in float64
 
 
 def as_variance(value: Any) -> Fraction:
@@ -174,44 +188,13 @@ def as_variance(value: Any) -> Fraction:
     return v
 
 
-class _Words:
-    """Random words from a bit stream: 64-bit, 32-bit halves, single bits, and a reserve.
-
-    The vectorised sampler asks for public amounts only (:meth:`take`, :meth:`take32`,
-    :meth:`bits`); the rare exact refinements read single words (:meth:`one`) from a
-    reserve of :data:`RESERVE_WORDS` words drawn with each block (:meth:`refill`), so the
-    words a call reads stay a public count unless more refinements than that are needed.
-    """
-
-    def __init__(self, stream: BitStream) -> None:
-        self._stream = stream
-        self._reserve: list[int] = []
-
-    def take(self, n: int) -> np.ndarray:
-        return self._stream.words(n) if n > 0 else np.empty(0, dtype=np.uint64)
-
-    def take32(self, n: int) -> np.ndarray:
-        return self.take((n + 1) // 2).view(np.uint32)[:n]
-
-    def bits(self, n: int) -> np.ndarray:
-        raw = self.take((n + 63) // 64).view(np.uint8)
-        return np.unpackbits(raw)[:n].astype(bool)
-
-    def refill(self, n: int) -> None:
-        """Set aside ``n`` fresh words for :meth:`one` (the unused ones are dropped)."""
-        self._reserve = [int(w) for w in self.take(n)][::-1]
-
-    def one(self) -> int:
-        if self._reserve:
-            return self._reserve.pop()
-        return int(self._stream.words(1)[0])
+# --------------------------------------------------------------------------- exact scalars
 
 
-def _uniform_below(prefix: int, bits: int, num: int, den: int, words: _Words) -> bool:
+def _uniform_below(prefix: int, bits: int, num: int, den: int, words: Keystream) -> bool:
     """Whether ``U < num/den`` for ``U`` uniform on ``[prefix/2^bits, (prefix+1)/2^bits)``.
 
-    Exact: integers only; ``U`` is refined by fresh 64-bit words until decided
-    (each refinement decides with probability ``1 - 2⁻⁶⁴`` or better).
+    Exact: integers only; ``U`` is refined by fresh 64-bit words until decided.
     """
     while True:
         target = num << bits
@@ -223,58 +206,323 @@ def _uniform_below(prefix: int, bits: int, num: int, den: int, words: _Words) ->
         bits += 64
 
 
-def _bernoulli(words: _Words, x: np.ndarray, err: np.ndarray, exact: ExactRatio) -> np.ndarray:
-    """Exact ``Bernoulli(x_i)`` draws, where ``|x̂_i - x_i| <= err_i`` and
-    ``exact(i)`` returns ``x_i`` as ``(num, den)``.
-
-    Each draw reads 32 random bits ``W``: ``U ∈ [W/2³², (W+1)/2³²)``; ``u = W·2⁻³²``
-    is exact in float64, and ``2⁻⁵⁰`` covers the roundings of ``u ± slack`` and
-    ``x̂ ∓ err``. Undecided draws (probability about ``2⁻³¹``) are refined exactly.
+def _bernoulli_exp_prefix(prefix: int, bits: int, x: Fraction, words: Keystream) -> bool:
+    """``Bernoulli(e^{-x})`` for rational ``x ∈ [0, 1]`` (CKS Algorithm 1), the first
+    uniform being ``[prefix/2^bits, (prefix+1)/2^bits)`` refined as needed.
     """
-    w = words.take32(x.size)
-    u = w.astype(np.float64) * 2.0**-32
-    yes = u + (2.0**-32 + _ROUND_SLACK) < x - err
-    no = u - _ROUND_SLACK >= x + err
-    out = yes.copy()
-    for i in np.flatnonzero(~(yes | no)):
-        num, den = exact(int(i))
-        out[i] = _uniform_below(int(w[i]), 32, num, den, words)
-    return out
-
-
-@lru_cache(maxsize=256)
-def _alive_sizes(m: int, beta: float) -> tuple[int, ...]:
-    """The public sizes of the von Neumann loop's steps ``K = 2, 3, ...`` for ``m`` draws.
-
-    A draw is still running at step ``K`` only if ``A_1, ..., A_{K-1}`` all succeeded:
-    probability ``Π_{i<K} f/i <= 1/(K-1)!`` whatever ``f ∈ [0, 1]``; the size of step
-    ``K`` is the count the running draws exceed with probability at most ``beta``
-    (:data:`STEP_FAILURE`; :func:`~fedfdp.binomial_tails.upper_count`), and the steps
-    end where that count is 0.
-    """
-    sizes: list[int] = []
+    if not _uniform_below(prefix, bits, x.numerator, x.denominator, words):
+        return True
     k = 2
-    while True:
-        size = upper_count(m, math.exp(-math.lgamma(k)), beta)
-        if size == 0:
-            return tuple(sizes)
-        sizes.append(size)
+    while _uniform_below(words.one(), 64, x.numerator, x.denominator * k, words):
         k += 1
+    return k % 2 == 1
 
 
-def _von_neumann(first: np.ndarray, step: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
-    """CKS Algorithm 1's loop with a public amount of work: ``Bernoulli(exp(-f_i))`` from
-    ``first`` (the draws ``A_1``) and ``step(K, rows)`` (``A_K ~ Bernoulli(f/K)`` for each
-    of ``rows``); the draw stops at its first failure and is 1 iff that ``K`` is odd.
-
-    Step ``K`` draws for the running draws padded to the public size of
-    :func:`_alive_sizes` (the padding's outcomes are discarded); a draw still running
-    after the last public step (probability at most :data:`STEP_FAILURE` per step) is
-    finished by the same loop without padding, so the law is exactly CKS's.
+def _scalar_bernoulli_exp(gamma: Fraction, words: Keystream) -> bool:
+    """One exact ``Bernoulli(e^{-γ})`` for a rational ``γ >= 0`` (CKS Algorithm 1:
+    ``⌊γ⌋`` draws of ``Bernoulli(e^{-1})`` and one of ``Bernoulli(e^{-(γ-⌊γ⌋)})``).
     """
-    odd = ~first  # stopped at K = 1
+    whole = math.floor(gamma)
+    for _ in range(whole):
+        if not _bernoulli_exp_prefix(words.one(), 64, Fraction(1), words):
+            return False
+    return _bernoulli_exp_prefix(words.one(), 64, gamma - whole, words)
+
+
+def _exp_neg_fraction(p: int, q: int, prec: int) -> tuple[int, int]:
+    """Integers ``lo <= e^{-p/q}·2^prec <= hi`` for ``0 <= p <= q``.
+
+    The Taylor series of ``e^{-f}``, ``f <= 1``, alternates with decreasing terms, so
+    its even partial sums are upper bounds and its odd ones lower bounds; each term is
+    carried rounded up and rounded down.
+    """
+    one = 1 << prec
+    t_up = t_dn = one
+    s_up = s_dn = one
+    hi, lo = one, 0
+    k, tail = 0, 0
+    while tail < 2:
+        k += 1
+        t_up = -(-(t_up * p) // (q * k))
+        t_dn = (t_dn * p) // (q * k)
+        if k % 2:
+            s_up, s_dn = s_up - t_dn, s_dn - t_up
+            lo = max(lo, s_dn)
+        else:
+            s_up, s_dn = s_up + t_up, s_dn + t_dn
+            hi = min(hi, s_up)
+        if t_up <= 1:
+            tail += 1
+    return max(lo, 0), hi
+
+
+@lru_cache(maxsize=16)
+def _exp_neg_one(prec: int) -> tuple[int, int]:
+    """:func:`_exp_neg_fraction` of ``e^{-1}``."""
+    return _exp_neg_fraction(1, 1, prec)
+
+
+def _exp_neg(x: Fraction, prec: int) -> tuple[int, int]:
+    """Integers ``lo <= e^{-x}·2^prec <= hi`` for a rational ``x >= 0``."""
+    whole, rest = divmod(x.numerator, x.denominator)
+    g = prec + 16
+    lo, hi = _exp_neg_fraction(rest, x.denominator, g)
+    if whole:
+        elo, ehi = _exp_neg_one(g)
+        shift = g * whole
+        lo = (lo * elo**whole) >> shift
+        hi = -(-(hi * ehi**whole) >> shift)
+    return lo >> 16, -(-hi >> 16)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@lru_cache(maxsize=64)
+def _weights(a: int, b: int, m: int, blocks: int, prec: int) -> tuple[list[int], list[int], int, int]:
+    """Integer bounds ``lo_j <= e^{-Λj²}·2^prec <= hi_j`` for ``j < blocks``, and
+    ``(lo, hi)`` bounds of the tail ``2^prec·Σ_{j>=J} e^{-Λj²}``, for ``Λ = w²b/(2a)``,
+    ``w = 2^m``, ``J = blocks``: the terms ``J <= j < K`` summed, where beyond ``K``
+    (``e^{-ΛK²} < 2^-(prec+8)``) the rest is below ``e^{-ΛK²}/(1 - e^{-2ΛK})``.
+    """
+    lam = Fraction(b << (2 * m), 2 * a)
+    bounds = [_exp_neg(lam * j * j, prec) for j in range(blocks)]
+    end = max(blocks, math.isqrt(math.ceil((prec + 8) * 0.7 / lam)) + 1)
+    middle = [_exp_neg(lam * j * j, prec) for j in range(blocks, end)]
+    t_hi = _exp_neg(lam * end * end, prec)[1]
+    gap = (1 << prec) - _exp_neg(2 * lam * end, prec)[1]
+    rest = -(-(t_hi << prec) // gap)
+    return ([lo for lo, _ in bounds], [hi for _, hi in bounds],
+            sum(lo for lo, _ in middle), sum(hi for _, hi in middle) + rest)
+
+
+@lru_cache(maxsize=64)
+def _cdf_bounds(a: int, b: int, m: int, blocks: int, prec: int) -> tuple[list[int], list[int]]:
+    """Integers ``lo_j <= F_j·2^prec <= hi_j`` (``hi_j <= 2^prec``) for the block CDF
+    ``F_j = Σ_{i<=j} e^{-Λi²} / S``, ``j < blocks`` (:func:`_weights`).
+    """
+    w_lo, w_hi, t_lo, t_hi = _weights(a, b, m, blocks, prec + _TABLE_GUARD)
+    s_lo, s_hi = sum(w_lo) + t_lo, sum(w_hi) + t_hi
+    lo, hi, c_lo, c_hi = [], [], 0, 0
+    for wl, wh in zip(w_lo, w_hi, strict=True):
+        c_lo, c_hi = c_lo + wl, c_hi + wh
+        lo.append((c_lo << prec) // s_hi)
+        hi.append(min(-(-(c_hi << prec) // s_lo), 1 << prec))
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything public a call needs for one ``σ² = a/b`` (see the module docstring)."""
+
+    a: int
+    b: int
+    m: int  # w = 2^m
+    blocks: int  # J
+    lam: Fraction  # Λ = λw²
+    head: int  # h
+    lam_int: int  # L = ⌊Λ·2^s⌋, s = 64 - 2h
+    corr: int  # ⌈Δ·2³²⌉
+    lo: np.ndarray
+    hi: np.ndarray
+    cell_base: np.ndarray
+    cell_lo: np.ndarray
+    cell_hi: np.ndarray
+    cell_complex: np.ndarray
+    p_complex: float
+    success: float
+    steps: tuple[float, ...]  # survival bound of von Neumann step K = 2, 3, ...
+
+
+@lru_cache(maxsize=64)
+def _plan(a: int, b: int, cover: float) -> _Plan:
+    """The public plan of ``σ² = a/b``: ``w``, the table, the bounds of the work."""
+    m = 0
+    while (32 << m) ** 2 * b <= a:  # σ >= 32·2^m: widen (σ/w ends in [16, 32))
+        m += 1
+    lam = Fraction(b << (2 * m), 2 * a)
+    s2f = a / b
+    sigma = math.sqrt(s2f)
+    blocks = math.ceil(cover * sigma / (1 << m)) + 2
+    if m:
+        blocks = min(blocks, (math.ceil(1 / lam) + 1) // 2)  # largest J with Λ(2J-1) < 1
+        while lam * (2 * blocks - 1) >= 1:
+            blocks -= 1
+    head = min(m, _HEAD)
+    s = 64 - 2 * head
+    lam_int = math.floor(lam * (1 << s)) if m else 0
+    if m:
+        delta = (lam - Fraction(lam_int, 1 << s)) * (2 * blocks - 1) + Fraction(1, 1 << 32)
+        if head < m:
+            delta += Fraction(lam_int, 1 << s) * Fraction(2 * blocks, 1 << head)
+        corr = math.ceil(delta * (1 << 32))
+    else:
+        corr = 0
+    lo_l, hi_l = _cdf_bounds(a, b, m, blocks, 64)
+    lo = np.array(lo_l, dtype=np.uint64)
+    hi = np.array([min(h, _MAX64) for h in hi_l], dtype=np.uint64)
+    # the first level: per cell of W's top bits, the blocks whose [lo, hi] meets it
+    starts = np.arange(1 << _CELL_BITS, dtype=np.uint64) << np.uint64(_CELL_SHIFT)
+    ends = starts + np.uint64((1 << _CELL_SHIFT) - 1)
+    first = np.searchsorted(hi, starts, side="left")  # hi_j < start for j < first
+    last = np.searchsorted(lo, ends, side="right")  # lo_j <= end for j < last
+    meets = last - first
+    inner = np.zeros(meets.size, dtype=bool)
+    one = np.flatnonzero(meets == 1)
+    inner[one] = (lo[first[one]] >= starts[one]) & (hi[first[one]] <= ends[one])
+    complex_ = (meets > 1) | ((meets == 1) & ~inner)
+    complex_[-1] = True
+    cell_lo = np.full(meets.size, _MAX64, dtype=np.uint64)
+    cell_hi = np.full(meets.size, _MAX64, dtype=np.uint64)
+    simple_one = (meets == 1) & ~complex_
+    cell_lo[simple_one] = lo[first[simple_one]]
+    cell_hi[simple_one] = hi[first[simple_one]]
+    # work bounds (float64 with margins: they bound the work, not the law)
+    p = 64 + _TABLE_GUARD
+    w_lo, w_hi, _, tail = _weights(a, b, m, blocks, p)
+    total_hi = (sum(w_hi) + tail) / 2.0**p
+    total_lo = sum(w_lo) / 2.0**p
+    theta = max(math.sqrt(2.0 * math.pi * s2f), 1.0)
+    success = min(1.0, theta / (2.0 * (1 << m) * total_hi)) * _MARGIN
+    mean_j = (sum(j * h for j, h in enumerate(w_hi)) + (blocks - 1) * tail) / 2.0**p / total_lo
+    mean_f = min(1.0, float(lam) * (mean_j + 1.0 / 3.0) / _MARGIN) if m else 0.0
+    f_max = min(1.0, float(lam * (2 * blocks - 1)) / _MARGIN) if m else 0.0
+    steps: list[float] = []
+    k = 2
+    while mean_f > 0.0:
+        prob = mean_f * f_max ** (k - 2) / math.factorial(k - 1)
+        if prob < 1e-300:
+            break
+        steps.append(min(1.0, prob / _MARGIN))
+        k += 1
+    return _Plan(
+        a=a, b=b, m=m, blocks=blocks, lam=lam, head=head, lam_int=lam_int, corr=corr,
+        lo=lo, hi=hi, cell_base=first.astype(np.int64), cell_lo=cell_lo, cell_hi=cell_hi,
+        cell_complex=complex_, p_complex=float(complex_.sum()) / (1 << _CELL_BITS),
+        success=success, steps=tuple(steps),
+    )
+
+
+def _step_sizes(plan: _Plan, trials: int) -> list[int]:
+    """Public sizes of von Neumann steps ``K = 2, 3, ...`` for ``trials`` trials."""
+    sizes = []
+    for prob in plan.steps:
+        size = upper_count(trials, prob, STEP_FAILURE)
+        if size == 0:
+            break
+        sizes.append(size)
+    return sizes
+
+
+# --------------------------------------------------------------------------- exact slow paths
+
+
+def _refine_block(plan: _Plan, prefix: int, side: Keystream) -> int:
+    """The block of ``U ∈ [prefix/2⁶⁴, (prefix+1)/2⁶⁴)``: the smallest ``j`` with
+    ``U < F_j`` (``J`` for the tail), extending ``U`` and the bounds of ``F`` by 64
+    bits at a time until certain.
+    """
+    bits = 64
+    while True:
+        lo, hi = _cdf_bounds(plan.a, plan.b, plan.m, plan.blocks, bits)
+        k = bisect_right(lo, prefix)  # prefix < lo_k: U < F_k
+        if k == 0 or prefix >= hi[k - 1]:  # U >= F_{k-1}
+            return k
+        prefix = (prefix << 64) | side.one()
+        bits += 64
+
+
+def _tail_block(plan: _Plan, side: Keystream) -> int:
+    """A block ``j >= J`` with probability ``∝ e^{-Λj²}``: ``j = J + g``, ``g`` geometric
+    with ratio ``e^{-2ΛJ}`` (a run of ``Bernoulli(e^{-2ΛJ})`` successes), accepted with
+    ``e^{-Λg²}`` (``e^{-Λ(J+g)²} ∝ e^{-2ΛJg}·e^{-Λg²}``).
+    """
+    ratio = 2 * plan.lam * plan.blocks
+    while True:
+        g = 0
+        while _scalar_bernoulli_exp(ratio, side):
+            g += 1
+        if _scalar_bernoulli_exp(plan.lam * g * g, side):
+            return plan.blocks + g
+
+
+def _exponent(plan: _Plan, block: int, u: int) -> Fraction:
+    """``Γ = Λ·v(2j + v)``, ``v = u/w``, exactly."""
+    w = 1 << plan.m
+    return plan.lam * Fraction(u * (2 * block * w + u), w * w)
+
+
+# --------------------------------------------------------------------------- the trials
+
+
+def _trials(plan: _Plan, main: Keystream, side: Keystream, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` independent trials as ``(value, success)`` (module docstring)."""
+    raw = main.words(3 * n)
+    wb, ws, wv = raw[:n], raw[n : 2 * n], raw[2 * n :]
+    # the block: the first level, then the padded search of complex cells
+    cell = (wb >> np.uint64(_CELL_SHIFT)).astype(np.int64)
+    hi_c = plan.cell_hi[cell]
+    block = plan.cell_base[cell] + (wb >= hi_c)
+    slow = (wb >= plan.cell_lo[cell]) & (wb < hi_c)
+    cx = np.flatnonzero(plan.cell_complex[cell])
+    rows = np.zeros(max(upper_count(n, plan.p_complex, STEP_FAILURE), cx.size), dtype=np.int64)
+    rows[: cx.size] = cx
+    w_c = wb[rows]
+    k = np.searchsorted(plan.lo, w_c, side="right")
+    prev = plan.hi[np.maximum(k - 1, 0)]
+    sure = (k == 0) | ((w_c >= prev) & (w_c != np.uint64(_MAX64)))
+    block[cx] = k[: cx.size]
+    slow[cx] = ~sure[: cx.size]
+    slow |= block >= plan.blocks
+    # the magnitude within the block and the sign
+    u = ws & np.uint64((1 << plan.m) - 1)
+    negative = (ws >> np.uint64(63)).astype(bool)
+    # Γ₀ = G/2³² <= Γ, and von Neumann's A_1 = [W₁ < G]
+    jb = np.minimum(block, plan.blocks - 1).astype(np.uint64)
+    if plan.m:
+        uh = u >> np.uint64(plan.m - plan.head)
+        big_g = (np.uint64(plan.lam_int) * (uh * ((jb << np.uint64(plan.head + 1)) + uh))) >> np.uint64(32)
+    else:
+        big_g = np.zeros(n, dtype=np.uint64)
+    w1 = wv & np.uint64(0xFFFFFFFF)
+    wc = wv >> np.uint64(32)
+    accept = _von_neumann(plan, main, side, big_g, w1 < big_g)
+    # the second factor e^{-(Γ - Γ₀)}: certain unless its first uniform is below Δ
+    rare = np.flatnonzero(wc < np.uint64(plan.corr))
+    public = upper_count(n, plan.corr / 2.0**32, STEP_FAILURE)
+    for i in rare.tolist():
+        if not slow[i]:
+            x = _exponent(plan, int(block[i]), int(u[i])) - Fraction(int(big_g[i]), 1 << 32)
+            accept[i] &= _bernoulli_exp_prefix(int(wc[i]), 32, x, side)
+    for _ in range(public - rare.size):  # the same work on a dummy, discarded
+        x = _exponent(plan, int(jb[0]), int(u[0])) - Fraction(int(big_g[0]), 1 << 32)
+        _bernoulli_exp_prefix(int(wc[0]), 32, x, side)
+    # the exact slow paths: undecided blocks, the tail
+    values = (block.astype(np.int64) << np.int64(plan.m)) + u.astype(np.int64)
+    for i in np.flatnonzero(slow).tolist():
+        j = _refine_block(plan, int(wb[i]), side)
+        if j >= plan.blocks:
+            j = _tail_block(plan, side)
+        value = (j << plan.m) + int(u[i])
+        if value >= 2**62:  # probability < e^{-2^100}: never
+            raise RuntimeError("discrete Gaussian draw out of int64 range")
+        values[i] = value
+        accept[i] = _scalar_bernoulli_exp(_exponent(plan, j, int(u[i])), side)
+    accept &= ~(negative & (values == 0))
+    return np.where(negative, -values, values), accept
+
+
+def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarray, first: np.ndarray,
+                 ) -> np.ndarray:
+    """``Bernoulli(e^{-G/2³²})`` per trial (CKS Algorithm 1) from ``first`` (``A_1``):
+    step ``K`` draws ``A_K = [U_K < G/(K·2³²)]`` for the running trials padded to a
+    public count, from 32-bit words; a comparison that the word leaves undecided
+    (``KW < G < K(W+1)``) is refined exactly. A trial still running after the last
+    public step is finished by the same loop without padding, so the law is exact.
+    """
+    odd = ~first
     alive = first.copy()
-    sizes = _alive_sizes(first.size, STEP_FAILURE)
+    sizes = _step_sizes(plan, first.size)
     k = 2
     while True:
         idx = np.flatnonzero(alive)
@@ -283,245 +531,30 @@ def _von_neumann(first: np.ndarray, step: Callable[[int, np.ndarray], np.ndarray
             return odd
         rows = np.zeros(max(public, idx.size), dtype=np.int64)
         rows[: idx.size] = idx
-        stop = idx[~step(k, rows)[: idx.size]]
+        w = main.words((rows.size + 1) // 2).view(np.uint32)[: rows.size].astype(np.uint64)
+        g = big_g[rows]
+        kk = np.uint64(k)
+        yes = (w + np.uint64(1)) * kk <= g
+        unsure = ~yes & (w * kk < g)
+        for i in np.flatnonzero(unsure[: idx.size]).tolist():
+            yes[i] = _uniform_below(int(w[i]), 32, int(g[i]), k << 32, side)
+        stop = idx[~yes[: idx.size]]
         if k % 2:
             odd[stop] = True
         alive[stop] = False
         k += 1
 
 
-def _bernoulli_exp_fraction(words: _Words, f: np.ndarray, err: np.ndarray, exact: ExactRatio) -> np.ndarray:
-    """Exact ``Bernoulli(exp(-f_i))`` for ``f_i ∈ [0, 1]`` (CKS Algorithm 1, von Neumann),
-    with a public amount of work (:func:`_von_neumann`).
-
-    ``|f̂_i - f_i| <= err_i``; ``exact(i)`` is ``f_i`` as ``(num, den)``.
-    """
-
-    def step(k: int, rows: np.ndarray) -> np.ndarray:
-        x = f[rows] / k
-
-        def exact_k(j: int) -> tuple[int, int]:
-            num, den = exact(int(rows[j]))
-            return num, den * k
-
-        return _bernoulli(words, x, err[rows] / k + 2.0 * _UNIT * x, exact_k)
-
-    return _von_neumann(_bernoulli(words, f, err + 2.0 * _UNIT * f, exact), step)
-
-
-def _bernoulli_exp_minus_one(words: _Words, n: int) -> np.ndarray:
-    """``n`` exact ``Bernoulli(exp(-1))`` draws (CKS Algorithm 1 with ``γ = 1``), with a
-    public amount of work.
-
-    ``A_1 ~ Bernoulli(1)`` always succeeds; each ``A_K = [U < 1/K]`` is decided in
-    integers from 32 random bits ``W``: with ``m = ⌊2³²/K⌋``, ``W < m`` means ``U < 1/K``
-    and ``W > m`` means ``U > 1/K``; ``W = m`` is refined exactly.
-    """
-
-    def step(k: int, rows: np.ndarray) -> np.ndarray:
-        w = words.take32(rows.size)
-        m = (1 << 32) // k
-        a = w < np.uint32(m)
-        for i in np.flatnonzero(w == np.uint32(m)):
-            a[i] = _uniform_below(int(w[i]), 32, 1, k, words)
-        return a
-
-    return _von_neumann(np.ones(n, dtype=bool), step)
-
-
-def _geometric(words: _Words, n: int) -> np.ndarray:
-    """``n`` independent draws of ``G`` with ``P(G >= k) = e^{-k}`` (the successes of
-    ``Bernoulli(exp(-1))`` before the first failure; CKS Algorithm 2's ``V``), with a
-    public amount of work.
-
-    A public number of ``Bernoulli(exp(-1))`` draws (enough for ``n`` failures except with
-    probability :data:`STEP_FAILURE`) is cut at its failures; the runs of successes
-    between them are independent geometric draws (renewal). Too few failures: more
-    draws are appended, so the law is exact.
-    """
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
-    length = trials_for(n, _EXP_MINUS_ONE_FAILS, STEP_FAILURE)
-    fails = np.flatnonzero(~_bernoulli_exp_minus_one(words, length))
-    while fails.size < n:  # probability <= STEP_FAILURE
-        more = _bernoulli_exp_minus_one(words, n)
-        fails = np.concatenate([fails, length + np.flatnonzero(~more)])
-        length += n
-    ends = fails[:n]
-    return (np.diff(ends, prepend=-1) - 1).astype(np.int64)
-
-
-def _scalar_bernoulli_exp(gamma: Fraction, words: _Words) -> bool:
-    """One exact ``Bernoulli(exp(-γ))`` for a rational ``γ >= 0`` (CKS Algorithm 1)."""
-
-    def frac_draw(f: Fraction) -> bool:
-        k = 1
-        while _uniform_below(words.one(), 64, f.numerator, f.denominator * k, words):
-            k += 1
-        return k % 2 == 1
-
-    whole = math.floor(gamma)
-    for _ in range(whole):
-        if not frac_draw(Fraction(1)):
-            return False
-    return frac_draw(gamma - whole)
-
-
-def _laplace_trials(words: _Words, t: int, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """``m`` independent trials of CKS Algorithm 2 (discrete Laplace of scale ``t``), as
-    ``(value, success)``: a successful trial's value is an exact draw of
-    ``P(x) ∝ exp(-|x|/t)``.
-
-    A trial reads one 64-bit word ``W``: ``U = W mod t`` is uniform on ``{0..t-1}`` given
-    ``W`` below the largest multiple of ``t`` (otherwise the trial fails, probability
-    below ``t/2⁶⁴``, where Algorithm 2 would redraw); ``U`` is kept with probability
-    ``exp(-U/t)``; ``V`` is geometric (:func:`_geometric`); ``X = U + tV``; a fair sign
-    ``B``; the trial fails if ``B = 1`` and ``X = 0``. Every step runs on all ``m`` trials.
-    """
-    w = words.take(m)
-    ok = np.ones(m, dtype=bool)
-    limit = _TWO64 - _TWO64 % t  # multiples of t below 2⁶⁴
-    if limit < _TWO64:
-        ok &= w < np.uint64(limit)
-    u = (w % np.uint64(t)).astype(np.int64)
-    f = u.astype(np.float64) / t  # u, t < 2⁵³: one rounding
-
-    def exact(i: int) -> tuple[int, int]:
-        return int(u[i]), t
-
-    ok &= _bernoulli_exp_fraction(words, f, 2.0 * _UNIT * f, exact)
-    v = _geometric(words, m)
-    if v.size and int(v.max()) > (2**62) // t:  # probability < exp(-2^12): never
-        raise RuntimeError("discrete Laplace draw out of int64 range")
-    x = u + t * v
-    negative = words.bits(m)
-    ok &= ~(negative & (x == 0))
-    return np.where(negative, -x, x), ok
-
-
-def _acceptance_exponent(y: np.ndarray, s2: float, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """``γ̂ = (|y| - σ²/t)² / (2σ²)`` in float64 and a rigorous bound on ``|γ̂ - γ|``.
-
-    Forward error analysis (``u = 2⁻⁵³``, ``ŝ2 = σ²(1 + e₁)``, ``|e₁| <= u``; ``|y|`` and
-    ``t`` exact): ``ĉ = fl(ŝ2/t)`` is within ``2.01u·c`` of ``c = σ²/t``; ``Δ̂ = fl(|y| - ĉ)``
-    within ``2.01u·c + u|Δ|`` of ``Δ = |y| - c``; squaring and dividing by ``2ŝ2`` add
-    ``3u`` relative. With ``c/σ² = 1/t`` and ``Δ²/σ² = 2γ`` this gives
-    ``|γ̂ - γ| <= 5.1u·γ + 2.01u·|Δ|/t + O(u²)``. The bound returned,
-    ``2⁻⁴⁶ (γ̂ + |Δ̂|/t + 1)``, is over 20 times that.
-    """
-    c = s2 / t
-    diff = np.abs(y) - c
-    gamma = diff * diff / (2.0 * s2)
-    err = _GAMMA_ERR * (gamma + np.abs(diff) / t + 1.0)
-    return gamma, err
-
-
-def _gaussian_acceptance(words: _Words, y: np.ndarray, a: int, b: int, t: int, s2f: float) -> np.ndarray:
-    """Exact ``Bernoulli(exp(-γ_i))``, ``γ_i = (|y_i| - σ²/t)²/(2σ²)``, ``σ² = a/b``
-    (CKS Algorithm 3's acceptance), with a public amount of work.
-
-    ``exp(-γ) = exp(-⌊γ⌋)·exp(-(γ - ⌊γ⌋))``: the first factor is ``[G >= ⌊γ⌋]`` for a
-    geometric ``G`` (:func:`_geometric`, ``P(G >= k) = e^{-k}``), the second the von
-    Neumann draw of the fraction; both run on every candidate. A candidate whose
-    ``⌊γ⌋`` is not certain from the float (or whose ``|y|`` is beyond float64's exact
-    integers) is drawn by the scalar exact algorithm instead (probability about
-    ``2⁻⁴⁰`` per candidate at ``σ`` below ``2⁴⁰``).
-    """
-    ay = np.abs(y)
-    gamma, err = _acceptance_exponent(ay.astype(np.float64), s2f, t)
-    whole = np.floor(np.maximum(gamma - err, 0.0))
-    slow = (ay >= _EXACT_INT) | (whole != np.floor(gamma + err)) | ~np.isfinite(gamma)
-    whole = np.where(slow, 0.0, whole)
-    frac = np.where(slow, 0.0, np.clip(gamma - whole, 0.0, 1.0))  # exact (Sterbenz) for whole >= 1
-    err = np.where(slow, 0.0, err)
-
-    def exact(i: int) -> Fraction:
-        return Fraction((int(ay[i]) * b * t - a) ** 2, 2 * a * b * t * t)
-
-    def exact_frac(i: int) -> tuple[int, int]:
-        rest = exact(i) if slow[i] else exact(i) - int(whole[i])
-        rest = rest - math.floor(rest)
-        return rest.numerator, rest.denominator
-
-    g = _geometric(words, y.size)
-    accept = (g >= whole) & _bernoulli_exp_fraction(words, frac, err, exact_frac)
-    for i in np.flatnonzero(slow):
-        accept[i] = _scalar_bernoulli_exp(exact(int(i)), words)
-    return accept
-
-
-def _laplace_success(t: int) -> float:
-    """A lower bound on the probability that one trial of :func:`_laplace_trials`
-    succeeds: ``P(W < limit)·P(keep U)·P(not (B = 1 and X = 0))`` with
-    ``P(keep U) = (1 - e⁻¹)/(t(1 - e^{-1/t}))`` and, given ``U`` kept,
-    ``P(X = 0) = 1 - e^{-1/t}``.
-    """
-    limit = _TWO64 - _TWO64 % t
-    lam = -math.expm1(-1.0 / t)  # 1 - e^{-1/t}
-    keep = -math.expm1(-1.0) / (t * lam)
-    return (limit / _TWO64) * min(keep, 1.0) * (1.0 - lam / 2.0) * _MARGIN
-
-
-def _gaussian_success(s2f: float, t: int) -> float:
-    """A lower bound on the probability that one Laplace trial is accepted as a discrete
-    Gaussian draw: :func:`_laplace_success` times
-    ``Σ_y L(y)·exp(-(|y| - σ²/t)²/(2σ²)) = C_L·e^{-σ²/(2t²)}·Σ_y e^{-y²/(2σ²)}`` with
-    ``C_L = (1 - e^{-1/t})/(1 + e^{-1/t})``, and ``Σ_y e^{-y²/(2σ²)} >= max(√(2π)σ,
-    1 + 2e^{-1/(2σ²)})`` (Poisson summation; the terms at 0 and ±1).
-    """
-    lam = -math.expm1(-1.0 / t)
-    c_l = lam / (2.0 - lam)
-    total = max(math.sqrt(2.0 * math.pi * s2f), 1.0 + 2.0 * math.exp(-0.5 / s2f))
-    return _laplace_success(t) * c_l * math.exp(-s2f / (2.0 * t * t)) * total * _MARGIN
-
-
-def _draws(words: _Words, size: int, success: float, trials: Callable[[int], tuple[np.ndarray, np.ndarray]],
-           ) -> np.ndarray:
-    """``size`` draws from blocks of a public number of independent ``trials`` each
-    (enough successes for the block except with probability :data:`STEP_FAILURE`;
-    :func:`~fedfdp.binomial_tails.trials_for` at the lower bound ``success`` on a
-    trial's success probability). The first successes by position are kept: i.i.d. from
-    the target, whichever they are. A block short of successes draws more trials.
-    """
-    parts: list[np.ndarray] = []
-    for start in range(0, size, _BLOCK):
-        need = min(_BLOCK, size - start)
-        words.refill(RESERVE_WORDS)
-        m = trials_for(need, success, STEP_FAILURE)
-        while need > 0:
-            y, ok = trials(m)
-            got = y[ok][:need]
-            parts.append(got)
-            need -= got.size
-            m = trials_for(need, success, STEP_FAILURE) if need else 0
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def sample_discrete_laplace(scale: int, size: int, stream: BitStream | None = None) -> np.ndarray:
-    """``size`` exact draws of the discrete Laplace ``P(x) ∝ exp(-|x|/scale)`` on ``Z``
-    (CKS Algorithm 2), as ``int64``, with a public amount of work (module docstring).
-
-    Parameters
-    ----------
-    scale : int
-        ``t >= 1``, at most ``2⁵⁰``.
-    size : int
-        Number of draws, ``>= 0``.
-    stream : BitStream, optional
-        Source of random bits; default the OS CSPRNG.
-    """
-    if isinstance(scale, bool) or not isinstance(scale, int | np.integer) or not 1 <= scale <= 2**50:
-        raise ValueError(f"scale={scale!r}: must be an integer in [1, 2^50]")
-    size = count("size", size, 0)
-    t = int(scale)
-    words = _Words(stream if stream is not None else OSBits())
-    return _draws(words, size, _laplace_success(t), lambda m: _laplace_trials(words, t, m))
+def _keystream(stream: BitStream | None) -> Keystream:
+    if isinstance(stream, Keystream):
+        return stream
+    return Keystream(stream if stream is not None else OSBits())
 
 
 def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None = None) -> np.ndarray:
-    """``size`` independent exact draws of ``N_Z(0, σ²)`` as ``int64`` (CKS Algorithm 3),
-    with a public amount of work: the words read and the sizes of the arrays worked on
-    depend on ``σ²`` and ``size`` only, except with probability at most
+    """``size`` independent exact draws of ``N_Z(0, σ²)`` as ``int64``, with a public
+    amount of work: the keystream words of the trials and the sizes of the arrays
+    worked on depend on ``σ²`` and ``size`` only, except with probability at most
     :func:`work_failure_bound` (module docstring, "Fixed work").
 
     Parameters
@@ -531,12 +564,14 @@ def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None 
     size : int
         Number of draws, ``>= 0``.
     stream : BitStream, optional
-        Source of random bits; default the OS CSPRNG (:class:`~fedfdp.entropy.OSBits`).
+        The secret bits that key the AES-CTR keystream (4 words read); default the
+        OS CSPRNG (:class:`~fedfdp.entropy.OSBits`). A
+        :class:`~fedfdp.secagg.keystream.Keystream` is used directly.
 
     Notes
     -----
-    The distribution is exact (module docstring): floats only choose between a fast
-    decision and an exact integer one. Mechanism use: each SecAgg party adds one
+    The distribution is exact (module docstring): every decision is an integer
+    comparison, certain or refined exactly. Mechanism use: each SecAgg party adds one
     draw per coordinate; the sum over the honest parties is accounted by
     :mod:`fedfdp.accounting.distributed` (add/remove of one record, L2 sensitivity
     ``s + √d`` in integer units).
@@ -551,77 +586,36 @@ def sample_discrete_gaussian(variance: Any, size: int, stream: BitStream | None 
     """
     s2 = as_variance(variance)
     size = count("size", size, 0)
-    words = _Words(stream if stream is not None else OSBits())
-    a, b = s2.numerator, s2.denominator
-    t = math.isqrt(a // b) + 1  # ⌊σ⌋ + 1, exactly
-    s2f = float(s2)  # correctly rounded
-
-    def trials(m: int) -> tuple[np.ndarray, np.ndarray]:
-        y, ok = _laplace_trials(words, t, m)
-        return y, ok & _gaussian_acceptance(words, y, a, b, t, s2f)
-
-    return _draws(words, size, _gaussian_success(s2f, t), trials)
+    main = _keystream(stream)
+    side = main.lane(1)
+    plan = _plan(s2.numerator, s2.denominator, TABLE_COVER)
+    parts: list[np.ndarray] = []
+    for start in range(0, size, _BLOCK):
+        need = min(_BLOCK, size - start)
+        m = trials_for(need, plan.success, STEP_FAILURE)
+        while need > 0:
+            y, ok = _trials(plan, main, side, m)
+            got = y[ok][:need]
+            parts.append(got)
+            need -= got.size
+            m = trials_for(need, plan.success, STEP_FAILURE) if need else 0
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
 def work_failure_bound(variance: Any, size: int) -> float:
     """An upper bound on the probability that one :func:`sample_discrete_gaussian` call
     does more than its public amount of work: :data:`STEP_FAILURE` times the number of
-    public counts the call relies on (per block: the trials, and each public step of
-    its von Neumann loops and geometric pools).
+    public counts the call relies on (per block: the trials, the searched cells, each
+    von Neumann step and the exact completions).
     """
     s2 = as_variance(variance)
     size = count("size", size, 0)
-    t = math.isqrt(s2.numerator // s2.denominator) + 1
-    success = _gaussian_success(float(s2), t)
-    steps = 0
+    plan = _plan(s2.numerator, s2.denominator, TABLE_COVER)
+    counts = 0
     for start in range(0, size, _BLOCK):
-        m = trials_for(min(_BLOCK, size - start), success, STEP_FAILURE)
-        pool = trials_for(m, _EXP_MINUS_ONE_FAILS, STEP_FAILURE)
-        steps += 1 + 2 * len(_alive_sizes(m, STEP_FAILURE)) + 2 * (1 + len(_alive_sizes(pool, STEP_FAILURE)))
-    return steps * STEP_FAILURE
-
-
-def sample_discrete_gaussian_reference(
-    variance: Any, size: int, stream: BitStream | None = None
-) -> np.ndarray:
-    """The same distribution as :func:`sample_discrete_gaussian`, one draw at a time in
-    exact rational arithmetic only (CKS Algorithms 1-3 on Python integers and
-    :class:`~fractions.Fraction`, no floats): the slow reference, and the code path the
-    vectorised sampler falls back to when a float comparison is undecided.
-    About 50-80 µs per draw.
-    """
-    s2 = as_variance(variance)
-    size = count("size", size, 0)
-    words = _Words(stream if stream is not None else OSBits())
-    t = math.isqrt(s2.numerator // s2.denominator) + 1
-    out = np.empty(size, dtype=np.int64)
-    for i in range(size):
-        while True:
-            y = _scalar_laplace(t, words)
-            if _scalar_bernoulli_exp((abs(y) - s2 / t) ** 2 / (2 * s2), words):
-                out[i] = y
-                break
-    return out
-
-
-def _scalar_laplace(t: int, words: _Words) -> int:
-    """One discrete Laplace draw of scale ``t`` (CKS Algorithm 2), exact."""
-    limit = _TWO64 - _TWO64 % t
-    while True:
-        w = words.one()
-        while w >= limit:
-            w = words.one()
-        u = w % t
-        if not _scalar_bernoulli_exp(Fraction(u, t), words):
-            continue
-        v = 0
-        while _scalar_bernoulli_exp(Fraction(1), words):
-            v += 1
-        x = u + t * v
-        negative = bool(words.one() >> 63)
-        if negative and x == 0:
-            continue
-        return -x if negative else x
+        m = trials_for(min(_BLOCK, size - start), plan.success, STEP_FAILURE)
+        counts += 3 + len(_step_sizes(plan, m))
+    return counts * STEP_FAILURE
 
 
 def discrete_gaussian_variance(variance: Any) -> float:
