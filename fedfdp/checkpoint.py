@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,9 +95,14 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     if optional_file(path) is None:  # a FIFO or a device is refused, never read
         return None
     try:
-        doc = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile,
-            AttributeError, TypeError) as exc:
+        with warnings.catch_warnings():  # torch's warnings about a foreign pickle: the refusal says it
+            warnings.simplefilter("ignore")
+            doc = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's text suggests weights_only=False: never for a user's file
+        raise CheckpointMismatch(f"{path}: not a checkpoint fedfdp wrote (torch's tensors-only loader "
+                                 "refuses its contents); refusing to load it") from None
+    except (OSError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile, AttributeError,
+            TypeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise CheckpointMismatch(f"{path}: unreadable or unsafe checkpoint ({type(exc).__name__}: "
                                  f"{first[:200]})") from None
