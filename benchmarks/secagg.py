@@ -1,11 +1,35 @@
-"""Crypto cost of one SecAgg+ round (fedfdp.secagg), in process, no network.
+"""The cost of secure aggregation (fedfdp.secagg): round ratios, bytes, crypto.
 
-For each configuration (n parties, k neighbours, dimension d, with no dropout or with
-one node dropping at collect, which makes the server reconstruct its mask key and
-remove its k − 1 pairwise masks), one round is driven through
-:class:`~fedfdp.secagg.ServerSession` and n :class:`~fedfdp.secagg.ClientSession`;
-every call is timed with ``perf_counter`` (wall time on a shared machine: take the
-median of ``--repeats``)::
+Default (``python benchmarks/secagg.py [--json]``): the figures of the secagg section of
+``docs/performance.md``, measured in one run. Every round is driven in process by the
+real strategy and the real ClientApp (``tests/test_secagg_flower.py``'s ``ClientAppGrid``:
+one ``Context`` per node, as a SuperNode keeps it), every message and reply sent
+through Flower's protobuf form and back; a round's cost is the CPU time of the whole
+process (``time.process_time``: the server, every node, the serialisation), for each
+round after the first of a run::
+
+    secagg_round_ratio_100     secagg ÷ plain CPU per round, 100 parties (100 devices of
+                               40 records), the default model (logistic, d = 295), k = 15
+    secagg_round_ratio_1e6     the same at 10 parties with an MLP of d = 964,405
+                               (hidden-sizes = [1000, 900])
+    secagg_overhead_vs_flower  fedfdp's (secagg − plain) per round ÷ Flower 1.42's
+                               (SecAggPlusWorkflow − plain FedAvg) for legacy clients that
+                               return the same d, 10 parties, the same k and t
+    bytes_per_coordinate       a collect reply's serialised size ÷ d (masked uint32
+                               vector + public float32 sum + the secagg record)
+    server_unmask_cpu_s_100    the server's receive_unmask, 100 parties, k = 15, d = 295
+
+Plain runs use a fixed C (``clipping-quantile = 0``), as secure aggregation does. Each
+ratio is ``--repeats`` interleaved repetitions (plain and secagg runs alternate, which
+comes first alternating too), ``--timed-rounds`` timed rounds per run; the median ratio
+is reported with every repetition's. ``meta`` gives the machine and the load average.
+
+``--crypto``: the crypto cost of one round of the sessions alone. For each configuration
+(n parties, k neighbours, dimension d, with no dropout or with one node dropping at
+collect, which makes the server reconstruct its mask key and remove its k − 1 pairwise
+masks), one round is driven through :class:`~fedfdp.secagg.ServerSession` and n
+:class:`~fedfdp.secagg.ClientSession`; every call is timed with ``perf_counter`` (wall
+time on a shared machine: take the median of ``--repeats``)::
 
     server_s         all server calls of the round (setup_requests .. receive_unmask)
     client_mean_s    one client's five calls (key generation and its signature, checking
@@ -14,12 +38,13 @@ median of ``--repeats``)::
     client_max_s     the slowest client
     upload_B         bytes one client sends (public keys, ciphertexts, the uint32
                      vector, its unmask shares): the private part is 4·d + small
+    server_unmask_cpu_s  the CPU time of receive_unmask
 
 The inputs are random uint32 vectors (the encoding is not part of the crypto cost).
 Run::
 
-    python benchmarks/secagg.py             # table
-    python benchmarks/secagg.py --json      # machine-readable
+    python benchmarks/secagg.py --json                  # the ratios
+    python benchmarks/secagg.py --crypto [--json]       # the crypto table
 
 ``--simulation``: the per-round overhead of ``aggregation = "secagg"`` over plain
 aggregation in ``fedfdp run`` on Flower's simulation engine (``--parties`` SuperNodes,
@@ -41,17 +66,24 @@ as a simulation, without Ray).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedfdp.secagg import ClientSession, NodeTrust, Roster, ServerSession, SigningKey
+
+#: The repository root: the in-process grids live in its tests package.
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # first: an unrelated installed "tests" package may shadow ours
 
 #: The run of the benchmark's sessions, and the digest of the model every node "received".
 RUN = 1
@@ -114,7 +146,10 @@ def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Gene
         [cli(u, clients[u].collect, r, xs[u], DIGEST) for u, r in coll.items() if u != gone],
     )
     unm = srv(server.receive_confirm, [cli(u, clients[u].confirm, r) for u, r in conf.items()], DIGEST)
-    result = srv(server.receive_unmask, [cli(u, clients[u].unmask, r) for u, r in unm.items()])
+    answers = [cli(u, clients[u].unmask, r) for u, r in unm.items()]
+    c0 = time.process_time()
+    result = srv(server.receive_unmask, answers)
+    unmask_cpu = time.process_time() - c0
     expected = np.zeros(d, dtype=np.uint64)
     for u in result.u3:
         expected += xs[u].astype(np.uint64)
@@ -126,7 +161,207 @@ def one_round(n: int, k: int, d: int, drop_at_collect: bool, rng: np.random.Gene
         "client_mean_s": statistics.fmean(ctime[u] for u in live),
         "client_max_s": max(ctime[u] for u in live),
         "upload_B": statistics.fmean(up[u] for u in live),
+        "server_unmask_cpu_s": unmask_cpu,
     }
+
+
+# ------------------------------------------------------------------- round ratios
+
+
+#: The two workloads of the ratios: (parties, configuration keys shared by both runs).
+WORKLOADS: dict[str, tuple[int, dict[str, Any]]] = {
+    # the default model (logistic regression on the fleet, d = 295) at 100 parties
+    "100": (100, {"num-devices": 100, "records-per-device": 40}),
+    # a ~1e6-parameter MLP (58 -> 1000 -> 900 -> 5: d = 964,405) at 10 parties
+    "1e6": (10, {"model": "mlp", "hidden-sizes": [1000, 900]}),
+}
+
+
+def _wire_copy(msg: Any) -> Any:
+    """``msg`` with its content sent through Flower's protobuf form and back (what a
+    SuperLink does to every message), and the content's serialised size."""
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+
+    if msg.has_error():
+        return msg, 0
+    raw = recorddict_to_proto(msg.content).SerializeToString()
+    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+    proto = ProtoRecordDict()
+    proto.ParseFromString(raw)
+    msg.content = recorddict_from_proto(proto)
+    return msg, len(raw)
+
+
+def round_cpu(parties: int, settings: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """One run in process (the real strategy, the real ClientApp on an in-process grid,
+    every message and reply through protobuf): the CPU seconds of the whole process in
+    each round after the first (``time.process_time``: the server, every node and the
+    serialisation), and the serialised bytes of each collect-stage reply."""
+    from flwr.app import ArrayRecord
+
+    import fedfdp.run_loop as run_loop
+    from fedfdp.config import load_config
+    from fedfdp.data import load_dataset
+    from fedfdp.run_plan import build_plan
+    from strategies.fdp_strategy import FDPStrategy
+    from tests.test_secagg_flower import ClientAppGrid
+
+    reply_bytes: dict[str, list[int]] = defaultdict(list)
+
+    class WireGrid(ClientAppGrid):
+        def answer(self, msg: Any) -> Any:
+            msg, _ = _wire_copy(msg)
+            reply, size = _wire_copy(super().answer(msg))
+            reply_bytes[msg.metadata.message_type].append(size)
+            return reply
+
+    cfg = load_config({"progress": False, "seed": 0, "eval-every": 10**6, "num-rounds": 1 + rounds,
+                       **settings})
+    data = load_dataset(cfg.data)
+    strat = FDPStrategy(build_plan(cfg, data, num_devices=len(data.devices)))
+    times: list[float] = []
+    original = run_loop.RunLoop.run
+
+    def timed(self: Any, step: Any, **kw: Any) -> Any:
+        def each(r: int) -> Any:
+            start = time.process_time()
+            try:
+                return step(r)
+            finally:
+                times.append(time.process_time() - start)
+        return original(self, each, **kw)
+
+    run_loop.RunLoop.run = timed  # type: ignore[method-assign]  # the benchmark's own timer
+    try:
+        strat.start(WireGrid(cfg, partitions=parties), ArrayRecord(strat.model.state_dict()))
+    finally:
+        run_loop.RunLoop.run = original  # type: ignore[method-assign]
+    mechanism = strat.mechanism
+    dim = sum(int(p.numel()) for p in strat.model.parameters() if p.requires_grad)
+    if len(times) != 1 + rounds or mechanism is None:
+        raise RuntimeError(f"{settings}: {len(times)} rounds ran, not {1 + rounds}")
+    return {"round_cpu_s": times[1:], "dimension": dim, "reply_bytes": dict(reply_bytes)}
+
+
+def round_ratio(name: str, reps: int, rounds: int) -> dict[str, Any]:
+    """secagg ÷ plain CPU per round for workload ``name``, the two interleaved: ``reps``
+    pairs of runs (plain first in even pairs, secagg first in odd ones), ``rounds`` timed
+    rounds each; one ratio per pair (median round ÷ median round)."""
+    parties, shared = WORKLOADS[name]
+    kinds = {
+        "plain": {**shared, "clipping-quantile": 0},  # a fixed C, as under secagg
+        "secagg": {**shared, "aggregation": "secagg", "secagg-min-survivors": parties},
+    }
+    ratios: list[float] = []
+    per_kind: dict[str, list[float]] = defaultdict(list)
+    collect: list[int] = []
+    dim = 0
+    for rep in range(reps):
+        order = ("plain", "secagg") if rep % 2 == 0 else ("secagg", "plain")
+        med = {}
+        for kind in order:
+            out = round_cpu(parties, kinds[kind], rounds)
+            med[kind] = statistics.median(out["round_cpu_s"])
+            per_kind[kind] += out["round_cpu_s"]
+            dim = out["dimension"]
+            if kind == "secagg":
+                collect += out["reply_bytes"].get("train.sa_collect", [])
+        ratios.append(med["secagg"] / med["plain"])
+    return {
+        "ratio": statistics.median(ratios), "ratios": ratios, "min": min(ratios), "max": max(ratios),
+        "n": reps, "rounds_per_run": rounds, "parties": parties, "dimension": dim,
+        "plain_round_cpu_s": statistics.median(per_kind["plain"]),
+        "secagg_round_cpu_s": statistics.median(per_kind["secagg"]),
+        "collect_reply_bytes": statistics.median(collect) if collect else None,
+    }
+
+
+def flower_round_cpu(parties: int, dim: int, secagg: bool, rounds: int) -> list[float]:
+    """Flower 1.42's own secure aggregation for comparison: ``DefaultWorkflow`` with
+    ``SecAggPlusWorkflow`` (or without it: plain FedAvg) over ``parties`` legacy
+    ``NumPyClient`` s that return a ``dim``-vector (with ``secaggplus_mod``), on the same
+    in-process grid with protobuf round trips; ``k`` and ``t`` as fedfdp's defaults for
+    ``parties``. CPU seconds of the whole process per round after the first (from one
+    ``configure_fit`` to the next)."""
+    from flwr.app import Context, RecordDict
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import LegacyContext, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from flwr.supercore.run import Run
+
+    from fedfdp.config import load_config
+    from fedfdp.secagg import default_neighbours, default_threshold
+    from tests.flower_helpers import InProcessGrid
+
+    class Client(NumPyClient):
+        def fit(self, parameters: Any, config: Any) -> Any:
+            return [p + np.float32(0.01) for p in parameters], 1, {}
+
+    app = ClientApp(client_fn=lambda context: Client().to_client(), mods=[secaggplus_mod] if secagg else [])
+
+    class FlowerGrid(InProcessGrid):
+        def __init__(self) -> None:
+            super().__init__(load_config({"progress": False}))
+            self.contexts: dict[int, Context] = {}
+
+        def get_node_ids(self) -> list[int]:
+            return list(range(1, parties + 1))
+
+        def answer(self, msg: Any) -> Any:
+            node = msg.metadata.dst_node_id
+            ctx = self.contexts.setdefault(node, Context(run_id=1, node_id=node, node_config={},
+                                                         state=RecordDict(), run_config={}))
+            msg, _ = _wire_copy(msg)  # Flower's workflow shares one content between messages
+            return _wire_copy(app(msg, ctx))[0]
+
+    stamps: list[float] = []
+
+    class Timed(FedAvg):
+        def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+            stamps.append(time.process_time())
+            return super().configure_fit(server_round, parameters, client_manager)
+
+    strategy = Timed(fraction_fit=1.0, min_fit_clients=parties, min_available_clients=parties,
+                     fraction_evaluate=0.0,
+                     initial_parameters=ndarrays_to_parameters([np.zeros(dim, dtype=np.float32)]))
+    k = default_neighbours(parties)
+    context = LegacyContext(context=Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                            run_config={}),
+                            config=ServerConfig(num_rounds=1 + rounds), strategy=strategy)
+    fit = SecAggPlusWorkflow(num_shares=k, reconstruction_threshold=default_threshold(k)) if secagg else None
+    grid = FlowerGrid()
+    grid.set_run(Run.create_empty(run_id=1))
+    DefaultWorkflow(fit_workflow=fit)(grid, context)
+    stamps.append(time.process_time())
+    return [b - a for a, b in itertools.pairwise(stamps[1:])]
+
+
+def overhead_vs_flower(parties: int, reps: int, rounds: int) -> dict[str, Any]:
+    """fedfdp's secagg overhead per round (secagg − plain CPU, default model, ``d = 295``)
+    ÷ Flower's SecAggPlusWorkflow overhead (secagg − plain FedAvg) for the same ``d``,
+    parties, ``k`` and ``t``; the four runs interleaved in each of ``reps`` repetitions."""
+    ratios, own, theirs = [], [], []
+    settings: dict[str, dict[str, Any]] = {"plain": {"clipping-quantile": 0},
+                "secagg": {"aggregation": "secagg", "secagg-min-survivors": parties}}
+    for _ in range(reps):
+        med: dict[str, float] = {}
+        for kind, cfg in settings.items():
+            out = round_cpu(parties, cfg, rounds)
+            med[f"fedfdp-{kind}"] = statistics.median(out["round_cpu_s"])
+            dim = out["dimension"]
+            flower = flower_round_cpu(parties, dim, kind == "secagg", rounds)
+            med[f"flower-{kind}"] = statistics.median(flower)
+        own.append(med["fedfdp-secagg"] - med["fedfdp-plain"])
+        theirs.append(med["flower-secagg"] - med["flower-plain"])
+        ratios.append(own[-1] / theirs[-1])
+    return {"ratio": statistics.median(ratios), "ratios": ratios, "min": min(ratios), "max": max(ratios),
+            "n": reps, "rounds_per_run": rounds, "parties": parties, "dimension": dim,
+            "fedfdp_overhead_cpu_s": statistics.median(own),
+            "flower_overhead_cpu_s": statistics.median(theirs)}
 
 
 def _fedfdp_run(out: str, sets: list[str], parties: int) -> float:
@@ -206,10 +441,47 @@ def accuracy(parties: int, seeds: int) -> list[dict[str, Any]]:
     return rows
 
 
+def ratios(reps: int, rounds: int, as_json: bool) -> None:
+    """The four figures of the secagg section of docs/performance.md, in one run."""
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    r100 = round_ratio("100", reps, rounds)
+    r1e6 = round_ratio("1e6", reps, rounds)
+    flower = overhead_vs_flower(10, reps, rounds)
+    rng = np.random.default_rng(0)  # public inputs only
+    unmask = [one_round(100, 15, 295, False, rng)["server_unmask_cpu_s"] for _ in range(reps)]
+    per_coord = {str(r["dimension"]): r["collect_reply_bytes"] / r["dimension"] for r in (r100, r1e6)}
+    report = {
+        "secagg_round_ratio_100": r100,
+        "secagg_round_ratio_1e6": r1e6,
+        "secagg_overhead_vs_flower": flower,
+        "bytes_per_coordinate": {"value": per_coord[str(r1e6["dimension"])], "by_dimension": per_coord,
+                                 "what": "serialised collect-stage reply (protobuf) / d"},
+        "server_unmask_cpu_s_100": {"median": statistics.median(unmask), "min": min(unmask),
+                                    "max": max(unmask), "n": reps, "k": 15, "d": 295},
+        "meta": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                 "load_average_before": load_before, "load_average_after": os.getloadavg(),
+                 "wall_s": time.perf_counter() - started,
+                 "command": f"python benchmarks/secagg.py --json --repeats {reps} --timed-rounds {rounds}"},
+    }
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    for key in ("secagg_round_ratio_100", "secagg_round_ratio_1e6", "secagg_overhead_vs_flower"):
+        r = report[key]
+        print(f"{key}: {r['ratio']:.2f} (n = {r['n']}, {r['min']:.2f}-{r['max']:.2f})")
+    print(f"bytes_per_coordinate: {report['bytes_per_coordinate']['by_dimension']}")
+    print(f"server unmask at 100 parties: {report['server_unmask_cpu_s_100']['median']:.3f} CPU-s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds per configuration (median reported)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved repetitions of each ratio (--crypto: rounds per configuration)")
+    parser.add_argument("--timed-rounds", type=int, default=3,
+                        help="rounds timed per run of a ratio (after one untimed round)")
+    parser.add_argument("--crypto", action="store_true", help="the crypto cost table (sessions only)")
     parser.add_argument("--simulation", action="store_true", help="per-round overhead in fedfdp run")
     parser.add_argument("--accuracy", action="store_true", help="fdp at ε = 2: trusted vs secagg")
     parser.add_argument("--parties", type=int, default=10, help="SuperNodes (--simulation, --accuracy)")
@@ -222,6 +494,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats={args.repeats}: must be >= 1")
+    if args.timed_rounds < 1:
+        parser.error(f"--timed-rounds={args.timed_rounds}: must be >= 1")
     if args.simulation:
         report = simulation_overhead(args.parties, args.rounds, args.devices, args.records_per_device)
         print(json.dumps(report, indent=2))
@@ -229,6 +503,9 @@ def main() -> None:
     if args.accuracy:
         for result in accuracy(args.parties, args.seeds):
             print(json.dumps(result))
+        return
+    if not args.crypto:
+        ratios(args.repeats, args.timed_rounds, args.json)
         return
     rng = np.random.default_rng(0)  # public inputs only; every secret comes from the OS CSPRNG
     rows = []
