@@ -49,7 +49,7 @@ from fedfdp.data.private_statistics import Estimate, estimation_budget, estimati
 from fedfdp.data.split import refuse_label_split
 from fedfdp.ledger_replay import replay
 from fedfdp.modes import Phase, phase_for_round
-from fedfdp.quantile_clipping import recipe_quantile, split_noise
+from fedfdp.quantile_clipping import diffusion_quantile, recipe_quantile, split_noise
 from fedfdp.sampling_plan import SamplingSettings, Subsampling
 from fedfdp.secagg.plan import SecAggPlan, secagg_event, secagg_plan
 
@@ -489,6 +489,8 @@ def resolve_mechanism(
         split_sigma, count_noise = split_noise(accounted, share)
         if p.clipping_quantile is not None:
             gamma = float(p.clipping_quantile)
+        elif cfg.training.model == "ddpm":  # the private norms' mass sits in their tail (docs/images.md)
+            gamma = diffusion_quantile(count_noise, expected)
         else:
             gamma = recipe_quantile(split_sigma, count_noise, facts.num_params, expected)
         if gamma > 0:

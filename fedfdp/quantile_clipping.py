@@ -141,3 +141,35 @@ def recipe_quantile(
     if gamma < 0.5 or ceiling < 0.5:
         return 0.0
     return float(min(gamma, ceiling))
+
+
+#: ``γ`` of the diffusion models' recipe (``model = "ddpm"``, and the reference
+#: trainer's :mod:`fedfdp.images.recipe`): their private norms put the mass in a heavy
+#: upper tail (docs/images.md), so ``C`` follows a high quantile.
+DIFFUSION_QUANTILE = 0.9
+
+
+def capped_quantile(quantile: float, count_std: float, expected_batch: float) -> float:
+    """``min(γ, 1 − 2σ_b/E[batch])``: closer to 1 than ``2σ_b/E[batch]`` the noisy count
+    cannot resolve the quantile (the same cap as :func:`recipe_quantile`'s, without its 0.99).
+
+    Examples
+    --------
+    >>> capped_quantile(0.9, 3.63, 256.0)
+    0.9
+    >>> round(capped_quantile(0.9, 13.95, 256.0), 4)
+    0.891
+    """
+    if not (0 < quantile < 1 and count_std > 0 and expected_batch > 0):
+        raise ValueError(f"capped quantile: γ={quantile}, σ_b={count_std}, E[batch]={expected_batch}: "
+                         "need γ in (0, 1) and σ_b, E[batch] > 0")
+    return float(min(quantile, 1.0 - 2.0 * count_std / expected_batch))
+
+
+def diffusion_quantile(count_std: float, expected_batch: float) -> float:
+    """``γ`` of the ``fdp`` recipe for a diffusion model: :data:`DIFFUSION_QUANTILE`
+    capped by :func:`capped_quantile`; 0 (``C`` fixed) where the cap leaves less than
+    the median, as in :func:`recipe_quantile`.
+    """
+    gamma = capped_quantile(DIFFUSION_QUANTILE, count_std, expected_batch)
+    return gamma if gamma >= 0.5 else 0.0

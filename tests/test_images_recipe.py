@@ -200,3 +200,31 @@ def test_dp_and_fdp_dpsgd_keep_c(digits: ImageSet) -> None:
                                      clipping_norm=0.3), secrets=_bits(1))
         assert result.clipping_norms == [0.3] * 3 and result.count_noise_std is None
         assert result.accounted_noise_multiplier == result.noise_multiplier == 1.0
+
+
+def test_the_engine_uses_the_recipe_for_ddpm_and_keeps_the_classifiers() -> None:
+    """``clipping-quantile = "auto"`` in ``fdp``: a ddpm run follows the 0.9-quantile capped by
+    its count's noise (the same target as the reference trainer's recipe); a cnn run on the
+    same data keeps the noise-level recipe, unchanged."""
+    pytest.importorskip("sklearn")
+    from fedfdp.config import load_config
+    from fedfdp.data import load_dataset
+    from fedfdp.quantile_clipping import diffusion_quantile, recipe_quantile, split_noise
+    from fedfdp.run_plan import mechanism_for
+
+    base = {"dataset": "digits", "num-devices": 4, "blur-kernel": 5, "blur-sigma": 1.0, "mode": "fdp",
+            "target-epsilon": 2.0, "num-rounds": 20, "sampling-rate": 0.1, "progress": False}
+    ddpm = load_config({**base, "model": "ddpm", "unet-width": 4, "diffusion-steps": 25, "sampler-steps": 4})
+    cnn = load_config({**base, "model": "cnn", "cnn-width": 4, "hidden-size": 8})
+    data = load_dataset(ddpm.data)
+    m = mechanism_for(ddpm, data)
+    expected = 0.1 * m.num_records
+    assert m.accounted_noise_multiplier is not None and m.clipping.count_noise is not None
+    _, count_std = split_noise(m.accounted_noise_multiplier, ddpm.privacy.clipping_budget_share)
+    assert m.clipping.count_noise == pytest.approx(count_std)
+    assert m.clipping.quantile == diffusion_quantile(count_std, expected)
+    assert m.clipping.quantile == ImageRecipe().target(count_std, expected) > 0.5
+    c = mechanism_for(cnn, data)
+    assert c.accounted_noise_multiplier is not None
+    split, count_c = split_noise(c.accounted_noise_multiplier, cnn.privacy.clipping_budget_share)
+    assert c.clipping.quantile == recipe_quantile(split, count_c, c.num_params, expected)

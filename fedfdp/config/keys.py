@@ -241,7 +241,8 @@ KEYS: tuple[KeySpec, ...] = (
             "the first round's", applies=NOISY),
     KeySpec("clipping-quantile", P, "clipping_quantile", K.FLOAT01, YES,
             "γ: adaptive clipping tracks the γ-quantile of the private gradients' norms; 0: a fixed C",
-            unset="the mode's recipe: in fdp, γ from the run's noise level; in other modes, a fixed C",
+            unset="the mode's recipe: in fdp, γ from the run's noise level (model ddpm: 0.9, below "
+            "1 − 2σ_b/(qN)); in other modes, a fixed C",
             unset_word="auto", applies=NOISY),
     KeySpec("clipping-learning-rate", P, "clipping_learning_rate", K.FLOAT_POS, YES,
             "η of adaptive clipping's geometric update C ← C·exp(−η(b̃ − γ))", applies=NOISY),

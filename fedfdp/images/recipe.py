@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from fedfdp.entropy import BitStream
-from fedfdp.quantile_clipping import adapt_clipping_norm, split_noise
+from fedfdp.quantile_clipping import DIFFUSION_QUANTILE, adapt_clipping_norm, capped_quantile, split_noise
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -107,7 +107,7 @@ class ImageRecipe:
     """
 
     rule: ClippingRule = ClippingRule.QUANTILE
-    quantile: float = 0.9
+    quantile: float = DIFFUSION_QUANTILE
     learning_rate: float = 0.2
     budget_share: float = 0.05
 
@@ -131,12 +131,12 @@ class ImageRecipe:
         """The quantile ``C`` moves toward: ``γ``, but at most ``1 − 2σ_b/(qN)`` (closer to 1
         the noisy count cannot resolve it; the engine's recipe caps it the same way).
         """
-        ceiling = 1.0 - 2.0 * count_std / expected_batch
-        if ceiling <= 0:
+        target = capped_quantile(self.quantile, count_std, expected_batch)
+        if target <= 0:
             raise ValueError(f"count noise σ_b={count_std:.3g} for an expected batch of "
                              f"{expected_batch:.3g}: the noisy count cannot resolve any quantile; "
                              "raise the rate or keep C fixed")
-        return min(self.quantile, ceiling)
+        return target
 
     def noise(self, accounted: float) -> tuple[float, float | None]:
         """``(σ, σ_b)``: the gradient's noise multiplier and the count's standard
