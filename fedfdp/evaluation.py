@@ -140,6 +140,9 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
         One line naming the device, record, label or shape that does not fit.
     """
     classes = data.num_classes
+    if len(data.test_y) == 0 and data.num_records:
+        raise ConfigError("data: the held-out split is empty (0 records), so the run's evaluation has "
+                          "nothing to score; hold out records (test-fraction, or test-path)")
     parts = [(f"device {i}", dev.x, dev.y) for i, dev in enumerate(data.devices)]
     parts.append(("the held-out split", data.test_x, data.test_y))
     for where, x, y in parts:

@@ -188,11 +188,17 @@ def refuse_label_split(privacy: PrivacyConfig, d: DataConfig) -> None:
 
 
 def holdout_records(groups: np.ndarray, test_fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Test mask: ``round(test_fraction · n_g)`` random records of every group."""
+    """Test mask: ``round(test_fraction · n_g)`` random records of every group; a fraction
+    that holds out no record at all is refused (the run's evaluation would have nothing to
+    score), naming ``test-fraction``.
+    """
     test = np.zeros(len(groups), dtype=bool)
     for g in np.unique(groups):
         idx = rng.permutation(np.flatnonzero(groups == g))
         test[idx[: round(test_fraction * len(idx))]] = True
+    if len(groups) and not test.any():
+        raise DataError(f"test-fraction={test_fraction}: holds out none of the {len(groups)} records "
+                        "(round(test-fraction x records) is 0 in every group); raise it")
     return test
 
 
