@@ -14,6 +14,13 @@ with mean cross-entropy, measured in the same process. Reported ratios:
   client): the project target is <= 2.5.
 - ``loop``: one backward per record, on ``--loop-batch`` records, relative to a
   plain step on ``--loop-batch`` records.
+- ``opacus-ghost-k1``: Opacus' ghost clipping (``GradSampleModuleFastGradientClipping``
+  with ``use_ghost_clipping=True``, ``DPLossFastGradientClipping``, sum reduction, no
+  noise) of the same full loss with one input per record as ``ghost-k1``: forward,
+  its two backward passes, the clipped sum left in ``.grad`` (checked equal to
+  ``ghost-k1``'s to ``rtol = 1e-4`` first; ``opacus_agrees`` in the JSON). Present only
+  where ``opacus`` imports (it is not a dependency of the project). Opacus has no
+  form of the FDP loss's two inputs per record, so the comparison is the ``dp`` mode's.
 
 Timings interleave the methods round by round and report the median. Run with
 ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296`` in the
@@ -153,6 +160,39 @@ def time_interleaved(fns: dict[str, Callable[[], object]], seconds: float) -> di
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+#: Whether Opacus' clipped sum equals ``ghost-k1``'s, by case (cases where it ran).
+AGREES: dict[str, bool] = {}
+
+
+def opacus_ghost_k1(case: Case, c: float) -> Callable[[], list[torch.Tensor]] | None:
+    """One call of Opacus' ghost clipping of the full loss on a copy of ``case.model``
+    (the clipped sum of per-record gradients, no noise); None without ``opacus``.
+    """
+    try:
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+    except ImportError:
+        return None
+    import copy
+
+    gsm = GradSampleModuleFastGradientClipping(copy.deepcopy(case.model), max_grad_norm=c,
+                                               use_ghost_clipping=True, loss_reduction="sum")
+    params = [p for p in gsm.parameters() if p.requires_grad]
+    opt = DPOptimizerFastGradientClipping(torch.optim.SGD(params, lr=0.0), noise_multiplier=0.0,
+                                          max_grad_norm=c, expected_batch_size=len(case.y),
+                                          loss_reduction="sum")
+    criterion = DPLossFastGradientClipping(gsm, opt, nn.CrossEntropyLoss(reduction="sum"),
+                                           loss_reduction="sum")
+
+    def call() -> list[torch.Tensor]:
+        opt.zero_grad(set_to_none=True)
+        criterion(gsm(case.x), case.y).backward()
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+
+    return call
+
+
 def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
     model = case.model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -186,6 +226,13 @@ def bench_case(case: Case, args: argparse.Namespace) -> list[Row]:
         "ghost-2pass": ghost_2pass,
         "fdp-step": fdp_step,
     }
+    opacus = opacus_ghost_k1(case, c)
+    if opacus is not None:
+        ours = clipped_grad_sum(model, [case.x], case.y, ce_loss, c, "ghost").grads
+        theirs = opacus()
+        AGREES[case.name] = all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(ours, theirs,
+                                                                                             strict=True))
+        fns["opacus-ghost-k1"] = opacus
     times = time_interleaved(fns, args.seconds)
     rows = [
         Row(case.name, k, n, 1e3 * t, 1e3 * times["plain"], t / times["plain"])
@@ -245,15 +292,18 @@ def main(argv: list[str] | None = None) -> None:
         "clock": args.clock,
     }
     if args.json:
-        print(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=2))
+        print(json.dumps({"env": env, "rows": [asdict(r) for r in rows], "opacus_agrees": AGREES}, indent=2))
         return
     print(
         f"torch {env['torch']}, {env['threads']} threads, malloc env "
         f"{'set' if env['malloc_env'] else 'NOT set'}, C={args.max_norm}, clock {args.clock}"
     )
-    print(f"{'case':<18} {'method':<12} {'batch':>5} {'ms':>9} {'plain ms':>9} {'ratio':>7}")
+    print(f"{'case':<18} {'method':<16} {'batch':>5} {'ms':>9} {'plain ms':>9} {'ratio':>7}")
     for r in rows:
-        print(f"{r.case:<18} {r.method:<12} {r.batch:>5} {r.ms:>9.3f} {r.plain_ms:>9.3f} {r.ratio:>7.2f}")
+        print(f"{r.case:<18} {r.method:<16} {r.batch:>5} {r.ms:>9.3f} {r.plain_ms:>9.3f} {r.ratio:>7.2f}")
+    if AGREES:
+        print("opacus-ghost-k1 equals ghost-k1 (rtol 1e-4): "
+              + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in AGREES.items()))
 
 
 if __name__ == "__main__":
