@@ -100,11 +100,16 @@ def best_private(part, metric: str, target: float) -> str | None:
     return str(rows.loc[pick, "mode"])
 
 
-def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
+#: The title of the ``loss`` table of a diffusion model (its loss is not a log loss).
+DIFFUSION_LOSS = "Held-out diffusion loss (mean squared error of the predicted noise), lower is better"
+
+
+def _metric_table(part, targets: Sequence[float], metric: str, title: str | None = None) -> list[str]:
     """One metric's table: mean ± sd per mode and ε, the best private mode in bold,
-    and fdp's differences to the baselines.
+    and fdp's differences to the baselines (``title``: instead of the metric's own).
     """
-    title, scale, _ = METRIC_TITLES[metric]
+    own, scale, _ = METRIC_TITLES[metric]
+    title = title or own
     digits = 1 if scale == 100.0 else 3
     lines = [f"**{title}** (best private mode per ε in bold)", ""]
     lines.append("| mode | " + " | ".join(f"ε = {t:g}" for t in targets) + " |")
@@ -128,7 +133,7 @@ def _metric_table(part, targets: Sequence[float], metric: str) -> list[str]:
             cells.append(f"**{cell}**" if best[t] == mode else cell)
         name = f"`{mode}` (CorrDP ε)" if mode in OTHER_RELATION else f"`{mode}`"
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    unit = "points" if scale == 100.0 else "log loss" if metric == "loss" else metric
+    unit = "points" if scale == 100.0 else "log loss" if title == METRIC_TITLES["loss"][0] else metric
     pairs = (("fdp", "dp"), ("fdp", "public"), ("fdp", "fdp-dpsgd"), ("corrdp", "dp"), ("corrdp", "fdp"))
     for a, b in pairs:
         if a in means and b in means and means[a] and means[b]:
@@ -166,6 +171,8 @@ def _target_table(part, targets: Sequence[float]) -> list[str]:
     modes = set(part["mode"])
     baselines = [m for m in BASELINES if m in modes]
     if "fdp" not in modes or not baselines or part["loss_mean"].isna().all():
+        return []
+    if part["accuracy_mean"].isna().all():  # a diffusion model: its loss and fd tables score it
         return []
 
     def mean(mode: str, target: float, metric: str) -> float | None:
@@ -305,8 +312,9 @@ def write_summary(
             lines += ["", "One seed: a cell shows its value alone (no spread over seeds)."]
         for metric in METRIC_TITLES:
             if part[f"{metric}_mean"].notna().any():
-                lines += _metric_table(part, targets, metric)
-            elif metric == "auc":
+                diffusion = metric == "loss" and part["fd_mean"].notna().any()
+                lines += _metric_table(part, targets, metric, DIFFUSION_LOSS if diffusion else None)
+            elif metric == "auc" and part["fd_mean"].isna().all():  # (a diffusion model has no AUC)
                 lines += ["", "No AUC: it is reported for binary tasks only (both classes in the "
                           "held-out split), and this task is not one.", ""]
         lines.append("")
