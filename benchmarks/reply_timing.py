@@ -18,7 +18,7 @@ time with ``|B|`` (95 % CI, Fisher z) and the least-squares slope in ms per reco
 ``sampler``: :func:`fedfdp.secagg.noise.sample_discrete_gaussian` alone, per call,
 against the magnitude of what it drew — one draw per call (``d = 1``: vs ``|x|/σ``) and
 ``d = 10⁴`` per call (vs the mean ``|x|/σ`` of the call): its time, and its work as
-the number of random words it read (exact, immune to the machine's noise).
+the number of keystream words it drew (exact, immune to the machine's noise).
 
 Both clocks are recorded: ``cpu`` (the thread's CPU time, robust to the other
 processes of a shared machine) and ``wall`` (``perf_counter``: what the server sees,
@@ -136,21 +136,9 @@ def collect(reps: int, records: int, rate: float, points: int, public: bool) -> 
                                for k in sizes}}
 
 
-class CountingBits:
-    """The party's OS CSPRNG, counting the words read (the sampler's work, in words)."""
-
-    def __init__(self) -> None:
-        from fedfdp.entropy import OSBits
-
-        self.inner = OSBits()
-        self.read = 0
-
-    def words(self, n: int) -> np.ndarray:
-        self.read += n
-        return self.inner.words(n)
-
-
 def sampler(reps_one: int, reps_many: int, sigmas: list[float]) -> dict[str, Any]:
+    from fedfdp.entropy import OSBits
+    from fedfdp.secagg.keystream import Keystream
     from fedfdp.secagg.noise import sample_discrete_gaussian
 
     out: dict[str, Any] = {}
@@ -161,12 +149,12 @@ def sampler(reps_one: int, reps_many: int, sigmas: list[float]) -> dict[str, Any
         for size, reps, unit, scale in ((1, reps_one, "µs", 1e3), (10_000, reps_many, "ms", 1.0)):
             mags, cpu, wall, words = [], [], [], []
             for _ in range(reps):
-                bits = CountingBits()
-                c, w, x = timed(lambda: sample_discrete_gaussian(s2, size, bits))  # noqa: B023
+                keys = Keystream(OSBits())  # keyed by the OS CSPRNG, counting its words
+                c, w, x = timed(lambda: sample_discrete_gaussian(s2, size, keys))  # noqa: B023
                 mags.append(float(np.abs(x).mean()) / sigma)
                 cpu.append(c * scale)
                 wall.append(w * scale)
-                words.append(float(bits.read))
+                words.append(float(keys.generated))
             out[f"sigma={sigma:g}/d={size:g}"] = {
                 "unit": f"{unit} per mean |x|/σ", "cpu": pearson_and_slope(mags, cpu),
                 "wall": pearson_and_slope(mags, wall), "words": pearson_and_slope(mags, words)}
