@@ -130,9 +130,10 @@ def _summarise(out: Path, cfg: Config, num_classes: int) -> int:
         return 1
     frame = pd.read_csv(path)
     last = frame.iloc[-1]
-    done = frame["accuracy"].dropna()
+    score = "fd" if "fd" in frame and frame["accuracy"].isna().all() else "accuracy"  # fd: a diffusion model
+    done = frame[score].dropna()
     acc = done.iloc[-1] if len(done) else float("nan")
-    print(f"rounds={int(last['round'])} accuracy={acc:.4f} {_epsilon_text(last)}")
+    print(f"rounds={int(last['round'])} {score}={acc:.4f} {_epsilon_text(last)}")
     split = _budget_split_line(out)
     if split:
         print(split)
