@@ -240,7 +240,11 @@ def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: 
     @app.train(Stage.SETUP.action)
     def sa_setup(msg: Message, context: Context) -> Message:
         try:
-            return secagg_handlers.sa_setup(msg, context, _runtime(fixed, context, simulation, own).guard)
+            # setup needs only the node's policy: without one no runtime (records, model) is
+            # built here; sa_collect builds it (the query at registration already checked it)
+            node_config = simulated_node_config(context.node_config, own) if own else context.node_config
+            guard = _runtime(fixed, context, simulation, own).guard if node_config.get(POLICY_KEY) else None
+            return secagg_handlers.sa_setup(msg, context, guard)
         except RoundRefused as exc:
             return refused(msg, exc)
 
