@@ -357,7 +357,7 @@ def _plan(a: int, b: int, cover: float) -> _Plan:
         delta = (lam - Fraction(lam_int, 1 << s)) * (2 * blocks - 1) + Fraction(1, 1 << 32)
         if head < m:
             delta += Fraction(lam_int, 1 << s) * Fraction(2 * blocks, 1 << head)
-        corr = math.ceil(delta * (1 << 32))
+        corr = math.ceil(delta * (1 << 32))  # below 2^17: Δ < 2^-15
     else:
         corr = 0
     lo_l, hi_l = _cdf_bounds(a, b, m, blocks, 64)
@@ -476,21 +476,21 @@ def _trials(plan: _Plan, main: Keystream, side: Keystream, n: int) -> tuple[np.n
     block[cx] = k[: cx.size]
     slow[cx] = ~sure[: cx.size]
     slow |= block >= plan.blocks
-    # the magnitude within the block and the sign
+    # the magnitude within the block; the sign as 0 or -1 (arithmetic shift)
     u = ws & np.uint64((1 << plan.m) - 1)
-    negative = (ws >> np.uint64(63)).astype(bool)
+    sign = ws.view(np.int64) >> np.int64(63)
     # Γ₀ = G/2³² <= Γ, and von Neumann's A_1 = [W₁ < G]
-    jb = np.minimum(block, plan.blocks - 1).astype(np.uint64)
+    jb = np.minimum(block, plan.blocks - 1).view(np.uint64)
     if plan.m:
-        uh = u >> np.uint64(plan.m - plan.head)
+        uh = u >> np.uint64(plan.m - plan.head) if plan.head < plan.m else u
         big_g = (np.uint64(plan.lam_int) * (uh * ((jb << np.uint64(plan.head + 1)) + uh))) >> np.uint64(32)
     else:
         big_g = np.zeros(n, dtype=np.uint64)
-    w1 = wv & np.uint64(0xFFFFFFFF)
-    wc = wv >> np.uint64(32)
+    halves = wv.view(np.uint32)  # little-endian: the low half of each word first
+    w1, wc = halves[0::2], halves[1::2]
     accept = _von_neumann(plan, main, side, big_g, w1 < big_g)
     # the second factor e^{-(Γ - Γ₀)}: certain unless its first uniform is below Δ
-    rare = np.flatnonzero(wc < np.uint64(plan.corr))
+    rare = np.flatnonzero(wc < np.uint32(plan.corr))
     public = upper_count(n, plan.corr / 2.0**32, STEP_FAILURE)
     for i in rare.tolist():
         if not slow[i]:
@@ -500,7 +500,7 @@ def _trials(plan: _Plan, main: Keystream, side: Keystream, n: int) -> tuple[np.n
         x = _exponent(plan, int(jb[0]), int(u[0])) - Fraction(int(big_g[0]), 1 << 32)
         _bernoulli_exp_prefix(int(wc[0]), 32, x, side)
     # the exact slow paths: undecided blocks, the tail
-    values = (block.astype(np.int64) << np.int64(plan.m)) + u.astype(np.int64)
+    values = (block << np.int64(plan.m)) + u.view(np.int64)
     for i in np.flatnonzero(slow).tolist():
         j = _refine_block(plan, int(wb[i]), side)
         if j >= plan.blocks:
@@ -510,8 +510,8 @@ def _trials(plan: _Plan, main: Keystream, side: Keystream, n: int) -> tuple[np.n
             raise RuntimeError("discrete Gaussian draw out of int64 range")
         values[i] = value
         accept[i] = _scalar_bernoulli_exp(_exponent(plan, j, int(u[i])), side)
-    accept &= ~(negative & (values == 0))
-    return np.where(negative, -values, values), accept
+    accept &= (values != 0) | (sign == 0)
+    return (values ^ sign) - sign, accept
 
 
 def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarray, first: np.ndarray,
