@@ -36,7 +36,8 @@ def test_your_model_and_feature_map_as_objects():
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("model", "not a path", "model='not a path': must be one of mlp, logistic, cnn, ddpm or an import path"),
+        ("model", "not a path",
+         "model='not a path': must be one of mlp, logistic, cnn, ddpm or an import path"),
         ("model", "no_such_pkg.mod:build", "cannot import 'no_such_pkg.mod'"),
         ("model", "tests.plugin_pkg.user:nothing", "has no callable 'nothing'"),
         ("model", "tests.plugin_pkg.user:not_a_model", "returned str, not a torch.nn.Module"),

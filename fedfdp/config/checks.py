@@ -300,8 +300,8 @@ def _check_images(cfg: Config) -> None:
         )
     if t.model == "ddpm":
         if t.diffusion_steps <= 20:
-            raise ConfigError(f"diffusion-steps={t.diffusion_steps}: must be > 20 (the linear schedule's last "
-                              "β, 0.02·1000/T, must be below 1)")
+            raise ConfigError(f"diffusion-steps={t.diffusion_steps}: must be > 20 (the linear schedule's "
+                              "last β, 0.02·1000/T, must be below 1)")
         if cfg.run.sampler_steps > t.diffusion_steps:
             raise ConfigError(f"sampler-steps={cfg.run.sampler_steps}: must be at most "
                               f"diffusion-steps={t.diffusion_steps}")
