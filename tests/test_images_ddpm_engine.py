@@ -28,8 +28,12 @@ pytest.importorskip("sklearn")
 from fedfdp.algorithm import run_centralised
 from fedfdp.config import ConfigError, Mode, PrivacyUnit, load_config
 from fedfdp.contribution import (
+    ClientParts,
+    DeviceTask,
     PrivateBatch,
     PublicBatch,
+    RoundSettings,
+    node_contribution,
     private_clipped_sum,
     public_gradient_sum,
     public_shape,
@@ -170,6 +174,23 @@ def test_a_records_draw_does_not_depend_on_its_batch():
     assert abs(float(only.norm()) - clip) < 1e-9  # sensitivity C
     # a public batch shape (zero rows weighing 0) changes nothing but the order of additions
     torch.testing.assert_close(clipped([*others, 17], shape=True), with_r, rtol=0, atol=1e-12)
+
+    # and through a node's whole contribution (its keys built by node_contribution), with
+    # the private batch chosen through the sampler seam
+    def node_sum(index):
+        def sampler(n, rate, public_count, secrets, public):
+            return np.asarray(index, dtype=np.int64), np.empty(0, dtype=np.int64)
+
+        dev = data.devices[0]
+        task = DeviceTask(0, dev.x.astype(np.float64), dev.y, True, 0)
+        settings = RoundSettings(round=4, attempt=0, phase=phase, sampling_rate=0.05, clipping_norm=clip,
+                                 public_seed=seed)
+        out = node_contribution(model, fmap, settings, [task], ClientParts(batches=sampler))
+        assert out.private_sum is not None
+        return torch.cat([g.flatten() for g in out.private_sum])
+
+    torch.testing.assert_close(node_sum([*others, 17]), with_r, rtol=0, atol=1e-12)
+    torch.testing.assert_close(node_sum([*others, 17]) - node_sum(others), node_sum([17]), rtol=0, atol=1e-12)
 
 
 def test_the_ledger_charges_a_ddpm_run_as_a_classifiers():
