@@ -56,6 +56,10 @@ class Case:
     code: str = ""
     run: bool = False
     files: tuple[str, ...] = field(default_factory=tuple)
+    #: A run stopped by its numerical health after drawing round 1's noise: ``{out}`` may
+    #: hold the ledger with that charge, and the line must say how to go on (``--resume``).
+    keeps_charge: bool = False
+    timeout: float = 600.0
 
 
 def sets(mapping: dict[str, object]) -> tuple[str, ...]:
@@ -274,7 +278,138 @@ def cases() -> list[Case]:
                   "'records-per-device': 40}), "
                   "model='mlp')", needle="model"),
     ]
+    out += more_cases()
     return out
+
+
+SECAGG3 = {**TINY, "aggregation": '"secagg"', "secagg-min-survivors": 3, "mode": '"dp"',
+           "clipping-quantile": 0}
+PYAPI = "from fedfdp import *; import numpy as np; "
+
+
+def more_cases() -> list[Case]:
+    """Classes of bad input found by a review on a fresh clone: runs stopped by a non-finite
+    update, unbounded counts, secure aggregation's documented ranges, an edited ``[resolved]``
+    table, files that are not regular files, canaries beyond the run, configuration sources
+    that are not tables, the public constructors' arguments, and messages that explain
+    another key."""
+    r = run_case
+    return [
+        # ------------------------------------------------ a run stopped in round 1 (charge kept)
+        Case("diverged sigma 1e300", r("", "", key_sets={"noise-multiplier": 1e300}).argv,
+             "noise-multiplier", keeps_charge=True),
+        Case("diverged clip 1e300", r("", "", key_sets={"clipping-norm": 1e300, "clipping-quantile": 0}).argv,
+             "clipping-norm", keeps_charge=True),
+        Case("diverged alpha 1e300", r("", "", key_sets={"alpha": 1e300}).argv, "alpha",
+             keeps_charge=True),
+        Case("diverged lr 1e30", r("", "", key_sets={"learning-rate": 1e30}).argv, "learning-rate",
+             keeps_charge=True),
+        r("user model returns nan", "nanmodels:build", key_sets={"model": '"nanmodels:build"'}),
+        r("user model nan weights", "nanmodels:nan_weights", key_sets={"model": '"nanmodels:nan_weights"'}),
+        # ------------------------------------------------ counts beyond the machine
+        Case("api rounds 1e30", code="from fedfdp import load_config; load_config({'num-rounds': 10**30})",
+             needle="num-rounds="),
+        Case("api devices 1e30", code="from fedfdp import load_config; load_config({'num-devices': 10**30})",
+             needle="num-devices="),
+        Case("api public batch 1e30",
+             code="from fedfdp import load_config; load_config({'public-batch-size': 10**30})",
+             needle="public-batch-size="),
+        Case("api hidden 1e30", code="from fedfdp import load_config; load_config({'hidden-size': 10**30})",
+             needle="hidden-size="),
+        Case("api seed 1e30", code="from fedfdp import load_config; load_config({'seed': 10**30})",
+             needle="seed="),
+        Case("api sigma 1e400 int", code="from fedfdp import load_config; "
+             "load_config({'noise-multiplier': 10**400})", needle="noise-multiplier="),
+        r("rounds 1e30", "num-rounds=", key_sets={"num-rounds": 10**30}),
+        r("records 1e20", "records-per-device=", key_sets={"records-per-device": 10**20}),
+        r("window 1e20", "window-size=", key_sets={"window-size": 10**20}),
+        r("hidden sizes 1e20", "hidden-sizes=", key_sets={"hidden-sizes": f"[{10**20}]"}),
+        r("eval every 1e20", "eval-every=", key_sets={"eval-every": 10**20}),
+        # ------------------------------------------------ secure aggregation's documented ranges
+        r("secagg neighbours above parties", "secagg-neighbours=5", base=SECAGG3,
+          key_sets={"secagg-neighbours": 5}),
+        r("secagg threshold below derived", "secagg-threshold=1", base=SECAGG3,
+          key_sets={"secagg-threshold": 1}),
+        r("secagg neighbours even", "secagg-neighbours=4", base={**SECAGG3, "num-devices": 6},
+          key_sets={"secagg-neighbours": 4}),
+        Case("secagg neighbours even words", code="from fedfdp import load_config; "
+             "load_config({'secagg-neighbours': 4})", needle="neighbour"),
+        # ------------------------------------------------ resume against the [resolved] table
+        Case("resume edited resolved", ("run", "--centralised", "--resume", "{run}"), "resolved", run=True,
+             files=("edit-resolved",)),
+        Case("resume dropped resolved", ("run", "--centralised", "--resume", "{run}"), "resolved", run=True,
+             files=("drop-resolved",)),
+        Case("resume sets target", ("run", "--centralised", "--resume", "{run}", "--set",
+                                    "target-epsilon=5"), "target-epsilon", run=True),
+        Case("resume crafted checkpoint", ("run", "--centralised", "--resume", "{run}"), "checkpoint.pt",
+             run=True, files=("craft-checkpoint",)),
+        # ------------------------------------------------ files that are not regular files
+        Case("account ledger fifo", ("account", "--run", "{run}"), "ledger.jsonl", run=True,
+             files=("fifo-ledger",), timeout=60),
+        Case("account ledger dev zero", ("account", "--run", "{run}"), "ledger.jsonl", run=True,
+             files=("zero-ledger",), timeout=60),
+        Case("resume checkpoint fifo", ("run", "--centralised", "--resume", "{run}"), "checkpoint.pt",
+             run=True, files=("fifo-checkpoint",), timeout=60),
+        Case("resume config fifo", ("run", "--centralised", "--resume", "{run}"), "config.toml",
+             run=True, files=("fifo-config",), timeout=60),
+        Case("config fifo", ("run", "--config", "{fifo}", "--out", "{out}"), "{fifo}", timeout=60),
+        Case("config dev zero", ("run", "--config", "/dev/zero", "--out", "{out}"), "/dev/zero", timeout=60),
+        r("csv data path fifo", "{fifo}", key_sets={"dataset": '"csv"', "data-path": '"{fifo}"',
+                                                     "label-column": '"y"', "public-columns": '"a"',
+                                                     "private-columns": '"b"'}),
+        r("csv data path dev zero", "/dev/zero", key_sets={"dataset": '"csv"', "data-path": '"/dev/zero"',
+                                                            "label-column": '"y"', "public-columns": '"a"',
+                                                            "private-columns": '"b"'}),
+        r("images npz fifo", "{fifo}", base={**TINY, "dataset": '"images"', "num-devices": 3},
+          key_sets={"data-path": '"{fifo}"'}),
+        r("node policy fifo", "{fifo}", "--node-policy", "{fifo}"),
+        Case("sites table fifo", ("sites", "{fifo}", "--by", "a", "--out", "{out}"), "{fifo}", timeout=60),
+        # ------------------------------------------------ canaries beyond the run
+        Case("audit one-run million canaries", ("audit", "--one-run", "--canaries", "1000000"),
+             "--canaries=1000000", timeout=120),
+        Case("audit one-run 1e30 canaries", ("audit", "--one-run", "--canaries", str(10**30)),
+             "--canaries=", timeout=120),
+        # ------------------------------------------------ configuration sources that are not tables
+        Case("pyproject config a list", ("run", "--config", "{pp_config_list}", "--out", "{out}"),
+             "tool.flwr.app.config"),
+        Case("pyproject tool a number", ("run", "--config", "{pp_tool_int}", "--out", "{out}"), "tool"),
+        Case("pyproject app a string", ("run", "--config", "{pp_app_str}", "--out", "{out}"),
+             "tool.flwr.app"),
+        Case("config table a value", ("run", "--config", "{nested_toml}", "--out", "{out}"), "num-rounds"),
+        Case("api load_config a string", code="from fedfdp import load_config; load_config('mode=dp')",
+             needle="mode=dp"),
+        Case("api load_config int key", code="from fedfdp import load_config; load_config({1: 2})",
+             needle="1"),
+        Case("api Config privacy dict", code="from fedfdp import Config; Config(privacy={'mode': 'dp'})",
+             needle="privacy="),
+        Case("api Config positional", code="from fedfdp import Config; Config(1, 2, 3)", needle="privacy=1"),
+        # ------------------------------------------------ the public constructors
+        Case("api FeatureMap columns a string", code=PYAPI + "FeatureMap.columns('abc', ['a'])",
+             needle="'abc'"),
+        Case("api FeatureMap private a string", code=PYAPI + "FeatureMap.columns(['a', 'b'], 'b')",
+             needle="'b'"),
+        Case("api FederatedData test labels short",
+             code=PYAPI + "from fedfdp.features import FeatureSpec; x = np.zeros((5, 2), np.float32); "
+                  "y = np.zeros(5, np.int64); FederatedData('t', FeatureSpec(('a', 'b'), ('a',), ('b',)), "
+                  "(DeviceData(x, y),), x, y[:4], ('no', 'yes'))",
+             needle="test_y"),
+        Case("api FederatedData one class name",
+             code=PYAPI + "from fedfdp.features import FeatureSpec; x = np.zeros((5, 2), np.float32); "
+                  "y = np.zeros(5, np.int64); FederatedData('t', FeatureSpec(('a', 'b'), ('a',), ('b',)), "
+                  "(DeviceData(x, y),), x, y, 'yes')",
+             needle="class_names='yes'"),
+        Case("api DeviceData labels short", code=PYAPI + "DeviceData(np.zeros((5, 2)), np.zeros(4))",
+             needle="y"),
+        # ------------------------------------------------ messages that explain the key
+        r("test fraction empty split", "test-fraction=0.001",
+          key_sets={"dataset": '"correlated"', "mode": '"corrdp"', "test-fraction": 0.001}),
+        Case("api empty held-out split",
+             code=PYAPI + "from fedfdp.features import FeatureSpec; x = np.zeros((40, 2), np.float32); "
+                  "y = np.arange(40) % 2; data = FederatedData('t', FeatureSpec(('a', 'b'), ('a',), ('b',)), "
+                  "(DeviceData(x, y),), x[:0], y[:0], ('no', 'yes')); run_centralised(load_config("
+                  "{'num-rounds': 2, 'progress': False, 'sampling-rate': 0.5}), data)",
+             needle="held-out split is empty"),
+    ]
 
 
 def prepare(tmp: Path) -> dict[str, str]:
@@ -292,10 +427,72 @@ def prepare(tmp: Path) -> dict[str, str]:
     bad_results = tmp / "bad-results"
     bad_results.mkdir()
     (bad_results / "results.csv").write_bytes(b"\x00\x01garbage")
+    os.mkfifo(tmp / "fifo")  # a reader that opens it waits for a writer: never does
+    (tmp / "pp-config-list.toml").write_text("[tool.flwr.app]\nconfig = []\n")
+    (tmp / "pp-tool-int.toml").write_text("tool = 1\n")
+    (tmp / "pp-app-str.toml").write_text('[tool.flwr]\napp = "x"\n')
+    (tmp / "nested.toml").write_text("[num-rounds]\nx = 1\n")
     return {"run": str(run), "tmp": str(tmp), "bad_toml": str(tmp / "bad.toml"),
             "binary": str(tmp / "binary.bin"),
             "unknown_toml": str(tmp / "unknown.toml"), "absent_mode_toml": str(tmp / "absent.toml"),
-            "csv": str(tmp / "t.csv"), "bad_results": str(bad_results)}
+            "csv": str(tmp / "t.csv"), "bad_results": str(bad_results), "fifo": str(tmp / "fifo"),
+            "pp_config_list": str(tmp / "pp-config-list.toml"), "pp_tool_int": str(tmp / "pp-tool-int.toml"),
+            "pp_app_str": str(tmp / "pp-app-str.toml"), "nested_toml": str(tmp / "nested.toml")}
+
+
+#: A user's model module (``model = "nanmodels:build"``) whose outputs or weights are NaN.
+NAN_MODELS = '''
+import torch
+from torch import nn
+
+
+class Nan(nn.Module):
+    def __init__(self, num_features, num_classes):
+        super().__init__()
+        self.lin = nn.Linear(num_features, num_classes)
+
+    def forward(self, x):
+        return self.lin(x.flatten(1)) * float("nan")
+
+
+def build(num_features, num_classes):
+    return Nan(num_features, num_classes)
+
+
+def nan_weights(num_features, num_classes):
+    lin = nn.Linear(num_features, num_classes)
+    with torch.no_grad():
+        lin.weight.fill_(float("nan"))
+    return lin
+'''
+
+
+def tamper(run: Path, files: tuple[str, ...]) -> None:
+    """Make the copy of the prepared run what ``files`` says."""
+    ledger, config, ckpt = run / "ledger.jsonl", run / "config.toml", run / "checkpoint.pt"
+    if "tamper-ledger" in files:
+        data = bytearray(ledger.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        ledger.write_bytes(bytes(data))
+    if "drop-config" in files:
+        config.unlink()
+    if "edit-resolved" in files:  # sigma -> 9.0 in the [resolved] table only
+        head, _, tail = config.read_text().partition("[resolved]")
+        lines = ["noise-multiplier = 9.0" if ln.startswith("noise-multiplier =") else ln
+                 for ln in tail.splitlines()]
+        config.write_text(head + "[resolved]" + "\n".join(lines) + "\n")
+    if "drop-resolved" in files:
+        config.write_text(config.read_text().partition("[resolved]")[0])
+    if "craft-checkpoint" in files:  # a plain pickle, not torch's zip format
+        import pickle
+        ckpt.write_bytes(pickle.dumps({"meta": "{}", "model": {}, "optimizer": {}}))
+    for name, path in (("fifo-ledger", ledger), ("fifo-checkpoint", ckpt), ("fifo-config", config)):
+        if name in files:
+            path.unlink()
+            os.mkfifo(path)
+    if "zero-ledger" in files:
+        ledger.unlink()
+        ledger.symlink_to("/dev/zero")
 
 
 def digest(root: Path) -> dict[str, str]:
@@ -316,14 +513,8 @@ def classify(case: Case, places: dict[str, str], work: Path) -> tuple[str, str, 
             copy = work / Path(places[key]).name
             shutil.copytree(places[key], copy)
             names[key] = str(copy)
-        run = Path(names["run"])
-        if "tamper-ledger" in case.files:
-            ledger = run / "ledger.jsonl"
-            data = bytearray(ledger.read_bytes())
-            data[len(data) // 2] ^= 0x01
-            ledger.write_bytes(bytes(data))
-        if "drop-config" in case.files:
-            (run / "config.toml").unlink()
+        tamper(Path(names["run"]), case.files)
+    (work / "nanmodels.py").write_text(NAN_MODELS)
     watched = [Path(names["run"]), Path(names["bad_results"]), Path(names["binary"]), Path(names["csv"])]
     before = {str(p): digest(p) for p in watched}
     command = [*CLI, *(a.format(**names) for a in case.argv)]
@@ -331,18 +522,24 @@ def classify(case: Case, places: dict[str, str], work: Path) -> tuple[str, str, 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
     try:
-        done = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600, env=env)
+        done = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=case.timeout, env=env)
         code, err = done.returncode, done.stderr
     except subprocess.TimeoutExpired:
-        code, err = -1, "timed out after 600 s"
+        code, err = -1, f"timed out after {case.timeout:g} s"
     seconds = time.perf_counter() - start
     lines = [line for line in err.splitlines() if line.strip()]
     needle = case.needle.format(**names)
     changed = [p for p in watched if digest(p) != before[str(p)]]
     created = (work / "out").exists()
-    if case.code:  # the Python API: a one-line ConfigError is the refusal
+    if created and case.keeps_charge:  # the ledger of the round whose noise was drawn stays
+        ledger = work / "out" / "ledger.jsonl"
+        kept = ledger.is_file() and '"kind":"charge"' in ledger.read_text(errors="replace")
+        told = any("--resume" in line for line in lines)
+        created = not (kept and told)
+    if case.code:  # the Python API: one exception, one line naming the value
         last = lines[-1] if lines else ""
-        api_ok = last.startswith(("fedfdp.config.values.ConfigError:", "fedfdp.health.RunDiverged:"))
+        api_ok = last.startswith(("fedfdp.config.values.ConfigError:", "fedfdp.health.RunDiverged:",
+                                  "ValueError:", "TypeError:"))
         if code == 1 and api_ok and needle in last:
             return "GOOD", last, seconds
         if code == 1 and api_ok:
@@ -364,9 +561,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", default="", help="only cases whose name contains this")
+    parser.add_argument("--part", choices=["all", "base", "more"], default="all",
+                        help="base: the sweep's first cases; more: the classes of more_cases()")
     parser.add_argument("--show", default="POOR,BAD", help="verdicts to print in full")
     args = parser.parse_args(argv)
-    chosen = [c for c in cases() if args.only in c.name]
+    more = {c.name for c in more_cases()}
+    part = {"all": cases(), "base": [c for c in cases() if c.name not in more], "more": more_cases()}
+    chosen = [c for c in part[args.part] if args.only in c.name]
     names = [c.name for c in chosen]
     if len(set(names)) != len(names):
         raise SystemExit("duplicate case names")

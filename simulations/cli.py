@@ -94,6 +94,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser(chosen, lazy=True).parse_args(argv)
     if getattr(args, "func", None) is None:  # a placeholder was chosen (e.g. after "--")
         args = make_parser(args.command, lazy=True).parse_args(argv)
+    created = new_directories(getattr(args, "out", None) if args.command == "run" else None)
+    code = _dispatch(args)
+    if code == 2 and created:
+        remove_if_nothing_charged(created)
+    return code
+
+
+def new_directories(out: str | None) -> list[Path]:
+    """The folders ``--out`` would create (it and its missing parents, deepest first)."""
+    if not out:
+        return []
+    path, made = Path(out).absolute(), []
+    while not path.exists() and not path.is_symlink() and path != path.parent:
+        made.append(path)
+        path = path.parent
+    return made
+
+
+def remove_if_nothing_charged(created: list[Path]) -> None:
+    """After a refused ``fedfdp run``: remove the folders it created when they hold no charge
+    (no ledger, or one without a charge): the refusal leaves nothing behind. A ledger with a
+    charge stays (its noise was drawn; the refusal said how to go on), and so does anything
+    not readable as one.
+    """
+    import shutil
+
+    from fedfdp.ledger import read_ledger
+
+    out = created[0]
+    if out.is_dir():
+        try:
+            ledger = read_ledger(out)
+        except ConfigError:
+            return
+        if ledger is not None and ledger.charges:
+            return
+        shutil.rmtree(out, ignore_errors=True)
+    for folder in created[1:]:  # the parents it made, if now empty
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the chosen subcommand; every refusal one line (status 2), an internal error one line
+    and a traceback file (status 1).
+    """
     try:
         return int(args.func(args))
     except (ConfigError, FileNotFoundError) as exc:

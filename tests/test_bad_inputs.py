@@ -83,7 +83,7 @@ RUN_REFUSALS = [
     ("public-with-clipping", {"mode": '"public"', "clipping-norm": 2.0},
      ["clipping-norm=2.0", "mode='public'"]),
     ("delta-1e-300", {"delta": 1e-300}, ["delta=1e-300", "unreachable"]),
-    ("rounds-1e12", {"num-rounds": 10**12}, ["1000000000000 rounds", "unreachable"]),
+    ("rounds-1e12", {"num-rounds": 10**12}, ["num-rounds=1000000000000", "at most 2147483647"]),
     ("records-per-device-1", {"records-per-device": 1}, ["records-per-device=1"]),
     ("blur-kernel-wider-than-image", {"dataset": '"digits"', "blur-kernel": 17}, ["blur-kernel=17"]),
     ("hidden-sizes-1e5", {"model": '"mlp"', "hidden-sizes": "[100000,100000]"},
