@@ -208,6 +208,18 @@ def test_an_undecided_block_is_refined_exactly(seed: int) -> None:
     assert first == (0 if u_hi <= f0 else 1)
 
 
+def test_the_extremes_of_the_accepted_range() -> None:
+    """σ² = 2⁻³⁰: every draw is 0 (P(x ≠ 0) < e^{-2^29}); σ² = 2⁸⁰: mean and variance
+    within 5 standard errors of 0 and σ² (20 000 draws)."""
+    from fedfdp.secagg.noise import MAX_VARIANCE, MIN_VARIANCE
+
+    assert not sample_discrete_gaussian(MIN_VARIANCE, 1000, stream(2)).any()
+    n, sigma2 = 20_000, float(MAX_VARIANCE)
+    samples = sample_discrete_gaussian(MAX_VARIANCE, n, stream(4)).astype(np.float64)
+    assert abs(samples.mean()) < 5 * math.sqrt(sigma2 / n)
+    assert abs(samples.var() / sigma2 - 1.0) < 5 * math.sqrt(2 / n)
+
+
 def test_float_variance_is_converted_exactly() -> None:
     assert as_variance(0.1) == Fraction(0.1) != Fraction(1, 10)
     assert as_variance(Fraction(7, 3)) == Fraction(7, 3)

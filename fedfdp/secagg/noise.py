@@ -267,6 +267,8 @@ def _exp_neg_one(prec: int) -> tuple[int, int]:
 def _exp_neg(x: Fraction, prec: int) -> tuple[int, int]:
     """Integers ``lo <= e^{-x}·2^prec <= hi`` for a rational ``x >= 0``."""
     whole, rest = divmod(x.numerator, x.denominator)
+    if whole > prec:  # e^{-x}·2^prec < (2/e)^prec < 1
+        return 0, 1
     g = prec + 16
     lo, hi = _exp_neg_fraction(rest, x.denominator, g)
     if whole:
