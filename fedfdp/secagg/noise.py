@@ -160,7 +160,7 @@ _MAX64 = _TWO64 - 1
 _CELL_BITS = 16  # the block table's first level: the top 16 bits of W
 _CELL_SHIFT = 64 - _CELL_BITS
 _HEAD = 17  # bits of v = u/w that enter Γ₀ (s = 64 - 2h bits of Λ)
-_TABLE_GUARD = 32  # extra bits carried while the block table is computed
+_TABLE_GUARD = 48  # extra bits carried while the block table is computed
 _BLOCK = 1 << 18  # draws per block
 _MARGIN = 1.0 - 1e-9  # relative margin on probabilities evaluated in float64
 
@@ -288,16 +288,26 @@ def _weights(a: int, b: int, m: int, blocks: int, prec: int) -> tuple[list[int],
     ``(lo, hi)`` bounds of the tail ``2^prec·Σ_{j>=J} e^{-Λj²}``, for ``Λ = w²b/(2a)``,
     ``w = 2^m``, ``J = blocks``: the terms ``J <= j < K`` summed, where beyond ``K``
     (``e^{-ΛK²} < 2^-(prec+8)``) the rest is below ``e^{-ΛK²}/(1 - e^{-2ΛK})``.
+
+    The terms by the recurrence ``e^{-Λ(j+1)²} = e^{-Λj²}·r_j``, ``r_j = e^{-Λ(2j+1)}``,
+    ``r_{j+1} = r_j·e^{-2Λ}``, from bounds of ``e^{-Λ}`` and ``e^{-2Λ}``, each product
+    rounded down in the lower chain and up in the upper one.
     """
     lam = Fraction(b << (2 * m), 2 * a)
-    bounds = [_exp_neg(lam * j * j, prec) for j in range(blocks)]
     end = max(blocks, math.isqrt(math.ceil((prec + 8) * 0.7 / lam)) + 1)
-    middle = [_exp_neg(lam * j * j, prec) for j in range(blocks, end)]
+    r_lo, r_hi = _exp_neg(lam, prec)
+    e_lo, e_hi = _exp_neg(2 * lam, prec)
+    t_lo = t_hi = 1 << prec
+    lo, hi = [], []
+    for _ in range(end):
+        lo.append(t_lo)
+        hi.append(t_hi)
+        t_lo, t_hi = (t_lo * r_lo) >> prec, -(-(t_hi * r_hi) >> prec)
+        r_lo, r_hi = (r_lo * e_lo) >> prec, -(-(r_hi * e_hi) >> prec)
     t_hi = _exp_neg(lam * end * end, prec)[1]
     gap = (1 << prec) - _exp_neg(2 * lam * end, prec)[1]
     rest = -(-(t_hi << prec) // gap)
-    return ([lo for lo, _ in bounds], [hi for _, hi in bounds],
-            sum(lo for lo, _ in middle), sum(hi for _, hi in middle) + rest)
+    return lo[:blocks], hi[:blocks], sum(lo[blocks:]), sum(hi[blocks:]) + rest
 
 
 @lru_cache(maxsize=64)
