@@ -108,11 +108,12 @@ comparison or rarer, reading lane 1, a few µs of Python), and numpy's own
 value-dependent costs (compaction, fancy indexing). ``benchmarks/reply_timing.py``
 measures time against the magnitude of the draws; ``benchmarks/sampler.py`` the cost.
 
-Cost (``benchmarks/sampler.py``, ``docs/performance.md``; 2 cores, load average 11):
-``10⁶`` draws at ``σ² = 10⁸`` in 0.17 s, 3.1 times numpy's continuous ``normal`` for
-``10⁶`` draws (median of 15 interleaved repetitions); three keystream words per trial
-and about 1.03 trials per draw. The per-``σ²`` table (``J <= 650`` certified
-exponentials, 0.03-0.2 s) is built on the first call and cached.
+Cost (``benchmarks/sampler.py``, ``docs/performance.md``; 2 cores, load average 10-11):
+``10⁶`` draws at ``σ² = 10⁸`` in about 0.17 s, 3.1-4.2 times numpy's continuous
+``normal`` for ``10⁶`` draws (medians of 15 interleaved repetitions, three runs); three
+keystream words per trial and about 1.03 trials per draw. The per-``σ²`` table (two
+certified exponentials, then ``J <= 650`` products with directed rounding, and the
+16-bit cells: 10-30 ms) is built on the first call and cached.
 """
 
 from __future__ import annotations
