@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,15 +354,15 @@ def more_cases() -> list[Case]:
              run=True, files=("fifo-config",), timeout=60),
         Case("config fifo", ("run", "--config", "{fifo}", "--out", "{out}"), "{fifo}", timeout=60),
         Case("config dev zero", ("run", "--config", "/dev/zero", "--out", "{out}"), "/dev/zero", timeout=60),
-        r("csv data path fifo", "{fifo}", key_sets={"dataset": '"csv"', "data-path": '"{fifo}"',
-                                                     "label-column": '"y"', "public-columns": '"a"',
-                                                     "private-columns": '"b"'}),
-        r("csv data path dev zero", "/dev/zero", key_sets={"dataset": '"csv"', "data-path": '"/dev/zero"',
-                                                            "label-column": '"y"', "public-columns": '"a"',
-                                                            "private-columns": '"b"'}),
-        r("images npz fifo", "{fifo}", base={**TINY, "dataset": '"images"', "num-devices": 3},
-          key_sets={"data-path": '"{fifo}"'}),
-        r("node policy fifo", "{fifo}", "--node-policy", "{fifo}"),
+        replace(r("csv data path fifo", "{fifo}", key_sets={"dataset": '"csv"', "data-path": '"{fifo}"',
+                                                             "label-column": '"y"', "public-columns": '"a"',
+                                                             "private-columns": '"b"'}), timeout=60),
+        replace(r("csv data path dev zero", "/dev/zero",
+                  key_sets={"dataset": '"csv"', "data-path": '"/dev/zero"', "label-column": '"y"',
+                            "public-columns": '"a"', "private-columns": '"b"'}), timeout=60),
+        replace(r("images npz fifo", "{fifo}", base={**TINY, "dataset": '"images"', "num-devices": 3},
+                  key_sets={"data-path": '"{fifo}"'}), timeout=60),
+        replace(r("node policy fifo", "{fifo}", "--node-policy", "{fifo}"), timeout=60),
         Case("sites table fifo", ("sites", "{fifo}", "--by", "a", "--out", "{out}"), "{fifo}", timeout=60),
         # ------------------------------------------------ canaries beyond the run
         Case("audit one-run million canaries", ("audit", "--one-run", "--canaries", "1000000"),
@@ -572,17 +572,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise SystemExit("duplicate case names")
     tmp = Path(tempfile.mkdtemp(prefix="fedfdp-sweep-"))
+    show = set(args.show.split(","))
+    results = []
     try:
         places = prepare(tmp)
         with ThreadPoolExecutor(max(1, args.workers)) as pool:
-            results = list(pool.map(lambda ic: classify(ic[1], places, tmp / f"case{ic[0]:03d}"),
-                                    enumerate(chosen)))
+            verdicts = pool.map(lambda ic: classify(ic[1], places, tmp / f"case{ic[0]:03d}"),
+                                enumerate(chosen))
+            for case, (verdict, text, seconds) in zip(chosen, verdicts, strict=True):
+                results.append((verdict, text, seconds))
+                if verdict in show:  # as each case ends (a long sweep shows its progress)
+                    print(f"{verdict:<5} {case.name}: {text[:300]} ({seconds:.1f} s)", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    show = set(args.show.split(","))
-    for case, (verdict, text, seconds) in zip(chosen, results, strict=True):
-        if verdict in show:
-            print(f"{verdict:<5} {case.name}: {text[:300]} ({seconds:.1f} s)")
     counts = Counter(v for v, _, _ in results)
     print(f"{len(chosen)} cases: " + ", ".join(f"{counts[v]} {v}" for v in ("GOOD", "POOR", "BAD")))
     return 0
