@@ -106,6 +106,16 @@ class TrainInstruction:
     private_flags: tuple[bool, ...]
 
     def __post_init__(self) -> None:
+        for name, value in ((ROUND, self.round), (ATTEMPT, self.attempt)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise InvalidInstruction(f"{name}={value!r}: must be an integer")
+        for name, number in ((SAMPLING_RATE, self.sampling_rate), (CLIPPING_NORM, self.clipping_norm)):
+            if isinstance(number, bool) or not isinstance(number, int | float | np.integer | np.floating):
+                raise InvalidInstruction(f"{name}={number!r}: must be a number")
+        for name, seq in ((DEVICE_IDS, self.device_ids), (PUBLIC_COUNTS, self.public_counts),
+                          (PRIVATE_FLAGS, self.private_flags)):
+            if isinstance(seq, str | bytes) or not isinstance(seq, Sequence | np.ndarray):
+                raise InvalidInstruction(f"{name}={seq!r}: must be a list")
         if self.round < 1 or self.attempt < 0:
             raise InvalidInstruction(f"{ROUND}={self.round}, {ATTEMPT}={self.attempt}: out of range")
         if self.phase not in PHASES:

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedfdp import Config, DeviceData, FeatureMap, FederatedData, PrivacyConfig, load_config
+from fedfdp import Config, DeviceData, FeatureMap, FederatedData, PrivacyConfig, TrainInstruction, load_config
 from fedfdp.checkpoint import CheckpointMismatch, load_checkpoint
-from fedfdp.config import KEY_TABLE, ConfigError, Kind, read_toml
+from fedfdp.config import KEY_TABLE, ConfigError, Kind, Mode, PrivacyUnit, read_toml
 from fedfdp.data.split import DataError, holdout_records
 from fedfdp.data.tabular import read_table
 from fedfdp.features import FeatureSpec
@@ -350,6 +350,10 @@ Y = np.arange(5) % 2
     (lambda: FederatedData("t", SPEC, (DeviceData(np.zeros((5, 3)), Y),), X, Y, ("no", "yes")),
      "device 0: records of shape (3,)"),
     (lambda: FederatedData("t", wrong("spec"), (DeviceData(X, Y),), X, Y, ("no", "yes")), "spec='spec'"),
+    (lambda: TrainInstruction(wrong("a"), 0, Mode.DP, PrivacyUnit.RECORD, 0.1, 1.0, (0,), (1,), (True,)),
+     "server-round='a': must be an integer"),
+    (lambda: TrainInstruction(1, 0, Mode.DP, PrivacyUnit.RECORD, 0.1, 1.0, wrong("ab"), (1,), (True,)),
+     "device-ids='ab': must be a list"),
 ])
 def test_the_public_constructors_check_types_and_shapes(call, words):
     with pytest.raises((ValueError, TypeError)) as err:
