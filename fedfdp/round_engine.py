@@ -308,7 +308,7 @@ class RoundEngine:
             raise RuntimeError(f"round {round_}: a private round without an event")
         attempt = self._ledger.attempts(round_)
         self._ledger.append_charge(round_, attempt, event)
-        self._budget.accountant.compose(event)  # ε is evaluated when asked (epsilon()), once a round
+        self._budget.compose(event)  # ε is evaluated when asked (epsilon()), once a round
         if self._journal is not None:
             self._journal.write_ledger(self._ledger)
         return attempt
