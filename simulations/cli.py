@@ -106,9 +106,12 @@ def new_directories(out: str | None) -> list[Path]:
     if not out:
         return []
     path, made = Path(out).absolute(), []
-    while not path.exists() and not path.is_symlink() and path != path.parent:
-        made.append(path)
-        path = path.parent
+    try:
+        while not path.exists() and not path.is_symlink() and path != path.parent:
+            made.append(path)
+            path = path.parent
+    except OSError:  # a name the system refuses (too long): the run refuses it, nothing is made
+        return []
     return made
 
 
