@@ -116,17 +116,21 @@ def new_directories(out: str | None) -> list[Path]:
 
 
 def remove_if_nothing_charged(created: list[Path]) -> None:
-    """After a refused ``fedfdp run``: remove the folders it created when they hold no charge
-    (no ledger, or one without a charge): the refusal leaves nothing behind. A ledger with a
-    charge stays (its noise was drawn; the refusal said how to go on), and so does anything
-    not readable as one.
+    """After a refused ``fedfdp run``: remove the folders it created when they hold only the
+    run's own files and no charge (no ledger, or one without a charge): the refusal leaves
+    nothing behind. A ledger with a charge stays (its noise was drawn; the refusal said how to
+    go on), and so does a folder holding anything else (the simulated nodes' own ledgers) or a
+    ledger that cannot be read.
     """
     import shutil
 
-    from fedfdp.ledger import read_ledger
-
     out = created[0]
-    if out.is_dir():
+    if out.is_dir():  # the run got as far as making it (its modules are loaded by then)
+        from fedfdp.ledger import read_ledger
+        from fedfdp.run_files import RUN_FILES
+
+        if any(entry.is_dir() or entry.name not in RUN_FILES for entry in out.iterdir()):
+            return  # anything but the run's own files (the nodes' ledgers under OUT/nodes) stays
         try:
             ledger = read_ledger(out)
         except ConfigError:

@@ -160,6 +160,11 @@ def test_a_refused_run_removes_only_the_folders_it_made_and_only_without_a_charg
     remove_if_nothing_charged([charged])
     assert charges(charged) == 2  # a ledger with a charge stays
     assert new_directories(str(keep)) == []  # an existing folder is never the refusal's to remove
+    nodes = tmp_path / "with-nodes"
+    (nodes / "nodes" / "node-0").mkdir(parents=True)
+    (nodes / "config.toml").write_text("")
+    remove_if_nothing_charged([nodes])
+    assert (nodes / "nodes" / "node-0").is_dir()  # the simulated nodes' own ledgers stay
 
 
 # ------------------------------------------------ every count bounded by what the machine holds
