@@ -20,12 +20,15 @@ from fedfdp import build_plan, load_config
 from fedfdp.accounting import FDPAccountant, PrivacyBudgetExhausted
 from fedfdp.accounting.distributed import DistributedAccountant
 from fedfdp.accounting.events import (
+    CorrDPClass,
+    CorrDPRound,
     DistributedDiscreteGaussian,
     PrivacyEvent,
     Relation,
     SubsampledGaussian,
     ThresholdedHistogram,
 )
+from fedfdp.corrdp.accounting import CorrDPAccountant
 from fedfdp.mechanism import Budget, ResolvedMechanism
 
 DELTA = 1e-5
@@ -134,10 +137,17 @@ def test_distributed_accountant_refuses_at_the_same_round(base):
     assert budget_refusal(Budget(capped(base, event, 10.0), DistributedAccountant()), limit=40) == want
 
 
+def test_corrdp_accountant_refuses_at_the_same_round(base):
+    event = CorrDPRound((CorrDPClass("s", 1.0, 2.0),), 2.0, 0.2)
+    want = reference_refusal(CorrDPAccountant, event, 4.0, limit=60)
+    assert want is not None and want > 1
+    assert budget_refusal(Budget(capped(base, event, 4.0), CorrDPAccountant()), limit=60) == want
+
+
 def test_other_events_forget_the_headroom(base):
-    """An estimate before the rounds, another event and a repeat of the round's event at
-    other σ mid-run (through ``compose``), and a composition that bypassed the budget:
-    each moves the refusal as the per-round check moves it.
+    """An estimate before the rounds, another round event and an estimate mid-run
+    (through ``compose``), and a composition that bypassed the budget: each moves the
+    refusal as the per-round check moves it.
     """
     event = SubsampledGaussian(1.0, 0.1)
     estimate = ThresholdedHistogram(20.0, 1e-9)
