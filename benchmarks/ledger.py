@@ -28,6 +28,12 @@ row asks for it, outside the charge. Two other rows:
   about ``log2(count)`` steps), so a check that evaluated ε every round would grow with
   the ledger; this row shows that it does not.
 
+``node`` times a node's own charge (:meth:`fedfdp.node_ledger.NodeLedger.charge`: under
+its lock, the budget check, the durable line) on node ledgers of 10 and 10,000 charges:
+the first charge of a :class:`~fedfdp.node_ledger.NodeLedger` reads, verifies and
+replays the whole file (``first_ms_at_*``), the next ones hash it and reuse what the
+node kept (``ms_per_charge_at_*``, the median of ``--charges``).
+
 ``resume`` times reading and verifying a ledger (every hash, link and event: one pass,
 :func:`fedfdp.ledger.read_ledger`) of 1,000 and 10,000 charges, per entry. ::
 
@@ -52,7 +58,10 @@ from typing import Any
 import torch
 
 from fedfdp import build_plan, load_config
+from fedfdp.accounting.events import SubsampledGaussian
 from fedfdp.ledger import Ledger, read_ledger, write_ledger
+from fedfdp.node_ledger import NodeLedger
+from fedfdp.node_policy import NodePolicy
 from fedfdp.round_engine import RoundEngine
 
 SHORT, LONG = 10, 10_000
@@ -128,6 +137,32 @@ def _resume(root: Path, sizes: tuple[int, ...] = (1_000, LONG), reps: int = 3) -
     return out
 
 
+def _node(root: Path, charges: int) -> dict[str, float]:
+    policy = NodePolicy(max_epsilon=1e6, delta=1e-5, min_honest_shares=1, max_colluders=0, trust_server=True)
+    event = SubsampledGaussian(2.0, 0.01)
+    out: dict[str, float] = {}
+    for n in (SHORT, LONG):
+        state = Path(tempfile.mkdtemp(dir=root))
+        NodeLedger(state, policy).charge(1, 1, event)  # the node's terms, then n charges in all
+        ledger = read_ledger(state)
+        assert ledger is not None
+        for r in range(2, n + 1):
+            ledger.append_node_charge(1, r, event)
+        write_ledger(state, ledger)
+        node = NodeLedger(state, policy)
+        t = time.perf_counter()
+        node.charge(1, n + 1, event)
+        out[f"first_ms_at_{n}"] = (time.perf_counter() - t) * 1e3
+        times = []
+        for r in range(n + 2, n + 2 + charges):
+            t = time.perf_counter()
+            node.charge(1, r, event)
+            times.append(time.perf_counter() - t)
+        out[f"ms_per_charge_at_{n}"] = statistics.median(times) * 1e3
+    out["ratio"] = out[f"ms_per_charge_at_{LONG}"] / out[f"ms_per_charge_at_{SHORT}"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--charges", type=int, default=10, help="charges timed at each length per repetition")
@@ -151,6 +186,7 @@ def main() -> None:
                 "repetitions": reps,
             }
         resume = _resume(root)
+        node = _node(root, args.charges)
     doc = {
         "ledger_charge_ratio_10k": results["durable"]["ratio_median"] if "durable" in results else None,
         "ledger_charge_ratio_10k_max_epsilon": (results["max-epsilon"]["ratio_median"]
@@ -162,6 +198,7 @@ def main() -> None:
         "repetitions": args.reps,
         "variants": results,
         "resume": resume,
+        "node": node,
         "machine": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
                     "python": platform.python_version(), "torch": torch.__version__},
     }
@@ -176,6 +213,8 @@ def main() -> None:
               f"{r['ratio_median']:>7.2f}  {lo:.2f}-{hi:.2f}")
     print("resume (read and verify), us per entry: "
           + ", ".join(f"{k.rsplit('_', 1)[1]} charges {v:.1f}" for k, v in resume.items()))
+    print(f"node ledger, ms per charge: at 10 {node['ms_per_charge_at_10']:.1f}, at 10,000 "
+          f"{node['ms_per_charge_at_10000']:.1f} (the first, a whole read: {node['first_ms_at_10000']:.1f})")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
