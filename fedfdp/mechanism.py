@@ -594,11 +594,12 @@ class Budget:
     The bisection keeps ``would_exceed(event, lo)`` false (or ``lo = 0``) and
     ``would_exceed(event, lo + 1)`` true, both evaluated (the certificate of the
     boundary). The rounds are refused at exactly the round a per-round check
-    ``would_exceed(event, 1)`` refuses them because composing ``k`` rounds one at a time
-    and asking about one more is the same merged ledger (:func:`~fedfdp.accounting.
-    protocol.append_repeated`) as asking about ``k + 1`` at once, and the accountant's
-    upper ε is non-decreasing in the number of rounds (composition never lowers it;
-    ``tests/test_budget_headroom.py`` compares both round by round).
+    ``would_exceed(event, 1)`` refuses them: composing ``k`` rounds one at a time and
+    asking about one more is the same merged ledger
+    (:func:`~fedfdp.accounting.protocol.append_repeated`), hence the same evaluation, as
+    asking about ``k + 1`` at once; and the search relies on the accountant's upper ε
+    being non-decreasing in the number of rounds, as the ε it bounds is (composition
+    never lowers it; ``tests/test_budget_headroom.py`` compares both round by round).
 
     Parameters
     ----------
