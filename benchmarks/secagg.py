@@ -180,17 +180,12 @@ WORKLOADS: dict[str, tuple[int, dict[str, Any]]] = {
 def _wire_copy(msg: Any) -> Any:
     """``msg`` with its content sent through Flower's protobuf form and back (what a
     SuperLink does to every message), and the content's serialised size."""
-    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+    from clients.flower_adapter import wire_round_trip
 
     if msg.has_error():
         return msg, 0
-    raw = recorddict_to_proto(msg.content).SerializeToString()
-    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
-
-    proto = ProtoRecordDict()
-    proto.ParseFromString(raw)
-    msg.content = recorddict_from_proto(proto)
-    return msg, len(raw)
+    msg.content, size = wire_round_trip(msg.content)
+    return msg, size
 
 
 def round_cpu(parties: int, settings: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -285,13 +280,15 @@ def flower_round_cpu(parties: int, dim: int, secagg: bool, rounds: int) -> list[
     ``parties``. CPU seconds of the whole process per round after the first (from one
     ``configure_fit`` to the next)."""
     from flwr.app import Context, RecordDict
-    from flwr.client import ClientApp, NumPyClient
-    from flwr.client.mod import secaggplus_mod
-    from flwr.common import ndarrays_to_parameters
-    from flwr.server import LegacyContext, ServerConfig
-    from flwr.server.strategy import FedAvg
-    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
-    from flwr.supercore.run import Run
+
+    from clients.flower_adapter import legacy_secaggplus
+
+    flower = legacy_secaggplus()
+    ClientApp, NumPyClient, secaggplus_mod = flower.ClientApp, flower.NumPyClient, flower.secaggplus_mod
+    ndarrays_to_parameters = flower.ndarrays_to_parameters
+    LegacyContext, ServerConfig = flower.LegacyContext, flower.ServerConfig
+    FedAvg, DefaultWorkflow, SecAggPlusWorkflow, Run = (flower.FedAvg, flower.DefaultWorkflow,
+                                                        flower.SecAggPlusWorkflow, flower.Run)
 
     from fedfdp.config import load_config
     from fedfdp.secagg import default_neighbours, default_threshold

@@ -29,6 +29,7 @@ and :data:`SUPPORTED_RANGE` together, after re-running the deployment tests.
 from __future__ import annotations
 
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,3 +313,39 @@ def run_flower_supernode() -> None:
 
     sys.argv[0] = "flower-supernode"
     flower_supernode()
+
+
+def wire_round_trip(content: Any) -> tuple[Any, int]:
+    """``content`` (a ``RecordDict``) sent through Flower's protobuf form and back, as a
+    SuperLink does to every message, and the serialised size in bytes. For benchmarks
+    that count what travels.
+    """
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict  # pylint: disable=E0611
+
+    raw = recorddict_to_proto(content).SerializeToString()
+    proto = ProtoRecordDict()
+    proto.ParseFromString(raw)
+    return recorddict_from_proto(proto), len(raw)
+
+
+def legacy_secaggplus() -> types.SimpleNamespace:
+    """Flower's own SecAgg+ (its legacy ``DefaultWorkflow`` with ``SecAggPlusWorkflow``,
+    ``secaggplus_mod`` on ``NumPyClient`` s, ``FedAvg``), the reference that
+    ``benchmarks/secagg.py`` compares fedfdp's secure aggregation with. fedfdp itself
+    never runs it.
+    """
+    from flwr.client import ClientApp as LegacyClientApp
+    from flwr.client import NumPyClient
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import LegacyContext, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from flwr.supercore.run import Run
+
+    return types.SimpleNamespace(
+        ClientApp=LegacyClientApp, NumPyClient=NumPyClient, secaggplus_mod=secaggplus_mod,
+        ndarrays_to_parameters=ndarrays_to_parameters, LegacyContext=LegacyContext,
+        ServerConfig=ServerConfig, FedAvg=FedAvg, DefaultWorkflow=DefaultWorkflow,
+        SecAggPlusWorkflow=SecAggPlusWorkflow, Run=Run)
