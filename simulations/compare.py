@@ -531,7 +531,7 @@ def run_sweep(
     progress: bool = True,
     command: str = "",
     title: str = "",
-    metric: str = "accuracy",
+    metric: str | None = None,
 ) -> Path:
     """Run every run of ``sweep`` not yet in ``out/results.csv``; write the report.
 
@@ -608,6 +608,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report-only", action="store_true", help="rewrite summary and plot from results.csv")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--title", default="", help="heading of the summary and the plot (one dataset)")
-    p.add_argument("--metric", choices=list(METRIC_TITLES), default="accuracy",
-                   help="metric of the plot (the summary has every metric)")
+    p.add_argument("--metric", choices=list(METRIC_TITLES), default=None,
+                   help="metric of the plot (default: fd when every run is a diffusion model's, "
+                        "else accuracy; the summary has every metric)")
     p.set_defaults(func=cmd_compare)

@@ -426,14 +426,24 @@ def plot_privacy_utility(
     atomic_write(path, buf.getvalue())
 
 
-def write_report(out: Path, *, command: str = "", title: str = "", metric: str = "accuracy") -> None:
-    """Write ``summary.md`` and ``privacy_utility.png`` (of ``metric``) from
-    ``results.csv`` (``title`` replaces the dataset heading when the results
-    hold one dataset).
+def default_metric(frame: Any) -> str:
+    """The plot's metric when none is asked for: ``fd`` when every run is a generative
+    model's (no accuracy, a Fréchet distance), else ``accuracy``.
+    """
+    if "fd" in frame and frame["fd"].notna().all() and frame["accuracy"].isna().all():
+        return "fd"
+    return "accuracy"
+
+
+def write_report(out: Path, *, command: str = "", title: str = "", metric: str | None = None) -> None:
+    """Write ``summary.md`` and ``privacy_utility.png`` (of ``metric``; by default
+    :func:`default_metric`) from ``results.csv`` (``title`` replaces the dataset heading
+    when the results hold one dataset).
     """
     frame = read_results(out)
     if frame.empty:
         return
+    metric = metric or default_metric(frame)
     datasets = frame["dataset"].unique()
     titles = {datasets[0]: title} if title and len(datasets) == 1 else None
     per_mode = {}

@@ -379,3 +379,17 @@ def test_rolled_back_ledger_is_kept_aside_and_not_accounted(tmp_path):
     assert "rolled back" in row["note"] and f"epsilon {reported['epsilon']:.4g} after round 2" in row["note"]
     summary = (out / "summary.md").read_text()
     assert f"`runs/{kept.name}`" in summary and "unknown (not accounted" in summary
+
+
+def test_the_plot_defaults_to_fd_only_when_every_run_is_generative():
+    import pandas as pd
+
+    from simulations.compare_report import default_metric
+
+    diffusion = pd.DataFrame({"accuracy": [float("nan")] * 2, "fd": [3.0, 4.0]})
+    classifier = pd.DataFrame({"accuracy": [0.9, 0.8], "fd": [float("nan")] * 2})
+    mixed = pd.concat([diffusion, classifier], ignore_index=True)
+    assert default_metric(diffusion) == "fd"
+    assert default_metric(classifier) == "accuracy"
+    assert default_metric(mixed) == "accuracy"
+    assert default_metric(classifier.drop(columns="fd")) == "accuracy"
