@@ -273,8 +273,8 @@ class FDPAccountant:
         self._delta_error = delta_error
         self._max_grid_points = validate.count("max_grid_points", max_grid_points, 1024)
         self._ledger: list[Repeated] = []
-        # (events, delta, relation) -> bound: a round asks for the same ε up to three
-        # times (budget check of ledger + 1 round, the charge, the metrics row)
+        # (events, delta, relation) -> bound: the metrics row, the result line and a
+        # resume may ask for the same ε (the budget check uses the Budget's headroom)
         self._memo: dict[tuple[tuple[Repeated, ...], float, Relation], EpsilonBound] = {}
 
     # ------------------------------------------------------------------------- ledger
