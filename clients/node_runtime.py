@@ -418,23 +418,43 @@ def check_node_inputs(
                           f"the data has {num_classes} classes")
 
 
-#: Node runtimes (and parsed run configurations) a process keeps: a Ray actor may
-#: serve several virtual SuperNodes, each with its own runtime.
+#: Node runtimes (and parsed run configurations) a process keeps at least: a Ray actor
+#: may serve several virtual SuperNodes, each with its own runtime.
 RUNTIME_CACHE_SIZE = 8
+
+#: The most runtimes a process keeps, whatever the node count: a process that serves
+#: the ``num-partitions`` virtual nodes of a run keeps one runtime per node (rebuilding
+#: one per message would reload the configuration and the model every time), up to
+#: this many.
+RUNTIME_CACHE_MAX = 1024
 
 
 class NodeCache:
     """What a node process keeps between messages: its :class:`NodeRuntime` per run
-    configuration and node config, least recently used dropped beyond ``size``; safe to
-    share between threads. The ClientApp uses one per process (:func:`node_runtime`).
+    configuration and node config, least recently used dropped beyond its capacity:
+    ``size``, or the ``num-partitions`` of a cached node config where that is larger (a
+    process serving every virtual node of a run keeps each one's runtime), at most
+    ``limit``; safe to share between threads. The ClientApp uses one per process
+    (:func:`node_runtime`).
     """
 
-    def __init__(self, size: int = RUNTIME_CACHE_SIZE) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size={size!r}: must be an integer >= 1")
+    def __init__(self, size: int = RUNTIME_CACHE_SIZE, limit: int = RUNTIME_CACHE_MAX) -> None:
+        for name, value in (("size", size), ("limit", limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if limit < size:
+            raise ValueError(f"limit={limit}: must be at least size={size}")
         self.size = size
+        self.limit = limit
         self._lock = threading.Lock()
         self._runtimes: OrderedDict[Hashable, NodeRuntime] = OrderedDict()
+        self._nodes: dict[Hashable, int] = {}  # each cached key's num-partitions
+
+    def capacity(self) -> int:
+        """How many runtimes the cache keeps now: ``size``, or the largest
+        ``num-partitions`` of a cached node config, at most ``limit``.
+        """
+        return min(self.limit, max(self.size, *self._nodes.values(), 0))
 
     def runtime(
         self, run_config: Mapping[str, Any], node_config: Mapping[str, Any], *, refuse_seeded: bool = False
@@ -467,9 +487,19 @@ class NodeCache:
         runtime = NodeRuntime(records, plan, guard)
         with self._lock:
             self._runtimes[key] = runtime
-            while len(self._runtimes) > self.size:
-                self._runtimes.popitem(last=False)
+            self._nodes[key] = _node_count(node_config)
+            while len(self._runtimes) > self.capacity():
+                dropped, _ = self._runtimes.popitem(last=False)
+                del self._nodes[dropped]
         return runtime
+
+
+def _node_count(node_config: Mapping[str, Any]) -> int:
+    """The node config's ``num-partitions`` (how many nodes the run has), 1 if absent."""
+    try:
+        return max(1, int(node_config.get("num-partitions", 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _frozen(mapping: Mapping[str, Any]) -> Hashable:
@@ -486,6 +516,6 @@ def node_runtime(
     run_config: Mapping[str, Any], node_config: Mapping[str, Any], *, refuse_seeded: bool = False
 ) -> NodeRuntime:
     """The node's :class:`NodeRuntime`, built on first use and kept in the
-    process (:class:`NodeCache`, at most :data:`RUNTIME_CACHE_SIZE`).
+    process (:class:`NodeCache`: one per node of the run, at most :data:`RUNTIME_CACHE_MAX`).
     """
     return _process_cache.runtime(run_config, node_config, refuse_seeded=refuse_seeded)

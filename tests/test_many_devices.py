@@ -149,13 +149,20 @@ def test_node_runtime_is_built_once_per_configuration_and_node():
     assert b is not a and sorted(b.records.devices) == [1, 3] and sorted(a.records.devices) == [0, 2]
     other = load_config({"num-devices": 4, "records-per-device": 20, "progress": False, "seed": 5})
     assert cache.runtime(other.to_flat(), ctx0) is not a
-    # beyond its size the least recently used runtime is dropped and built again
-    small = NodeCache(size=1)
+    # beyond its capacity the least recently used runtime is dropped and built again
+    small = NodeCache(size=1, limit=1)
     first = small.runtime(run, ctx0)
     small.runtime(run, ctx1)
     assert small.runtime(run, ctx0) is not first
+    # a process serving every node of a run (num-partitions = 2) keeps each one's runtime
+    per_node = NodeCache(size=1)
+    first, second = per_node.runtime(run, ctx0), per_node.runtime(run, ctx1)
+    assert per_node.capacity() == 2
+    assert per_node.runtime(run, ctx0) is first and per_node.runtime(run, ctx1) is second
     with pytest.raises(ValueError, match="size=0"):
         NodeCache(size=0)
+    with pytest.raises(ValueError, match="limit=1"):
+        NodeCache(size=2, limit=1)
 
 
 def test_cached_runtime_gives_the_same_reply_as_a_fresh_build():
