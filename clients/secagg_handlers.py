@@ -32,6 +32,9 @@ whose reason the server logs (the node drops out of the round).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -115,20 +118,46 @@ def _record(msg: Message) -> ConfigRecord:
     return msg.content.config_records[SECAGG]
 
 
+#: Sessions a process keeps as objects beside the state it wrote to their nodes'
+#: contexts (a process may serve many virtual nodes), least recently saved dropped beyond.
+SESSION_CACHE_SIZE = 1024
+_sessions: OrderedDict[tuple[int, int], tuple[bytes, ClientSession]] = OrderedDict()
+_sessions_lock = threading.Lock()
+
+
 def _save(context: Context, session: ClientSession | None) -> None:
+    """Write the session to the node's ``Context.state`` (the authoritative copy) and keep
+    the object with the bytes written, so that the next stage need not parse them again.
+    """
+    key = (int(context.run_id), int(context.node_id))
+    with _sessions_lock:
+        _sessions.pop(key, None)
     if session is None or session.finished:
         if STATE in context.state:
             del context.state[STATE]
         return
-    context.state[STATE] = ConfigRecord({"session": session.export_state()})
+    raw = session.export_state()
+    context.state[STATE] = ConfigRecord({"session": raw})
+    with _sessions_lock:
+        _sessions[key] = (raw, session)
+        while len(_sessions) > SESSION_CACHE_SIZE:
+            _sessions.popitem(last=False)
 
 
 def _load(context: Context) -> ClientSession:
+    """The session in the node's ``Context.state``: the object :func:`_save` kept when the
+    state holds exactly the bytes it wrote (taken out of the cache: one stage owns it),
+    else restored from the state.
+    """
     if STATE not in context.state:
         raise RuntimeError(f"node {context.node_id}: no secure-aggregation session (sa_setup first)")
     raw = context.state.config_records[STATE]["session"]
     if not isinstance(raw, bytes):
         raise RuntimeError(f"node {context.node_id}: unreadable secure-aggregation session")
+    with _sessions_lock:
+        kept = _sessions.pop((int(context.run_id), int(context.node_id)), None)
+    if kept is not None and kept[0] == raw:
+        return kept[1]
     return ClientSession.restore(raw)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from enum import Enum
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,22 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 from fedfdp.secagg.session import check_node_id
+
+
+@lru_cache(maxsize=16)
+def _ring(round_: int, degree: int, parties: frozenset[int]) -> tuple[int, ...]:
+    """The round's ring (:func:`~fedfdp.secagg.graph.ring_order`): a function of public
+    values only, computed once per process for all the nodes it serves.
+    """
+    return ring_order(graph_seed(round_, degree, parties), parties)
+
+
+@lru_cache(maxsize=16)
+def _connected(ring: tuple[int, ...], degree: int, live: frozenset[int]) -> bool:
+    """Whether ``live`` induces a connected subgraph of the ring's graph (public values
+    only, so computed once per process for all the nodes it serves).
+    """
+    return is_connected(ring_neighbours(ring, degree), live)
 
 
 class _ClientPhase(Enum):
@@ -195,7 +212,7 @@ class ClientSession:
                 raise RequestRefused(f"node {self.node_id}: {n} parties, fewer than the "
                                      f"{self.trust.min_survivors} survivors this node requires; refused")
             self._round = request.round
-            self._ring = ring_order(graph_seed(self._round, k, parties), parties)
+            self._ring = _ring(self._round, k, parties)
             self._degree = k
             at, half = self._ring.index(self.node_id), k // 2  # ring_neighbours, for this node only
             self._neighbours = frozenset(self._ring[(at + j) % n] for j in range(-half, half + 1) if j != 0)
@@ -363,8 +380,7 @@ class ClientSession:
                 raise RequestRefused(
                     f"node {self.node_id}: the confirmed sets list neighbours {sorted(mine)} as sharing "
                     f"keys, but it received shares from {sorted(self._srcs)}; refused")
-            graph = ring_neighbours(self._ring, self._degree)
-            if not is_connected(graph, live):
+            if not _connected(self._ring, self._degree, live):
                 raise ConsistencyError(f"node {self.node_id}: the {len(live)} survivors' graph is "
                                        "disconnected (unmasking would release partial sums); refused")
             if self._digest is None:  # pragma: no cover - set at collect

@@ -67,7 +67,10 @@ def _int(msg: object, name: str, value: Any, lo: int, hi: int) -> int:
 def _ids(msg: object, name: str, values: Any) -> tuple[int, ...]:
     if not isinstance(values, tuple | list):
         raise MessageError(f"{type(msg).__name__}.{name}: must be a tuple of node ids", field=name)
-    out = tuple(_int(msg, name, v, 0, MAX_NODE_ID) for v in values)
+    if all(type(v) is int for v in values) and (not values or 0 <= min(values) <= max(values) <= MAX_NODE_ID):
+        out = tuple(values)  # plain ints in range: what the per-id check below accepts, checked at once
+    else:
+        out = tuple(_int(msg, name, v, 0, MAX_NODE_ID) for v in values)
     if len(set(out)) != len(out):
         dup = sorted({v for v in out if out.count(v) > 1})
         raise MessageError(f"{type(msg).__name__}.{name}: duplicate node ids {dup}", field=name)
@@ -88,6 +91,8 @@ def _blobs(msg: object, name: str, values: Any, length: int, count: int, paralle
         raise MessageError(
             f"{type(msg).__name__}.{name}: {len(values)} entries for {count} in {parallel}", field=name
         )
+    if all(type(v) is bytes and len(v) == length for v in values):
+        return tuple(values)  # what the per-item check below accepts, checked at once
     return tuple(_blob(msg, name, v, length) for v in values)
 
 

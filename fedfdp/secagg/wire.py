@@ -81,29 +81,40 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
 }
 
 
+_FIELD_TABLES: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _field_table(cls: type) -> tuple[tuple[str, str], ...]:
+    """``cls``'s fields as (name, annotation) pairs, read once per message class."""
+    table = _FIELD_TABLES.get(cls)
+    if table is None:
+        table = _FIELD_TABLES[cls] = tuple((f.name, str(f.type)) for f in fields(cls))
+    return table
+
+
 def to_wire(msg: Any) -> dict[str, str | bytes]:
     """``msg``'s fields as strings and bytes (module docstring); a ``CollectReply``'s
     ``masked`` array is left out.
     """
     out: dict[str, str | bytes] = {"type": type(msg).__name__}
-    for f in fields(msg):
-        value = getattr(msg, f.name)
+    for name, kind in _field_table(type(msg)):
+        value = getattr(msg, name)
         if isinstance(value, np.ndarray):
             continue
         if isinstance(value, bytes):
-            out[f.name] = value
+            out[name] = value
         elif isinstance(value, int):
-            out[f.name] = str(value)
-        elif isinstance(value, tuple) and f.type == "tuple[bytes, ...]":
+            out[name] = str(value)
+        elif isinstance(value, tuple) and kind == "tuple[bytes, ...]":
             sizes = {len(v) for v in value}
             if len(sizes) > 1:
-                raise ValueError(f"{type(msg).__name__}.{f.name}: byte strings of unequal length")
-            out[f.name] = b"".join(value)
-            out[f"{f.name}.size"] = str(sizes.pop() if sizes else 0)
+                raise ValueError(f"{type(msg).__name__}.{name}: byte strings of unequal length")
+            out[name] = b"".join(value)
+            out[f"{name}.size"] = str(sizes.pop() if sizes else 0)
         elif isinstance(value, tuple):
-            out[f.name] = ",".join(str(int(v)) for v in value)
+            out[name] = ",".join(str(int(v)) for v in value)
         else:
-            raise TypeError(f"{type(msg).__name__}.{f.name}: cannot be put on the wire "
+            raise TypeError(f"{type(msg).__name__}.{name}: cannot be put on the wire "
                             f"({type(value).__name__})")
     return out
 
@@ -115,31 +126,31 @@ def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _
     if record.get("type") != cls.__name__:
         raise MessageError(f"{cls.__name__}: the record is a {record.get('type')!r}", field="type")
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):  # type: ignore[arg-type]
-        if f.type == "np.ndarray":
-            kwargs[f.name] = masked
+    for name, kind in _field_table(cls):
+        if kind == "np.ndarray":
+            kwargs[name] = masked
             continue
-        if f.name not in record:
-            raise MessageError(f"{cls.__name__}.{f.name}: missing", field=f.name)
-        raw = record[f.name]
+        if name not in record:
+            raise MessageError(f"{cls.__name__}.{name}: missing", field=name)
+        raw = record[name]
         try:
-            if f.type == "int":
-                kwargs[f.name] = int(str(raw))
-            elif f.type == "bytes":
-                kwargs[f.name] = bytes(raw)
-            elif f.type == "tuple[int, ...]":
+            if kind == "int":
+                kwargs[name] = int(str(raw))
+            elif kind == "bytes":
+                kwargs[name] = bytes(raw)
+            elif kind == "tuple[int, ...]":
                 text = str(raw)
-                kwargs[f.name] = tuple(int(v) for v in text.split(",")) if text else ()
-            elif f.type == "tuple[bytes, ...]":
-                size = int(str(record[f"{f.name}.size"]))
+                kwargs[name] = tuple(int(v) for v in text.split(",")) if text else ()
+            elif kind == "tuple[bytes, ...]":
+                size = int(str(record[f"{name}.size"]))
                 blob = bytes(raw)
                 if size < 0 or (size == 0 and blob) or (size and len(blob) % size):
                     raise ValueError(f"{len(blob)} bytes in items of {size}")
-                kwargs[f.name] = tuple(blob[i : i + size] for i in range(0, len(blob), size)) if size else ()
+                kwargs[name] = tuple(blob[i : i + size] for i in range(0, len(blob), size)) if size else ()
             else:  # pragma: no cover - every field type is listed
-                raise ValueError(f"unknown field type {f.type}")
+                raise ValueError(f"unknown field type {kind}")
         except (KeyError, TypeError, ValueError) as exc:
-            raise MessageError(f"{cls.__name__}.{f.name}: unreadable ({exc})", field=f.name) from None
+            raise MessageError(f"{cls.__name__}.{name}: unreadable ({exc})", field=name) from None
     return cls(**kwargs)
 
 
