@@ -476,7 +476,7 @@ class ClientSession:
         doc = {
             "node_id": str(self.node_id), "phase": self._phase.value, "round": self._round,
             "run": str(self.run), "after_round": self.after_round, "trust": self.trust.to_dict(),
-            "ring": [str(v) for v in self._ring], "degree": self._degree,
+            "ring": ",".join(map(str, self._ring)), "degree": self._degree,
             "identities": hexmap(self._identities), "srcs": [str(v) for v in sorted(self._srcs)],
             "confirm_keys": hexmap(self._confirm_keys), "open_keys": hexmap(self._open_keys),
             "digest": self._digest.hex() if self._digest is not None else None,
@@ -490,7 +490,7 @@ class ClientSession:
             "own_b": self._own_b_share.to_bytes().hex() if self._own_b_share is not None else None,
             "held_b": shares(self._held_b), "held_sk": shares(self._held_sk),
         }
-        return json.dumps(doc, sort_keys=True).encode()
+        return json.dumps(doc).encode()
 
     @classmethod
     def restore(cls, raw: bytes) -> ClientSession:
@@ -507,7 +507,7 @@ class ClientSession:
                           after_round=int(doc["after_round"]))
             session._phase = _ClientPhase(doc["phase"])
             session._round = int(doc["round"])
-            session._ring = tuple(int(v) for v in doc["ring"])
+            session._ring = tuple(int(v) for v in doc["ring"].split(",")) if doc["ring"] else ()
             session._degree = int(doc["degree"])
             session._identities = {int(k): bytes.fromhex(v) for k, v in doc["identities"].items()}
             session._confirm_keys = {int(k): bytes.fromhex(v) for k, v in doc["confirm_keys"].items()}
