@@ -334,6 +334,31 @@ def test_context_state_holds_the_session_between_stages():
         assert handlers.STATE not in ctx.state  # wiped after unmask
 
 
+def test_the_context_state_not_a_kept_object_decides_the_next_stage():
+    """A node's state rolled back to what it held after setup (its Context changed behind
+    the process's back): the next stage runs from that state and refuses collect, even
+    though the process kept the later session object."""
+    cfg = secagg_config(**{"num-rounds": 1, "secagg-min-survivors": 3})
+    after_setup: dict[int, Any] = {}
+
+    class Rollback(ClientAppGrid):
+        def answer(self, msg: Message) -> Message:
+            node, kind = msg.metadata.dst_node_id, msg.metadata.message_type
+            if node == 0 and kind == "train.sa_collect":
+                self.contexts[0].state[handlers.STATE] = after_setup[0]
+            reply = super().answer(msg)
+            if kind == "train.sa_setup":
+                after_setup[node] = self.contexts[node].state.config_records[handlers.STATE]
+            return reply
+
+    data = load_dataset(cfg.data)
+    strat = FDPStrategy(build_plan(cfg, data, num_devices=len(data.devices)))
+    grid = Rollback(cfg)
+    strat.start(grid, ArrayRecord(strat.model.state_dict()))
+    (reply,) = [r for kind, n, r in grid.seen if n == 0 and kind == "train.sa_collect"]
+    assert reply.has_error() and "collect request refused, its session is set up" in reply.error.reason
+
+
 # ----------------------------------------------------------------- resume
 
 
