@@ -356,7 +356,7 @@ def test_the_context_state_not_a_kept_object_decides_the_next_stage():
     grid = Rollback(cfg)
     strat.start(grid, ArrayRecord(strat.model.state_dict()))
     (reply,) = [r for kind, n, r in grid.seen if n == 0 and kind == "train.sa_collect"]
-    assert reply.has_error() and "collect request refused, its session is set up" in reply.error.reason
+    assert reply.has_error() and "collect request refused, its session is set up" in str(reply.error.reason)
 
 
 # ----------------------------------------------------------------- resume
