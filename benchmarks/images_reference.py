@@ -651,9 +651,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "task",
-        choices=["classify", "ddpm", "table", "figure", "diagnostics", "shrinkage"],
+        choices=["classify", "ddpm", "table", "figure", "diagnostics", "shrinkage", "merge"],
         help="table: print results.json of --out (and write its results.csv); diagnostics: "
-        "summarise the diagnostics_*.jsonl of --out (and --also); "
+        "summarise the diagnostics_*.jsonl of --out (and --also); merge: the runs of --also into "
+        "--out's results.json and results.csv (reference rows once); "
         "figure: tile the sample grids of --out (and --also)",
     )
     parser.add_argument("--batches", type=int, default=5, help="shrinkage: Poisson batches per seed")
@@ -714,6 +715,20 @@ def main(argv: list[str] | None = None) -> None:
         rows = json.loads((args.out / "results.json").read_text())["rows"]
         _replace(args.out / "results.csv", lambda path: _write_csv(path, rows))
         return
+    if args.task == "merge":
+        merged: list[dict] = []
+        config: dict = {}
+        for src in args.also:
+            saved = json.loads((src / "results.json").read_text())
+            config = config or saved.get("config", {})
+            have = {r["reference"] for r in merged if "method" not in r}
+            merged += [r for r in saved["rows"] if "method" in r or r["reference"] not in have]
+        args.out.mkdir(parents=True, exist_ok=True)
+        payload = {"config": config, "merged_from": [str(p) for p in args.also], "rows": merged}
+        _replace(args.out / "results.json", lambda path: path.write_text(json.dumps(payload, indent=1)))
+        _replace(args.out / "results.csv", lambda path: _write_csv(path, merged))
+        print(table(args.out))
+        return
     if args.task == "diagnostics":
         paths = [p for out in [args.out, *args.also] for p in sorted(out.glob("diagnostics_*.jsonl"))]
         print(diagnostics_table(paths))
@@ -722,6 +737,8 @@ def main(argv: list[str] | None = None) -> None:
         figure([args.out, *args.also], args.figure or args.out / "samples.png")
         return
     defaults = {
+        "shrinkage": {"steps": 200, "nonprivate_steps": 400, "pretrain_steps": 400, "lr": 1e-3,
+                      "private_lr": 5e-4, "optimizer": "adam"},
         "classify": {
             "steps": 400,
             "nonprivate_steps": 400,
