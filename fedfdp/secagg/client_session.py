@@ -67,6 +67,15 @@ def _connected(ring: tuple[int, ...], degree: int, live: frozenset[int]) -> bool
     return is_connected(ring_neighbours(ring, degree), live)
 
 
+@lru_cache(maxsize=4096)
+def _verified(identity: bytes, advert: bytes, signature: bytes) -> bool:
+    """:func:`~fedfdp.secagg.identity.verify` of a neighbour's signed advertisement, memoised
+    on the exact bytes: the same check, once per process for a signature that several of
+    the nodes it serves verify (the ``k − 1`` neighbours of a node check its one signature).
+    """
+    return verify(identity, advert, signature)
+
+
 class _ClientPhase(Enum):
     NEW = "new"
     SET_UP = "set up"
@@ -250,7 +259,7 @@ class ClientSession:
                     raise RequestRefused(f"node {self.node_id}: neighbour {v} uses the identity of {other}; "
                                          "refused")
                 seen[who] = v
-                if not verify(who, advertisement(self.run, self._round, v, pkm, pke), sig):
+                if not _verified(who, advertisement(self.run, self._round, v, pkm, pke), sig):
                     raise RequestRefused(f"node {self.node_id}: the key advertisement of neighbour {v} is "
                                          "not signed by its identity (a swapped key); refused")
             self._identities = {v: w for w, v in seen.items()}
