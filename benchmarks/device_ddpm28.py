@@ -246,7 +246,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epsilon", type=float, nargs="+", default=[8.0, 1.0])
-    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0, 10.0])
+    parser.add_argument("--alpha", type=float, nargs="+", default=[1.0],
+                        help="weights of the private part (the default recipe needs none but 1)")
     parser.add_argument("--data", type=Path, default=ROOT / ".devdata" / "mnist5k.npz")
     parser.add_argument("--feature-net", type=Path, default=ROOT / ".devdata" / "fdnet28_e15.npz")
     parser.add_argument("--budget", type=float, default=450.0, help="no job is started that would end later")
