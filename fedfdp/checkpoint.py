@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from fedfdp.config import ORCHESTRATION_KEYS
+from fedfdp.config import ORCHESTRATION_KEYS, default_record
 from fedfdp.input_files import optional_file
 from fedfdp.ledger import LEDGER_FILE, Head, Ledger, LedgerError, read_ledger
 from fedfdp.outputs import atomic_write
@@ -132,7 +132,13 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse to resume under a configuration that differs in any key other
     than :data:`RESUMABLE_KEYS`; the message lists the differing keys.
+
+    A key the checkpoint does not record (written before the key existed) counts as
+    its default (:func:`fedfdp.config.default_record`): a new key's default keeps the
+    earlier behaviour, so such a run resumes unless the key is now set otherwise.
     """
+    defaults = default_record()
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     keys = (set(saved) | set(current)) - RESUMABLE_KEYS
     diff = sorted(k for k in keys if saved.get(k) != current.get(k))
     if diff:

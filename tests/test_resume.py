@@ -339,3 +339,34 @@ def read_ledger_from_bytes(raw: bytes) -> Ledger:
     from fedfdp.ledger import parse_ledger
 
     return parse_ledger(raw)
+
+
+def _drop_from_checkpoint(run_dir: Path, keys: tuple[str, ...]) -> None:
+    """Rewrite ``checkpoint.pt`` as a version that did not know ``keys`` wrote it."""
+    doc = torch.load(run_dir / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    meta = json.loads(doc["meta"])
+    for key in keys:
+        del meta["config"][key]
+    torch.save({**doc, "meta": json.dumps(meta)}, run_dir / CHECKPOINT_FILE)
+
+
+def test_a_checkpoint_written_before_a_key_existed_resumes_at_the_key_default(tmp_path):
+    """Keys added later (the diffusion model's) are absent from an older run's record:
+    they count as their defaults, so the run resumes to its last round; a record that
+    lacks a key the resuming configuration sets otherwise is still refused, naming it."""
+    from fedfdp.checkpoint import check_compatible
+    from fedfdp.config import default_record
+
+    with pytest.raises(Crash):
+        run_centralised(_cfg(tmp_path / "run"), evaluate_fn=_crashing_eval(4))
+    new_keys = ("unet-width", "diffusion-steps")
+    _drop_from_checkpoint(tmp_path / "run", new_keys)
+    older = load_checkpoint(tmp_path / "run")
+    assert older is not None and not set(new_keys) & set(older.config)
+    _, rows = run_centralised(_cfg(tmp_path / "run", resume=True))
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5, 6]  # BASE's num-rounds
+
+    saved = {k: v for k, v in default_record().items() if k not in new_keys}
+    check_compatible(saved, default_record())
+    with pytest.raises(CheckpointMismatch, match=r"unet-width: checkpoint 32 vs now 16"):
+        check_compatible(saved, {**default_record(), "unet-width": 16})

@@ -125,6 +125,7 @@ __all__ = [
     "TvFloor",
     "UnknownKindError",
     "config_keys",
+    "default_record",
     "fdp_dpsgd_pretrain_rounds",
     "guarantee_keys_of",
     "is_import_path",
@@ -221,6 +222,14 @@ def load_config(mapping: Mapping[str, Any] | None = None, *, base: Config | None
 
 #: Public pre-training rounds of ``fdp-dpsgd`` when ``public-pretrain-rounds`` is not given.
 FDP_DPSGD_PRETRAIN_ROUNDS = 50
+
+
+def default_record() -> dict[str, Any]:
+    """The flat record (:meth:`Config.to_flat`) of the default configuration: the value a
+    key had in a run recorded before the key existed (a new key's default keeps the
+    behaviour of the code before it).
+    """
+    return Config().to_flat()
 
 
 def fdp_dpsgd_pretrain_rounds(num_rounds: int) -> int:
