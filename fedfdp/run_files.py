@@ -10,6 +10,7 @@ the ledger through :meth:`RunFiles.write_ledger` (its journal).
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,9 +45,18 @@ class Progress:
         self.bar = tqdm(total=total, initial=initial, desc=desc, unit="round", disable=not enabled,
                         leave=True)
 
-    def update(self, epsilon: float, accuracy: float) -> None:
+    def update(self, epsilon: float, row: Mapping[str, Any]) -> None:
+        """One round done: ε, and the row's accuracy (a classifier) or Fréchet distance (a
+        generative model) when the round evaluated it.
+        """
         self.bar.update(1)
-        self.bar.set_postfix(eps=f"{epsilon:.3g}", acc=f"{accuracy:.3f}")
+        shown = {"eps": f"{epsilon:.3g}"}
+        for column, label in (("accuracy", "acc"), ("fd", "fd")):
+            value = row.get(column)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                shown[label] = f"{value:.3f}"
+                break
+        self.bar.set_postfix(**shown)
 
     def write(self, line: str) -> None:
         self.bar.write(line)

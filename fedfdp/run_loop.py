@@ -196,7 +196,7 @@ class RunLoop:
                     if files.due(r):
                         files.checkpoint(self.checkpoint(r))
                     files.metrics(self.rows)
-                progress.update(row.get(column, outcome.epsilon), row["accuracy"])
+                progress.update(row.get(column, outcome.epsilon), row)
         finally:
             progress.close()
         if files is not None:

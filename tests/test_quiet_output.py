@@ -99,3 +99,21 @@ def test_another_environments_fedfdp_is_refused_in_one_line(tmp_path):
         assert line is not None and "\n" not in line, name
         assert "/other/venv/bin/python" in line and "SuperLink" in line, name
         assert all(n in line for n in needles), (name, line)
+
+
+def test_the_progress_bar_shows_what_the_round_evaluated():
+    """A classifier's accuracy, a generative model's fd, nothing for a round without
+    evaluation (never ``acc=nan``)."""
+    import io
+
+    from fedfdp.run_files import Progress
+
+    def postfix(row):
+        bar = Progress(total=2, initial=0, desc="run", enabled=True)
+        bar.bar.fp = io.StringIO()
+        bar.update(1.5, row)
+        return bar.bar.postfix
+
+    assert postfix({"accuracy": 0.91, "fd": None}) == "acc=0.910, eps=1.5"
+    assert postfix({"accuracy": float("nan"), "fd": 10.2}) == "eps=1.5, fd=10.200"
+    assert postfix({"accuracy": None}) == "eps=1.5"
