@@ -649,47 +649,47 @@ class Budget:
         m = self.mechanism
         if m.event is None or m.max_epsilon is None:
             return
-        if self._headroom is None or self._seen != _rounds(self._accountant):
-            self._search(count)
-        assert self._headroom is not None
-        if count > self._headroom and not self._exact:
-            self._search(count)
-        if count > self._headroom:
+        headroom = self._headroom
+        if headroom is None or self._seen != _rounds(self._accountant):
+            headroom = self._search(m.event, m.max_epsilon, count)
+        if count > headroom and not self._exact:
+            headroom = self._search(m.event, m.max_epsilon, count)
+        if count > headroom:
             raise PrivacyBudgetExhausted(self.epsilon(), m.max_epsilon, m.delta)
 
-    def _exceeds(self, count: int) -> bool:
-        m = self.mechanism
-        assert m.event is not None and m.max_epsilon is not None
-        return bool(self._accountant.would_exceed(m.event, count, max_epsilon=m.max_epsilon, delta=m.delta))
+    def _search(self, event: PrivacyEvent, max_epsilon: float, count: int) -> int:
+        """Set and return the headroom from the accountant as it is (class docstring)."""
+        delta = self.mechanism.delta
 
-    def _search(self, count: int) -> None:
-        """Set the headroom from the accountant as it is (class docstring)."""
+        def exceeds(n: int) -> bool:
+            return bool(self._accountant.would_exceed(event, n, max_epsilon=max_epsilon, delta=delta))
+
         limit = max(self._lookahead, count)
-        if not self._exceeds(limit):
+        if not exceeds(limit):
             self._headroom, self._exact = limit, False
             self._lookahead = 2 * limit
         else:
             lo, hi = 0, limit  # would_exceed(lo) false (lo = 0: nothing more), would_exceed(hi) true
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                if self._exceeds(mid):
+                if exceeds(mid):
                     hi = mid
                 else:
                     lo = mid
             self._headroom, self._exact = lo, True
         self._seen = _rounds(self._accountant)
+        return self._headroom
 
     def compose(self, event: PrivacyEvent, count: int = 1) -> None:
         """Compose ``count`` rounds of ``event``: the mechanism's event lowers the
         headroom, anything else forgets it (class docstring).
         """
-        known = self._headroom is not None and self._seen == _rounds(self._accountant)
+        headroom = self._headroom if self._seen == _rounds(self._accountant) else None
         self._accountant.compose(event, count)
-        if known and event == self.mechanism.event:
-            assert self._headroom is not None
-            self._headroom -= count
-            if self._headroom < 0 and not self._exact:  # past a lower bound: not known
-                self._headroom = None
+        if headroom is not None and event == self.mechanism.event:
+            headroom -= count
+            # past a lower bound: not known
+            self._headroom = None if headroom < 0 and not self._exact else headroom
             self._seen = _rounds(self._accountant)
         else:
             self._headroom = None
