@@ -45,13 +45,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from fedfdp.budget import Budget
 from fedfdp.checkpoint import Checkpoint
 from fedfdp.config import TrainingConfig
 from fedfdp.entropy import SecretSource, SystemEntropy
 from fedfdp.health import RunDiverged, finite_or_raise
 from fedfdp.ledger import Head, Ledger
 from fedfdp.ledger_replay import replay
-from fedfdp.mechanism import FDP_ACCOUNTING, Accounting, Budget, ResolvedMechanism
+from fedfdp.mechanism import FDP_ACCOUNTING, Accounting, ResolvedMechanism
 from fedfdp.mechanisms import GaussianSumMechanism, SumMechanism
 from fedfdp.modes import Phase
 from fedfdp.quantile_clipping import next_clipping_norm

@@ -1,6 +1,6 @@
 """The budget's headroom refuses at exactly the round a per-round check refuses.
 
-:class:`fedfdp.mechanism.Budget` answers ``check()`` from a headroom (the rounds left
+:class:`fedfdp.budget.Budget` answers ``check()`` from a headroom (the rounds left
 below the cap, searched once and lowered by each composition) instead of evaluating ε
 of the ledger plus one round every round. The reference here is the old behaviour,
 computed independently: a fresh accountant asked ``would_exceed(event, 1)`` round by
@@ -28,8 +28,9 @@ from fedfdp.accounting.events import (
     SubsampledGaussian,
     ThresholdedHistogram,
 )
+from fedfdp.budget import Budget
 from fedfdp.corrdp.accounting import CorrDPAccountant
-from fedfdp.mechanism import Budget, ResolvedMechanism
+from fedfdp.mechanism import ResolvedMechanism
 
 DELTA = 1e-5
 #: (round number, event composed before that round's check): other events mid-run

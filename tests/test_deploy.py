@@ -25,10 +25,11 @@ import time
 import pandas as pd
 import pytest
 
+from fedfdp.budget import Budget
 from fedfdp.checkpoint import load_checkpoint, read_ledger
 from fedfdp.config import load_config
 from fedfdp.data import load_dataset
-from fedfdp.mechanism import FDP_ACCOUNTING, Budget
+from fedfdp.mechanism import FDP_ACCOUNTING
 from simulations.sites import split_sites
 from tests.deploy_helpers import (
     HOST,

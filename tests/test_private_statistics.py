@@ -287,8 +287,9 @@ def test_a_target_epsilon_is_met_by_the_composition_of_estimates_and_rounds(tmp_
     mechanism's dict (the ledger's entry 0) lists the estimates; without them the digest is
     that of a configuration that never heard of estimates."""
     from fedfdp.accounting import FDPAccountant
+    from fedfdp.budget import Budget
     from fedfdp.ledger import EntryKind, Ledger
-    from fedfdp.mechanism import Budget, PublicFacts, resolve_mechanism
+    from fedfdp.mechanism import PublicFacts, resolve_mechanism
 
     base = {"dataset": "csv", "data-path": "unused.csv", "public-columns": "speed",
             "private-columns": "age,income", "label-column": "label", "num-devices": 2,
