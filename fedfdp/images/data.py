@@ -79,6 +79,7 @@ __all__ = [
     "load_image_dataset",
     "load_mnist5k",
     "load_npz",
+    "load_photo_patches",
     "load_png_folder",
     "mnist5k_file",
     "read_mnist5k_csv",
@@ -89,9 +90,11 @@ __all__ = [
 EXTRA = "images"
 
 #: Accepted ``source`` names of :func:`load_image_dataset`.
-SOURCES: tuple[str, ...] = ("mnist5k", "digits", "npz", "png")
+SOURCES: tuple[str, ...] = ("mnist5k", "digits", "photos", "npz", "png")
 
 _MNIST_FILE = ("data", "data", "mnist_5k.csv.gz")
+#: Side of the square patches :func:`load_photo_patches` cuts (pixels).
+PHOTO_PATCH = 32
 _MAX_CHANNELS = 4
 _STREAM_TEST, _STREAM_DEVICES = 0, 1
 
@@ -358,6 +361,44 @@ def load_digits8() -> ImageSet:
     return ImageSet("digits", x, y, tuple(str(d) for d in range(10)))
 
 
+def load_photo_patches() -> ImageSet:
+    """A colour dataset inside scikit-learn: its two sample photographs as 32×32 patches.
+
+    scikit-learn ships two RGB photographs, ``china.jpg`` and ``flower.jpg``
+    (427×640 each, :func:`sklearn.datasets.load_sample_images`). Each is cut
+    into its non-overlapping ``32×32`` patches from the top-left corner (13 × 20
+    = 260 per photograph; the last 11 rows and 0 columns are dropped), so no two
+    records share a pixel, and a patch's label is its photograph (``china``,
+    ``flower``; public, like a class). 520 records of shape ``(3, 32, 32)``.
+
+    This is the one colour image set an installable package holds offline
+    (CIFAR-10 and the like are downloaded at run time, which a run never does;
+    give them as a user's ``.npz`` with ``dataset = "images"``). It is small and
+    its two classes are easy: it shows the colour path (Ψ blurs each channel,
+    the models and the Fréchet distance take three channels), not a benchmark.
+    """
+    try:
+        from sklearn.datasets import load_sample_images
+    except ImportError:
+        raise _missing("scikit-learn", "image dataset 'photos'") from None
+    bunch = load_sample_images()
+    xs: list[np.ndarray] = []
+    ys: list[int] = []
+    names: list[str] = []
+    for label, (image, filename) in enumerate(zip(bunch.images, bunch.filenames, strict=True)):
+        names.append(Path(filename).stem)
+        pixels = np.asarray(image, dtype=np.uint8)
+        rows, cols = pixels.shape[0] // PHOTO_PATCH, pixels.shape[1] // PHOTO_PATCH
+        tiles = pixels[: rows * PHOTO_PATCH, : cols * PHOTO_PATCH].reshape(
+            rows, PHOTO_PATCH, cols, PHOTO_PATCH, 3
+        )
+        patches = tiles.transpose(0, 2, 4, 1, 3).reshape(rows * cols, 3, PHOTO_PATCH, PHOTO_PATCH)
+        xs.append(patches)
+        ys.extend([label] * len(patches))
+    x = np.concatenate(xs).astype(np.float32) / 255.0
+    return ImageSet("photos", x, np.asarray(ys, dtype=np.int64), tuple(names))
+
+
 def _to_unit(values: np.ndarray, where: str) -> np.ndarray:
     """uint8 / integers within 0..255 -> /255; floats must already be in [0, 1]."""
     if values.dtype == np.bool_:
@@ -540,6 +581,8 @@ def load_image_dataset(
         return load_mnist5k()
     if source == "digits":
         return load_digits8()
+    if source == "photos":
+        return load_photo_patches()
     if source in ("npz", "png"):
         if path is None or str(path) == "":
             raise ImageDataError(f"image source {source!r}: needs a path")
