@@ -586,8 +586,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {} if args.config is None else load_toml_file(args.config)
         sweep = parse_sweep(doc, args.set or [])
         command = "fedfdp compare " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
-        run_sweep(sweep, out, engine=args.engine, progress=not args.no_progress, command=command,
-                  title=args.title, metric=args.metric)
+        from simulations.plain_output import plain_stderr
+
+        with plain_stderr():  # redirected: each bar's final line, no CR updates or escape codes
+            run_sweep(sweep, out, engine=args.engine, progress=not args.no_progress, command=command,
+                      title=args.title, metric=args.metric)
     print(f"wrote {out / RESULTS_FILE}, {out / SUMMARY_FILE}, {out / PLOT_FILE}")
     summary = out / SUMMARY_FILE
     if summary.is_file():

@@ -117,3 +117,16 @@ def test_the_progress_bar_shows_what_the_round_evaluated():
     assert postfix({"accuracy": 0.91, "fd": None}) == "acc=0.910, eps=1.5"
     assert postfix({"accuracy": float("nan"), "fd": 10.2}) == "eps=1.5, fd=10.200"
     assert postfix({"accuracy": None}) == "eps=1.5"
+
+
+def test_a_redirected_compare_prints_its_bar_once_without_cr(tmp_path, capsys):
+    """``fedfdp compare`` with its progress bar on and stderr not a terminal: the bar's
+    final line only (before: one CR-separated update per run, in the same line)."""
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('modes = ["nonprivate", "dp"]\ntarget-epsilons = [4.0]\nseeds = [0]\n'
+                     "num-devices = 3\nrecords-per-device = 30\nnum-rounds = 2\n")
+    assert main(["compare", "--config", str(sweep), "--out", str(tmp_path / "o")]) == 0
+    std = capsys.readouterr()
+    assert "\r" not in std.err and "\x1b" not in std.err
+    bars = [line for line in std.err.splitlines() if line.startswith("compare")]
+    assert len(bars) == 1 and "2/2" in bars[0], std.err
