@@ -58,7 +58,7 @@ from fedfdp.secagg.messages import (
 )
 from fedfdp.secagg.server_session import ServerSession
 from fedfdp.secagg.session import default_neighbours
-from fedfdp.secagg.wire import SECAGG
+from fedfdp.secagg.wire import SECAGG, from_wire, to_wire
 from simulations.identities import write_identities
 from strategies.fdp_strategy import FDPStrategy
 from tests.flower_helpers import InProcessGrid, node_context
@@ -563,10 +563,9 @@ def _policy_run(tmp_path, roster_parties: range, *, sybil_keys: bool = False):
             context = self.contexts.setdefault(node, node_context(cfg, node))
             rec = msg.content.config_records.get(SECAGG)
             if sybil_keys and rec is not None and rec.get("type") == "KeysRequest":
-                relayed = rec["pk_enc"]
-                assert isinstance(relayed, bytes)
-                swapped = evil.public * (len(relayed) // 32)
-                msg.content[SECAGG] = ConfigRecord({**dict(rec), "pk_enc": swapped})
+                relayed = from_wire(KeysRequest, rec)
+                swapped = dataclasses.replace(relayed, pk_enc=(evil.public,) * len(relayed.pk_enc))
+                msg.content[SECAGG] = ConfigRecord({**dict(rec), **to_wire(swapped)})
             try:
                 return app(msg, context)
             except Exception as exc:

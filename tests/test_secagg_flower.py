@@ -327,6 +327,31 @@ def test_node_ids_beyond_int64_survive_the_wire():
     assert from_wire(UnmaskRequest, wire) == req
 
 
+def test_the_wire_form_is_two_entries_and_refuses_a_cut_or_padded_body():
+    from fedfdp.secagg.errors import MessageError
+    from fedfdp.secagg.messages import KeysReply, SetupReply
+    from fedfdp.secagg.wire import BODY, from_wire, to_wire
+
+    reply = SetupReply(7, 2**64 - 1, 3, b"m" * 32, b"e" * 32, b"i" * 32, b"s" * 64)
+    wire = to_wire(reply)
+    assert set(wire) == {"type", BODY}
+    # 3 ints of 8 bytes, four length-prefixed byte strings
+    assert len(wire[BODY]) == 3 * 8 + 4 * 4 + 3 * 32 + 64
+    assert from_wire(SetupReply, wire) == reply
+    keys = KeysReply(7, 5, (1, 2**64 - 2), (b"a" * 102, b"b" * 102))
+    assert from_wire(KeysReply, to_wire(keys)) == keys
+    body = to_wire(keys)[BODY]
+    assert isinstance(body, bytes)
+    with pytest.raises(MessageError, match=r"^KeysReply\.ciphertexts: unreadable"):
+        from_wire(KeysReply, {"type": "KeysReply", BODY: body[:-1]})
+    with pytest.raises(MessageError, match=r"^KeysReply\.body: unreadable \(1 bytes left over\)"):
+        from_wire(KeysReply, {"type": "KeysReply", BODY: body + b"x"})
+    with pytest.raises(MessageError, match=r"^KeysReply\.body: missing"):
+        from_wire(KeysReply, {"type": "KeysReply"})
+    with pytest.raises(MessageError, match=r"^SetupReply: the record is a 'KeysReply'"):
+        from_wire(SetupReply, to_wire(keys))
+
+
 def test_context_state_holds_the_session_between_stages():
     cfg = secagg_config(**{"num-rounds": 1})
     _, grid, _ = run_strategy(cfg)

@@ -1,12 +1,27 @@
-"""The SecAgg+ messages as flat records of strings and bytes (the Flower layer's wire form).
+"""The SecAgg+ messages as records of the Flower layer (their wire form).
 
-Flower's ``ConfigRecord`` holds signed 64-bit integers, but node ids are unsigned 64-bit
-(:data:`~fedfdp.secagg.crypto.MAX_NODE_ID`), so every integer travels as a decimal
-string and a tuple of ids as one comma-separated string; a tuple of equal-length byte
-strings travels as their concatenation (its item length beside it). The ``uint32``
-array of :class:`~fedfdp.secagg.messages.CollectReply` is not part of the record: the
-caller puts it in an ``ArrayRecord``. :func:`from_wire` rebuilds the message, whose
-constructor validates every field (:class:`~fedfdp.secagg.errors.MessageError`).
+A message travels as a ``ConfigRecord`` of two entries: ``type`` (the class name) and
+``body``, one byte string holding every field in the class's field order:
+
+=================== ==================================================================
+field type          bytes
+=================== ==================================================================
+``int``             8, big-endian unsigned (node ids are unsigned 64-bit,
+                    :data:`~fedfdp.secagg.crypto.MAX_NODE_ID`; Flower's own integers
+                    are signed)
+``bytes``           a 4-byte big-endian length, then the bytes
+``tuple[int]``      a 4-byte count, then 8 bytes per id
+``tuple[bytes]``    a 4-byte count and a 4-byte item length, then the items (the
+                    tuples of a message hold byte strings of one length each)
+=================== ==================================================================
+
+One entry per message, not one per field: Flower checks and converts every entry of a
+record on each side of the wire, so the packed form costs a fraction of a field-by-field
+record. The ``uint32`` array of :class:`~fedfdp.secagg.messages.CollectReply` is not
+part of the record: the caller puts it in an ``ArrayRecord``. :func:`from_wire` reads
+the body (a truncated body, one with bytes left over, or an integer of another width is
+refused) and rebuilds the message, whose constructor validates every field
+(:class:`~fedfdp.secagg.errors.MessageError` naming the field).
 
 The collect reply's arrays
 --------------------------
@@ -24,6 +39,7 @@ is unclipped, so no public range bounds it. The public sum is public by definiti
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, TypeVar
@@ -44,7 +60,7 @@ from fedfdp.secagg.messages import (
     UnmaskRequest,
 )
 
-__all__ = ["MASKED", "MESSAGE_TYPES", "PUBLIC_SUM", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES",
+__all__ = ["BODY", "MASKED", "MESSAGE_TYPES", "PUBLIC_SUM", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES",
            "from_wire", "pack_public", "to_wire", "unpack_public"]
 
 #: The record of a secure-aggregation message (a ``ConfigRecord`` of :func:`to_wire`).
@@ -92,31 +108,38 @@ def _field_table(cls: type) -> tuple[tuple[str, str], ...]:
     return table
 
 
+#: The entry of a :func:`to_wire` record holding the packed fields.
+BODY = "body"
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_PAIR = struct.Struct(">II")
+
+
 def to_wire(msg: Any) -> dict[str, str | bytes]:
-    """``msg``'s fields as strings and bytes (module docstring); a ``CollectReply``'s
-    ``masked`` array is left out.
+    """``msg`` as a record (module docstring): its class name and its fields packed in
+    one byte string; a ``CollectReply``'s ``masked`` array is left out.
     """
-    out: dict[str, str | bytes] = {"type": type(msg).__name__}
+    parts: list[bytes] = []
     for name, kind in _field_table(type(msg)):
         value = getattr(msg, name)
-        if isinstance(value, np.ndarray):
+        if kind == "np.ndarray":
             continue
-        if isinstance(value, bytes):
-            out[name] = value
-        elif isinstance(value, int):
-            out[name] = str(value)
-        elif isinstance(value, tuple) and kind == "tuple[bytes, ...]":
-            sizes = {len(v) for v in value}
-            if len(sizes) > 1:
+        if kind == "int" and isinstance(value, int):
+            parts.append(_U64.pack(value))
+        elif kind == "bytes" and isinstance(value, bytes):
+            parts += (_U32.pack(len(value)), value)
+        elif kind == "tuple[int, ...]" and isinstance(value, tuple):
+            parts += (_U32.pack(len(value)), struct.pack(f">{len(value)}Q", *value))
+        elif kind == "tuple[bytes, ...]" and isinstance(value, tuple):
+            size = len(value[0]) if value else 0
+            if any(len(v) != size for v in value):
                 raise ValueError(f"{type(msg).__name__}.{name}: byte strings of unequal length")
-            out[name] = b"".join(value)
-            out[f"{name}.size"] = str(sizes.pop() if sizes else 0)
-        elif isinstance(value, tuple):
-            out[name] = ",".join(str(int(v)) for v in value)
+            parts += (_PAIR.pack(len(value), size), *value)
         else:
             raise TypeError(f"{type(msg).__name__}.{name}: cannot be put on the wire "
                             f"({type(value).__name__})")
-    return out
+    return {"type": type(msg).__name__, BODY: b"".join(parts)}
 
 
 def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _M:
@@ -125,33 +148,56 @@ def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _
     """
     if record.get("type") != cls.__name__:
         raise MessageError(f"{cls.__name__}: the record is a {record.get('type')!r}", field="type")
+    blob = record.get(BODY)
+    if not isinstance(blob, bytes):
+        raise MessageError(f"{cls.__name__}.{BODY}: missing", field=BODY)
     kwargs: dict[str, Any] = {}
-    for name, kind in _field_table(cls):
-        if kind == "np.ndarray":
-            kwargs[name] = masked
-            continue
-        if name not in record:
-            raise MessageError(f"{cls.__name__}.{name}: missing", field=name)
-        raw = record[name]
-        try:
-            if kind == "int":
-                kwargs[name] = int(str(raw))
+    at = 0
+    name = BODY
+    try:
+        for name, kind in _field_table(cls):
+            if kind == "np.ndarray":
+                kwargs[name] = masked
+            elif kind == "int":
+                kwargs[name] = _U64.unpack_from(blob, at)[0]
+                at += 8
             elif kind == "bytes":
-                kwargs[name] = bytes(raw)
+                size = _U32.unpack_from(blob, at)[0]
+                at += 4
+                kwargs[name] = _take(blob, at, size)
+                at += size
             elif kind == "tuple[int, ...]":
-                text = str(raw)
-                kwargs[name] = tuple(int(v) for v in text.split(",")) if text else ()
+                count = _U32.unpack_from(blob, at)[0]
+                at += 4
+                _need(blob, at, 8 * count)  # the length first: no format of a huge count is built
+                kwargs[name] = struct.unpack_from(f">{count}Q", blob, at)
+                at += 8 * count
             elif kind == "tuple[bytes, ...]":
-                size = int(str(record[f"{name}.size"]))
-                blob = bytes(raw)
-                if size < 0 or (size == 0 and blob) or (size and len(blob) % size):
-                    raise ValueError(f"{len(blob)} bytes in items of {size}")
-                kwargs[name] = tuple(blob[i : i + size] for i in range(0, len(blob), size)) if size else ()
+                count, size = _PAIR.unpack_from(blob, at)
+                at += 8
+                if count and not size:
+                    raise ValueError(f"{count} empty byte strings")
+                items = _take(blob, at, count * size)
+                kwargs[name] = tuple(items[i * size : (i + 1) * size] for i in range(count))
+                at += count * size
             else:  # pragma: no cover - every field type is listed
                 raise ValueError(f"unknown field type {kind}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise MessageError(f"{cls.__name__}.{name}: unreadable ({exc})", field=name) from None
+        name = BODY
+        if at != len(blob):
+            raise ValueError(f"{len(blob) - at} bytes left over")
+    except (struct.error, ValueError) as exc:
+        raise MessageError(f"{cls.__name__}.{name}: unreadable ({exc})", field=name) from None
     return cls(**kwargs)
+
+
+def _need(blob: bytes, at: int, size: int) -> None:
+    if at + size > len(blob):
+        raise ValueError(f"{size} bytes wanted, {len(blob) - at} left")
+
+
+def _take(blob: bytes, at: int, size: int) -> bytes:
+    _need(blob, at, size)
+    return blob[at : at + size]
 
 
 def pack_public(sums: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
