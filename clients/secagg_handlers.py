@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -106,11 +107,15 @@ def _last_unmasked(context: Context) -> int:
     return int(str(record.get("unmasked", -1)))
 
 
-def received_digest(arrays: ArrayRecord, *, clipping_norm: float, scale: float, local_sigma: float) -> bytes:
+def received_digest(state: Mapping[str, torch.Tensor], *, clipping_norm: float, scale: float,
+                    local_sigma: float) -> bytes:
     """The digest a node signs of the model and parameters it received (the server computes
-    the same over what it sent: :func:`fedfdp.secagg.identity.round_digest`).
+    the same over what it sent: :func:`fedfdp.secagg.identity.round_digest`). ``state``:
+    the received ``ArrayRecord`` as a torch state dict (``to_torch_state_dict``: each
+    tensor shares the memory, dtype and shape of the array it was decoded into, so the
+    arrays are decoded once for the digest and the training).
     """
-    return round_digest({name: a.numpy() for name, a in arrays.items()}, clipping_norm=clipping_norm,
+    return round_digest({name: t.numpy() for name, t in state.items()}, clipping_norm=clipping_norm,
                         scale=scale, local_sigma=local_sigma)
 
 
@@ -214,12 +219,12 @@ def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
         scale, local_sigma = float(str(rec["scale"])), float(str(rec["local-sigma"]))
         config = msg.content.config_records[P.CONFIG]
         order = P.TrainInstruction.from_config(config)
-        digest = received_digest(msg.content.array_records[P.ARRAYS], clipping_norm=order.clipping_norm,
-                                 scale=scale, local_sigma=local_sigma)
+        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        digest = received_digest(state, clipping_norm=order.clipping_norm, scale=scale,
+                                 local_sigma=local_sigma)
         if runtime.guard is not None:  # the node's own check and charge, write-ahead (clients.node_runtime)
             runtime.guard.charge_secagg(int(context.run_id), order, local_sigma=local_sigma, scale=scale,
                                         dimension=runtime.dimension)
-        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
         private, public, metrics = runtime.train(state, config)
         x = flat_private(runtime.model, private)
         values = noisy_contribution(x, clip=order.clipping_norm, scale=scale, local_sigma=local_sigma)
