@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import json
 import os
 
 import numpy as np
@@ -397,7 +396,7 @@ def test_two_gaps_in_the_ring_release_an_arcs_sum_today_and_are_refused_now():
         setups = {u: clients[u].setup(r) for u, r in server.setup_requests().items()}
         keys = server.receive_setup(list(setups.values()))
         coll = server.receive_keys([clients[u].share_keys(r) for u, r in keys.items()])
-        secrets = {u: json.loads(clients[u].export_state()) for u in ids}
+        secrets = {u: ClientSession.restore(clients[u].export_state()) for u in ids}
         masked = {u: clients[u].collect(r, xs[u], DIGEST) for u, r in coll.items() if u in live}
         return server, clients, setups, secrets, masked
 
@@ -412,9 +411,12 @@ def test_two_gaps_in_the_ring_release_an_arcs_sum_today_and_are_refused_now():
     total = np.zeros(d, np.uint32)
     for u in arc:
         total += masked[u].masked
-        total -= prg_uint32(self_mask_key(bytes.fromhex(secrets[u]["seed"]), ROUND, u, digest=DIGEST), d)
+        seed = secrets[u]._seed
+        assert seed is not None
+        total -= prg_uint32(self_mask_key(seed, ROUND, u, digest=DIGEST), d)
         for w in sorted(server.neighbours(u) & gone):
-            dead_key = KeyPair.from_private_bytes(bytes.fromhex(secrets[w]["mask_sk"]))
+            dead_key = secrets[w]._mask_keys
+            assert dead_key is not None
             mask = prg_uint32(pair_mask_key(dead_key.agree(setups[u].pk_mask), ROUND, u, w, digest=DIGEST), d)
             total = total - mask if w > u else total + mask
     np.testing.assert_array_equal(total.astype(np.uint64), reference_sum(xs, arc))

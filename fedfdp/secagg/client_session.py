@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable
 from enum import Enum
 from functools import lru_cache
@@ -95,6 +96,73 @@ _NEXT = {
 }
 
 
+_PHASES = tuple(_ClientPhase)
+#: The binary state's version and header (export_state): version, phase, node id, round,
+#: run, last unmasked round, degree, threshold, dimension.
+_STATE_VERSION = 1
+_STATE_HEAD = struct.Struct(">BBQqQqIIQ")
+_U32 = struct.Struct(">I")
+_NONE = 0xFFFFFFFF  # the length of an absent optional value
+
+
+def _id_bytes(ids: tuple[int, ...] | list[int]) -> bytes:
+    return _U32.pack(len(ids)) + struct.pack(f">{len(ids)}Q", *ids)
+
+
+def _blob_bytes(value: bytes) -> bytes:
+    return _U32.pack(len(value)) + value
+
+
+def _optional_bytes(value: bytes | None) -> bytes:
+    return _U32.pack(_NONE) if value is None else _blob_bytes(value)
+
+
+def _map_bytes(values: dict[int, bytes]) -> bytes:
+    """Ids and their values (all of one length): count, length, ids, values."""
+    size = len(next(iter(values.values()))) if values else 0
+    if any(len(v) != size for v in values.values()):  # pragma: no cover - one length per map
+        raise ValueError("values of unequal length")
+    return (struct.pack(f">II{len(values)}Q", len(values), size, *values) + b"".join(values.values()))
+
+
+class _StateReader:
+    """Reads :meth:`ClientSession.export_state`'s sections in order (any shortfall raises)."""
+
+    def __init__(self, raw: bytes, at: int) -> None:
+        self.raw, self.at = raw, at
+
+    def _take(self, size: int) -> bytes:
+        if self.at + size > len(self.raw):
+            raise ValueError(f"{size} bytes wanted at {self.at}, {len(self.raw) - self.at} left")
+        out = self.raw[self.at : self.at + size]
+        self.at += size
+        return out
+
+    def _u32(self) -> int:
+        return int(_U32.unpack(self._take(4))[0])
+
+    def ids(self) -> tuple[int, ...]:
+        count = self._u32()
+        return struct.unpack(f">{count}Q", self._take(8 * count))
+
+    def blob(self) -> bytes:
+        return self._take(self._u32())
+
+    def optional(self) -> bytes | None:
+        size = self._u32()
+        return None if size == _NONE else self._take(size)
+
+    def map(self) -> dict[int, bytes]:
+        count, size = self._u32(), self._u32()
+        keys = struct.unpack(f">{count}Q", self._take(8 * count))
+        values = self._take(count * size)
+        return {k: values[i * size : (i + 1) * size] for i, k in enumerate(keys)}
+
+    def end(self) -> None:
+        if self.at != len(self.raw):
+            raise ValueError(f"{len(self.raw) - self.at} bytes left over")
+
+
 class ClientSession:
     """One client's side of one SecAgg+ round, against a server that may deviate.
 
@@ -153,6 +221,7 @@ class ClientSession:
         if not isinstance(trust, NodeTrust):
             raise ValueError(f"trust={trust!r}: must be a NodeTrust")
         self.trust = trust
+        self._trust_raw: bytes | None = None  # the trust's JSON, written once (export_state)
         self.run = check_node_id("run", run)
         if isinstance(after_round, bool) or not isinstance(after_round, int) or after_round < -1:
             raise ValueError(f"after_round={after_round!r}: must be an integer >= -1")
@@ -474,32 +543,33 @@ class ClientSession:
         """The session's whole state (its secrets included) as bytes, for the party's own
         storage between stages (a Flower node keeps it in its ``Context.state``, which
         never leaves the node). :meth:`restore` is the inverse.
+
+        A compact binary form (a node writes it at every stage): a version byte and a
+        fixed header (phase, node id, round, run, last unmasked round, ``k``, ``t``,
+        ``d``), the trust as JSON, then the ring and the node sets as counts of
+        big-endian ``u64`` ids, the per-neighbour keys as an id list and their
+        concatenated values, and each optional secret length-prefixed.
         """
-
-        def hexmap(m: dict[int, bytes]) -> dict[str, str]:
-            return {str(k): v.hex() for k, v in m.items()}
-
-        def shares(m: dict[int, Share]) -> dict[str, str]:
-            return {str(k): v.to_bytes().hex() for k, v in m.items()}
-
-        doc = {
-            "node_id": str(self.node_id), "phase": self._phase.value, "round": self._round,
-            "run": str(self.run), "after_round": self.after_round, "trust": self.trust.to_dict(),
-            "ring": ",".join(map(str, self._ring)), "degree": self._degree,
-            "identities": hexmap(self._identities), "srcs": [str(v) for v in sorted(self._srcs)],
-            "confirm_keys": hexmap(self._confirm_keys), "open_keys": hexmap(self._open_keys),
-            "digest": self._digest.hex() if self._digest is not None else None,
-            "live": [str(v) for v in sorted(self._live)], "dead": [str(v) for v in sorted(self._dead)],
-            "neighbours": [str(v) for v in sorted(self._neighbours)], "threshold": self._threshold,
-            "dim": self._dim,
-            "mask_sk": self._mask_keys.private_bytes().hex() if self._mask_keys is not None else None,
-            "enc_sk": self._enc_keys.private_bytes().hex() if self._enc_keys is not None else None,
-            "seed": self._seed.hex() if self._seed is not None else None,
-            "pk_mask": hexmap(self._peer_pk_mask), "pk_enc": hexmap(self._peer_pk_enc),
-            "own_b": self._own_b_share.to_bytes().hex() if self._own_b_share is not None else None,
-            "held_b": shares(self._held_b), "held_sk": shares(self._held_sk),
-        }
-        return json.dumps(doc).encode()
+        if self._trust_raw is None:
+            self._trust_raw = json.dumps(self.trust.to_dict()).encode()
+        parts = [
+            _STATE_HEAD.pack(_STATE_VERSION, _PHASES.index(self._phase), self.node_id, self._round, self.run,
+                             self.after_round, self._degree, self._threshold, self._dim),
+            _blob_bytes(self._trust_raw),
+            _id_bytes(self._ring),
+            _id_bytes(sorted(self._neighbours)), _id_bytes(sorted(self._srcs)),
+            _id_bytes(sorted(self._live)), _id_bytes(sorted(self._dead)),
+            _map_bytes(self._identities), _map_bytes(self._confirm_keys), _map_bytes(self._open_keys),
+            _map_bytes(self._peer_pk_mask), _map_bytes(self._peer_pk_enc),
+            _map_bytes({k: v.to_bytes() for k, v in self._held_b.items()}),
+            _map_bytes({k: v.to_bytes() for k, v in self._held_sk.items()}),
+            _optional_bytes(self._digest),
+            _optional_bytes(self._mask_keys.private_bytes() if self._mask_keys is not None else None),
+            _optional_bytes(self._enc_keys.private_bytes() if self._enc_keys is not None else None),
+            _optional_bytes(self._seed),
+            _optional_bytes(self._own_b_share.to_bytes() if self._own_b_share is not None else None),
+        ]
+        return b"".join(parts)
 
     @classmethod
     def restore(cls, raw: bytes) -> ClientSession:
@@ -511,42 +581,45 @@ class ClientSession:
             ``raw`` is not such a state.
         """
         try:
-            doc = json.loads(raw.decode())
-            session = cls(int(doc["node_id"]), NodeTrust.from_dict(doc["trust"]), run=int(doc["run"]),
-                          after_round=int(doc["after_round"]))
-            session._phase = _ClientPhase(doc["phase"])
-            session._round = int(doc["round"])
-            session._ring = tuple(int(v) for v in doc["ring"].split(",")) if doc["ring"] else ()
-            session._degree = int(doc["degree"])
-            session._identities = {int(k): bytes.fromhex(v) for k, v in doc["identities"].items()}
-            session._confirm_keys = {int(k): bytes.fromhex(v) for k, v in doc["confirm_keys"].items()}
-            session._open_keys = {int(k): bytes.fromhex(v) for k, v in doc["open_keys"].items()}
-            session._srcs = frozenset(int(v) for v in doc["srcs"])
-            session._live = frozenset(int(v) for v in doc["live"])
-            session._dead = frozenset(int(v) for v in doc["dead"])
-            session._neighbours = frozenset(int(v) for v in doc["neighbours"])
-            session._threshold = int(doc["threshold"])
-            session._dim = int(doc["dim"])
+            if not isinstance(raw, bytes):
+                raise TypeError(f"{type(raw).__name__}, not bytes")
+            version, phase, node_id, round_, run, after_round, degree, threshold, dim = (
+                _STATE_HEAD.unpack_from(raw, 0))
+            if version != _STATE_VERSION:
+                raise ValueError(f"version {version}, not {_STATE_VERSION}")
+            read = _StateReader(raw, _STATE_HEAD.size)
+            trust_raw = read.blob()
+            session = cls(node_id, NodeTrust.from_dict(json.loads(trust_raw.decode())), run=run,
+                          after_round=after_round)
+            session._trust_raw = trust_raw
+            session._phase = _PHASES[phase]
+            session._round = round_
+            session._degree, session._threshold, session._dim = degree, threshold, dim
+            session._ring = read.ids()
+            session._neighbours = frozenset(read.ids())
+            session._srcs = frozenset(read.ids())
+            session._live = frozenset(read.ids())
+            session._dead = frozenset(read.ids())
+            session._identities = read.map()
+            session._confirm_keys = read.map()
+            session._open_keys = read.map()
+            session._peer_pk_mask = read.map()
+            session._peer_pk_enc = read.map()
+            session._held_b = {k: Share.from_bytes(v) for k, v in read.map().items()}
+            session._held_sk = {k: Share.from_bytes(v) for k, v in read.map().items()}
+            session._digest = read.optional()
+            mask_sk, enc_sk = read.optional(), read.optional()
+            session._mask_keys = KeyPair.from_private_bytes(mask_sk) if mask_sk is not None else None
+            session._enc_keys = KeyPair.from_private_bytes(enc_sk) if enc_sk is not None else None
+            session._seed = read.optional()
+            own = read.optional()
+            session._own_b_share = Share.from_bytes(own) if own is not None else None
+            read.end()
             if session._phase is not _ClientPhase.NEW:
                 session._index = {
                     v: i + 1 for i, v in enumerate(sorted(session._neighbours | {session.node_id}))
                 }
-
-            def blob(h: str | None) -> bytes | None:
-                return bytes.fromhex(h) if h is not None else None
-
-            mask_sk, enc_sk = blob(doc["mask_sk"]), blob(doc["enc_sk"])
-            session._mask_keys = KeyPair.from_private_bytes(mask_sk) if mask_sk is not None else None
-            session._enc_keys = KeyPair.from_private_bytes(enc_sk) if enc_sk is not None else None
-            session._seed = blob(doc["seed"])
-            session._digest = blob(doc["digest"])
-            session._peer_pk_mask = {int(k): bytes.fromhex(v) for k, v in doc["pk_mask"].items()}
-            session._peer_pk_enc = {int(k): bytes.fromhex(v) for k, v in doc["pk_enc"].items()}
-            own = blob(doc["own_b"])
-            session._own_b_share = Share.from_bytes(own) if own is not None else None
-            session._held_b = {int(k): Share.from_bytes(bytes.fromhex(v)) for k, v in doc["held_b"].items()}
-            session._held_sk = {int(k): Share.from_bytes(bytes.fromhex(v)) for k, v in doc["held_sk"].items()}
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError, struct.error) as exc:
             raise ValueError(f"client session state: unreadable ({type(exc).__name__}: {exc})") from None
         return session
 
