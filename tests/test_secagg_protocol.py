@@ -33,6 +33,7 @@ from fedfdp.secagg.crypto import (
     encryption_key,
     mac,
     mac_matches,
+    neighbour_keys,
     open_sealed,
     pair_mask_key,
     prg_uint32,
@@ -874,6 +875,27 @@ def test_hkdf_matches_rfc5869_with_the_documented_info_layout():
     prk = hmac.new(DIGEST, ikm, hashlib.sha256).digest()
     assert pair_mask_key(ikm, 3, 2**64 - 1, 4, digest=DIGEST) == hmac.new(prk, info + b"\x01",
                                                                            hashlib.sha256).digest()
+
+
+def test_neighbour_keys_are_the_three_hkdf_keys_of_the_pair():
+    """One extract for a node's three keys with a neighbour: byte for byte the keys
+    derived one by one (the ``cryptography`` package's HKDF), from both ends."""
+    a, b = KeyPair.generate(), KeyPair.generate()
+    s = a.agree(b.public)
+    for round_, u, v in ((3, 5, 9), (0, 2**64 - 1, 1), (2**64 - 1, 7, 6)):
+        mine = neighbour_keys(s, round_, u, v)
+        assert mine == (confirmation_key(s, round_, u, v), encryption_key(s, round_, u, v),
+                        encryption_key(s, round_, v, u))
+        theirs = neighbour_keys(s, round_, v, u)
+        assert (theirs[0], theirs[1], theirs[2]) == (mine[0], mine[2], mine[1])
+    with pytest.raises(ValueError, match="distinct"):
+        neighbour_keys(s, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"^v=-1: must be an integer"):
+        neighbour_keys(s, 1, 4, -1)
+    with pytest.raises(ValueError, match=r"^round=True: must be an integer"):
+        neighbour_keys(s, True, 4, 5)
+    with pytest.raises(ValueError, match="secret: must be 32 bytes"):
+        neighbour_keys(s[:31], 1, 4, 5)
 
 
 def test_confirmation_keys_are_pairwise_and_tags_are_hmac_sha256():

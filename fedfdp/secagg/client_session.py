@@ -15,10 +15,9 @@ from fedfdp.secagg.crypto import (
     SHARE_VALUE_BYTES,
     KeyPair,
     Share,
-    confirmation_key,
-    encryption_key,
     mac,
     mac_matches,
+    neighbour_keys,
     open_sealed,
     pair_mask_key,
     prg_uint32,
@@ -343,11 +342,9 @@ class ClientSession:
             for v in request.ids:
                 i = self._index[v]
                 plaintext = i.to_bytes(2, "big") + b_shares[i - 1].value + sk_shares[i - 1].value
-                secret = self._enc_keys.agree(self._peer_pk_enc[v])
-                self._confirm_keys[v] = confirmation_key(secret, self._round, self.node_id, v)
                 # one agreement per neighbour: the key of the shares it sends back is derived now
-                self._open_keys[v] = encryption_key(secret, self._round, v, self.node_id)
-                key = encryption_key(secret, self._round, self.node_id, v)
+                self._confirm_keys[v], key, self._open_keys[v] = neighbour_keys(
+                    self._enc_keys.agree(self._peer_pk_enc[v]), self._round, self.node_id, v)
                 cts.append(seal(key, plaintext, round_=self._round, src=self.node_id, dst=v))
             del b_shares, sk_shares
             self._phase = _ClientPhase.KEYS_SHARED

@@ -220,6 +220,34 @@ def confirmation_key(shared_secret: bytes, round_: int, u: int, v: int) -> bytes
     return derive_key(shared_secret, KeyPurpose.CONFIRMATION, round_, lo, hi)
 
 
+#: HKDF's salt when none is given: ``HashLen`` zero bytes (RFC 5869 §2.2).
+_NO_SALT = bytes(32)
+_ROUND_PAIR = struct.Struct(">QQQ")
+
+
+def neighbour_keys(shared_secret: bytes, round_: int, u: int, v: int) -> tuple[bytes, bytes, bytes]:
+    """Node ``u``'s three keys with its neighbour ``v`` from the X25519 secret of their
+    encryption key pairs: the confirmation key, the key of the shares ``u`` sends ``v``
+    and the key of the shares ``v`` sends ``u`` — byte for byte
+    :func:`confirmation_key` ``(s, round_, u, v)``, :func:`encryption_key`
+    ``(s, round_, u, v)`` and ``(s, round_, v, u)``, with one HKDF-Extract for the three
+    (RFC 5869: ``PRK = HMAC(0³², s)``, each key ``HMAC(PRK, info ‖ 1)``).
+    """
+    if u == v:
+        raise ValueError(f"u=v={u}: neighbour keys need two distinct nodes")
+    if not all(type(x) is int and 0 <= x < _U64 for x in (round_, u, v)):
+        for name, x in (("round", round_), ("u", u), ("v", v)):
+            _u64(name, x)  # names a bad value (a numpy integer in range passes)
+    lo, hi = (u, v) if u < v else (v, u)
+    pairs = (_ROUND_PAIR.pack(round_, lo, hi), _ROUND_PAIR.pack(round_, u, v), _ROUND_PAIR.pack(round_, v, u))
+    prk = hmac.digest(_NO_SALT, _key("secret", shared_secret), "sha256")
+    purposes = (KeyPurpose.CONFIRMATION, KeyPurpose.ENCRYPTION, KeyPurpose.ENCRYPTION)
+    confirm, send, receive = (
+        hmac.digest(prk, _INFO_PREFIX + purpose.value.encode() + b"/" + pair + b"\x01", "sha256")
+        for purpose, pair in zip(purposes, pairs, strict=True))
+    return confirm, send, receive
+
+
 def mac(key: bytes, message: bytes) -> bytes:
     """``HMAC-SHA256(key, message)`` (:data:`MAC_BYTES` bytes)."""
     return hmac.new(_key("key", key), message, hashlib.sha256).digest()
