@@ -1165,3 +1165,22 @@ def test_a_round_restored_from_its_state_before_every_stage_sums_exactly():
     live = [u for u in ids if u != gone]
     assert sorted(result.u3) == live
     np.testing.assert_array_equal(result.total.astype(np.uint64), reference_sum(xs, live))
+
+
+def test_the_signed_confirmation_has_the_documented_layout():
+    """Label, run, round, then each set as its count and its sorted ids (8 bytes each,
+    big-endian), then the digest; an id outside 64 bits is refused, naming the set."""
+    from fedfdp.secagg.identity import confirmation
+
+    def u64(x: int) -> bytes:
+        return x.to_bytes(8, "big")
+
+    live, dead = [2**64 - 1, 0, 17, 17], [5]
+    want = (b"fedfdp/secagg/v1/confirmation/" + u64(3) + u64(9) + u64(3) + u64(0) + u64(17)
+            + u64(2**64 - 1) + u64(1) + u64(5) + DIGEST)
+    assert confirmation(3, 9, live, dead, DIGEST) == want
+    assert confirmation(3, 9, (), (), DIGEST).endswith(u64(0) + u64(0) + DIGEST)
+    with pytest.raises(ValueError, match=r"^dead=18446744073709551616: must be an integer"):
+        confirmation(3, 9, live, [2**64], DIGEST)
+    with pytest.raises(ValueError, match=r"^live=-1: must be an integer"):
+        confirmation(3, 9, [-1, 4], dead, DIGEST)

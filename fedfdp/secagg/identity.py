@@ -39,6 +39,7 @@ import contextlib
 import hashlib
 import json
 import os
+import struct
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ def _u64(name: str, value: int) -> bytes:
 
 def _set(name: str, values: Iterable[int]) -> bytes:
     members = sorted({int(v) for v in values})
+    if not members or (members[0] >= 0 and members[-1] < 2**64):  # every id in range: packed at once
+        return struct.pack(f">{1 + len(members)}Q", len(members), *members)
     return _u64(f"{name} count", len(members)) + b"".join(_u64(name, v) for v in members)
 
 
