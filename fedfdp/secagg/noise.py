@@ -538,6 +538,11 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
     odd = ~first
     alive = first.copy()
     sizes = _step_sizes(plan, first.size)
+    # the public steps' words in one read: the same words in the same order as read step
+    # by step (a step that runs more trials than its public count reads on from ``main``)
+    ahead = main.words(sum((size + 1) // 2 for size in sizes))
+    halves = ahead.view(np.uint32).astype(np.uint64)  # little-endian: each word's low half first
+    used = 0
     k = 2
     while True:
         idx = np.flatnonzero(alive)
@@ -546,11 +551,18 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
             return odd
         rows = np.zeros(max(public, idx.size), dtype=np.int64)
         rows[: idx.size] = idx
-        w = main.words((rows.size + 1) // 2).view(np.uint32)[: rows.size].astype(np.uint64)
+        need = (rows.size + 1) // 2
+        if used + need <= ahead.size:
+            w = halves[2 * used : 2 * used + rows.size]
+        else:
+            more = main.words(used + need - max(used, ahead.size))
+            w = np.concatenate([ahead[used:], more]).view(np.uint32)[: rows.size].astype(np.uint64)
+        used += need
         g = big_g[rows]
         kk = np.uint64(k)
-        yes = (w + np.uint64(1)) * kk <= g
-        unsure = ~yes & (w * kk < g)
+        wk = w * kk
+        yes = wk + kk <= g
+        unsure = ~yes & (wk < g)
         for i in np.flatnonzero(unsure[: idx.size]).tolist():
             yes[i] = _uniform_below(int(w[i]), 32, int(g[i]), k << 32, side)
         stop = idx[~yes[: idx.size]]
