@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import tomli_w
+
+from fedfdp.metrics_table import MetricsTable
 
 METRICS_FILE = "metrics.csv"
 CONFIG_FILE = "config.toml"
@@ -117,14 +117,51 @@ def prepare_output_file(path: str | Path, flag: str) -> Path:
 
 
 def write_metrics(out_dir: str | Path, rows: Sequence[Any]) -> Path:
-    """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv``."""
-    records = [asdict(r) if is_dataclass(r) and not isinstance(r, type) else dict(r) for r in rows]
-    frame = pd.DataFrame.from_records(records)
-    ordered = [c for c in METRIC_COLUMNS if c in frame.columns]
-    frame = frame[ordered + [c for c in frame.columns if c not in ordered]]
+    """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv`` (whole, atomically)."""
     path = Path(out_dir) / METRICS_FILE
-    atomic_write(path, frame.to_csv(index=False).encode())
+    atomic_write(path, MetricsTable.of(rows, METRIC_COLUMNS).text.encode())
     return path
+
+
+class MetricsFile:
+    """``metrics.csv`` kept in step with a run's rows: the new row appended when it is one
+    more line of the same table (:class:`~fedfdp.metrics_table.MetricsTable`), the file
+    rewritten atomically otherwise.
+
+    A run that stops leaves every line it wrote; a resumed run hands over its
+    checkpoint's rows (a new list), and the file is rewritten from them first.
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    leading : sequence of str
+        The columns written first (default :data:`METRIC_COLUMNS`).
+    """
+
+    def __init__(self, path: str | Path, leading: Sequence[str] = METRIC_COLUMNS) -> None:
+        self.path = Path(path)
+        self._leading = tuple(leading)
+        self._table: MetricsTable | None = None
+        self._source: Sequence[Any] | None = None
+
+    def write(self, rows: Sequence[Any]) -> None:
+        """Bring the file to ``rows``: one appended line when ``rows`` is the list last
+        written grown by one row that fits the table, the whole file otherwise.
+        """
+        table = self._table
+        grown = (table is not None and rows is self._source and len(rows) == table.rows + 1
+                 and self.path.is_file())
+        line = table.add(rows[-1]) if grown and table is not None else None
+        if line is not None:
+            with open(self.path, "a", encoding="utf-8", newline="") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+            return
+        self._table = MetricsTable.of(rows, self._leading)
+        self._source = rows
+        atomic_write(self.path, self._table.text.encode())
 
 
 def write_config(

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, EncodedRows, Resume, save_checkpoint, verify_resume
 from fedfdp.config import RunConfig
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
-from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, atomic_write, write_config, write_metrics
+from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, MetricsFile, atomic_write, write_config
 
 if TYPE_CHECKING:
     from fedfdp.mechanism import ResolvedMechanism
@@ -92,6 +92,8 @@ class RunFiles:
         self.settings = settings
         self.record = dict(record)
         self.num_rounds = num_rounds
+        self._metrics = MetricsFile(self.out / METRICS_FILE)
+        self._rows = EncodedRows()
 
     def write_ledger(self, ledger: Ledger) -> None:
         write_ledger(self.out, ledger)
@@ -113,10 +115,13 @@ class RunFiles:
         return bool(every) and (round_ % every == 0 or round_ == total)
 
     def checkpoint(self, ckpt: Checkpoint) -> None:
-        save_checkpoint(self.out, ckpt)
+        save_checkpoint(self.out, ckpt, self._rows)
 
     def metrics(self, rows: list[dict[str, Any]]) -> None:
-        write_metrics(self.out, rows)
+        """``metrics.csv`` brought to ``rows``: a round's row appended, or the file rewritten
+        (:class:`~fedfdp.outputs.MetricsFile`).
+        """
+        self._metrics.write(rows)
 
     def model(self, model: nn.Module) -> None:
         buf = io.BytesIO()
