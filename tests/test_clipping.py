@@ -661,3 +661,13 @@ def test_invalid_inputs() -> None:
     for method in ("ghost", "vmap", "loop"):
         with pytest.raises(ValueError, match="reduction='none'"):
             clipped_grad_sum(model, [x], y, mean_loss, 1.0, method)
+
+
+def test_clip_coefficients_against_definition() -> None:
+    from fedfdp.clipping.common import clip_coefficients
+
+    values = [0.0, 1e-30, 0.5, 1.0, 2.0, 3e38, math.inf, math.nan]
+    got = clip_coefficients(torch.tensor(values, dtype=torch.float64), 1.5).tolist()
+    # min(1, C/x); a zero norm 1, a non-finite norm 0
+    want = [1.0 if v == 0 else (min(1.0, 1.5 / v) if math.isfinite(v) else 0.0) for v in values]
+    assert got == want

@@ -142,6 +142,8 @@ def clipped_grad_sum(
         # A record whose gradient is not finite (NaN/inf loss) contributes 0,
         # which keeps the sensitivity C; multiplying its NaNs by 0 would not,
         # so the others are summed again without it. Norms are unchanged.
+        if math.isfinite(float(result.norms.sum())):  # every norm finite (one reduction)
+            return result
         bad = ~torch.isfinite(result.norms)
         while bad.any():
             keep = (~bad).nonzero().squeeze(1)

@@ -184,9 +184,13 @@ def checked_losses(loss_fn: LossFn, outs: list[Any], targets: torch.Tensor, n: i
 
 
 def clip_coefficients(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """``min(1, C/‖g_i‖)``; a zero norm gives 1, a non-finite norm 0."""
-    coef = (clip / norms).clamp(max=1.0)
-    return torch.where(torch.isfinite(norms), coef, torch.zeros_like(coef))
+    """``min(1, C/‖g_i‖)``; a zero norm gives 1, a non-finite norm 0.
+
+    Norms are ``>= 0``, ``+inf`` or NaN: ``C/inf = 0``, and NaN (kept by ``clamp``) is
+    mapped to 0; the lower bound 0 keeps a norm of ``-0.0`` (``C/-0.0 = -inf``) at 0.
+    Three tensor operations: the engines call this once per batch.
+    """
+    return torch.nan_to_num((clip / norms).clamp(0.0, 1.0), nan=0.0)
 
 
 def grad_or_zeros(

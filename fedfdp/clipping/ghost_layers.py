@@ -192,12 +192,22 @@ def _weight_norm2(
     ghost forms fold it in as an extra input feature equal to 1
     (``‖G‖² + ‖b‖² = Σ_{p,q} (a_p·a_q + 1)(g_p·g_q)``).
     """
-    units = [(a[k], g[k]) for a, g in blocks for k in range(a.shape[0])]  # (n, T, G, X)
-    dtype, device = units[0][1].dtype, units[0][1].device
-    positions = sum(a.shape[1] for a, _ in units)
+    dtype, device = blocks[0][1].dtype, blocks[0][1].device
+    positions = sum(a.shape[0] * a.shape[2] for a, _ in blocks)
     if not with_weight:
         return torch.zeros(n, dtype=dtype, device=device), None, False
     extra = 1.0 if with_bias else 0.0
+    mlp = groups == 1 and all(a.shape[2] == 1 for a, _ in blocks)
+    if positions > 1 and positions * (d_in + d_out) <= d_in * d_out and mlp:
+        # one position per copy (MLPs): (n, P, X), a view for one block
+        ap = _copies_axis(blocks, 0)
+        gp = _copies_axis(blocks, 1)
+        gram_a = torch.bmm(ap, ap.transpose(1, 2))
+        if with_bias:
+            gram_a += 1.0
+        gram_g = torch.bmm(gp, gp.transpose(1, 2))
+        return (gram_a * gram_g).sum((1, 2)), None, with_bias
+    units = [(a[k], g[k]) for a, g in blocks for k in range(a.shape[0])]  # (n, T, G, X)
     if positions == 1:
         a, g = units[0]
         a2 = a.square().sum(-1)
@@ -205,15 +215,6 @@ def _weight_norm2(
             a2 = a2 + 1.0
         return (a2 * g.square().sum(-1)).reshape(n, groups).sum(1), None, with_bias
     if positions * (d_in + d_out) <= d_in * d_out:
-        if groups == 1 and all(a.shape[1] == 1 for a, _ in units):
-            # one position per copy (MLPs): (n, P, X), a view for one block
-            ap = _copies_axis(blocks, 0)
-            gp = _copies_axis(blocks, 1)
-            gram_a = torch.bmm(ap, ap.transpose(1, 2))
-            if with_bias:
-                gram_a += 1.0
-            gram_g = torch.bmm(gp, gp.transpose(1, 2))
-            return (gram_a * gram_g).sum((1, 2)), None, with_bias
         # Gram blocks between units u, v: (n, G, T_u, T_v)
         out = torch.zeros(n, dtype=dtype, device=device)
         for u, (au, gu) in enumerate(units):
@@ -251,7 +252,7 @@ def _weight_norm2(
 
 def _copies_axis(blocks: list[tuple[torch.Tensor, torch.Tensor]], which: int) -> torch.Tensor:
     """Blocks ``(copies, n, 1, 1, X)`` -> ``(n, Σ copies, X)`` (a view for one block)."""
-    parts = [b[which][:, :, 0, 0].transpose(0, 1) for b in blocks]
+    parts = [b[which].reshape(b[which].shape[0], b[which].shape[1], -1).transpose(0, 1) for b in blocks]
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
