@@ -3,7 +3,9 @@
 ``checkpoint.pt`` (after each ``checkpoint-every`` rounds, and once before round 1)
 holds tensors only — the model's and the optimizer's state — plus one JSON string of
 metadata: the round, the configuration, ``N``, the resolved mechanism's digest, the
-ledger :class:`~fedfdp.ledger.Head` it saw, the metrics so far and the current ``C``.
+ledger :class:`~fedfdp.ledger.Head` it saw, the count and SHA-256 of the rows so far
+(kept in ``rows.jsonl``, :mod:`fedfdp.run_rows`; version 3 held the rows themselves) and
+the current ``C``.
 It is read with ``torch.load(weights_only=True)``: no pickle of arbitrary objects, so
 a crafted file cannot execute code (it is refused, naming the file).
 
@@ -27,6 +29,7 @@ on possibly different inputs would reveal their difference).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pickle
@@ -43,9 +46,12 @@ from fedfdp.config import ORCHESTRATION_KEYS, default_record
 from fedfdp.input_files import optional_file
 from fedfdp.ledger import LEDGER_FILE, Head, Ledger, LedgerError, read_ledger
 from fedfdp.outputs import atomic_write
+from fedfdp.run_rows import RowsLog, RowsMark, read_rows
 
 CHECKPOINT_FILE = "checkpoint.pt"
-CHECKPOINT_VERSION = 3
+CHECKPOINT_VERSION = 4
+#: Earlier versions still read: 3 held the rows in its JSON (4 records a mark of ``rows.jsonl``).
+READ_VERSIONS = (3, 4)
 
 #: Keys that may differ between the run that wrote a checkpoint and the resuming one:
 #: the configuration's orchestration section.
@@ -71,63 +77,35 @@ class Checkpoint:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self, rows: RowsMark) -> dict[str, Any]:
+        """The checkpoint's JSON: ``rows`` is what it records of ``rows.jsonl``."""
         return {
             "version": CHECKPOINT_VERSION, "round": self.round, "config": self.config,
             "num-records": self.num_records, "mechanism": self.mechanism_digest, "head": self.head.as_dict(),
-            "rows": self.rows, "clipping-norm": self.clipping_norm,
+            "rows": rows.as_dict(), "clipping-norm": self.clipping_norm,
             "checkpoint-every": self.every,
         }
 
 
-class EncodedRows:
-    """The JSON of a run's rows, one row encoded once.
-
-    A checkpoint holds every row of ``metrics.csv`` so far; encoding them all again at
-    each checkpoint grows with the round number (about 90 ms at 10,000 rows). This
-    keeps each row's JSON text: a list that grew since the last call (the run loop's
-    rows, appended to in place) costs its new rows only; any other list is encoded
-    from the start. ``json.dumps(rows)`` is ``"[" + ", ".join(json.dumps(r) ...) + "]"``,
-    so the text is the same byte for byte (``tests/test_checkpoint_rows.py``).
+def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, rows: RowsLog | None = None) -> None:
+    """Durably write ``run_dir/checkpoint.pt`` (tensors and one JSON string), after
+    ``rows.jsonl`` holds ``ckpt.rows`` (:class:`~fedfdp.run_rows.RowsLog`: a run keeps
+    one, so a checkpoint appends only the rows new since the last; without it the file
+    is written whole).
     """
-
-    def __init__(self) -> None:
-        self._source: list[dict[str, Any]] | None = None
-        self._parts: list[str] = []
-
-    def __call__(self, rows: list[dict[str, Any]]) -> str:
-        if rows is not self._source or len(rows) < len(self._parts):
-            self._source, self._parts = rows, []
-        self._parts.extend(json.dumps(row) for row in rows[len(self._parts):])
-        return "[" + ", ".join(self._parts) + "]"
-
-
-#: Stands in for the rows while the rest of the meta is encoded; only numbers follow the
-#: rows in the meta, so its last occurrence is the one (a configuration string may hold it).
-_ROWS_MARK = "\x00rows\x00"
-
-
-def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, rows: EncodedRows | None = None) -> None:
-    """Durably write ``run_dir/checkpoint.pt``: tensors and one JSON string.
-
-    ``rows`` keeps the rows' JSON between checkpoints of one run (:class:`EncodedRows`);
-    the file is the same without it.
-    """
-    meta = ckpt.meta()
-    if rows is None:
-        text = json.dumps(meta)
-    else:
-        meta["rows"] = _ROWS_MARK
-        head, tail = json.dumps(meta).rsplit(json.dumps(_ROWS_MARK), 1)
-        text = head + rows(ckpt.rows) + tail
+    mark = (rows if rows is not None else RowsLog(run_dir)).write(ckpt.rows)
     buf = io.BytesIO()
-    torch.save({"meta": text, "model": ckpt.model, "optimizer": ckpt.optimizer}, buf)
+    torch.save({"meta": json.dumps(ckpt.meta(mark)), "model": ckpt.model, "optimizer": ckpt.optimizer}, buf)
     atomic_write(Path(run_dir) / CHECKPOINT_FILE, buf.getvalue())
 
 
-def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
+def load_checkpoint(run_dir: str | Path, *, rows: bool = True) -> Checkpoint | None:
     """Load ``run_dir/checkpoint.pt`` (None if absent) without executing code; refuse,
     naming the file, one that cannot be read safely or lacks a field.
+
+    ``rows``: read the rows it counts from ``rows.jsonl`` and check them against its
+    mark (:func:`fedfdp.run_rows.read_rows`; a mismatch is refused naming that file);
+    ``False`` leaves ``Checkpoint.rows`` empty (what ``fedfdp account`` needs is the head).
     """
     path = Path(run_dir) / CHECKPOINT_FILE
     if optional_file(path) is None:  # a FIFO or a device is refused, never read
@@ -148,23 +126,34 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
         if not isinstance(doc, dict) or set(doc) != {"meta", "model", "optimizer"}:
             raise ValueError("expected the fields meta, model, optimizer")
         meta = json.loads(doc["meta"])
-        if not isinstance(meta, dict) or meta.get("version") != CHECKPOINT_VERSION:
+        if not isinstance(meta, dict) or meta.get("version") not in READ_VERSIONS:
             raise ValueError(f"version {meta.get('version') if isinstance(meta, dict) else None!r}, "
-                             f"expected {CHECKPOINT_VERSION}")
+                             f"expected one of {READ_VERSIONS}")
         r = meta["round"]
         if isinstance(r, bool) or not isinstance(r, int) or r < 0:
             raise ValueError(f"round {r!r}")
         if not isinstance(doc["model"], dict) or not isinstance(doc["optimizer"], dict):
             raise ValueError("model and optimizer must be state dicts")
-        return Checkpoint(
+        if meta["version"] == 3:  # the rows in the JSON
+            if not isinstance(meta["rows"], list) or not all(isinstance(x, dict) for x in meta["rows"]):
+                raise ValueError("rows must be a list of objects")
+            saved_rows: list[dict[str, Any]] = list(meta["rows"]) if rows else []
+            mark = None
+        else:
+            mark = RowsMark.from_dict(meta["rows"])
+            saved_rows = []
+        ckpt = Checkpoint(
             round=r, config=dict(meta["config"]), num_records=int(meta["num-records"]),
             mechanism_digest=str(meta["mechanism"]), head=Head.from_dict(meta["head"]),
-            rows=list(meta["rows"]), clipping_norm=float(meta["clipping-norm"]),
+            rows=saved_rows, clipping_norm=float(meta["clipping-norm"]),
             every=int(meta["checkpoint-every"]),
             model=doc["model"], optimizer=doc["optimizer"],
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointMismatch(f"{path}: not a fedfdp checkpoint ({exc})") from None
+    if mark is not None and rows:
+        ckpt = dataclasses.replace(ckpt, rows=read_rows(run_dir, mark))
+    return ckpt
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 ``config.toml`` (the configuration and the resolved mechanism), ``ledger.jsonl`` (the
 write-ahead ledger, :mod:`fedfdp.ledger`), ``checkpoint.pt`` (:mod:`fedfdp.checkpoint`),
-``metrics.csv`` and ``model.pt``. :class:`RunFiles` and :class:`Progress` are the
+``rows.jsonl`` (the rows a resume continues from, :mod:`fedfdp.run_rows`), ``metrics.csv``
+and ``model.pt``. :class:`RunFiles` and :class:`Progress` are the
 collaborators of the run loop (:class:`fedfdp.run_loop.RunLoop`); the round engine writes
 the ledger through :meth:`RunFiles.write_ledger` (its journal).
 """
@@ -19,10 +20,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, EncodedRows, Resume, save_checkpoint, verify_resume
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
 from fedfdp.config import RunConfig
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, MetricsFile, atomic_write, write_config
+from fedfdp.run_rows import ROWS_FILE, RowsLog
 
 if TYPE_CHECKING:
     from fedfdp.mechanism import ResolvedMechanism
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 #: The final model's state_dict, written at the end of a run.
 MODEL_FILE = "model.pt"
 #: Files that mark a directory as holding a run.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, LEDGER_FILE, CHECKPOINT_FILE, MODEL_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, LEDGER_FILE, CHECKPOINT_FILE, MODEL_FILE, ROWS_FILE)
 
 
 def occupied(out: str | Path) -> list[str]:
@@ -93,7 +95,7 @@ class RunFiles:
         self.record = dict(record)
         self.num_rounds = num_rounds
         self._metrics = MetricsFile(self.out / METRICS_FILE)
-        self._rows = EncodedRows()
+        self._rows = RowsLog(self.out)
 
     def write_ledger(self, ledger: Ledger) -> None:
         write_ledger(self.out, ledger)

@@ -86,7 +86,7 @@ def run_ledger(run_dir: Path, *, delta_estimation: float = 0.0, eps_error: float
     path = Path(run_dir) / LEDGER_FILE
     try:
         ledger = read_ledger(run_dir)
-        ckpt = load_checkpoint(run_dir)
+        ckpt = load_checkpoint(run_dir, rows=False)  # its head; the rows are not read
     except LedgerError as exc:
         raise ConfigError(first_line(exc)) from None
     if ledger is None:

@@ -157,6 +157,9 @@ def test_a_ledger_rolled_back_after_the_checkpoint_is_charged_pessimistically(tm
         ("other-mechanism", "another resolved mechanism"),
         ("checkpoint-head-zeroed", "never charged"),
         ("pickled-checkpoint", "unreadable or unsafe checkpoint|not a checkpoint fedfdp wrote"),
+        ("edit-rows", r"rows.jsonl: its first 6 lines are not the ones the checkpoint recorded"),
+        ("truncate-rows", r"rows.jsonl: 5 complete lines, but the checkpoint counts 6"),
+        ("delete-rows", r"rows.jsonl: missing, but the checkpoint counts 6 rows"),
     ],
 )
 def test_resume_refuses_every_disagreeing_pair_and_leaves_the_files(tmp_path, damage, match):
@@ -204,6 +207,14 @@ def test_resume_refuses_every_disagreeing_pair_and_leaves_the_files(tmp_path, da
         meta["head"] = {"entries": 1, "hash": doc["entries"][0]["hash"], "charges": 0}
         raw["meta"] = json.dumps(meta)
         torch.save(raw, ckpt_path)
+    elif damage == "edit-rows":
+        rows_path = run / "rows.jsonl"
+        rows_path.write_text(rows_path.read_text().replace('"round": 2,', '"round": 20,'))
+    elif damage == "truncate-rows":
+        rows_path = run / "rows.jsonl"
+        rows_path.write_text("".join(rows_path.read_text().splitlines(keepends=True)[:5]))
+    elif damage == "delete-rows":
+        (run / "rows.jsonl").unlink()
     elif damage == "pickled-checkpoint":
         marker = tmp_path / "pwned"
 
