@@ -45,6 +45,7 @@ node kept (``ms_per_charge_at_*``, the median of ``--charges``).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -59,10 +60,14 @@ import torch
 
 from fedfdp import build_plan, load_config
 from fedfdp.accounting.events import SubsampledGaussian
-from fedfdp.ledger import Ledger, read_ledger, write_ledger
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint
+from fedfdp.ledger import Head, Ledger, read_ledger, write_ledger
 from fedfdp.node_ledger import NodeLedger
 from fedfdp.node_policy import NodePolicy
+from fedfdp.outputs import atomic_write, write_metrics
 from fedfdp.round_engine import RoundEngine
+from fedfdp.run_files import RunFiles
+from fedfdp.run_rows import RowsMark
 
 SHORT, LONG = 10, 10_000
 
@@ -163,6 +168,66 @@ def _node(root: Path, charges: int) -> dict[str, float]:
     return out
 
 
+def _row(r: int) -> dict[str, Any]:
+    """A run loop's row (the default run's columns; accuracy on every tenth round)."""
+    return {"round": r, "phase": "fdp", "epsilon": 0.01 * r ** 0.5, "delta": 1e-5, "relation": "add-remove",
+            "accuracy": 0.8 if r % 10 == 0 else float("nan"), "loss": 0.5 if r % 10 == 0 else float("nan"),
+            "public_loss": 0.7, "replies": 10, "rejected": 0, "asked": 10, "missing": 0,
+            "noise_multiplier": 1.1, "normaliser": 3.2, "clipping_norm": 1.0, "noise_source": "os-csprng"}
+
+
+def _run_files(root: Path, rounds: int, reps: int) -> dict[str, Any]:
+    """A round's files after ``n`` rounds (what the run loop writes each round by default:
+    ``rows.jsonl``, ``checkpoint.pt``, ``metrics.csv``) at n = 10 and 10,000: through
+    :class:`~fedfdp.run_files.RunFiles` (a row appended to ``rows.jsonl`` and to
+    ``metrics.csv``, the checkpoint without the rows), and the earlier whole-file way
+    (every row in the checkpoint's JSON, the table rendered whole), for comparison.
+    """
+    cfg = load_config({"progress": False})
+    model = {"w": torch.zeros(295)}
+
+    def checkpoint(rows: list[dict[str, Any]]) -> Checkpoint:
+        n = len(rows)
+        return Checkpoint(round=n, config={"mode": "fdp"}, num_records=800, mechanism_digest="ab" * 32,
+                          head=Head(n + 1, "cd" * 32, n), rows=rows, clipping_norm=1.0, every=1, model=model,
+                          optimizer={})
+
+    def per_round(n: int, whole: bool) -> float:
+        out = Path(tempfile.mkdtemp(dir=root))
+        files = RunFiles(out, cfg.run, {}, n + rounds)
+        rows = [_row(r) for r in range(1, n + 1)]
+        files.metrics(rows)
+        files.checkpoint(checkpoint(rows))
+        times = []
+        for r in range(n + 1, n + rounds + 1):
+            rows.append(_row(r))
+            t = time.perf_counter()
+            if whole:  # the earlier way: every row in the checkpoint's JSON, the table rendered whole
+                meta = {**checkpoint(rows).meta(RowsMark(0, "0" * 64)), "version": 3, "rows": rows}
+                buf = io.BytesIO()
+                torch.save({"meta": json.dumps(meta), "model": model, "optimizer": {}}, buf)
+                atomic_write(out / CHECKPOINT_FILE, buf.getvalue())
+                write_metrics(out, rows)
+            else:
+                files.checkpoint(checkpoint(rows))
+                files.metrics(rows)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    doc: dict[str, Any] = {}
+    for way in ("appended", "whole"):
+        ratios, short, long_ = [], [], []
+        for _ in range(reps):
+            a, b = per_round(SHORT, way == "whole"), per_round(LONG, way == "whole")
+            short.append(a * 1e3)
+            long_.append(b * 1e3)
+            ratios.append(b / a)
+        doc[way] = {"ratio_median": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+                    "ms_per_round_at_10": statistics.median(short),
+                    "ms_per_round_at_10k": statistics.median(long_)}
+    return doc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--charges", type=int, default=10, help="charges timed at each length per repetition")
@@ -187,6 +252,7 @@ def main() -> None:
             }
         resume = _resume(root)
         node = _node(root, args.charges)
+        run_files = _run_files(root, args.charges, max(3, args.reps // 2))
     doc = {
         "ledger_charge_ratio_10k": results["durable"]["ratio_median"] if "durable" in results else None,
         "ledger_charge_ratio_10k_max_epsilon": (results["max-epsilon"]["ratio_median"]
@@ -199,6 +265,8 @@ def main() -> None:
         "variants": results,
         "resume": resume,
         "node": node,
+        "run_files_ratio_10k": run_files["appended"]["ratio_median"],
+        "run_files": run_files,
         "machine": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
                     "python": platform.python_version(), "torch": torch.__version__},
     }
@@ -215,6 +283,10 @@ def main() -> None:
           + ", ".join(f"{k.rsplit('_', 1)[1]} charges {v:.1f}" for k, v in resume.items()))
     print(f"node ledger, ms per charge: at 10 {node['ms_per_charge_at_10']:.1f}, at 10,000 "
           f"{node['ms_per_charge_at_10000']:.1f} (the first, a whole read: {node['first_ms_at_10000']:.1f})")
+    for way, r in run_files.items():
+        lo, hi = r["ratio_range"]
+        print(f"run files ({way}), ms per round: at 10 {r['ms_per_round_at_10']:.1f}, at 10,000 "
+              f"{r['ms_per_round_at_10k']:.1f}, ratio {r['ratio_median']:.2f} ({lo:.2f}-{hi:.2f})")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 
