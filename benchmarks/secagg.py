@@ -79,11 +79,12 @@ from typing import Any
 
 import numpy as np
 
-from fedfdp.secagg import ClientSession, NodeTrust, Roster, ServerSession, SigningKey
-
-#: The repository root: the in-process grids live in its tests package.
+#: The repository root: the in-process grids live in its tests package, and every package
+#: (fedfdp, clients, strategies) is imported from this tree, never half from an installed copy.
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # first: an unrelated installed "tests" package may shadow ours
+
+from fedfdp.secagg import ClientSession, NodeTrust, Roster, ServerSession, SigningKey  # noqa: E402
 
 #: The run of the benchmark's sessions, and the digest of the model every node "received".
 RUN = 1
