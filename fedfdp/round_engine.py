@@ -409,9 +409,11 @@ class RoundEngine:
             noise=noise,
         )
         sigma_c = (mechanism.noise_multiplier or 0.0) * state.clipping_norm
-        finite_or_raise(state.round, "the aggregated gradient", grad,
-                        f"the noise (noise-multiplier x clipping-norm = {sigma_c:.3g}) over the normaliser "
-                        f"{state.plan.normaliser:.3g} (sampling-rate x records), or alpha={t.alpha:g}")
+        noise_cause = (f"the noise (noise-multiplier x clipping-norm = {sigma_c:.3g}) over the normaliser "
+                       f"{state.plan.normaliser:.3g} (sampling-rate x records)")
+        alpha_cause = f"alpha={t.alpha:g} (it scales the private part and its noise)"
+        causes = (alpha_cause, noise_cause) if t.alpha > 1 else (noise_cause, alpha_cause)  # a raised α first
+        finite_or_raise(state.round, "the aggregated gradient", grad, f"{causes[0]}, or {causes[1]}")
         apply_gradient(self._params, self._optimizer, grad)
         finite_or_raise(state.round, "the model", list(self._params),
                         f"learning-rate={t.learning_rate:g} (with momentum={t.momentum:g}) or "
