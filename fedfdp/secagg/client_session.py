@@ -48,6 +48,7 @@ from fedfdp.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
+from fedfdp.secagg.packing import Reader, pack_blob, pack_id_map, pack_ids, pack_optional
 from fedfdp.secagg.session import check_node_id
 
 
@@ -100,67 +101,6 @@ _PHASES = tuple(_ClientPhase)
 #: run, last unmasked round, degree, threshold, dimension.
 _STATE_VERSION = 1
 _STATE_HEAD = struct.Struct(">BBQqQqIIQ")
-_U32 = struct.Struct(">I")
-_NONE = 0xFFFFFFFF  # the length of an absent optional value
-
-
-def _id_bytes(ids: tuple[int, ...] | list[int]) -> bytes:
-    return _U32.pack(len(ids)) + struct.pack(f">{len(ids)}Q", *ids)
-
-
-def _blob_bytes(value: bytes) -> bytes:
-    return _U32.pack(len(value)) + value
-
-
-def _optional_bytes(value: bytes | None) -> bytes:
-    return _U32.pack(_NONE) if value is None else _blob_bytes(value)
-
-
-def _map_bytes(values: dict[int, bytes]) -> bytes:
-    """Ids and their values (all of one length): count, length, ids, values."""
-    size = len(next(iter(values.values()))) if values else 0
-    if any(len(v) != size for v in values.values()):  # pragma: no cover - one length per map
-        raise ValueError("values of unequal length")
-    return (struct.pack(f">II{len(values)}Q", len(values), size, *values) + b"".join(values.values()))
-
-
-class _StateReader:
-    """Reads :meth:`ClientSession.export_state`'s sections in order (any shortfall raises)."""
-
-    def __init__(self, raw: bytes, at: int) -> None:
-        self.raw, self.at = raw, at
-
-    def _take(self, size: int) -> bytes:
-        if self.at + size > len(self.raw):
-            raise ValueError(f"{size} bytes wanted at {self.at}, {len(self.raw) - self.at} left")
-        out = self.raw[self.at : self.at + size]
-        self.at += size
-        return out
-
-    def _u32(self) -> int:
-        return int(_U32.unpack(self._take(4))[0])
-
-    def ids(self) -> tuple[int, ...]:
-        count = self._u32()
-        return struct.unpack(f">{count}Q", self._take(8 * count))
-
-    def blob(self) -> bytes:
-        return self._take(self._u32())
-
-    def optional(self) -> bytes | None:
-        size = self._u32()
-        return None if size == _NONE else self._take(size)
-
-    def map(self) -> dict[int, bytes]:
-        count, size = self._u32(), self._u32()
-        keys = struct.unpack(f">{count}Q", self._take(8 * count))
-        values = self._take(count * size)
-        return {k: values[i * size : (i + 1) * size] for i, k in enumerate(keys)}
-
-    def end(self) -> None:
-        if self.at != len(self.raw):
-            raise ValueError(f"{len(self.raw) - self.at} bytes left over")
-
 
 class ClientSession:
     """One client's side of one SecAgg+ round, against a server that may deviate.
@@ -552,19 +492,19 @@ class ClientSession:
         parts = [
             _STATE_HEAD.pack(_STATE_VERSION, _PHASES.index(self._phase), self.node_id, self._round, self.run,
                              self.after_round, self._degree, self._threshold, self._dim),
-            _blob_bytes(self._trust_raw),
-            _id_bytes(self._ring),
-            _id_bytes(sorted(self._neighbours)), _id_bytes(sorted(self._srcs)),
-            _id_bytes(sorted(self._live)), _id_bytes(sorted(self._dead)),
-            _map_bytes(self._identities), _map_bytes(self._confirm_keys), _map_bytes(self._open_keys),
-            _map_bytes(self._peer_pk_mask), _map_bytes(self._peer_pk_enc),
-            _map_bytes({k: v.to_bytes() for k, v in self._held_b.items()}),
-            _map_bytes({k: v.to_bytes() for k, v in self._held_sk.items()}),
-            _optional_bytes(self._digest),
-            _optional_bytes(self._mask_keys.private_bytes() if self._mask_keys is not None else None),
-            _optional_bytes(self._enc_keys.private_bytes() if self._enc_keys is not None else None),
-            _optional_bytes(self._seed),
-            _optional_bytes(self._own_b_share.to_bytes() if self._own_b_share is not None else None),
+            pack_blob(self._trust_raw),
+            pack_ids(self._ring),
+            pack_ids(sorted(self._neighbours)), pack_ids(sorted(self._srcs)),
+            pack_ids(sorted(self._live)), pack_ids(sorted(self._dead)),
+            pack_id_map(self._identities), pack_id_map(self._confirm_keys), pack_id_map(self._open_keys),
+            pack_id_map(self._peer_pk_mask), pack_id_map(self._peer_pk_enc),
+            pack_id_map({k: v.to_bytes() for k, v in self._held_b.items()}),
+            pack_id_map({k: v.to_bytes() for k, v in self._held_sk.items()}),
+            pack_optional(self._digest),
+            pack_optional(self._mask_keys.private_bytes() if self._mask_keys is not None else None),
+            pack_optional(self._enc_keys.private_bytes() if self._enc_keys is not None else None),
+            pack_optional(self._seed),
+            pack_optional(self._own_b_share.to_bytes() if self._own_b_share is not None else None),
         ]
         return b"".join(parts)
 
@@ -584,7 +524,7 @@ class ClientSession:
                 _STATE_HEAD.unpack_from(raw, 0))
             if version != _STATE_VERSION:
                 raise ValueError(f"version {version}, not {_STATE_VERSION}")
-            read = _StateReader(raw, _STATE_HEAD.size)
+            read = Reader(raw, _STATE_HEAD.size)
             trust_raw = read.blob()
             session = cls(node_id, NodeTrust.from_dict(json.loads(trust_raw.decode())), run=run,
                           after_round=after_round)
@@ -597,13 +537,13 @@ class ClientSession:
             session._srcs = frozenset(read.ids())
             session._live = frozenset(read.ids())
             session._dead = frozenset(read.ids())
-            session._identities = read.map()
-            session._confirm_keys = read.map()
-            session._open_keys = read.map()
-            session._peer_pk_mask = read.map()
-            session._peer_pk_enc = read.map()
-            session._held_b = {k: Share.from_bytes(v) for k, v in read.map().items()}
-            session._held_sk = {k: Share.from_bytes(v) for k, v in read.map().items()}
+            session._identities = read.id_map()
+            session._confirm_keys = read.id_map()
+            session._open_keys = read.id_map()
+            session._peer_pk_mask = read.id_map()
+            session._peer_pk_enc = read.id_map()
+            session._held_b = {k: Share.from_bytes(v) for k, v in read.id_map().items()}
+            session._held_sk = {k: Share.from_bytes(v) for k, v in read.id_map().items()}
             session._digest = read.optional()
             mask_sk, enc_sk = read.optional(), read.optional()
             session._mask_keys = KeyPair.from_private_bytes(mask_sk) if mask_sk is not None else None

@@ -59,6 +59,7 @@ from fedfdp.secagg.messages import (
     UnmaskReply,
     UnmaskRequest,
 )
+from fedfdp.secagg.packing import Reader, pack_blob, pack_ids, pack_items, pack_u64
 
 __all__ = ["BODY", "MASKED", "MESSAGE_TYPES", "PUBLIC_SUM", "REPLY_TO", "SECAGG", "STAGES", "STAGE_MESSAGES",
            "from_wire", "pack_public", "to_wire", "unpack_public"]
@@ -111,14 +112,10 @@ def _field_table(cls: type) -> tuple[tuple[str, str], ...]:
 #: The entry of a :func:`to_wire` record holding the packed fields.
 BODY = "body"
 
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_PAIR = struct.Struct(">II")
-
-
 def to_wire(msg: Any) -> dict[str, str | bytes]:
     """``msg`` as a record (module docstring): its class name and its fields packed in
-    one byte string; a ``CollectReply``'s ``masked`` array is left out.
+    one byte string (:mod:`fedfdp.secagg.packing`); a ``CollectReply``'s ``masked``
+    array is left out.
     """
     parts: list[bytes] = []
     for name, kind in _field_table(type(msg)):
@@ -126,16 +123,16 @@ def to_wire(msg: Any) -> dict[str, str | bytes]:
         if kind == "np.ndarray":
             continue
         if kind == "int" and isinstance(value, int):
-            parts.append(_U64.pack(value))
+            parts.append(pack_u64(value))
         elif kind == "bytes" and isinstance(value, bytes):
-            parts += (_U32.pack(len(value)), value)
+            parts.append(pack_blob(value))
         elif kind == "tuple[int, ...]" and isinstance(value, tuple):
-            parts += (_U32.pack(len(value)), struct.pack(f">{len(value)}Q", *value))
+            parts.append(pack_ids(value))
         elif kind == "tuple[bytes, ...]" and isinstance(value, tuple):
-            size = len(value[0]) if value else 0
-            if any(len(v) != size for v in value):
-                raise ValueError(f"{type(msg).__name__}.{name}: byte strings of unequal length")
-            parts += (_PAIR.pack(len(value), size), *value)
+            try:
+                parts.append(pack_items(value))
+            except ValueError as exc:
+                raise ValueError(f"{type(msg).__name__}.{name}: {exc}") from None
         else:
             raise TypeError(f"{type(msg).__name__}.{name}: cannot be put on the wire "
                             f"({type(value).__name__})")
@@ -152,52 +149,27 @@ def from_wire(cls: type[_M], record: Any, masked: np.ndarray | None = None) -> _
     if not isinstance(blob, bytes):
         raise MessageError(f"{cls.__name__}.{BODY}: missing", field=BODY)
     kwargs: dict[str, Any] = {}
-    at = 0
+    read = Reader(blob)
     name = BODY
     try:
         for name, kind in _field_table(cls):
             if kind == "np.ndarray":
                 kwargs[name] = masked
             elif kind == "int":
-                kwargs[name] = _U64.unpack_from(blob, at)[0]
-                at += 8
+                kwargs[name] = read.u64()
             elif kind == "bytes":
-                size = _U32.unpack_from(blob, at)[0]
-                at += 4
-                kwargs[name] = _take(blob, at, size)
-                at += size
+                kwargs[name] = read.blob()
             elif kind == "tuple[int, ...]":
-                count = _U32.unpack_from(blob, at)[0]
-                at += 4
-                _need(blob, at, 8 * count)  # the length first: no format of a huge count is built
-                kwargs[name] = struct.unpack_from(f">{count}Q", blob, at)
-                at += 8 * count
+                kwargs[name] = read.ids()
             elif kind == "tuple[bytes, ...]":
-                count, size = _PAIR.unpack_from(blob, at)
-                at += 8
-                if count and not size:
-                    raise ValueError(f"{count} empty byte strings")
-                items = _take(blob, at, count * size)
-                kwargs[name] = tuple(items[i * size : (i + 1) * size] for i in range(count))
-                at += count * size
+                kwargs[name] = read.items()
             else:  # pragma: no cover - every field type is listed
                 raise ValueError(f"unknown field type {kind}")
         name = BODY
-        if at != len(blob):
-            raise ValueError(f"{len(blob) - at} bytes left over")
+        read.end()
     except (struct.error, ValueError) as exc:
         raise MessageError(f"{cls.__name__}.{name}: unreadable ({exc})", field=name) from None
     return cls(**kwargs)
-
-
-def _need(blob: bytes, at: int, size: int) -> None:
-    if at + size > len(blob):
-        raise ValueError(f"{size} bytes wanted, {len(blob) - at} left")
-
-
-def _take(blob: bytes, at: int, size: int) -> bytes:
-    _need(blob, at, size)
-    return blob[at : at + size]
 
 
 def pack_public(sums: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
