@@ -65,6 +65,17 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+def append_durably(path: str | Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` and flush it to disk (a file a run grows line by line:
+    ``metrics.csv``, ``rows.jsonl``; a reader after a crash may find a cut last line, which
+    their writers' resume rules drop).
+    """
+    with open(path, "ab") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def prepare_output_dir(path: str | Path, flag: str, *, empty: bool = False, create: bool = True) -> Path:
     """Create the output directory ``path`` (and its parents) or refuse it with a
     one-line :class:`~fedfdp.config.ConfigError` naming ``flag`` and the value:
@@ -154,10 +165,7 @@ class MetricsFile:
                  and self.path.is_file())
         line = table.add(rows[-1]) if grown and table is not None else None
         if line is not None:
-            with open(self.path, "a", encoding="utf-8", newline="") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_durably(self.path, line.encode())
             return
         self._table = MetricsTable.of(rows, self._leading)
         self._source = rows

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 
 from fedfdp.input_files import optional_file
 from fedfdp.ledger import LedgerError
-from fedfdp.outputs import atomic_write
+from fedfdp.outputs import append_durably, atomic_write
 
 __all__ = ["ROWS_FILE", "RowsLog", "RowsMark", "RowsMismatch", "read_rows"]
 
@@ -85,10 +84,7 @@ class RowsLog:
             return self.mark()
         lines = [(json.dumps(row) + "\n").encode() for row in rows[self._count if same else 0:]]
         if same:
-            with open(self.path, "ab") as fh:
-                fh.write(b"".join(lines))
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_durably(self.path, b"".join(lines))
         else:
             self._hash = hashlib.sha256()
             atomic_write(self.path, b"".join(lines))
