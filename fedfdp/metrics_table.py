@@ -117,20 +117,19 @@ def metrics_frame(rows: Sequence[Any], leading: Sequence[str]) -> pd.DataFrame:
 class MetricsTable:
     """A rendered ``metrics.csv`` and what its next row needs to be one more line of it.
 
-    Build it with :meth:`of`; :meth:`add` renders a row as one more line when it fits.
+    Build it with :meth:`render`; :meth:`add` renders a row as one more line when it fits.
     """
 
-    def __init__(self, text: str, columns: dict[str, _Column], rows: int) -> None:
-        self.text = text
+    def __init__(self, columns: dict[str, _Column], rows: int) -> None:
         self._columns = columns
         self.rows = rows
 
     @classmethod
-    def of(cls, rows: Sequence[Any], leading: Sequence[str]) -> MetricsTable:
-        """The table of ``rows``: pandas' rendering, the leading columns first."""
+    def render(cls, rows: Sequence[Any], leading: Sequence[str]) -> tuple[MetricsTable, str]:
+        """The table of ``rows`` and its text: pandas' rendering, the leading columns first."""
         frame = metrics_frame(rows, leading)
         columns = {name: _Column.of_dtype(frame[name].dtype) for name in frame.columns}
-        return cls(frame.to_csv(index=False), columns, len(rows))
+        return cls(columns, len(rows)), frame.to_csv(index=False)
 
     def add(self, row: Mapping[str, Any] | Any) -> str | None:
         """``row``'s CSV line (with its newline) when it is one more line of this table

@@ -130,7 +130,7 @@ def prepare_output_file(path: str | Path, flag: str) -> Path:
 def write_metrics(out_dir: str | Path, rows: Sequence[Any]) -> Path:
     """Write per-round rows (dicts or dataclasses) to ``out_dir/metrics.csv`` (whole, atomically)."""
     path = Path(out_dir) / METRICS_FILE
-    atomic_write(path, MetricsTable.of(rows, METRIC_COLUMNS).text.encode())
+    atomic_write(path, MetricsTable.render(rows, METRIC_COLUMNS)[1].encode())
     return path
 
 
@@ -167,9 +167,9 @@ class MetricsFile:
         if line is not None:
             append_durably(self.path, line.encode())
             return
-        self._table = MetricsTable.of(rows, self._leading)
+        self._table, text = MetricsTable.render(rows, self._leading)
         self._source = rows
-        atomic_write(self.path, self._table.text.encode())
+        atomic_write(self.path, text.encode())
 
 
 def write_config(
