@@ -15,7 +15,7 @@ finished to ``--out``:
     ``images_reference.py table`` of the merged rows: FD mean ± std over seeds
     per (method, α, ε), and FD per class per job.
 ``log.txt``
-    This driver's log, the CUDA-vs-CPU trainer test's output and every
+    This driver's log, the CUDA-vs-CPU engine test's output and every
     child's log.
 ``ddpm28.tar.gz``
     The work folder: every child's ``results.json``, log and sample grids.
@@ -27,7 +27,8 @@ seconds (counted from this driver's start); at ``--hard-stop`` seconds the
 children still running are stopped and the files written a last time, so the
 call ends by itself before the machine's limit. Secret randomness is unchanged:
 the Poisson coins and the noise come from each child's OS CSPRNG, drawn on the
-CPU (``fedfdp.images.train``, Device); ``--seeds`` only key the public draws.
+CPU (the engine computes on the model's device, the draws stay on the CPU);
+``--seeds`` only key the public draws.
 
 Settings (the README's 14×14 table scaled to 28×28): Ψ = Gaussian blur kernel
 9, σ = 2 px, 8-bit (the 14×14 run's kernel 5, σ = 1, doubled with the
@@ -67,7 +68,7 @@ SETTINGS = [
     "--downsample", "1", "--kernel", "9", "--blur-sigma", "2", "--base", "16", "--mults", "1", "2", "2",
     "--steps", "200", "--nonprivate-steps", "400", "--pretrain-steps", "400", "--rate", "0.064",
     "--clip", "0.1", "--lr", "0.002", "--private-lr", "0.001", "--optimizer", "adam",
-    "--public-batch", "256", "--chunk", "512", "--sample-steps", "50", "--samples-per-class", "50",
+    "--public-batch", "256", "--sample-steps", "50", "--samples-per-class", "50",
     "--sample-batch", "500", "--fid-epochs", "15",
 ]  # fmt: skip
 
@@ -122,8 +123,8 @@ class Driver:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.args.device == "cuda":
             test = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "tests/test_images_train.py", "-k", "cuda"]  # fmt: skip
-            self.log("CUDA-vs-CPU trainer test: " + " ".join(test))
+                    "tests/test_compute_device.py"]  # fmt: skip
+            self.log("CUDA-vs-CPU engine test: " + " ".join(test))
             with open(self.work / "cuda_test.txt", "w") as f:
                 self.children["cuda-test"] = subprocess.Popen(
                     test, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT
@@ -190,7 +191,7 @@ class Driver:
         parts = ["\n".join(self.log_lines)]
         test = self.work / "cuda_test.txt"
         if test.exists():
-            parts.append("=== CUDA-vs-CPU trainer test ===\n" + test.read_text())
+            parts.append("=== CUDA-vs-CPU engine test ===\n" + test.read_text())
         for seed in self.args.seeds:
             for name in ("log.txt", "stdout.txt"):
                 path = self.seed_dir(seed) / name

