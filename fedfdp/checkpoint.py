@@ -7,7 +7,9 @@ ledger :class:`~fedfdp.ledger.Head` it saw, the count and SHA-256 of the rows so
 (kept in ``rows.jsonl``, :mod:`fedfdp.run_rows`; version 3 held the rows themselves) and
 the current ``C``.
 It is read with ``torch.load(weights_only=True)``: no pickle of arbitrary objects, so
-a crafted file cannot execute code (it is refused, naming the file).
+a crafted file cannot execute code (it is refused, naming the file). Its tensors are
+CPU tensors whatever device the model trains on (:func:`on_cpu`; so is ``model.pt``'s),
+and a resume loads them into the model where it is.
 
 Resume (:func:`verify_resume`) refuses, naming the file, a checkpoint and ledger that
 disagree in any combination: either one missing (a ledger with charges but no
@@ -29,6 +31,7 @@ on possibly different inputs would reveal their difference).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import json
@@ -87,6 +90,29 @@ class Checkpoint:
         }
 
 
+def on_cpu(state: Any) -> Any:
+    """``state`` — a tensor, or dicts, lists and tuples of them (a state dict) — with
+    every tensor on the CPU: what the files of a run hold, so a session on any device
+    reads them. The same object when it is all on the CPU already; a copied dict keeps
+    its type and attributes (a module state dict's ``_metadata``).
+    """
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        items = {k: on_cpu(v) for k, v in state.items()}
+        if all(items[k] is v for k, v in state.items()):
+            return state
+        moved = copy.copy(state)
+        moved.update(items)
+        return moved
+    if isinstance(state, (list, tuple)):
+        values = [on_cpu(v) for v in state]
+        if all(a is b for a, b in zip(values, state, strict=True)):
+            return state
+        return type(state)(values)
+    return state
+
+
 def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, rows: RowsLog | None = None) -> None:
     """Durably write ``run_dir/checkpoint.pt`` (tensors and one JSON string), after
     ``rows.jsonl`` holds ``ckpt.rows`` (:class:`~fedfdp.run_rows.RowsLog`: a run keeps
@@ -95,7 +121,8 @@ def save_checkpoint(run_dir: str | Path, ckpt: Checkpoint, rows: RowsLog | None 
     """
     mark = (rows if rows is not None else RowsLog(run_dir)).write(ckpt.rows)
     buf = io.BytesIO()
-    torch.save({"meta": json.dumps(ckpt.meta(mark)), "model": ckpt.model, "optimizer": ckpt.optimizer}, buf)
+    torch.save({"meta": json.dumps(ckpt.meta(mark)), "model": on_cpu(ckpt.model),
+                "optimizer": on_cpu(ckpt.optimizer)}, buf)
     atomic_write(Path(run_dir) / CHECKPOINT_FILE, buf.getvalue())
 
 

@@ -26,6 +26,14 @@ them for a broken variant through the same seam a normal run uses
 batches and the :class:`PrivateAggregator` that turns the drawn private
 batches into the private sum.
 
+Where it computes
+-----------------
+On the device of the model's parameters (:func:`model_device`; a model split over
+devices is refused). Every draw — Poisson coins, secret padding, public per-record
+draws — is made on the CPU, where the loss terms are built; their inputs and targets
+move to the model's device for the forward/backward, and the sums come back to the CPU
+(:data:`CPU`), where the server adds its noise. The draws are the same on any device.
+
 A public batch shape (:class:`BatchShape`, secure aggregation)
 --------------------------------------------------------------
 Under secure aggregation the server is an adversary and sees when a node's reply
@@ -60,7 +68,7 @@ from torch import nn
 from fedfdp.binomial_tails import upper_count
 from fedfdp.clipping import ClipMethod, clipped_grad_sum
 from fedfdp.clipping.common import LossFn, tensor_sum
-from fedfdp.config import PRIVACY_UNITS, PrivacyUnit
+from fedfdp.config import PRIVACY_UNITS, ConfigError, PrivacyUnit
 from fedfdp.entropy import DeviceSecrets, SecretSource, SystemEntropy
 from fedfdp.losses import FeatureMap, LossPart, LossTerms, RecordKeys
 from fedfdp.modes import PHASES, Phase, PrivateLoss
@@ -113,6 +121,40 @@ class PrivateSum:
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     """The parameters a round updates, in a fixed order."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+#: Where a node's sums and every tensor built from shapes live (module docstring).
+CPU = torch.device("cpu")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device a round's forward/backward passes run on: that of the model's
+    parameters (the CPU for a model without any).
+
+    Raises
+    ------
+    ConfigError
+        The parameters are on more than one device (named), or on the meta device
+        (shapes without values).
+    """
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        names = ", ".join(sorted(str(d) for d in devices))
+        raise ConfigError(f"model: its parameters are on more than one device ({names}); a run computes "
+                          "on one: move the whole model there (model.to(device))")
+    device = devices.pop() if devices else CPU
+    if device.type == "meta":
+        raise ConfigError("model: its parameters are on the meta device (shapes without values); "
+                          "materialise them (to_empty, then initialise) before a run")
+    return device
+
+
+def _on(device: torch.device, inputs: Sequence[torch.Tensor], targets: torch.Tensor,
+        ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A loss's inputs and targets, built on the CPU, moved to the model's ``device`` for
+    its forward/backward (the same tensors when it is the CPU).
+    """
+    return [x.to(device) for x in inputs], targets.to(device)
 
 
 def clip_vector(tensors: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
@@ -402,8 +444,9 @@ def private_clipped_sum(
     """:func:`private_gradient_sum` with the count of records whose gradient norm
     was already within ``clipping_norm`` (0 without clipping).
     """
+    device = model_device(model)
     if not batches or not any(len(b.y) for b in batches):
-        return PrivateSum([torch.zeros_like(p) for p in trainable(model)], 0)
+        return PrivateSum([torch.zeros_like(p, device=CPU) for p in trainable(model)], 0)
     terms = [_private_terms(decomposition, phase, batch) for batch in batches]
     loss_fn = terms[-1].loss
     inputs = [_joined([t.inputs[k] for t in terms]) for k in range(len(terms[0].inputs))]
@@ -413,11 +456,12 @@ def private_clipped_sum(
         sampled = torch.cat([b.weights for b in batches])
         shape = tuple(targets.shape[1:])
         targets, loss_fn = ZeroPadded.weighted(targets, sampled), ZeroPadded(loss_fn, shape)
-    out = clipped_grad_sum(model, inputs, targets, loss_fn, clipping_norm, method=clip_method)
+    out = clipped_grad_sum(model, *_on(device, inputs, targets), loss_fn, clipping_norm, method=clip_method)
+    grads = [g.to(CPU) for g in out.grads]
     if clipping_norm is None:
-        return PrivateSum(out.grads, 0)
-    within = out.norms <= clipping_norm
-    return PrivateSum(out.grads, int((within if sampled is None else within & (sampled == 1)).sum()))
+        return PrivateSum(grads, 0)
+    within = out.norms.to(CPU) <= clipping_norm
+    return PrivateSum(grads, int((within if sampled is None else within & (sampled == 1)).sum()))
 
 
 def clipped_private_sum(
@@ -442,7 +486,7 @@ def clipped_private_sum(
     clip = settings.clipping_norm if phase.clip else None
     if settings.unit is PrivacyUnit.RECORD:
         return private_clipped_sum(model, decomposition, phase, batches, clip, settings.clip_method)
-    total = [torch.zeros_like(p) for p in trainable(model)]
+    total = [torch.zeros_like(p, device=CPU) for p in trainable(model)]
     unclipped = 0
     for batch in batches:
         grads = private_gradient_sum(model, decomposition, phase, [batch], None, settings.clip_method)
@@ -507,15 +551,16 @@ def public_gradient_sum(
     stream), in one forward/backward; returns ``(gradients, loss sum, records)``.
     """
     params = trainable(model)
+    device = model_device(model)
     given = [PublicBatch(*b) for b in batches if len(b[1])]
     if not given:
-        return [torch.zeros_like(p) for p in params], 0.0, 0
+        return [torch.zeros_like(p, device=CPU) for p in params], 0.0, 0
     terms = [decomposition.terms(LossPart.PUBLIC, b.x, b.y, b.padding, b.keys) for b in given]
     inputs = [_joined([t.inputs[k] for t in terms]) for k in range(len(terms[0].inputs))]
-    targets = _joined([t.targets for t in terms])
+    inputs, targets = _on(device, inputs, _joined([t.targets for t in terms]))
     total = terms[0].loss([model(inp) for inp in inputs], targets).sum()
     grads = torch.autograd.grad(total, params)
-    return [g.detach() for g in grads], float(total.detach()), len(targets)
+    return [g.detach().to(CPU) for g in grads], float(total.detach()), len(targets)
 
 
 def node_contribution(
@@ -533,6 +578,7 @@ def node_contribution(
     summed (unclipped) over all devices.
     """
     parts = parts if parts is not None else ClientParts()
+    model_device(model)  # a model on several devices is refused before anything is drawn
     phase = settings.phase
     private_batches: list[PrivateBatch] = []
     public_batches: list[PublicBatch] = []

@@ -21,6 +21,9 @@ be right, is refused in one line naming what does not fit).
 
 :func:`held_out_evaluation` makes the ``evaluate(round, model)`` a run loop calls
 (:data:`EvaluateFn`).
+
+Both run the model on its device (:func:`fedfdp.contribution.model_device`) and read
+its outputs back to the CPU.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedfdp.config import ConfigError
+from fedfdp.contribution import CPU, model_device
 
 if TYPE_CHECKING:
     from fedfdp.data import FederatedData
@@ -70,7 +74,7 @@ def held_out_metrics(model: nn.Module, x: np.ndarray, y: np.ndarray) -> dict[str
     """Accuracy, balanced accuracy, AUC (binary) and log loss on held-out records."""
     if len(y) == 0:
         return dict.fromkeys(METRICS, float("nan"))
-    logits = model(torch.as_tensor(x))
+    logits = model(torch.as_tensor(x).to(model_device(model))).to(CPU)
     target = torch.as_tensor(y, dtype=torch.long)
     loss = F.cross_entropy(logits, target).item()
     pred = logits.argmax(1).numpy()
@@ -159,6 +163,7 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     if sample is None:
         return
     batch = torch.as_tensor(sample)
+    device = model_device(model)
     bad = next((name for name, t in model.state_dict().items()
                 if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
     if bad is not None:
@@ -170,7 +175,7 @@ def check_run_inputs(model: nn.Module, data: FederatedData, feature_map: Feature
     was_training = model.training
     model.eval()
     try:
-        out = model(batch)
+        out = model(batch.to(device))
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError(f"model: does not accept the data's records (shape {tuple(batch.shape[1:])} each): "
@@ -212,8 +217,9 @@ def _check_terms(model: nn.Module, data: FederatedData, feature_map: FeatureMap,
         raise ConfigError(str(exc).splitlines()[0]) from exc
     was_training = model.training
     model.eval()
+    device = model_device(model)
     try:
-        outputs = [model(inp) for inp in terms.inputs]
+        outputs = [model(inp.to(device)) for inp in terms.inputs]
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         shape = tuple(terms.inputs[0].shape[1:])
@@ -226,5 +232,5 @@ def _check_terms(model: nn.Module, data: FederatedData, feature_map: FeatureMap,
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ConfigError(f"model: returns {got} for {len(batch)} records; the loss's targets have shape "
                           f"{tuple(target.shape)}")
-    if not bool(torch.isfinite(terms.loss(outputs, target)).all()):
+    if not bool(torch.isfinite(terms.loss(outputs, target.to(device))).all()):
         raise ConfigError("model: a non-finite loss (NaN or inf) on finite records")

@@ -48,6 +48,7 @@ from torch import nn
 from fedfdp.budget import Budget
 from fedfdp.checkpoint import Checkpoint
 from fedfdp.config import TrainingConfig
+from fedfdp.contribution import model_device
 from fedfdp.entropy import SecretSource, SystemEntropy
 from fedfdp.health import RunDiverged, finite_or_raise
 from fedfdp.ledger import Head, Ledger
@@ -165,8 +166,11 @@ class EngineState:
 
 def check_finite_model(model: nn.Module) -> None:
     """Refuse a model whose initial trainable weights are not finite
-    (:class:`~fedfdp.health.RunDiverged` naming the parameter).
+    (:class:`~fedfdp.health.RunDiverged` naming the parameter), and first one whose
+    parameters are on more than one device or on none with values
+    (:func:`~fedfdp.contribution.model_device`: ``ConfigError`` naming them).
     """
+    model_device(model)
     for name, param in model.named_parameters():
         if param.requires_grad and not bool(torch.isfinite(param).all()):
             raise RunDiverged(f"model parameter {name!r}: initial weights are not finite (NaN or inf)")
@@ -182,8 +186,9 @@ class RoundEngine:
     sampling : SamplingPlan
         Who takes part in each round and the normaliser, over the public device sizes.
     model : torch.nn.Module
-        The global model; its trainable parameters are what a round updates. Initial
-        weights that are not finite are refused (:class:`~fedfdp.health.RunDiverged`).
+        The global model; its trainable parameters are what a round updates, on their
+        device (a model split over devices is refused: :func:`~fedfdp.contribution.model_device`).
+        Initial weights that are not finite are refused (:class:`~fedfdp.health.RunDiverged`).
     training : TrainingConfig
         The optimiser, its learning rate and momentum, ``α`` and the public seed
         (post-processing of the noisy sums, and public randomness).

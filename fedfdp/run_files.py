@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, save_checkpoint, verify_resume
+from fedfdp.checkpoint import CHECKPOINT_FILE, Checkpoint, Resume, on_cpu, save_checkpoint, verify_resume
 from fedfdp.config import RunConfig
 from fedfdp.ledger import LEDGER_FILE, Ledger, write_ledger
 from fedfdp.outputs import CONFIG_FILE, METRICS_FILE, MetricsFile, atomic_write, write_config
@@ -127,5 +127,5 @@ class RunFiles:
 
     def model(self, model: nn.Module) -> None:
         buf = io.BytesIO()
-        torch.save(model.state_dict(), buf)
+        torch.save(on_cpu(model.state_dict()), buf)
         atomic_write(self.out / MODEL_FILE, buf.getvalue())

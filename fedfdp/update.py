@@ -109,9 +109,11 @@ def build_optimizer(
 def apply_gradient(
     params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, grad: Sequence[torch.Tensor]
 ) -> None:
-    """One optimizer step along ``grad`` (post-processing: no privacy cost)."""
+    """One optimizer step along ``grad`` (post-processing: no privacy cost), on each
+    parameter's device (``grad`` is built on the CPU).
+    """
     for p, g in zip(params, grad, strict=True):
-        p.grad = g.detach().to(dtype=p.dtype).clone()
+        p.grad = g.detach().to(device=p.device, dtype=p.dtype).clone()
     optimizer.step()
     for p in params:
         p.grad = None

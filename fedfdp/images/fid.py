@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedfdp.contribution import CPU, model_device
 from fedfdp.images.data import ImageSet, ImageShape
 from fedfdp.images.diffusion import DiffusionLoss, draw_noise, mse_per_record, sample
 from fedfdp.images.models import DigitCNN, build_classifier
@@ -257,8 +258,8 @@ class GenerationEvaluation:
         was_training = model.training
         model.eval()
         try:
-            (inputs,) = self.loss.full_inputs(x, y, draw)
-            return float(mse_per_record(model(inputs), draw.noise).mean())
+            (inputs,) = self.loss.full_inputs(x, y, draw)  # drawn on the CPU, run on the model's device
+            return float(mse_per_record(model(inputs.to(model_device(model))).to(CPU), draw.noise).mean())
         finally:
             model.train(was_training)
 
