@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedfdp.images.blur import GaussianBlur, blur_singular_values
-from fedfdp.images.data import load_mnist5k
+from fedfdp.images.sources import load_mnist5k
 
 
 def main() -> None:

