@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fedfdp.config import ConfigError
 
 if TYPE_CHECKING:
-    from simulations.compare import RunSpec
+    from simulations.compare_plan import RunSpec
 
 RESULTS_FILE = "results.csv"
 RESULT_COLUMNS = (

@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from fedfdp.config import ConfigError, Mode, load_toml_file
-from simulations.compare import parse_sweep, run_sweep
+from simulations.compare import run_sweep
+from simulations.compare_plan import parse_sweep
 
 SWEEP_CSV = "corrdp_sweep.csv"
 SWEEP_MD = "corrdp_sweep.md"

@@ -10,7 +10,8 @@ import pytest
 
 from fedfdp.config import ConfigError, load_config
 from simulations import compare
-from simulations.compare import Sweep, parse_sweep, run_sweep
+from simulations.compare import run_sweep
+from simulations.compare_plan import Sweep, parse_sweep, plan_runs
 from simulations.compare_report import write_report
 from simulations.compare_results import read_interrupted
 from tests.mechanism_helpers import resolve, written_ledger
@@ -255,7 +256,7 @@ def _interrupted(sweep: Sweep, out: Path, round_: int, *, snapshot_at: int | Non
     from fedfdp.data import load_dataset
     from fedfdp.run_plan import resolve_released
 
-    (run,) = compare.plan_runs(sweep, out)
+    (run,) = plan_runs(sweep, out)
     data = load_dataset(run.cfg.data)
     cfg = resolve_released(run.cfg, data)
     run_dir = Path(cfg.run.out_dir)

@@ -154,7 +154,7 @@ def test_cross_section_checks_run_on_construction():
 def test_the_orchestration_section_is_what_may_change_on_resume_and_is_not_hashed():
     from fedfdp.checkpoint import RESUMABLE_KEYS
     from fedfdp.config import ORCHESTRATION_KEYS, PrivacyConfig, RunConfig
-    from simulations.compare import NOT_HASHED
+    from simulations.compare_plan import NOT_HASHED
 
     def keys_of(cls):
         return {k for k in config_keys() if k.replace("-", "_") in cls.__dataclass_fields__}

@@ -461,7 +461,8 @@ def test_feature_groups_of_a_real_table_encoding():
 
 
 def test_compare_rows_for_corrdp_next_to_dp_and_fdp(tmp_path):
-    from simulations.compare import parse_sweep, run_sweep
+    from simulations.compare import run_sweep
+    from simulations.compare_plan import parse_sweep
 
     doc = {
         "modes": ["public", "dp", "fdp", "corrdp"], "target-epsilons": [2.0], "seeds": [0], "num-rounds": 3,

@@ -23,7 +23,7 @@ import pytest
 from fedfdp.config import ConfigError, load_config, load_toml_file, parse_override
 from simulations.cli import main as cli_main
 from simulations.cli import make_parser
-from simulations.compare import parse_sweep, plan_runs
+from simulations.compare_plan import parse_sweep, plan_runs
 from simulations.run import build_config
 
 ROOT = Path(__file__).resolve().parents[1]
