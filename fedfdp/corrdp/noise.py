@@ -529,7 +529,7 @@ def _block_norms(
 ) -> torch.Tensor:
     """Per-record block norms from per-record squared column norms ``(n, m)`` and bias ``(n,)``."""
     n = weight_sq_cols.shape[0]
-    norms = torch.zeros(n, len(design.blocks), dtype=weight_sq_cols.dtype)
+    norms = torch.zeros(n, len(design.blocks), dtype=weight_sq_cols.dtype, device=weight_sq_cols.device)
     for i, b in enumerate(design.blocks):
         if b.kind == "bias":
             if bias_sq is not None:
@@ -540,7 +540,7 @@ def _block_norms(
 
 
 def _coefficients(norms: torch.Tensor, clips: np.ndarray) -> torch.Tensor:
-    c = torch.as_tensor(clips, dtype=norms.dtype)
+    c = torch.as_tensor(clips, dtype=norms.dtype, device=norms.device)
     return torch.clamp(c / torch.clamp(norms, min=1e-300), max=1.0)
 
 
@@ -577,7 +577,7 @@ def clip_per_block(
         _block_norms(w.square().sum(dim=1), None if b is None else b.square().sum(dim=1), design),
         design.block_clips(clipping_norm),
     )
-    col = torch.as_tensor(design.column_block())
+    col = torch.as_tensor(design.column_block(), device=w.device)
     out = [torch.einsum("nkm,nm->km", w, coef[:, col])]
     if b is not None:
         out.append(torch.einsum("nk,n->k", b, coef[:, -1]))
@@ -586,7 +586,7 @@ def clip_per_block(
 
 def clamp_features(x: torch.Tensor, design: CorrDPDesign) -> torch.Tensor:
     """``x`` clamped to ``[−B_k, B_k]`` per column (a fixed per-record map)."""
-    bound = torch.as_tensor(design.feature_bounds, dtype=x.dtype)
+    bound = torch.as_tensor(design.feature_bounds, dtype=x.dtype, device=x.device)
     return torch.maximum(torch.minimum(x, bound), -bound)
 
 
@@ -627,18 +627,20 @@ def glm_clipped_sum(
             f"corrdp: weight column {k} has norm {worst:.6g} > weight bound {design.weight_bound}; "
             "project the model (project_weights_) before computing gradients"
         )
+    device = linear.weight.device  # the model's device; the sums come back to the CPU
     with torch.no_grad():
-        xc = clamp_features(x.to(linear.weight.dtype), design)
+        xc = clamp_features(x.to(device=device, dtype=linear.weight.dtype), design)
+        y = y.to(device)
         logits = model(xc)
         r = torch.softmax(logits, dim=1)
-        r[torch.arange(len(y)), y] -= 1.0
+        r[torch.arange(len(y), device=device), y] -= 1.0
         rn2 = r.square().sum(dim=1)
         coef = _coefficients(
             _block_norms(rn2[:, None] * xc.square(), rn2 if design.bias else None, design),
             design.block_clips(clipping_norm),
         )
-        col = torch.as_tensor(design.column_block())
+        col = torch.as_tensor(design.column_block(), device=device)
         out = [r.T @ (xc * coef[:, col])]
         if design.bias:
             out.append(r.T @ coef[:, -1])
-    return out
+    return [t.cpu() for t in out]
