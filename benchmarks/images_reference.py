@@ -549,7 +549,8 @@ def table(out: Path) -> str:
 
 
 def diagnostics_table(paths: list[Path], windows: int = 4) -> str:
-    """Markdown table of ``diagnostics_<job>.jsonl`` files (``--diagnostics``): per file and
+    """Markdown table of ``diagnostics_<job>.jsonl`` files (written by the former reference
+    trainer's ``--diagnostics``, commit 7578632; kept to read its published files): per file and
     window of steps, the medians over its steps of ``C``, the norms of the public
     gradient, of the clipped private sum /(qN) and of the noise /(qN), the share of the
     batch clipped, the mean clip factor ``min(1, C/‖g_i‖)`` and the private norms' 10/50/90 %
