@@ -94,7 +94,7 @@ class LossTerms(NamedTuple):
 
 
 # spawn-key root of the per-record public draws of the engines (fedfdp.sampling uses
-# roots 0 and 1, the image reference trainer 7)
+# roots 0 and 1)
 _RECORD_ROOT = 2
 _PART_KEY = {LossPart.FULL: 0, LossPart.PRIVATE: 1, LossPart.PUBLIC: 2}
 
