@@ -109,10 +109,10 @@ def forced(size: int) -> Sampler:
     return sampler
 
 
-def recording(sizes: list[int]) -> Sampler:
-    """The honest sampler, recording each private batch's size."""
+def recording(sizes: list[int], inner: Sampler = independent_batches) -> Sampler:
+    """``inner`` (by default the honest sampler), recording each private batch's size."""
     def sampler(n, rate, public_count, secrets, public):
-        private, pub = independent_batches(n, rate, public_count, secrets, public)
+        private, pub = inner(n, rate, public_count, secrets, public)
         sizes.append(len(private))
         return private, pub
     return sampler
@@ -211,13 +211,8 @@ def new_public_gradient(model_state: dict, loss: DiffusionLoss, data: ImageSet, 
     model = _denoiser()
     model.load_state_dict(model_state)
     sizes: list[int] = []
-
-    def counted(n, rate, public_count, secrets, public):
-        private, pub = sampler(n, rate, public_count, secrets, public)
-        sizes.append(len(private))
-        return private, pub
-
-    public, _ = round_sums(model, DiffusionFeatureMap(view=loss.psi, loss=loss), data, 1, counted, secret)
+    fmap = DiffusionFeatureMap(view=loss.psi, loss=loss)
+    public, _ = round_sums(model, fmap, data, 1, recording(sizes, sampler), secret)
     return public, sizes[0]
 
 
