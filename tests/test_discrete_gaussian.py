@@ -332,3 +332,25 @@ def test_the_law_stays_exact_when_the_public_counts_are_exceeded(monkeypatch: py
     assert ks_distance(samples, x, pmf) < math.sqrt(math.log(2 / ALPHA) / (2 * n))
     reads = {lane_words(sigma2, 2_000, seed)[0] for seed in range(8)}
     assert len(reads) > 1
+
+
+@pytest.mark.parametrize("failure", [2.0**-80, 0.99])
+@pytest.mark.parametrize("variance", [0.3, 16, 5.2e6, 1e10])
+def test_the_scalar_steps_equal_the_array_steps(monkeypatch: pytest.MonkeyPatch, failure: float,
+                                                variance: float) -> None:
+    """The late von Neumann steps run on Python integers (``_SCALAR_ROWS``); every step
+    on arrays (``_SCALAR_ROWS = -1``) is the reference: the same draws and the same
+    keystream words read, for each of 6 seeds and 4 sizes, also with public counts near
+    their means (``STEP_FAILURE = 0.99``: running trials often exceed them, so the late
+    steps read words beyond the ones read ahead)."""
+    from fedfdp.secagg import noise
+
+    monkeypatch.setattr(noise, "STEP_FAILURE", failure)
+    for size in (1, 7, 295, 3_000):
+        for seed in range(6):
+            got = lane_words(variance, size, 900 + seed)
+            with monkeypatch.context() as m:
+                m.setattr(noise, "_SCALAR_ROWS", -1)
+                want = lane_words(variance, size, 900 + seed)
+            assert got[0] == want[0]
+            assert np.array_equal(got[1], want[1])

@@ -164,6 +164,9 @@ _HEAD = 17  # bits of v = u/w that enter Γ₀ (s = 64 - 2h bits of Λ)
 _TABLE_GUARD = 48  # extra bits carried while the block table is computed
 _BLOCK = 1 << 18  # draws per block
 _MARGIN = 1.0 - 1e-9  # relative margin on probabilities evaluated in float64
+#: A von Neumann step with at most this many rows runs on Python integers, not arrays
+#: (:func:`_von_neumann`): the same words, rows and decisions, without array overheads.
+_SCALAR_ROWS = 32
 
 
 def as_variance(value: Any) -> Fraction:
@@ -534,6 +537,11 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
     public count, from 32-bit words; a comparison that the word leaves undecided
     (``KW < G < K(W+1)``) is refined exactly. A trial still running after the last
     public step is finished by the same loop without padding, so the law is exact.
+
+    The steps run on arrays while they hold more than :data:`_SCALAR_ROWS` rows, then
+    on Python integers (the late steps hold a few rows each; an array operation there
+    costs more than the rows' arithmetic): the same words in the same order, the same
+    rows padded to the same public counts, the same decisions.
     """
     odd = ~first
     alive = first.copy()
@@ -549,6 +557,8 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
         public = sizes[k - 2] if k - 2 < len(sizes) else 0
         if public == 0 and not idx.size:
             return odd
+        if max(public, idx.size) <= _SCALAR_ROWS:
+            break
         rows = np.zeros(max(public, idx.size), dtype=np.int64)
         rows[: idx.size] = idx
         need = (rows.size + 1) // 2
@@ -569,6 +579,43 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
         if k % 2:
             odd[stop] = True
         alive[stop] = False
+        k += 1
+    # the late steps on Python integers (the loop above, row for row)
+    live = idx.tolist()
+    gs = [int(x) for x in big_g[live]] if live else []
+    g0 = int(big_g[0])
+    left = halves[2 * min(used, ahead.size):].tolist()  # the unread public halves
+    at = 0  # the next of ``left`` (two per word)
+    while True:
+        public = sizes[k - 2] if k - 2 < len(sizes) else 0
+        if public == 0 and not live:
+            return odd
+        count = max(public, len(live))
+        need = (count + 1) // 2
+        if at + 2 * need > len(left):  # beyond the public words: read on, as above
+            extra = main.words(need - (len(left) - at) // 2)
+            left = left[at:] + extra.view(np.uint32).tolist()
+            at = 0
+        w = left[at : at + count]
+        at += 2 * need
+        keep_live: list[int] = []
+        keep_g: list[int] = []
+        for r in range(count):
+            g = gs[r] if r < len(live) else g0
+            wk = w[r] * k
+            yes = wk + k <= g
+            unsure = not yes and wk < g
+            if r >= len(live):
+                continue  # a padding row: the same arithmetic, discarded
+            if unsure:
+                yes = _uniform_below(w[r], 32, g, k << 32, side)
+            if yes:
+                keep_live.append(live[r])
+                keep_g.append(g)
+            else:
+                if k % 2:
+                    odd[live[r]] = True
+        live, gs = keep_live, keep_g
         k += 1
 
 
