@@ -596,25 +596,24 @@ def _von_neumann(plan: _Plan, main: Keystream, side: Keystream, big_g: np.ndarra
             extra = main.words(need - (len(left) - at) // 2)
             left = left[at:] + extra.view(np.uint32).tolist()
             at = 0
-        w = left[at : at + count]
+        words = left[at : at + count]
         at += 2 * need
         keep_live: list[int] = []
         keep_g: list[int] = []
         for r in range(count):
-            g = gs[r] if r < len(live) else g0
-            wk = w[r] * k
-            yes = wk + k <= g
-            unsure = not yes and wk < g
+            gr = gs[r] if r < len(live) else g0
+            wr = words[r] * k
+            accepted = wr + k <= gr
+            undecided = not accepted and wr < gr
             if r >= len(live):
                 continue  # a padding row: the same arithmetic, discarded
-            if unsure:
-                yes = _uniform_below(w[r], 32, g, k << 32, side)
-            if yes:
+            if undecided:
+                accepted = _uniform_below(words[r], 32, gr, k << 32, side)
+            if accepted:
                 keep_live.append(live[r])
-                keep_g.append(g)
-            else:
-                if k % 2:
-                    odd[live[r]] = True
+                keep_g.append(gr)
+            elif k % 2:
+                odd[live[r]] = True
         live, gs = keep_live, keep_g
         k += 1
 
