@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
@@ -47,6 +47,7 @@ from clients.node_runtime import (
     device_sizes,
     node_runtime,
 )
+from clients.records import get_record
 from fedfdp import protocol as P
 from fedfdp.contribution import ClientParts, client_update
 from fedfdp.data import DeviceData
@@ -181,9 +182,9 @@ def fdp_train(
     width is refused in one line naming the width (:class:`fedfdp.ConfigError`).
     """
     torch.set_num_threads(1)
-    order = P.TrainInstruction.from_config(msg.content.config_records[P.CONFIG])
+    order = P.TrainInstruction.from_config(get_record(msg.content, P.CONFIG, ConfigRecord))
     _check_once(model, devices)  # the model's input width against the records: first round only
-    model.load_state_dict(msg.content.array_records[P.ARRAYS].to_torch_state_dict())
+    model.load_state_dict(get_record(msg.content, P.ARRAYS, ArrayRecord).to_torch_state_dict())
     total = client_update(model, feature_map, devices, order, public_seed=public_seed, parts=parts)
     return reply_message(msg, *contribution_arrays(model, total))
 
@@ -226,13 +227,13 @@ def make_client_app(run_config: Mapping[str, Any] | None = None, *, simulation: 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         runtime = _runtime(fixed, context, simulation, own)
-        config = msg.content.config_records[P.CONFIG]
+        config = get_record(msg.content, P.CONFIG, ConfigRecord)
         if runtime.guard is not None:  # charged write-ahead, or refused
             try:
                 runtime.guard.charge_plain(int(context.run_id), P.TrainInstruction.from_config(config))
             except RoundRefused as exc:
                 return refused(msg, exc)
-        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        state = get_record(msg.content, P.ARRAYS, ArrayRecord).to_torch_state_dict()
         private, public, metrics = runtime.train(state, config)
         return reply_message(msg, private, public, metrics)
 

@@ -41,6 +41,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from clients.node_runtime import NodeGuard, NodeRuntime
+from clients.records import find_record, get_record
 from fedfdp import protocol as P
 from fedfdp.secagg import ClientSession, CollectRequest, KeysRequest, SetupRequest, UnmaskRequest
 from fedfdp.secagg.identity import SIGNING_KEY_FILE, NodeTrust, Roster, SigningKey, round_digest
@@ -87,7 +88,7 @@ def node_trust(context: Context, guard: NodeGuard | None) -> NodeTrust:
                 raise ValueError(f"node {context.node_id}: its signing key {str(path)!r} is not on the "
                                  f"roster {str(policy.roster)!r}")
             return NodeTrust(key, roster, floor)
-    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    record = find_record(context.state, NODE, ConfigRecord)
     raw = record.get("signing-key") if record is not None else None
     key = SigningKey.from_bytes(raw) if isinstance(raw, bytes) else SigningKey.generate()
     _remember(context, **{"signing-key": key.to_bytes()})
@@ -95,13 +96,13 @@ def node_trust(context: Context, guard: NodeGuard | None) -> NodeTrust:
 
 
 def _remember(context: Context, **values: bytes | str) -> None:
-    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    record = find_record(context.state, NODE, ConfigRecord)
     context.state[NODE] = ConfigRecord({**(dict(record) if record is not None else {}), **values})
 
 
 def _last_unmasked(context: Context) -> int:
     """The last round this node unmasked in this run (``-1``: none)."""
-    record = context.state.config_records.get(NODE) if NODE in context.state else None
+    record = find_record(context.state, NODE, ConfigRecord)
     if record is None or str(record.get("run", "")) != str(context.run_id):
         return -1
     return int(str(record.get("unmasked", -1)))
@@ -120,7 +121,7 @@ def received_digest(state: Mapping[str, torch.Tensor], *, clipping_norm: float, 
 
 
 def _record(msg: Message) -> ConfigRecord:
-    return msg.content.config_records[SECAGG]
+    return get_record(msg.content, SECAGG, ConfigRecord)
 
 
 #: Sessions a process keeps as objects beside the state it wrote to their nodes'
@@ -156,7 +157,7 @@ def _load(context: Context) -> ClientSession:
     """
     if STATE not in context.state:
         raise RuntimeError(f"node {context.node_id}: no secure-aggregation session (sa_setup first)")
-    raw = context.state.config_records[STATE]["session"]
+    raw = get_record(context.state, STATE, ConfigRecord)["session"]
     if not isinstance(raw, bytes):
         raise RuntimeError(f"node {context.node_id}: unreadable secure-aggregation session")
     with _sessions_lock:
@@ -217,9 +218,9 @@ def sa_collect(msg: Message, context: Context, runtime: NodeRuntime) -> Message:
         rec = _record(msg)
         request = from_wire(CollectRequest, rec)
         scale, local_sigma = float(str(rec["scale"])), float(str(rec["local-sigma"]))
-        config = msg.content.config_records[P.CONFIG]
+        config = get_record(msg.content, P.CONFIG, ConfigRecord)
         order = P.TrainInstruction.from_config(config)
-        state = msg.content.array_records[P.ARRAYS].to_torch_state_dict()
+        state = get_record(msg.content, P.ARRAYS, ArrayRecord).to_torch_state_dict()
         digest = received_digest(state, clipping_norm=order.clipping_norm, scale=scale,
                                  local_sigma=local_sigma)
         if runtime.guard is not None:  # the node's own check and charge, write-ahead (clients.node_runtime)

@@ -44,6 +44,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from clients.records import find_record
 from fedfdp import protocol as P
 from fedfdp.config import ConfigError
 from fedfdp.evaluation import EvaluateFn
@@ -299,11 +300,10 @@ class FDPStrategy(Strategy):
         content = reply.content
 
         def arrays(key: str) -> dict[str, np.ndarray] | None:
-            if key not in content.array_records:
-                return None
-            return {k: v.numpy() for k, v in content.array_records[key].items()}
+            found = find_record(content, key, ArrayRecord)
+            return None if found is None else {k: v.numpy() for k, v in found.items()}
 
-        metrics = content.metric_records.get(P.METRICS)
+        metrics = find_record(content, P.METRICS, MetricRecord)
         phase = state.phase
         return P.validate_reply(
             private=arrays(P.PRIVATE),

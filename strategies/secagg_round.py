@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from clients.records import find_record, get_record
 from fedfdp import protocol as P
 from fedfdp.config import ConfigError
 from fedfdp.round_engine import RoundAborted, RoundEngine, RoundOutcome, RoundStats
@@ -221,9 +222,9 @@ class SecAggRound:
         if current is None:  # pragma: no cover - a round is in flight
             raise RuntimeError("no round in flight")
         content = reply.content
-        arrays = content.array_records[MASKED]
+        arrays = get_record(content, MASKED, ArrayRecord)
         pub = unpack_public(arrays[PUBLIC_SUM].numpy(), self.engine.shapes) if PUBLIC_SUM in arrays else None
-        metrics = content.metric_records.get(P.METRICS)
+        metrics = find_record(content, P.METRICS, MetricRecord)
         scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)} if metrics else None
         return P.validate_reply(
             private=None, public=pub, metrics=scalars, expected=self.engine.shapes, want_private=False,
@@ -267,8 +268,8 @@ class SecAggRound:
             try:
                 masked = None
                 if cls is CollectReply:
-                    masked = reply.content.array_records[MASKED][MASKED].numpy()
-                got[node] = from_wire(cls, reply.content.config_records[SECAGG], masked)
+                    masked = get_record(reply.content, MASKED, ArrayRecord)[MASKED].numpy()
+                got[node] = from_wire(cls, get_record(reply.content, SECAGG, ConfigRecord), masked)
                 if check is not None:
                     check(node, reply)
             except (KeyError, TypeError, ValueError, MessageError, P.InvalidReply) as exc:
