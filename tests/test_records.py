@@ -11,7 +11,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from clients.records import find_record, get_record
 
 KINDS = (ArrayRecord, ConfigRecord, MetricRecord)
-VIEWS = {ArrayRecord: "array_records", ConfigRecord: "config_records", MetricRecord: "metric_records"}
+VIEWS: dict[type, str] = {ArrayRecord: "array_records", ConfigRecord: "config_records",
+                          MetricRecord: "metric_records"}
 
 
 def content() -> RecordDict:
