@@ -24,13 +24,14 @@ check correctness only): each case's seconds, the former limit and their ratio
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ import numpy as np
 from fedfdp import accounting as acc_mod
 from fedfdp.accounting import FDPAccountant, composition, prv
 
-HEADLINE = {"noise_multiplier": 0.8, "sampling_rate": 1 / 16, "rounds": 10_000, "delta": 1e-5}
+HEADLINE: dict[str, Any] = {"noise_multiplier": 0.8, "sampling_rate": 1 / 16, "rounds": 10_000, "delta": 1e-5}
 
 
 def _clear_caches() -> None:
@@ -47,13 +48,13 @@ def _clear_caches() -> None:
 
 
 def _fresh_bound(
-    events: list[tuple[float, ...]], delta: float, relation: str = "add-remove"
+    events: Sequence[tuple[float, ...]], delta: float, relation: str = "add-remove"
 ) -> tuple[Any, float]:
     """``events``: ``(sigma, q, count)`` or ``(sigma, q, count, participation)``."""
     t0 = time.perf_counter()
     acc = FDPAccountant()
     for sigma, q, n, *p in events:
-        acc.compose(acc_mod.SubsampledGaussian(sigma, q, p[0] if p else 1.0), n)
+        acc.compose(acc_mod.SubsampledGaussian(sigma, q, p[0] if p else 1.0), int(n))
     bound = acc.epsilon_bound(delta, relation)
     return bound, time.perf_counter() - t0
 
@@ -64,7 +65,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def _dp_accounting(events: list[tuple[float, ...]], delta: float, vdi: float) -> float:
+def _dp_accounting(events: Sequence[tuple[float, ...]], delta: float, vdi: float) -> float:
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -78,7 +79,7 @@ def _dp_accounting(events: list[tuple[float, ...]], delta: float, vdi: float) ->
         from tests.references import participation_eps_ref
 
         ((sigma, q, n, p),) = events
-        return participation_eps_ref(sigma, q, p, n, delta, vdi)
+        return participation_eps_ref(sigma, q, p, int(n), delta, vdi)
 
     acc = pld_privacy_accountant.PLDAccountant(
         dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=vdi
@@ -130,7 +131,7 @@ def _pathological_calls() -> list[Callable[[], Any]]:
 
 def former_test_limits() -> list[dict[str, Any]]:
     """Time of each case the tests once limited, with the limit and ``seconds / limit``."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     _clear_caches()
     _, t = _timed(lambda: acc_mod.epsilon_for(1.34, 0.05, 150, 1.5e-4, participation=0.2))
     rows.append({"what": "participation p=0.2, q=0.05 s=1.34 T=150 d=1.5e-4 (cold)", "seconds": t,
@@ -175,7 +176,7 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
         out["prv_accountant_eps_error_0.1_10k"] = {"lower": lo, "estimate": est, "upper": up, "seconds": t}
 
     rows = []
-    cases = [
+    cases: list[tuple[str, Sequence[tuple[float, ...]], float]] = [
         ("q=1/16 s=0.8 T=10k", events, h["delta"]),
         ("q=0.01 s=1.0 T=1k", [(1.0, 0.01, 1000)], 1e-5),
         ("q=0.001 s=0.6 T=10k d=1e-6", [(0.6, 0.001, 10_000)], 1e-6),
@@ -193,7 +194,7 @@ def run(repeats: int, with_prv: bool) -> dict[str, Any]:
     for name, evs, delta in cases:
         _clear_caches()
         b, t = _fresh_bound(evs, delta)
-        r, rt = _timed(lambda evs=evs, delta=delta: _dp_accounting(evs, delta, 1e-4))
+        r, rt = _timed(functools.partial(_dp_accounting, evs, delta, 1e-4))
         rows.append(
             {
                 "case": name,

@@ -38,7 +38,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -74,12 +74,12 @@ class Row:
     ratio: float
 
 
-def fdp_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+def fdp_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """ℓ_priv = ce(model(x), y) − ce(model(v), y), per record."""
     return F.cross_entropy(outputs[0], y, reduction="none") - F.cross_entropy(outputs[1], y, reduction="none")
 
 
-def ce_loss(outputs: list[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+def ce_loss(outputs: Sequence[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """Full loss, one input per record (the ``dp`` mode)."""
     return F.cross_entropy(outputs[0], y, reduction="none")
 

@@ -114,7 +114,7 @@ def _make_server_app() -> Any:
                     finally:
                         parts["exchange"].append(time.perf_counter() - t)
 
-                fdp_strategy.exchange = timed_exchange  # type: ignore[assignment]
+                fdp_strategy.exchange = timed_exchange
 
                 class TimedFDP(fdp_strategy.FDPStrategy):
                     """The strategy, its round start marked and its parts timed."""

@@ -196,11 +196,11 @@ def make_server_app(args: argparse.Namespace, log: dict[str, Any]) -> Any:
     class TimedFDP(FDPStrategy):
         marks: list[float]
 
-        def register_nodes(self, grid: Grid) -> None:
+        def register_nodes(self, grid: Grid, batch: int = args.query_batch) -> None:
             if self.registry:  # reused from the first FDP block
                 return
             t = time.perf_counter()
-            super().register_nodes(grid, batch=args.query_batch)
+            super().register_nodes(grid, batch=batch)
             log["fdp_registration_s"] += time.perf_counter() - t
 
         def configure_train(
@@ -282,7 +282,7 @@ def run_fleet(args: argparse.Namespace) -> dict[str, Any]:
     logging.getLogger("flwr").setLevel(logging.ERROR)
     log: dict[str, Any] = {"blocks": [], "fdp_registration_s": 0.0}
     cfg = _fleet_config(args, "")
-    backend = {
+    backend: dict[str, Any] = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"logging_level": "ERROR", "log_to_driver": False},
     }

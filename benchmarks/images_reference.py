@@ -75,6 +75,7 @@ import tomllib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -332,7 +333,8 @@ def _run_jobs(args, out, data, model_keys, make_model, evaluate, rows, budget, e
         _save(args, out, rows)
 
 
-def _run_job(job, cfg, model, data, evaluate, budget, public, extra_eval, args) -> dict:
+def _run_job(job, cfg, model, data, evaluate, budget, public: dict[int, tuple[torch.nn.Module, float]],
+             extra_eval, args) -> dict:
     """One engine run (``cfg``) from ``model``; its row from the run's own files."""
     start = time.perf_counter()
     model, rows = run_centralised(cfg, data, model=model, evaluate_fn=evaluate)
@@ -349,7 +351,7 @@ def _run_job(job, cfg, model, data, evaluate, budget, public, extra_eval, args) 
     total = wall + (public[job.seed][1] if job.method in ("fdp-dpsgd", "fdp") else 0.0)
     last = rows[-1]
     norms = [float(r["clipping_norm"]) for r in rows if job.method in PRIVATE and "clipping_norm" in r]
-    row = {
+    row: dict[str, Any] = {
         "seed": job.seed,
         "method": job.method,
         "alpha": job.alpha,
@@ -387,7 +389,10 @@ def classify(args: argparse.Namespace, out: Path, budget: Budget) -> None:
         ).to(args.device)
 
     def extra(model, job):
-        return {"accuracy_on_blurred_test": float(on_blurred(0, model)["accuracy"])}
+        scores = on_blurred(0, model)
+        if scores is None:
+            raise RuntimeError("the held-out evaluation of the blurred test set returned nothing")
+        return {"accuracy_on_blurred_test": float(scores["accuracy"])}
 
     rows: list[dict] = []
     # evaluate None: the engine's held-out evaluation (accuracy, loss on the test split)
@@ -634,12 +639,12 @@ def shrinkage(args: argparse.Namespace, out: Path) -> None:
             rows.append(row)
             _log(out, json.dumps(row))
     (out / "shrinkage.json").write_text(json.dumps(rows, indent=1))
-    keys = ["public", "unclipped", *[f"clipped_{c:g}" for c in args.clip_grid],
+    columns = ["public", "unclipped", *[f"clipped_{c:g}" for c in args.clip_grid],
             *[f"cosine_{c:g}" for c in args.clip_grid], "norm_q10", "norm_median", "norm_mean", "norm_q90"]
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     cells = [f"{np.mean([r[k] for r in rows]):.3g} ± {np.std([r[k] for r in rows], ddof=1):.2g}"
-             for k in keys]
+             for k in columns]
     print("| " + " | ".join(cells) + " |")
 
 

@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -150,7 +150,7 @@ def _server_main(grid: Any, args: argparse.Namespace, log: dict[str, Any]) -> No
     for repeat in range(args.repeats):
         for kind in ("flower", "centralised", "fedavg"):
             start = time.perf_counter()
-            MARKS.current = marks = []
+            MARKS.current = marks = cast(list[float], [])
             if kind == "flower":
                 cfg = scale_config(args, tempfile.mkdtemp(prefix="scale-flower-"), args.rounds)
                 plan = build_plan(cfg, load_dataset(cfg.data), server_parts=_marked_parts())
@@ -188,7 +188,7 @@ def _per_device_main(grid: Any, args: argparse.Namespace, log: dict[str, Any]) -
     log["per_device_node_wait_s"] = _wait_for_nodes(grid, args.devices, args.node_wait)
     cfg = scale_config(args, "", args.per_device_fedavg_rounds)
     model = build_model_for(cfg.training, load_dataset(cfg.data))
-    MARKS.current = marks = []
+    MARKS.current = marks = cast(list[float], [])
     fed = _timed_fedavg(1.0, args.devices)
     fed.start(grid, ArrayRecord(model.state_dict()), num_rounds=args.per_device_fedavg_rounds,
               timeout=args.per_device_timeout)

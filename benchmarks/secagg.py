@@ -285,11 +285,12 @@ def flower_round_cpu(parties: int, dim: int, secagg: bool, rounds: int) -> list[
     from clients.flower_adapter import legacy_secaggplus
 
     flower = legacy_secaggplus()
-    ClientApp, NumPyClient, secaggplus_mod = flower.ClientApp, flower.NumPyClient, flower.secaggplus_mod
+    ClientApp, secaggplus_mod = flower.ClientApp, flower.secaggplus_mod
+    NumPyClient: Any = flower.NumPyClient  # a base class from Flower's legacy API
     ndarrays_to_parameters = flower.ndarrays_to_parameters
     LegacyContext, ServerConfig = flower.LegacyContext, flower.ServerConfig
-    FedAvg, DefaultWorkflow, SecAggPlusWorkflow, Run = (flower.FedAvg, flower.DefaultWorkflow,
-                                                        flower.SecAggPlusWorkflow, flower.Run)
+    DefaultWorkflow, SecAggPlusWorkflow, Run = flower.DefaultWorkflow, flower.SecAggPlusWorkflow, flower.Run
+    FedAvg: Any = flower.FedAvg  # a base class from Flower's legacy API
 
     from fedfdp.config import load_config
     from fedfdp.secagg import default_neighbours, default_threshold

@@ -78,6 +78,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,7 +92,7 @@ from fedfdp.entropy import SeededEntropy
 from fedfdp.features import FeatureSpec, PublicView
 from fedfdp.losses import FeatureMap
 from fedfdp.models import build_model
-from fedfdp.modes import PHASES
+from fedfdp.modes import PHASES, Mode
 from fedfdp.sampling import PublicStreams, poisson_sample, uniform_sample
 
 BATCH = 256
@@ -214,8 +215,13 @@ def apply_proposed_view_fix(cases: list[Case]) -> None:
     """Patch the proposed ``fedfdp/features.py`` change into this process (what-if)."""
     import fedfdp.features as features
 
-    gen = torch.Generator
-    before = [c.decomposition.view(torch.as_tensor(c.x), gen().manual_seed(1)) for c in cases]
+    def built(case: Case) -> torch.Tensor:
+        view = case.decomposition.view
+        if view is None:
+            raise RuntimeError(f"{case.name}: its feature map has no public view")
+        return view(torch.as_tensor(case.x), torch.Generator().manual_seed(1))
+
+    before = [built(c) for c in cases]
 
     def index(spec: FeatureSpec, which: str) -> torch.Tensor:
         cache = spec.__dict__.setdefault("_bench_index", {})
@@ -241,7 +247,7 @@ def apply_proposed_view_fix(cases: list[Case]) -> None:
         return out
 
     features.PublicView.__call__ = view  # type: ignore[method-assign]
-    after = [c.decomposition.view(torch.as_tensor(c.x), gen().manual_seed(1)) for c in cases]
+    after = [built(c) for c in cases]
     if not all(torch.equal(a, b) for a, b in zip(before, after, strict=True)):
         raise RuntimeError("the proposed view construction differs from fedfdp.features")
 
@@ -256,7 +262,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], seconds: float) -> di
 
 def bench(case: Case, seconds: float, max_norm: float) -> dict[str, object]:
     model, dec = case.model, case.decomposition
-    phase = PHASES["fdp"]
+    phase = PHASES[Mode.FDP]
     params = [p for p in model.parameters() if p.requires_grad]
     xt = torch.as_tensor(case.x)
     yt = torch.as_tensor(case.y, dtype=torch.long)
@@ -405,11 +411,12 @@ def main(argv: list[str] | None = None) -> None:
     print("-" * len(head))
     for r in results:
         ratio, q = r["ratio"], r["ratio_quartiles"]["fdp-step"]  # type: ignore[index]
+        fq: Any = r["floor_ratio_quartiles"]
         print(
             f"{r['model']:<18}{r['private_records']:>6}{r['plain_ms']:>10.3f}"
             + "".join(f"{ratio[c]:>10.2f}x" for c in cols)  # type: ignore[index]
             + f"{q[0]:>8.2f}-{q[1]:.2f}"
-            + f"{r['floor_ratio']:>8.2f}x" + "{:>7.2f}-{:.2f}".format(*r["floor_ratio_quartiles"])  # type: ignore[str-format]
+            + f"{r['floor_ratio']:>8.2f}x{fq[0]:>7.2f}-{fq[1]:.2f}"
             + f"{r['two_sums_ratio']:>9.2f}x  {r['clipping_method']}"
         )
     if "fdp_step_ratio" in out:
