@@ -62,7 +62,7 @@ def test_ci_runs_the_readme_test_commands():
     tests = [line for line in lines if "pytest" in line and not line.startswith("#")]
     assert len(tests) == 2
     assert tests[0].startswith("python3 -m venv") and tests[0].endswith('-m "not slow"')
-    assert "mypy fedfdp clients strategies simulations tests" in tests[0]
+    assert "mypy fedfdp clients strategies simulations tests benchmarks" in tests[0]
     assert tests[1].endswith("-m slow")
     assert all(line in README for line in tests)
 
