@@ -104,13 +104,16 @@ depends on the public sizes, so the first ``b`` successes are i.i.d. ``N_Z(0, σ
 whichever trials they are; only the running time then shows that the rare event
 happened. What remains outside the bound: the exact refinements of an undecided
 block or von Neumann comparison and the far tail (each about ``2⁻³²`` per
-comparison or rarer, reading lane 1, a few µs of Python), and numpy's own
-value-dependent costs (compaction, fancy indexing). ``benchmarks/reply_timing.py``
-measures time against the magnitude of the draws; ``benchmarks/sampler.py`` the cost.
+comparison or rarer, reading lane 1, a few µs of Python), numpy's own
+value-dependent costs (compaction, fancy indexing) and, in the late von Neumann steps
+that run on Python integers, whether a running row's trial goes on (one list append).
+``benchmarks/reply_timing.py`` measures time against the magnitude of the draws;
+``benchmarks/sampler.py`` the cost.
 
-Cost (``benchmarks/sampler.py``, ``docs/performance.md``; 2 cores, load average 10-11):
-``10⁶`` draws at ``σ² = 10⁸`` in about 0.17 s, 3.1-4.2 times numpy's continuous
-``normal`` for ``10⁶`` draws (medians of 15 interleaved repetitions, three runs); three
+Cost (``benchmarks/sampler.py``, ``docs/performance.md``; 2 cores): ``10⁶`` draws at
+``σ² = 10⁸`` in about 45 ms with nothing else running, 3.7 times numpy's continuous
+``normal`` (0.17 s and 3.1-4.2 times at load average 10-11; medians of 15 interleaved
+repetitions); three
 keystream words per trial and about 1.03 trials per draw. The per-``σ²`` table (two
 certified exponentials, then ``J <= 650`` products with directed rounding, and the
 16-bit cells: 10-30 ms) is built on the first call and cached.
