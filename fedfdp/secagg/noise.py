@@ -113,8 +113,7 @@ that run on Python integers, whether a running row's trial goes on (one list app
 Cost (``benchmarks/sampler.py``, ``docs/performance.md``; 2 cores): ``10⁶`` draws at
 ``σ² = 10⁸`` in about 45 ms with nothing else running, 3.7 times numpy's continuous
 ``normal`` (0.17 s and 3.1-4.2 times at load average 10-11; medians of 15 interleaved
-repetitions); three
-keystream words per trial and about 1.03 trials per draw. The per-``σ²`` table (two
+repetitions); three keystream words per trial and about 1.03 trials per draw. The per-``σ²`` table (two
 certified exponentials, then ``J <= 650`` products with directed rounding, and the
 16-bit cells: 10-30 ms) is built on the first call and cached.
 """
